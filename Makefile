@@ -1,0 +1,35 @@
+# The two commands: `make serve` and `make test`. Each bootstraps what it needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test serve install lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch/torchvision first, pinned to the releases this machine's pip cache holds,
+# so the resolver does not go looking for a newer multi-GB wheel.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet "torch==2.14.1" "torchvision==0.29.1" || $(BIN)/pip install --quiet torch torchvision
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check corel app worker tests bench
+	$(BIN)/mypy
+
+test: $(STAMP)
+	$(BIN)/ruff check corel app worker tests bench
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q
+
+serve: $(STAMP)
+	$(BIN)/corel serve
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

