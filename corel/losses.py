@@ -118,7 +118,8 @@ class LossHead(nn.Module):
     """The prediction map: one vector per class, a similarity, and a loss.
 
     ``similarities(h)`` is the (N, K) matrix s(h, w_k); prediction is its argmax.
-    ``forward(h, labels)`` returns the scalar training loss. ``after_batch`` runs
+    ``forward(h, labels)`` returns the scalar training loss, ``loss(sim, h, labels)``
+    the same from similarities already computed. ``after_batch`` runs
     after each optimiser step (Center loss moves its centers there).
     """
 
@@ -139,14 +140,18 @@ class LossHead(nn.Module):
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss from this head's similarities ``sim`` of ``h`` (computed once per step)."""
         raise NotImplementedError
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss(self.similarities(h), h, labels)
 
     def predict(self, h: torch.Tensor) -> torch.Tensor:
         return self.similarities(h).argmax(dim=1)
 
     @torch.no_grad()
-    def after_batch(self, h: torch.Tensor, labels: torch.Tensor) -> None:  # noqa: B027
+    def after_batch(self, h: torch.Tensor, labels: torch.Tensor) -> None:
         """Hook after each optimiser step; nothing to do for gradient-only heads."""
 
     def extra_repr(self) -> str:
@@ -170,10 +175,9 @@ class CCE(LossHead):
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         return similarity.dot(h, self.W) + self.bias
 
-    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = self.similarities(h)
+    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         _check_labels(labels, h.shape[0], self.num_classes)
-        return F.cross_entropy(logits, labels)
+        return F.cross_entropy(sim, labels)
 
 
 class CenterLoss(CCE):
@@ -198,8 +202,8 @@ class CenterLoss(CCE):
         self.alpha = float(alpha)
         self.register_buffer("centers", torch.zeros(num_classes, dim))
 
-    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return super().forward(h, labels) + self.lam * center_loss_term(h, labels, self.centers)
+    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return super().loss(sim, h, labels) + self.lam * center_loss_term(h, labels, self.centers)
 
     @torch.no_grad()
     def after_batch(self, h: torch.Tensor, labels: torch.Tensor) -> None:
@@ -233,8 +237,8 @@ class CosineCOREL(LossHead):
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         return similarity.cosine(h, self.W)
 
-    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return attractive_repulsive(self.similarities(h), labels, self.lam, "max_squared")
+    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return attractive_repulsive(sim, labels, self.lam, "max_squared")
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lam={self.lam}"
@@ -281,11 +285,11 @@ class GaussianCOREL(LossHead):
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         return similarity.gaussian(h, self.W, self.gamma.to(h.dtype))
 
-    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return attractive_repulsive(self.similarities(h), labels, self.lam, "logsumexp")
+    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return attractive_repulsive(sim, labels, self.lam, "logsumexp")
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, lam={self.lam}, gamma={float(self.gamma):.4g}"
+        return f"{super().extra_repr()}, lam={self.lam}, gamma={float(self.gamma.detach()):.4g}"
 
 
 LOSSES: dict[str, type[LossHead]] = {

@@ -134,10 +134,13 @@ class Classifier(nn.Module):
         out: torch.Tensor = self.encoder(x)
         return out
 
-    def loss(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, h) for a batch."""
+    def loss(
+        self, x: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(loss, h, similarities) for a batch."""
         h = self.encoder(x)
-        return self.head(h, labels), h
+        sim = self.head.similarities(h)
+        return self.head.loss(sim, h, labels), h, sim
 
     @torch.inference_mode()
     def embed(self, x: torch.Tensor) -> torch.Tensor:

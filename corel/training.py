@@ -41,6 +41,8 @@ __all__ = [
     "model_from_checkpoint",
     "pick_device",
     "run_epoch",
+    "start_run",
+    "train_pass",
     "train_step",
 ]
 
@@ -86,12 +88,12 @@ def train_step(
 ) -> tuple[float, int]:
     """One Adam step on a batch; returns (loss, number of correct predictions)."""
     optimizer.zero_grad(set_to_none=True)
-    loss, h = model.loss(x, y)
+    loss, h, sim = model.loss(x, y)
     loss.backward()
     optimizer.step()
     model.head.after_batch(h.detach(), y)
-    with torch.no_grad():
-        correct = int((model.head.similarities(h.detach()).argmax(1) == y).sum())
+    # Training accuracy from the similarities the loss used (before this step).
+    correct = int((sim.detach().argmax(1) == y).sum())
     return float(loss.detach()), correct
 
 
@@ -183,9 +185,13 @@ def _cpu_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
-def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | None:
-    """One pass over the training set in a seeded order; None if a callback stopped it."""
-    started = time.perf_counter()
+def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int] | None:
+    """One pass over the training set in a seeded order: (summed loss, correct).
+
+    Batches are index slices of the in-memory tensors; the order comes from the
+    run's own generator, so it is reproducible and resumable. None if a callback
+    asked to stop.
+    """
     model, data = run.model, run.data
     model.train()
     n = len(data.y_train)
@@ -199,6 +205,18 @@ def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | No
         correct += ok
         if any(cb.on_batch_end(step) for cb in callbacks):
             return None
+    return total_loss, correct
+
+
+def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | None:
+    """Train one epoch, then validate (and test, when validation improves)."""
+    started = time.perf_counter()
+    passed = train_pass(run, callbacks)
+    if passed is None:
+        return None
+    total_loss, correct = passed
+    model, data = run.model, run.data
+    n = len(data.y_train)
     run.epoch += 1
     val_acc = accuracy(model, data.x_val, data.y_val)
     is_best = val_acc > run.best_val_accuracy
@@ -241,8 +259,11 @@ def start_run(
     if not isinstance(spec, ExperimentSpec):
         spec = ExperimentSpec.model_validate(spec)
     if checkpoint is not None:
+        # Where the files are is not part of a run's identity: a run resumed on
+        # another machine reads the same data from another path.
+        where = {"dataset_path", "word_vectors"}
         saved = ExperimentSpec.model_validate_json(checkpoint["spec"])
-        if saved != spec:
+        if saved.model_dump(exclude=where) != spec.model_dump(exclude=where):
             raise ValueError("the checkpoint was made for a different spec; cannot resume from it")
     dev = pick_device(device)
     if data is None:
@@ -250,12 +271,20 @@ def start_run(
     data = _to_device(data, dev)
     torch.manual_seed(spec.seed)
     model = build_classifier(spec, data.input_shape, data.num_classes).to(dev)
-    optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
+    optimizer = make_optimizer(model, spec.lr)
     shuffle = torch.Generator().manual_seed(spec.seed)
     run = Run(spec, data, model, optimizer, shuffle, dev)
     if checkpoint is not None:
         _restore(run, checkpoint)
     return run
+
+
+def make_optimizer(model: Classifier, lr: float) -> torch.optim.Adam:
+    """Adam (the paper's optimiser), fused into one kernel per step where torch has one."""
+    try:
+        return torch.optim.Adam(model.parameters(), lr=lr, fused=True)
+    except (RuntimeError, ValueError):
+        return torch.optim.Adam(model.parameters(), lr=lr)
 
 
 def _restore(run: Run, ckpt: dict[str, Any]) -> None:

@@ -1,0 +1,152 @@
+"""The ``corel`` command line.
+
+This module is the library's edge: unlike the rest of ``corel/`` it prints and
+reads ``COREL_*`` environment variables. Service commands (``serve``, ``db``,
+``worker``, and the HTTP clients) live in ``app.cli`` and are imported only
+when one of them runs, so the library commands work without the service extras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from corel.spec import DATASETS, LOSSES, MODELS, ExperimentSpec
+
+
+def _add_spec_options(p: argparse.ArgumentParser) -> None:
+    fields = ExperimentSpec.model_fields
+    p.add_argument("--dataset", required=True, choices=DATASETS, help=fields["dataset"].description)
+    p.add_argument("--dataset-path", help=fields["dataset_path"].description)
+    p.add_argument("--word-vectors", help=fields["word_vectors"].description)
+    p.add_argument("--train-subset", type=int, help=fields["train_subset"].description)
+    p.add_argument("--model", default="ffnn", choices=MODELS, help="encoder (default: ffnn)")
+    p.add_argument("--loss", default="gaussian", choices=LOSSES, help="loss (default: gaussian)")
+    p.add_argument("--lam", type=float, default=0.5, help=f"{fields['lam'].description} Default 0.5.")
+    p.add_argument("--gamma", type=float, default=0.5, help=f"{fields['gamma'].description} Default 0.5.")
+    p.add_argument("--learn-gamma", action="store_true", help=fields["learn_gamma"].description)
+    p.add_argument("--alpha", type=float, default=0.25, help=f"{fields['alpha'].description} Default 0.25.")
+    p.add_argument("--hidden", type=int, default=128, help="width of the hidden layers (default 128)")
+    p.add_argument("--epochs", type=int, default=150, help="epochs (default 150, as in the paper)")
+    p.add_argument("--batch-size", type=int, default=128, help="batch size (default 128)")
+    p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default 1e-4)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+
+def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
+    keys = [k for k in ExperimentSpec.model_fields if hasattr(args, k)]
+    values: dict[str, Any] = {k: getattr(args, k) for k in keys}
+    return ExperimentSpec.model_validate({k: v for k, v in values.items() if v is not None})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="corel",
+        description="Clustering-oriented representation learning with attractive-repulsive loss.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser(
+        "train",
+        help="train one model locally and report accuracy and clustering scores",
+        description="Train one model with the paper's protocol (Adam, best-validation epoch) "
+        "and print the best epoch, its test accuracy and the clustering scores of the "
+        "test-set latent space.",
+    )
+    _add_spec_options(train)
+    train.add_argument(
+        "--data-dir", default=os.environ.get("COREL_DATA_DIR"),
+        help="directory holding datasets (default: $COREL_DATA_DIR, then system locations)",
+    )
+    train.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    train.add_argument("--checkpoint", help="write the best-validation checkpoint to this file")
+    train.add_argument(
+        "--metric", choices=("euclidean", "cosine"),
+        help="geometry for clustering (default: cosine for the cosine loss, else euclidean)",
+    )
+    train.add_argument("--no-progress", action="store_true", help="do not draw progress bars")
+    train.set_defaults(func=_train)
+
+    try:
+        from app.cli import register  # the service commands, when the extras are installed
+    except ImportError:
+        pass
+    else:
+        register(sub)
+    return parser
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from corel.clustering import default_metric, evaluate_clustering
+    from corel.training import Callback, EpochMetrics, Run, checkpoint_to_bytes, embed_all, fit
+
+    spec = spec_from_args(args)
+
+    class Progress(Callback):
+        def __init__(self, batches: int) -> None:
+            self.batches = batches
+            self.bar: Any = None
+
+        def on_batch_end(self, step: int) -> None:
+            if self.bar is None:
+                self.bar = tqdm(total=self.batches, leave=True, disable=args.no_progress,
+                                desc="epoch", unit="batch", file=sys.stderr)
+            self.bar.update(1)
+
+        def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> None:
+            if self.bar is not None:
+                self.bar.set_description(f"epoch {metrics.epoch}/{spec.epochs}")
+                self.bar.set_postfix(loss=f"{metrics.train_loss:.4f}",
+                                     train=f"{metrics.train_accuracy:.4f}",
+                                     val=f"{metrics.val_accuracy:.4f}")
+                self.bar.close()
+                self.bar = None
+
+    from corel.data import load_dataset
+
+    data = load_dataset(spec, args.data_dir)
+    progress = Progress(batches=-(-len(data.y_train) // spec.batch_size))
+    result = fit(spec, [progress], data=data, device=args.device)
+    metric = args.metric or default_metric(spec.loss)
+    reps = embed_all(result.model, result.run.data.x_test).cpu()
+    scores = evaluate_clustering(reps, data.y_test, metric=metric, seed=spec.seed)
+    if args.checkpoint:
+        with open(args.checkpoint, "wb") as fh:
+            fh.write(checkpoint_to_bytes(result.run.best_checkpoint()))
+    rows = [
+        ("dataset / model / loss", f"{spec.dataset} / {spec.model} / {spec.loss}"
+         + ("" if spec.loss == "cce" else f" (lam={spec.lam})")),
+        ("best epoch", f"{result.best_epoch} of {len(result.history)}"),
+        ("validation accuracy", f"{result.best_val_accuracy:.4f}"),
+        ("test accuracy", f"{result.test_accuracy:.4f}"),
+    ]
+    for algo, s in scores.items():
+        sil = "n/a" if s["silhouette"] is None else f"{s['silhouette']:.4f}"
+        rows.append((f"{algo} ({metric})",
+                     f"acc {s['accuracy']:.4f}  ARI {s['ari']:.4f}  "
+                     f"V {s['v_measure']:.4f}  silhouette {sil}"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        # pydantic's ValidationError is a ValueError: a bad option is a usage error.
+        print(f"corel: error: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

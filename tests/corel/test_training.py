@@ -1,0 +1,173 @@
+"""The training loop: the paper's protocol, determinism, resume, callbacks."""
+
+import pytest
+import torch
+
+from corel.data import load_dataset
+from corel.spec import ExperimentSpec
+from corel.training import (
+    Callback,
+    checkpoint_from_bytes,
+    checkpoint_to_bytes,
+    embed_all,
+    fit,
+    model_from_checkpoint,
+)
+
+
+def test_defaults_follow_the_paper():
+    spec = ExperimentSpec(dataset="digits")
+    assert (spec.epochs, spec.batch_size, spec.lr, spec.hidden) == (150, 128, 1e-4, 128)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset(ExperimentSpec(dataset="digits"))
+
+
+def weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("loss", ["cce", "center", "cosine", "gaussian"])
+def test_same_seed_same_weights_other_seed_other_weights(digits, loss):
+    spec = ExperimentSpec(dataset="digits", loss=loss, lam=0.7, epochs=2, lr=1e-3)
+    a = fit(spec, data=digits)
+    b = fit(spec, data=digits)
+    c = fit(spec.model_copy(update={"seed": 1}), data=digits)
+    assert_same_weights(weights(a.model), weights(b.model))
+    assert not torch.equal(a.model.head.W, c.model.head.W)
+
+
+class StopAfter(Callback):
+    def __init__(self, epoch):
+        self.epoch = epoch
+        self.saved = None
+
+    def on_epoch_end(self, metrics, run):
+        if metrics.epoch == self.epoch:
+            self.saved = checkpoint_to_bytes(run.checkpoint())
+            return True
+        return None
+
+
+@pytest.mark.parametrize("loss", ["center", "gaussian"])
+def test_resume_from_checkpoint_is_bit_identical(digits, loss):
+    spec = ExperimentSpec(dataset="digits", loss=loss, lam=0.8, epochs=5, lr=1e-3, batch_size=64)
+    whole = fit(spec, data=digits)
+    stopper = StopAfter(2)
+    first = fit(spec, [stopper], data=digits)
+    assert first.stopped and len(first.history) == 2
+    # Something else uses the global RNG between the stop and the resume.
+    torch.rand(1000)
+    ckpt = checkpoint_from_bytes(stopper.saved)
+    resumed = fit(spec, data=digits, checkpoint=ckpt)
+    assert not resumed.stopped
+    assert_same_weights(weights(whole.model), weights(resumed.model))
+    assert_same_weights(whole.run.model.state_dict(), resumed.run.model.state_dict())
+    assert [m.val_accuracy for m in whole.history] == [m.val_accuracy for m in resumed.history]
+    assert [m.train_loss for m in whole.history] == [m.train_loss for m in resumed.history]
+    assert (whole.best_epoch, whole.test_accuracy) == (resumed.best_epoch, resumed.test_accuracy)
+
+
+def test_resume_restores_dropout_rng():
+    """Text models use dropout, which draws from the global RNG: resume must restore it."""
+    from corel.data import Dataset
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 50, generator=g)
+    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+    parts = [(x[i::3], y[i::3]) for i in range(3)]
+    data = Dataset(
+        name="toy-text", modality="text",
+        x_train=parts[0][0], y_train=parts[0][1], x_val=parts[1][0], y_val=parts[1][1],
+        x_test=parts[2][0], y_test=parts[2][1], class_names=list("abcd"),
+        input_shape=(50,), preprocessing={},
+    )
+    spec = ExperimentSpec(dataset="ag-news", dataset_path="unused.csv", epochs=4, lr=1e-3,
+                          batch_size=32, loss="cosine", lam=0.6)
+    whole = fit(spec, data=data)
+    stopper = StopAfter(1)
+    fit(spec, [stopper], data=data)
+    torch.rand(10)
+    resumed = fit(spec, data=data, checkpoint=checkpoint_from_bytes(stopper.saved))
+    assert_same_weights(whole.run.model.state_dict(), resumed.run.model.state_dict())
+
+
+def test_checkpoint_must_match_spec(digits):
+    spec = ExperimentSpec(dataset="digits", epochs=2)
+    stopper = StopAfter(1)
+    fit(spec, [stopper], data=digits)
+    with pytest.raises(ValueError, match="different spec"):
+        fit(spec.model_copy(update={"lam": 0.9}), data=digits,
+            checkpoint=checkpoint_from_bytes(stopper.saved))
+
+
+def test_test_accuracy_is_taken_at_best_validation_epoch(digits):
+    spec = ExperimentSpec(dataset="digits", loss="gaussian", lam=0.85, epochs=6, lr=3e-3)
+    result = fit(spec, data=digits)
+    vals = [m.val_accuracy for m in result.history]
+    best = vals.index(max(vals)) + 1
+    assert result.best_epoch == best
+    assert result.history[best - 1].is_best
+    assert result.test_accuracy == result.history[best - 1].test_accuracy
+    # The returned model holds the best epoch's weights: its test accuracy is the reported one.
+    preds = result.model.predict(digits.x_test).classes
+    assert float((preds == digits.y_test).float().mean()) == pytest.approx(result.test_accuracy)
+
+
+def test_callback_can_stop_between_batches(digits):
+    class Cancel(Callback):
+        def __init__(self):
+            self.steps = 0
+
+        def on_batch_end(self, step):
+            self.steps += 1
+            return self.steps == 3
+
+    cancel = Cancel()
+    result = fit(ExperimentSpec(dataset="digits", epochs=5, batch_size=16), [cancel], data=digits)
+    assert result.stopped and cancel.steps == 3 and result.history == []
+
+
+def test_epoch_metrics_reach_callbacks(digits):
+    seen = []
+
+    class Record(Callback):
+        def on_epoch_end(self, metrics, run):
+            seen.append(metrics)
+
+    fit(ExperimentSpec(dataset="digits", epochs=3, lr=1e-3), [Record()], data=digits)
+    assert [m.epoch for m in seen] == [1, 2, 3]
+    for m in seen:
+        assert m.train_loss > 0 and 0 <= m.train_accuracy <= 1 and 0 <= m.val_accuracy <= 1
+        assert m.seconds > 0
+
+
+def test_serving_checkpoint_rebuilds_the_best_model(digits):
+    spec = ExperimentSpec(dataset="digits", loss="cosine", lam=0.7, epochs=3, lr=1e-3)
+    result = fit(spec, data=digits)
+    blob = checkpoint_to_bytes(result.run.best_checkpoint())
+    ckpt = checkpoint_from_bytes(blob)  # weights_only=True
+    spec2, model = model_from_checkpoint(ckpt)
+    assert spec2 == spec and ckpt["class_names"] == digits.class_names
+    torch.testing.assert_close(embed_all(model, digits.x_test), embed_all(result.model, digits.x_test))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["cce", "center", "cosine", "gaussian"])
+def test_each_loss_learns_fashion_mnist(fashion_dir, loss):
+    spec = ExperimentSpec(dataset="fashion-mnist", loss=loss, lam=0.85 if loss != "center" else 0.1,
+                          epochs=2, lr=1e-3, train_subset=6000)
+    data = load_dataset(spec, fashion_dir)
+    result = fit(spec, data=data)
+    assert len(result.history) == 2
+    # Chance is 0.10; a real model on 6,000 images reaches well over 0.7 in two epochs.
+    assert result.best_val_accuracy > 0.7, result.history
+    assert result.test_accuracy > 0.7
