@@ -1,0 +1,51 @@
+"""Request dependencies: settings, the session that commits in one place, auth."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from app.db import session_scope
+from app.errors import Unauthorized
+from app.queue import TaskQueue
+from app.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with session_scope(request.app.state.sessionmaker) as session:
+        yield session
+
+
+def get_queue(request: Request) -> TaskQueue:
+    queue: TaskQueue = request.app.state.queue
+    return queue
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+QueueDep = Annotated[TaskQueue, Depends(get_queue)]
+
+
+def require_token(request: Request, settings: SettingsDep) -> None:
+    """When COREL_API_TOKEN is set, mutating endpoints need 'Authorization: Bearer <token>'."""
+    if settings.api_token is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise Unauthorized("this endpoint needs an 'Authorization: Bearer <token>' header")
+    expected = settings.api_token.get_secret_value().encode()
+    if not hmac.compare_digest(given.strip().encode(), expected):
+        raise Unauthorized("the bearer token is not valid")
+
+
+AuthDep = Depends(require_token)

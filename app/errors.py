@@ -1,0 +1,45 @@
+"""Domain errors carry their HTTP status; one handler renders them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    status_code = 400
+    error = "bad_request"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class Unauthorized(DomainError):
+    status_code = 401
+    error = "unauthorized"
+
+
+class NotFound(DomainError):
+    status_code = 404
+    error = "not_found"
+
+
+class Conflict(DomainError):
+    status_code = 409
+    error = "conflict"
+
+
+class PayloadTooLarge(DomainError):
+    status_code = 413
+    error = "payload_too_large"
+
+
+class InvalidInput(DomainError):
+    status_code = 422
+    error = "invalid_input"
+
+
+class ServiceUnavailable(DomainError):
+    status_code = 503
+    error = "service_unavailable"

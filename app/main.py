@@ -1,0 +1,116 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from app.db import make_engine, make_sessionmaker
+from app.errors import DomainError
+from app.logging import configure_logging
+from app.queue import TaskQueue
+from app.routes import datasets, experiments
+from app.settings import Settings
+from worker.celery_app import make_celery
+
+log = logging.getLogger("corel.api")
+
+
+def _describe(err: dict) -> str:
+    where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",)) or "body"
+    msg = err.get("msg", "invalid")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return f"{where}: {msg}"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_logging(settings.log_level)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.auto_migrate:
+            from app.migrate import upgrade
+
+            upgrade(settings)
+        engine = make_engine(settings.db_url)
+        app.state.engine = engine
+        app.state.sessionmaker = make_sessionmaker(engine)
+        app.state.queue = TaskQueue(make_celery(settings))
+        log.info("api started", extra={"database": engine.url.render_as_string(hide_password=True)})
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(
+        title="corel",
+        version="0.1.0",
+        description="Clustering-oriented representation learning (COREL): train, embed, cluster.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+
+    @app.exception_handler(DomainError)
+    async def _domain_error(_: Request, exc: DomainError) -> JSONResponse:
+        return JSONResponse(
+            status_code=exc.status_code, content={"error": exc.error, "detail": exc.detail, **exc.extra}
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"field": ".".join(str(p) for p in e.get("loc", ())), "message": _describe(e)}
+            for e in exc.errors()
+        ]
+        return JSONResponse(
+            status_code=422,
+            content={"error": "invalid_request", "detail": "; ".join(e["message"] for e in errors),
+                     "errors": errors},
+        )
+
+    @app.middleware("http")
+    async def _access_log(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        log.info(
+            "request",
+            extra={"method": request.method, "path": request.url.path,
+                   "status": response.status_code,
+                   "ms": round((time.perf_counter() - started) * 1000, 2)},
+        )
+        return response
+
+    @app.get("/health", tags=["operations"], summary="The process is up")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready", tags=["operations"], summary="Database and broker reachable (else 503)")
+    def ready(request: Request) -> JSONResponse:
+        checks: dict[str, str] = {}
+        try:
+            with request.app.state.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception as exc:
+            checks["database"] = f"unreachable: {type(exc).__name__}"
+        try:
+            request.app.state.queue.ping()
+            checks["broker"] = "ok"
+        except Exception as exc:
+            checks["broker"] = f"unreachable: {type(exc).__name__}"
+        ok = all(v == "ok" for v in checks.values())
+        return JSONResponse(status_code=200 if ok else 503,
+                            content={"status": "ready" if ok else "not ready", **checks})
+
+    app.include_router(experiments.router)
+    app.include_router(datasets.router)
+    return app

@@ -1,0 +1,131 @@
+"""ORM rows. Blobs (checkpoints, latent spaces, uploads) live in their own tables so
+that listing experiments never loads them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from app.db import Base
+
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class DatasetUpload(Base):
+    __tablename__ = "datasets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # "npz" | "ag-news"
+    filename: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    blob: Mapped[DatasetBlob] = relationship(cascade="all, delete-orphan", lazy="raise")
+
+
+class DatasetBlob(Base):
+    __tablename__ = "dataset_blobs"
+
+    dataset_id: Mapped[int] = mapped_column(
+        ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True
+    )
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    dataset: Mapped[str] = mapped_column(String(32), index=True)
+    loss: Mapped[str] = mapped_column(String(16), index=True)
+    dataset_id: Mapped[int | None] = mapped_column(
+        ForeignKey("datasets.id", ondelete="RESTRICT"), index=True
+    )
+    epochs_total: Mapped[int] = mapped_column(Integer)
+    current_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    best_epoch: Mapped[int | None] = mapped_column(Integer)
+    best_val_accuracy: Mapped[float | None] = mapped_column(Float)
+    test_accuracy: Mapped[float | None] = mapped_column(Float)
+    train_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class EpochMetric(Base):
+    __tablename__ = "epoch_metrics"
+    __table_args__ = (UniqueConstraint("experiment_id", "epoch"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    epoch: Mapped[int] = mapped_column(Integer)
+    train_loss: Mapped[float] = mapped_column(Float)
+    train_accuracy: Mapped[float] = mapped_column(Float)
+    val_accuracy: Mapped[float] = mapped_column(Float)
+    test_accuracy: Mapped[float | None] = mapped_column(Float)
+    is_best: Mapped[bool] = mapped_column(Boolean)
+    seconds: Mapped[float] = mapped_column(Float)
+
+
+class Checkpoint(Base):
+    """``resume``: the latest epoch's full training state; ``best``: the serving checkpoint."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("experiment_id", "kind"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    epoch: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class LatentSpace(Base):
+    """Representations (float32, row-major n x dim) and labels (int64) of one split."""
+
+    __tablename__ = "latent_spaces"
+    __table_args__ = (UniqueConstraint("experiment_id", "split"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    split: Mapped[str] = mapped_column(String(16))
+    n: Mapped[int] = mapped_column(Integer)
+    dim: Mapped[int] = mapped_column(Integer)
+    representations: Mapped[bytes] = mapped_column(LargeBinary)
+    labels: Mapped[bytes] = mapped_column(LargeBinary)

@@ -1,0 +1,59 @@
+"""/datasets: upload a user's .npz or AG-News-style CSV, referenced by id in specs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, Request, UploadFile, status
+from sqlalchemy import select
+
+import app.services.datasets as datasets_service
+from app.deps import AuthDep, SessionDep, SettingsDep
+from app.errors import PayloadTooLarge
+from app.models import DatasetUpload
+from app.schemas import DatasetRead, Page
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+
+CHUNK = 1 << 20
+
+
+@router.post(
+    "", status_code=status.HTTP_201_CREATED, response_model=DatasetRead, dependencies=[AuthDep],
+    summary="Upload an .npz (arrays x, y, optional class_names) or a CSV (class_index,title,description)",
+)
+async def upload(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    file: Annotated[UploadFile, File(description="the .npz or .csv file")],
+    kind: Annotated[str | None, Form(description="npz or ag-news; default: from the file name")] = None,
+):
+    limit = settings.max_upload_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:
+        raise PayloadTooLarge(f"uploads are limited to {limit} bytes; this request has {declared}")
+    kind = datasets_service.guess_kind(file.filename or "", kind)
+    parts, size = [], 0
+    while chunk := await file.read(CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"uploads are limited to {limit} bytes")
+        parts.append(chunk)
+    return datasets_service.create_upload(session, file.filename or "", kind, b"".join(parts))
+
+
+@router.get("", response_model=Page[DatasetRead], summary="Uploaded datasets")
+def list_(session: SessionDep, limit: int = 50, offset: int = 0):
+    rows = session.scalars(
+        select(DatasetUpload).order_by(DatasetUpload.id.desc()).limit(min(limit, 200)).offset(offset)
+    ).all()
+    total = session.query(DatasetUpload).count()
+    return Page[DatasetRead](
+        items=[DatasetRead.model_validate(r) for r in rows], total=total, limit=limit, offset=offset
+    )
+
+
+@router.get("/{dataset_id}", response_model=DatasetRead, summary="One uploaded dataset")
+def get(dataset_id: int, session: SessionDep):
+    return datasets_service.get_upload(session, dataset_id)

@@ -1,0 +1,100 @@
+"""/experiments: submit, list, inspect, cancel and delete training runs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, status
+
+import app.services.experiments as experiments_service
+from app.db import session_scope
+from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
+from app.errors import InvalidInput, ServiceUnavailable
+from app.models import STATUSES, Experiment, utcnow
+from app.schemas import (
+    EpochMetricRead,
+    ExperimentCreate,
+    ExperimentQueued,
+    ExperimentRead,
+    MetricsRead,
+    Page,
+)
+from corel.spec import DATASETS, LOSSES
+
+router = APIRouter(prefix="/experiments", tags=["experiments"])
+
+
+@router.post(
+    "", status_code=status.HTTP_202_ACCEPTED, response_model=ExperimentQueued,
+    dependencies=[AuthDep],
+    summary="Submit an experiment; it is queued for a worker",
+)
+def create(body: ExperimentCreate, request: Request, session: SessionDep, queue: QueueDep):
+    factory = request.app.state.sessionmaker
+
+    def enqueue(experiment_id: int) -> None:
+        try:
+            queue.enqueue_training(experiment_id)
+        except ServiceUnavailable as exc:
+            with session_scope(factory) as s:
+                exp = s.get(Experiment, experiment_id)
+                if exp is not None:
+                    exp.status, exp.error, exp.finished_at = "failed", exc.detail, utcnow()
+            raise
+
+    exp = experiments_service.create_experiment(session, body, enqueue)
+    return ExperimentQueued(id=exp.id, status="queued")
+
+
+@router.get("", response_model=Page[ExperimentRead], summary="List experiments, newest first")
+def list_(
+    session: SessionDep,
+    settings: SettingsDep,
+    status_: Annotated[str | None, Query(alias="status")] = None,
+    dataset: str | None = None,
+    loss: str | None = None,
+    limit: Annotated[int, Query(ge=1)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+):
+    for name, value, allowed in (
+        ("status", status_, STATUSES), ("dataset", dataset, DATASETS), ("loss", loss, LOSSES)
+    ):
+        if value is not None and value not in allowed:
+            raise InvalidInput(f"unknown {name} {value!r}; allowed: {', '.join(allowed)}")
+    if limit > settings.page_size_limit:
+        raise InvalidInput(f"limit must be at most {settings.page_size_limit}; got {limit}")
+    rows, total = experiments_service.list_experiments(
+        session, status=status_, dataset=dataset, loss=loss, limit=limit, offset=offset
+    )
+    return Page[ExperimentRead](
+        items=[ExperimentRead.model_validate(r) for r in rows], total=total, limit=limit, offset=offset
+    )
+
+
+@router.get("/{experiment_id}", response_model=ExperimentRead, summary="One experiment")
+def get(experiment_id: int, session: SessionDep):
+    return experiments_service.get_experiment(session, experiment_id)
+
+
+@router.get("/{experiment_id}/metrics", response_model=MetricsRead, summary="Every epoch's figures")
+def metrics(experiment_id: int, session: SessionDep):
+    rows = experiments_service.get_metrics(session, experiment_id)
+    return MetricsRead(
+        experiment_id=experiment_id, items=[EpochMetricRead.model_validate(r) for r in rows]
+    )
+
+
+@router.post(
+    "/{experiment_id}/cancel", response_model=ExperimentRead, dependencies=[AuthDep],
+    summary="Cancel: at once if queued, between batches if running",
+)
+def cancel(experiment_id: int, session: SessionDep):
+    return experiments_service.cancel_experiment(session, experiment_id)
+
+
+@router.delete(
+    "/{experiment_id}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[AuthDep],
+    summary="Delete a finished experiment with its metrics, checkpoints and latent spaces",
+)
+def delete(experiment_id: int, session: SessionDep) -> None:
+    experiments_service.delete_experiment(session, experiment_id)

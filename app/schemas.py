@@ -1,0 +1,117 @@
+"""Request and response bodies (pydantic v2), separate from ORM rows."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from corel.spec import ExperimentSpec
+
+T = TypeVar("T")
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class ExperimentCreate(ExperimentSpec):
+    """An experiment spec as submitted over HTTP.
+
+    Files are referenced by ``dataset_id`` (from ``POST /datasets``), never by a
+    server path: ``dataset_path`` and ``word_vectors`` are not accepted here.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset_id: int | None = Field(
+        default=None, description="Id of an uploaded dataset (POST /datasets); required for npz."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_server_paths(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in ("dataset_path", "word_vectors"):
+                if data.get(key) is not None:
+                    raise ValueError(
+                        f"{key} is not accepted over HTTP; upload the file with POST /datasets "
+                        "and pass its id as dataset_id"
+                    )
+            if data.get("dataset") in ("npz",) and data.get("dataset_id") is None:
+                raise ValueError(
+                    "dataset 'npz' needs dataset_id: upload an .npz with POST /datasets first"
+                )
+            if data.get("dataset") == "npz":
+                # ExperimentSpec requires a path for npz; the worker resolves the upload.
+                data = {**data, "dataset_path": f"upload:{data.get('dataset_id')}"}
+        return data
+
+    def to_spec(self) -> ExperimentSpec:
+        return ExperimentSpec.model_validate(self.model_dump(exclude={"dataset_id"}))
+
+
+class ExperimentRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    status: Status
+    spec: dict[str, Any]
+    dataset_id: int | None
+    current_epoch: int
+    epochs_total: int
+    best_epoch: int | None
+    best_val_accuracy: float | None
+    test_accuracy: float | None
+    train_seconds: float
+    error: str | None
+    cancel_requested: bool
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class ExperimentQueued(BaseModel):
+    id: int
+    status: Status
+
+
+class EpochMetricRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    val_accuracy: float
+    test_accuracy: float | None
+    is_best: bool
+    seconds: float
+
+
+class MetricsRead(BaseModel):
+    experiment_id: int
+    items: list[EpochMetricRead]
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    total: int
+    limit: int
+    offset: int
+
+
+class DatasetRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    kind: str
+    filename: str
+    size: int
+    sha256: str
+    summary: dict[str, Any]
+    created_at: datetime
+
+
+class ErrorBody(BaseModel):
+    error: str
+    detail: Any

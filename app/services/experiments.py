@@ -1,0 +1,108 @@
+"""Experiment use cases. Services only flush; the session scope commits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from app.db import after_commit
+from app.errors import Conflict, InvalidInput, NotFound
+from app.models import FINISHED, DatasetUpload, EpochMetric, Experiment, utcnow
+from app.schemas import ExperimentCreate
+
+Enqueue = Callable[[int], None]
+
+
+def get_experiment(session: Session, experiment_id: int) -> Experiment:
+    exp = session.get(Experiment, experiment_id)
+    if exp is None:
+        raise NotFound(f"experiment {experiment_id} does not exist")
+    return exp
+
+
+def create_experiment(session: Session, body: ExperimentCreate, enqueue: Enqueue) -> Experiment:
+    if body.dataset_id is not None:
+        upload = session.get(DatasetUpload, body.dataset_id)
+        if upload is None:
+            raise InvalidInput(f"dataset_id {body.dataset_id} does not exist; upload with POST /datasets")
+        if upload.kind != body.dataset:
+            raise InvalidInput(
+                f"dataset_id {body.dataset_id} is a {upload.kind!r} upload but the spec's dataset "
+                f"is {body.dataset!r}"
+            )
+    spec = body.to_spec()
+    exp = Experiment(
+        status="queued",
+        spec=spec.model_dump(mode="json", exclude={"dataset_path", "word_vectors"}),
+        dataset=spec.dataset,
+        loss=spec.loss,
+        dataset_id=body.dataset_id,
+        epochs_total=spec.epochs,
+        current_epoch=0,
+        train_seconds=0.0,
+        cancel_requested=False,
+        attempts=0,
+        created_at=utcnow(),
+    )
+    session.add(exp)
+    session.flush()
+    experiment_id = exp.id
+    # The task carries only the id, and is sent once the row is committed, so a
+    # fast worker can never look for a row that is not there yet.
+    after_commit(session, lambda: enqueue(experiment_id))
+    return exp
+
+
+def list_experiments(
+    session: Session,
+    *,
+    status: str | None,
+    dataset: str | None,
+    loss: str | None,
+    limit: int,
+    offset: int,
+) -> tuple[list[Experiment], int]:
+    query = select(Experiment)
+    if status:
+        query = query.where(Experiment.status == status)
+    if dataset:
+        query = query.where(Experiment.dataset == dataset)
+    if loss:
+        query = query.where(Experiment.loss == loss)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(Experiment.id.desc()).limit(limit).offset(offset)).all()
+    return list(rows), int(total)
+
+
+def get_metrics(session: Session, experiment_id: int) -> list[EpochMetric]:
+    get_experiment(session, experiment_id)
+    rows = session.scalars(
+        select(EpochMetric).where(EpochMetric.experiment_id == experiment_id).order_by(EpochMetric.epoch)
+    )
+    return list(rows)
+
+
+def cancel_experiment(session: Session, experiment_id: int) -> Experiment:
+    """Queued: cancelled at once. Running: flagged; the worker stops between batches."""
+    exp = get_experiment(session, experiment_id)
+    if exp.status in FINISHED:
+        raise Conflict(f"experiment {experiment_id} is already {exp.status}; nothing to cancel")
+    exp.cancel_requested = True
+    if exp.status == "queued":
+        exp.status = "cancelled"
+        exp.finished_at = utcnow()
+    session.flush()
+    return exp
+
+
+def delete_experiment(session: Session, experiment_id: int) -> None:
+    exp = get_experiment(session, experiment_id)
+    if exp.status in ("queued", "running"):
+        raise Conflict(
+            f"experiment {experiment_id} is {exp.status}; cancel it first (POST "
+            f"/experiments/{experiment_id}/cancel), then delete it"
+        )
+    session.execute(delete(Experiment).where(Experiment.id == experiment_id))
+    session.flush()

@@ -1,0 +1,89 @@
+"""One settings object, read from ``COREL_*`` environment variables (or a .env file)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SUPPORTED_DB = ("sqlite", "postgresql")
+SUPPORTED_BROKERS = ("redis", "rediss", "sqla+sqlite", "sqla+postgresql", "filesystem", "amqp", "memory")
+
+
+class Settings(BaseSettings):
+    """Service configuration. The defaults are the embedded default: everything in ./var."""
+
+    model_config = SettingsConfigDict(env_prefix="COREL_", env_file=".env", extra="ignore")
+
+    var_dir: Path = Field(default=Path("var"), description="Where the embedded default keeps its files.")
+    database_url: str = Field(
+        default="", description="SQLAlchemy URL; default: a SQLite file in var_dir."
+    )
+    broker_url: str = Field(
+        default="", description="Celery broker URL; default: a SQLite-backed broker in var_dir."
+    )
+    data_dir: Path | None = Field(
+        default=None, description="Directory of datasets (IDX files, ag_news/, ...)."
+    )
+    api_token: SecretStr | None = Field(
+        default=None, description="When set, mutating endpoints need 'Authorization: Bearer <token>'."
+    )
+    max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    max_embed_batch: int = Field(default=4096, gt=0)
+    model_cache_size: int = Field(default=4, gt=0)
+    page_size_limit: int = Field(default=200, gt=0)
+    # A running experiment whose worker has not reported for this long is taken over
+    # by the next worker that starts (the worker died without acknowledging).
+    lease_seconds: float = Field(default=120.0, gt=0)
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    # Longer than any training run: a slow run must never be delivered twice.
+    visibility_timeout: int = Field(default=7 * 24 * 3600, gt=0)
+    queue: str = Field(default="corel")
+    device: str | None = Field(default=None, description="Torch device for workers; default auto.")
+    log_level: str = Field(default="INFO")
+    auto_migrate: bool = Field(
+        default=False, description="Apply migrations when the API starts (the embedded default)."
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_db(cls, v: str) -> str:
+        if v and v.split(":", 1)[0].split("+", 1)[0] not in SUPPORTED_DB:
+            raise ValueError(
+                f"COREL_DATABASE_URL must be a sqlite:// or postgresql:// URL; got {v.split(':', 1)[0]}://..."
+            )
+        return v
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker(cls, v: str) -> str:
+        if v and v.split("://", 1)[0] not in SUPPORTED_BROKERS:
+            raise ValueError(
+                f"COREL_BROKER_URL scheme must be one of {', '.join(SUPPORTED_BROKERS)}; got {v!r}"
+            )
+        return v
+
+    @property
+    def db_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            # A bare postgresql:// URL means the psycopg 3 driver installed with the project.
+            if url.startswith("postgresql://"):
+                url = "postgresql+psycopg://" + url[len("postgresql://") :]
+            return url
+        return f"sqlite:///{(self.var_dir / 'corel.sqlite3').resolve()}"
+
+    @property
+    def celery_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{(self.var_dir / 'broker.sqlite3').resolve()}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.db_url.startswith("sqlite")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,40 @@
+"""The Celery application. Importing it is cheap (no torch): the API uses it to send tasks."""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from app.settings import Settings, get_settings
+
+TRAIN_TASK = "corel.train_experiment"
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("corel", broker=settings.celery_broker_url, include=["worker.tasks"])
+    app.conf.update(
+        # Results live in our database; Celery's result backend is not used.
+        task_ignore_result=True,
+        task_queues=[Queue(settings.queue)],
+        task_default_queue=settings.queue,
+        task_routes={TRAIN_TASK: {"queue": settings.queue}},
+        # Long tasks: acknowledge only when done, one at a time per worker process,
+        # and give the message back if the worker process is lost mid-run.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        task_serializer="json",
+        accept_content=["json"],
+    )
+    if settings.celery_broker_url.startswith(("redis", "rediss", "sqs")):
+        # Longer than any training run, so a slow run is never delivered twice.
+        # (The SQLAlchemy transport passes its options to create_engine: none there.)
+        app.conf.broker_transport_options = {"visibility_timeout": settings.visibility_timeout}
+    app.conf.corel_settings = settings
+    return app
+
+
+# The worker process's app: `celery -A worker.celery_app worker`.
+celery = make_celery(get_settings())

@@ -1,0 +1,263 @@
+"""What a training task does, kept apart from Celery so it reads top to bottom.
+
+A run is *claimed* with one conditional UPDATE (queued, or running with a stale
+heartbeat), so duplicate deliveries are harmless: only one worker trains an
+experiment at a time. After every epoch, the epoch's metrics and the resumable
+checkpoint are written in one transaction; a redelivered run continues from
+that checkpoint and ends exactly as an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+from sqlalchemy import ColumnElement, CursorResult, and_, func, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import session_scope
+from app.models import (
+    Checkpoint,
+    DatasetBlob,
+    DatasetUpload,
+    EpochMetric,
+    Experiment,
+    LatentSpace,
+    utcnow,
+)
+from app.settings import Settings
+from corel.spec import ExperimentSpec
+from corel.training import (
+    Callback,
+    EpochMetrics,
+    Run,
+    checkpoint_from_bytes,
+    checkpoint_to_bytes,
+    embed_all,
+    fit,
+)
+
+log = logging.getLogger("corel.worker")
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class LostLease(Exception):
+    """Another worker took this experiment over (ours was presumed dead)."""
+
+
+def _updated(session: Session, stmt: Any) -> int:
+    """Execute an UPDATE and return how many rows it changed."""
+    result = session.execute(stmt.execution_options(synchronize_session=False))
+    return int(cast(CursorResult[Any], result).rowcount)
+
+
+def claim(session: Session, experiment_id: int, settings: Settings) -> bool:
+    now = utcnow()
+    stale = now - timedelta(seconds=settings.lease_seconds)
+    return bool(_updated(session,
+        update(Experiment)
+        .where(
+            Experiment.id == experiment_id,
+            or_(
+                Experiment.status == "queued",
+                and_(
+                    Experiment.status == "running",
+                    or_(Experiment.heartbeat_at.is_(None), Experiment.heartbeat_at < stale),
+                ),
+            ),
+        )
+        .values(
+            status="running",
+            worker=WORKER_ID,
+            heartbeat_at=now,
+            attempts=Experiment.attempts + 1,
+            started_at=func.coalesce(Experiment.started_at, now),
+        )
+    ))
+
+
+def _owned(experiment_id: int) -> ColumnElement[bool]:
+    return and_(
+        Experiment.id == experiment_id, Experiment.worker == WORKER_ID, Experiment.status == "running"
+    )
+
+
+def _upsert_checkpoint(session: Session, experiment_id: int, kind: str, epoch: int, blob: bytes) -> None:
+    row = session.scalar(
+        select(Checkpoint).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == kind)
+    )
+    if row is None:
+        row = Checkpoint(experiment_id=experiment_id, kind=kind)
+        session.add(row)
+    row.epoch, row.data, row.size = epoch, blob, len(blob)
+    row.sha256, row.created_at = hashlib.sha256(blob).hexdigest(), utcnow()
+
+
+class DatabaseRecorder(Callback):
+    """Writes each epoch (metrics + resumable checkpoint) in one transaction,
+    keeps the heartbeat fresh, and stops the run when a cancel is requested."""
+
+    def __init__(self, experiment_id: int, factory: sessionmaker[Session], settings: Settings):
+        self.experiment_id = experiment_id
+        self.factory = factory
+        self.heartbeat_every = settings.heartbeat_seconds
+        self.last_beat = time.monotonic()
+        self.cancelled = False
+
+    def _beat(self, session: Session, **values: Any) -> None:
+        changed = _updated(
+            session,
+            update(Experiment).where(_owned(self.experiment_id)).values(heartbeat_at=utcnow(), **values),
+        )
+        if not changed:
+            raise LostLease(f"experiment {self.experiment_id} is no longer ours")
+        self.last_beat = time.monotonic()
+        self.cancelled = bool(
+            session.scalar(select(Experiment.cancel_requested).where(Experiment.id == self.experiment_id))
+        )
+
+    def on_batch_end(self, step: int) -> bool:
+        if time.monotonic() - self.last_beat >= self.heartbeat_every:
+            with session_scope(self.factory) as session:
+                self._beat(session)
+        return self.cancelled
+
+    def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> bool:
+        blob = checkpoint_to_bytes(run.checkpoint())
+        with session_scope(self.factory) as session:
+            self._beat(
+                session,
+                current_epoch=metrics.epoch,
+                best_epoch=run.best_epoch,
+                best_val_accuracy=run.best_val_accuracy,
+                test_accuracy=run.test_accuracy,
+                train_seconds=Experiment.train_seconds + metrics.seconds,
+            )
+            session.add(EpochMetric(experiment_id=self.experiment_id, **metrics.to_dict()))
+            _upsert_checkpoint(session, self.experiment_id, "resume", metrics.epoch, blob)
+        log.info("epoch done", extra={"experiment": self.experiment_id, **metrics.to_dict()})
+        return self.cancelled
+
+
+def _materialise_upload(session: Session, dataset_id: int, settings: Settings) -> Path:
+    """Uploads live in the database; a worker keeps a local copy to read from."""
+    upload = session.get(DatasetUpload, dataset_id)
+    if upload is None:
+        raise ValueError(f"dataset {dataset_id} no longer exists")
+    suffix = ".npz" if upload.kind == "npz" else ".csv"
+    path = settings.var_dir.resolve() / "cache" / f"dataset-{dataset_id}-{upload.sha256[:16]}{suffix}"
+    if not path.exists():
+        data = session.scalar(select(DatasetBlob.data).where(DatasetBlob.dataset_id == dataset_id))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
+        tmp.write_bytes(data or b"")
+        tmp.replace(path)
+    return path
+
+
+def _finish(factory: sessionmaker[Session], experiment_id: int, **values: Any) -> None:
+    with session_scope(factory) as session:
+        _updated(session, update(Experiment).where(_owned(experiment_id))
+                 .values(finished_at=utcnow(), **values))
+
+
+def _latent(model: Any, x: Any, y: Any, experiment_id: int, split: str) -> LatentSpace:
+    reps = embed_all(model, x).cpu().numpy().astype(np.float32)
+    return LatentSpace(
+        experiment_id=experiment_id, split=split, n=int(reps.shape[0]), dim=int(reps.shape[1]),
+        representations=np.ascontiguousarray(reps).tobytes(),
+        labels=y.cpu().numpy().astype(np.int64).tobytes(),
+    )
+
+
+def train_experiment(experiment_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
+    """Train (or resume) one experiment; returns the status it ended in."""
+    with session_scope(factory) as session:
+        exp = session.get(Experiment, experiment_id)
+        if exp is None:
+            log.warning("experiment does not exist", extra={"experiment": experiment_id})
+            return "missing"
+        if not claim(session, experiment_id, settings):
+            log.info("not claimed (finished, or running elsewhere)",
+                     extra={"experiment": experiment_id, "status": exp.status})
+            return "skipped"
+        session.refresh(exp)
+        if exp.cancel_requested:
+            exp.status, exp.finished_at = "cancelled", utcnow()
+            return "cancelled"
+        spec_data = dict(exp.spec)
+        if exp.dataset_id is not None:
+            spec_data["dataset_path"] = str(_materialise_upload(session, exp.dataset_id, settings))
+        resume = session.scalar(
+            select(Checkpoint.data).where(
+                Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "resume"
+            )
+        )
+    recorder = DatabaseRecorder(experiment_id, factory, settings)
+    try:
+        spec = ExperimentSpec.model_validate(spec_data)
+        checkpoint = checkpoint_from_bytes(resume) if resume else None
+        log.info("training", extra={"experiment": experiment_id, "resume_epoch":
+                                    checkpoint["epoch"] if checkpoint else 0, "worker": WORKER_ID})
+        result = fit(spec, [recorder], checkpoint=checkpoint, device=settings.device,
+                     data_dir=settings.data_dir)
+    except LostLease:
+        log.warning("lost the lease; another worker continues", extra={"experiment": experiment_id})
+        return "lost"
+    except (ValueError, FileNotFoundError) as exc:
+        _finish(factory, experiment_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+        return "failed"
+    except Exception as exc:
+        log.exception("training failed", extra={"experiment": experiment_id})
+        _finish(factory, experiment_id, status="failed",
+                error=f"internal error: {type(exc).__name__}: {exc}")
+        return "failed"
+    if result.stopped:
+        _finish(factory, experiment_id, status="cancelled")
+        return "cancelled"
+    best = checkpoint_to_bytes(result.run.best_checkpoint())
+    data = result.run.data
+    with session_scope(factory) as session:
+        _upsert_checkpoint(session, experiment_id, "best", result.best_epoch, best)
+        for split, x, y in (("test", data.x_test, data.y_test), ("validation", data.x_val, data.y_val)):
+            old = session.scalar(select(LatentSpace).where(
+                LatentSpace.experiment_id == experiment_id, LatentSpace.split == split))
+            if old is not None:
+                session.delete(old)
+                session.flush()
+            session.add(_latent(result.model, x, y, experiment_id, split))
+        done = _updated(
+            session,
+            update(Experiment)
+            .where(_owned(experiment_id))
+            .values(status="succeeded", finished_at=utcnow(), best_epoch=result.best_epoch,
+                    best_val_accuracy=result.best_val_accuracy, test_accuracy=result.test_accuracy),
+        )
+        if not done:
+            raise LostLease(f"experiment {experiment_id} was taken over before it could finish")
+    log.info("succeeded", extra={"experiment": experiment_id, "test_accuracy": result.test_accuracy})
+    return "succeeded"
+
+
+def requeue_stale(factory: sessionmaker[Session], settings: Settings, send: Any) -> list[int]:
+    """Send again the experiments whose worker stopped reporting (it died)."""
+    stale = utcnow() - timedelta(seconds=settings.lease_seconds)
+    with session_scope(factory) as session:
+        ids = list(session.scalars(select(Experiment.id).where(
+            Experiment.status == "running",
+            or_(Experiment.heartbeat_at.is_(None), Experiment.heartbeat_at < stale),
+        )))
+    for experiment_id in ids:
+        log.warning("requeueing a run whose worker stopped reporting",
+                    extra={"experiment": experiment_id})
+        send(experiment_id)
+    return ids
