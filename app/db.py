@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -49,11 +49,6 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-def after_commit(session: Session, fn: Callable[[], None]) -> None:
-    """Run ``fn`` once the session's transaction has committed (e.g. send a task)."""
-    session.info.setdefault("after_commit", []).append(fn)
-
-
 @contextmanager
 def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
     """The one place that commits: commit on success, roll back on any exception."""
@@ -61,8 +56,6 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
     try:
         yield session
         session.commit()
-        for fn in session.info.pop("after_commit", []):
-            fn()
     except BaseException:
         session.rollback()
         raise

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Query, status
 
 import app.services.experiments as experiments_service
-from app.db import session_scope
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
 from app.errors import InvalidInput, ServiceUnavailable
-from app.models import STATUSES, Experiment, utcnow
+from app.models import STATUSES
 from app.schemas import (
     EpochMetricRead,
     ExperimentCreate,
@@ -29,20 +28,19 @@ router = APIRouter(prefix="/experiments", tags=["experiments"])
     dependencies=[AuthDep],
     summary="Submit an experiment; it is queued for a worker",
 )
-def create(body: ExperimentCreate, request: Request, session: SessionDep, queue: QueueDep):
-    factory = request.app.state.sessionmaker
-
-    def enqueue(experiment_id: int) -> None:
-        try:
-            queue.enqueue_training(experiment_id)
-        except ServiceUnavailable as exc:
-            with session_scope(factory) as s:
-                exp = s.get(Experiment, experiment_id)
-                if exp is not None:
-                    exp.status, exp.error, exp.finished_at = "failed", exc.detail, utcnow()
-            raise
-
-    exp = experiments_service.create_experiment(session, body, enqueue)
+def create(body: ExperimentCreate, session: SessionDep, queue: QueueDep):
+    exp = experiments_service.create_experiment(session, body)
+    # The task carries only the id. It is sent once the row is committed, so that a
+    # fast worker never looks for a row that is not there yet; this is the one
+    # route that commits before returning, because whether sending works decides
+    # the answer.
+    session.commit()
+    try:
+        queue.enqueue_training(exp.id)
+    except ServiceUnavailable as exc:
+        experiments_service.mark_unqueued(session, exp.id, exc.detail)
+        session.commit()
+        raise
     return ExperimentQueued(id=exp.id, status="queued")
 
 

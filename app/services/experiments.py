@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.db import after_commit
 from app.errors import Conflict, InvalidInput, NotFound
 from app.models import FINISHED, DatasetUpload, EpochMetric, Experiment, utcnow
 from app.schemas import ExperimentCreate
-
-Enqueue = Callable[[int], None]
 
 
 def get_experiment(session: Session, experiment_id: int) -> Experiment:
@@ -22,7 +17,7 @@ def get_experiment(session: Session, experiment_id: int) -> Experiment:
     return exp
 
 
-def create_experiment(session: Session, body: ExperimentCreate, enqueue: Enqueue) -> Experiment:
+def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
     if body.dataset_id is not None:
         upload = session.get(DatasetUpload, body.dataset_id)
         if upload is None:
@@ -48,11 +43,13 @@ def create_experiment(session: Session, body: ExperimentCreate, enqueue: Enqueue
     )
     session.add(exp)
     session.flush()
-    experiment_id = exp.id
-    # The task carries only the id, and is sent once the row is committed, so a
-    # fast worker can never look for a row that is not there yet.
-    after_commit(session, lambda: enqueue(experiment_id))
     return exp
+
+
+def mark_unqueued(session: Session, experiment_id: int, reason: str) -> None:
+    exp = get_experiment(session, experiment_id)
+    exp.status, exp.error, exp.finished_at = "failed", reason, utcnow()
+    session.flush()
 
 
 def list_experiments(

@@ -1,0 +1,167 @@
+"""Real services for the service tests: a fresh PostgreSQL database per run, a
+Redis database of our own as the broker, and real Celery worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.migrate import upgrade
+from app.settings import Settings
+from tests.conftest import FASHION_DIR, REPO, require
+
+PG_ADMIN_URL = os.environ.get("COREL_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("COREL_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+
+
+def _pg_available() -> bool:
+    try:
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _redis_available() -> bool:
+    try:
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    require(_pg_available(), f"PostgreSQL at {PG_ADMIN_URL}")
+    name = f"corel_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    require(_redis_available(), f"Redis at {REDIS_URL}")
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    yield REDIS_URL
+    client.flushdb()
+
+
+@pytest.fixture(scope="session")
+def settings(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    require((FASHION_DIR / "train-images-idx3-ubyte.gz").exists(),
+            f"Fashion-MNIST in {FASHION_DIR} (apt-get install dataset-fashion-mnist)")
+    s = Settings(
+        database_url=pg_url,
+        broker_url=redis_url,
+        var_dir=tmp_path_factory.mktemp("var"),
+        queue=f"corel-test-{uuid.uuid4().hex[:8]}",
+        lease_seconds=4.0,
+        heartbeat_seconds=0.5,
+        log_level="INFO",
+    )
+    upgrade(s)  # migrations run once per test session
+    return s
+
+
+def settings_env(s: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
+    env.update({
+        "COREL_DATABASE_URL": s.database_url,
+        "COREL_BROKER_URL": s.broker_url,
+        "COREL_VAR_DIR": str(s.var_dir),
+        "COREL_QUEUE": s.queue,
+        "COREL_LEASE_SECONDS": str(s.lease_seconds),
+        "COREL_HEARTBEAT_SECONDS": str(s.heartbeat_seconds),
+        "PYTHONPATH": str(REPO),
+    })
+    return env
+
+
+class Workers:
+    """Starts real `corel worker` processes (the Dockerfile's worker command)."""
+
+    def __init__(self, settings: Settings, logdir: Path) -> None:
+        self.settings = settings
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        log = open(self.logdir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "corel.cli", "worker"],
+            env=settings_env(self.settings), stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO, start_new_session=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.logdir.glob("*.log")))
+
+
+@pytest.fixture(scope="session")
+def workers(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    w = Workers(settings, tmp_path_factory.mktemp("worker-logs"))
+    yield w
+    w.stop_all()
+
+
+@pytest.fixture(scope="session")
+def worker(workers: Workers) -> subprocess.Popen[bytes]:
+    """One long-lived worker shared by the tests that just need experiments to run."""
+    return workers.start()
+
+
+@pytest.fixture(scope="session")
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def wait_for(
+    client: TestClient, experiment_id: int, done: Callable[[dict], bool], timeout: float = 180,
+    workers: Workers | None = None,
+) -> dict:
+    deadline = time.monotonic() + timeout
+    body: dict = {}
+    while time.monotonic() < deadline:
+        body = client.get(f"/experiments/{experiment_id}").json()
+        if done(body):
+            return body
+        time.sleep(0.2)
+    logs = workers.logs() if workers else ""
+    raise AssertionError(f"experiment {experiment_id} did not get there in {timeout}s: {body}\n{logs}")
+
+
+def finished(body: dict) -> bool:
+    return body["status"] in ("succeeded", "failed", "cancelled")

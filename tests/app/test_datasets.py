@@ -1,0 +1,90 @@
+"""Uploads: validated on arrival, stored, and trainable by a real worker."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from tests.app.conftest import finished, wait_for
+from tests.conftest import SHARED_DATASETS, require
+
+
+def npz_bytes(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def blobs(n=600, k=3, d=5, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, k, n)
+    x = rng.normal(size=(n, d)) + 4 * np.eye(k, d)[y]
+    return x.astype(np.float32), y
+
+
+def test_upload_npz_and_train_on_it(client, worker, workers):
+    x, y = blobs()
+    data = npz_bytes(x=x, y=y, class_names=np.array(["red", "green", "blue"]))
+    r = client.post("/datasets", files={"file": ("blobs.npz", data)})
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    assert ds["kind"] == "npz" and ds["size"] == len(data)
+    assert ds["summary"]["n"] == 600 and ds["summary"]["num_classes"] == 3
+    assert client.get(f"/datasets/{ds['id']}").json()["sha256"] == ds["sha256"]
+
+    r = client.post("/experiments", json={"dataset": "npz", "dataset_id": ds["id"], "epochs": 5,
+                                          "lr": 3e-3, "loss": "cosine", "lam": 0.7})
+    assert r.status_code == 202, r.text
+    body = wait_for(client, r.json()["id"], finished, workers=workers)
+    assert body["status"] == "succeeded", body
+    assert body["test_accuracy"] > 0.9  # well-separated blobs
+
+
+def test_upload_ag_news_csv(client):
+    require((SHARED_DATASETS / "ag_news" / "test.csv").exists(), "AG News test split")
+    head = (SHARED_DATASETS / "ag_news" / "test.csv").read_bytes().splitlines()[:300]
+    r = client.post("/datasets", files={"file": ("news.csv", b"\n".join(head))})
+    assert r.status_code == 201, r.text
+    assert r.json()["kind"] == "ag-news" and r.json()["summary"]["n"] == 300
+    r = client.post("/experiments", json={"dataset": "npz", "dataset_id": r.json()["id"]})
+    assert r.status_code == 422 and "'ag-news' upload" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "words"),
+    [
+        ("junk.npz", b"this is not a zip file", "not usable"),
+        ("nolabels.npz", npz_bytes(x=np.zeros((10, 2))), "y"),
+        ("short.npz", npz_bytes(x=np.zeros((10, 2)), y=np.zeros(9, int)), "not usable"),
+        ("nan.npz", npz_bytes(x=np.full((30, 2), np.nan), y=np.arange(30) % 3), "not usable"),
+        ("one.npz", npz_bytes(x=np.zeros((30, 2)), y=np.zeros(30, int)), "not usable"),
+        ("bad.csv", b"a,b,c\nd,e,f\n", "not usable"),
+        ("empty.npz", b"", "empty"),
+        ("notes.txt", b"hello", "cannot tell the kind"),
+    ],
+)
+def test_bad_uploads_get_422(client, name, data, words):
+    r = client.post("/datasets", files={"file": (name, data)})
+    assert r.status_code == 422, r.text
+    assert words in r.json()["detail"]
+
+
+def test_unknown_kind_is_422(client):
+    r = client.post("/datasets", files={"file": ("a.npz", b"x")}, data={"kind": "parquet"})
+    assert r.status_code == 422 and "allowed: npz, ag-news" in r.json()["detail"]
+
+
+def test_missing_file_is_422(client):
+    assert client.post("/datasets").status_code == 422
+
+
+def test_upload_over_the_limit_is_413(settings):
+    small = settings.model_copy(update={"max_upload_bytes": 1000})
+    x, y = blobs()
+    with TestClient(create_app(small)) as c:
+        r = c.post("/datasets", files={"file": ("big.npz", npz_bytes(x=x, y=y))})
+    assert r.status_code == 413 and "1000 bytes" in r.json()["detail"]

@@ -1,0 +1,181 @@
+"""Experiments over HTTP against PostgreSQL, Redis and real Celery worker processes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from app.models import Checkpoint, LatentSpace
+from corel.data import load_dataset
+from corel.spec import ExperimentSpec
+from corel.training import checkpoint_from_bytes, embed_all, fit, model_from_checkpoint
+from tests.app.conftest import finished, wait_for
+from tests.conftest import FASHION_DIR
+
+FASHION = {"dataset": "fashion-mnist", "model": "ffnn", "loss": "gaussian", "lam": 0.85,
+           "lr": 1e-3, "train_subset": 3000}
+
+
+@pytest.fixture(scope="module")
+def db(settings):
+    engine = create_engine(settings.db_url)
+    with Session(engine) as session:
+        yield session
+    engine.dispose()
+
+
+def test_fashion_gaussian_experiment_runs_to_the_end(client, worker, workers, db):
+    r = client.post("/experiments", json={**FASHION, "epochs": 2})
+    assert r.status_code == 202, r.text
+    assert r.json()["status"] == "queued"
+    eid = r.json()["id"]
+    body = wait_for(client, eid, finished, workers=workers)
+    assert body["status"] == "succeeded", body
+    assert body["current_epoch"] == body["epochs_total"] == 2
+    assert body["test_accuracy"] > 0.5 and body["best_epoch"] in (1, 2)
+    assert body["started_at"] and body["finished_at"] and body["train_seconds"] > 0
+
+    metrics = client.get(f"/experiments/{eid}/metrics").json()["items"]
+    assert [m["epoch"] for m in metrics] == [1, 2]
+    assert all(0 <= m["val_accuracy"] <= 1 and m["train_loss"] > 0 for m in metrics)
+    best = max(metrics, key=lambda m: m["val_accuracy"])
+    assert body["test_accuracy"] == pytest.approx(best["test_accuracy"])
+
+    # The stored serving checkpoint rebuilds the model, and the stored latent space is
+    # exactly that model's representation of the test set.
+    blob = db.scalar(select(Checkpoint.data).where(Checkpoint.experiment_id == eid,
+                                                   Checkpoint.kind == "best"))
+    spec, model = model_from_checkpoint(checkpoint_from_bytes(blob))
+    latent = db.scalar(select(LatentSpace).where(LatentSpace.experiment_id == eid,
+                                                 LatentSpace.split == "test"))
+    data = load_dataset(spec, FASHION_DIR)
+    assert (latent.n, latent.dim) == (10_000, 128)
+    assert np.array_equal(np.frombuffer(latent.labels, np.int64), data.y_test.numpy())
+    stored = np.frombuffer(latent.representations, np.float32).reshape(latent.n, latent.dim)
+    np.testing.assert_allclose(stored, embed_all(model, data.x_test).numpy(), rtol=1e-5, atol=1e-5)
+    preds = model.predict(data.x_test).classes
+    assert float((preds == data.y_test).float().mean()) == pytest.approx(body["test_accuracy"])
+
+
+def test_cancel_a_running_experiment(client, worker, workers):
+    eid = client.post("/experiments", json={**FASHION, "train_subset": None, "epochs": 100}).json()["id"]
+    wait_for(client, eid, lambda b: b["status"] == "running" and b["current_epoch"] >= 1,
+             workers=workers)
+    r = client.post(f"/experiments/{eid}/cancel")
+    assert r.status_code == 200 and r.json()["cancel_requested"]
+    body = wait_for(client, eid, finished, timeout=60, workers=workers)
+    assert body["status"] == "cancelled"
+    assert body["current_epoch"] < 100
+    n = len(client.get(f"/experiments/{eid}/metrics").json()["items"])
+    assert n == body["current_epoch"]
+    assert client.post(f"/experiments/{eid}/cancel").status_code == 409
+
+
+def test_killed_worker_resumes_with_the_same_result(client, workers, worker):
+    """SIGKILL the worker mid-run; a new worker resumes from the last checkpoint and
+    ends exactly where an uninterrupted run with the same seed ends."""
+    spec = {**FASHION, "train_subset": 20_000, "epochs": 6, "seed": 7, "loss": "center", "lam": 0.1}
+    # The shared worker must not take this one: stop it, use a private one.
+    workers.kill(worker)
+    mine = workers.start()
+    eid = client.post("/experiments", json=spec).json()["id"]
+    wait_for(client, eid, lambda b: b["current_epoch"] >= 2, workers=workers)
+    workers.kill(mine)
+    killed_at = client.get(f"/experiments/{eid}").json()
+    assert killed_at["status"] == "running" and killed_at["current_epoch"] < 6
+    workers.start()
+    body = wait_for(client, eid, finished, workers=workers)
+    assert body["status"] == "succeeded", body
+    assert body["attempts"] == 2
+
+    metrics = client.get(f"/experiments/{eid}/metrics").json()["items"]
+    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4, 5, 6]  # none lost, none twice
+
+    whole = fit(ExperimentSpec(**spec), data_dir=FASHION_DIR)
+    assert [m["val_accuracy"] for m in metrics] == pytest.approx(
+        [m.val_accuracy for m in whole.history], abs=0)
+    assert [m["train_loss"] for m in metrics] == pytest.approx(
+        [m.train_loss for m in whole.history], rel=1e-9)
+    assert body["best_epoch"] == whole.best_epoch
+    assert body["test_accuracy"] == pytest.approx(whole.test_accuracy, abs=0)
+
+
+def test_queued_experiment_cancels_at_once_and_deletes(client, settings):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    # A queue no worker listens to keeps the experiment queued.
+    idle = settings.model_copy(update={"queue": "corel-nobody-listens"})
+    with TestClient(create_app(idle)) as c:
+        eid = c.post("/experiments", json={"dataset": "digits", "epochs": 1}).json()["id"]
+        assert c.delete(f"/experiments/{eid}").status_code == 409
+        body = c.post(f"/experiments/{eid}/cancel").json()
+        assert body["status"] == "cancelled" and body["finished_at"]
+        assert c.delete(f"/experiments/{eid}").status_code == 204
+        assert c.get(f"/experiments/{eid}").status_code == 404
+
+
+def test_list_filters_and_pages(client):
+    ids = [client.post("/experiments", json={"dataset": "digits", "epochs": 1, "loss": loss}).json()["id"]
+           for loss in ("cosine", "cosine", "cce")]
+    page = client.get("/experiments", params={"loss": "cosine", "limit": 1}).json()
+    assert page["total"] >= 2 and len(page["items"]) == 1 and page["limit"] == 1
+    assert page["items"][0]["spec"]["loss"] == "cosine"
+    everything = client.get("/experiments", params={"dataset": "digits", "limit": 200}).json()
+    assert set(ids) <= {item["id"] for item in everything["items"]}
+    r = client.get("/experiments", params={"status": "sleeping"})
+    assert r.status_code == 422 and "allowed: queued, running, succeeded, failed, cancelled" in r.text
+    assert client.get("/experiments", params={"limit": 100000}).status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"dataset": "digits", "lam": 1.5}, ["lam", "less than or equal to 1"]),
+        ({"dataset": "digits", "lam": 0}, ["lam", "greater than 0"]),
+        ({"dataset": "digits", "loss": "triplet"}, ["loss", "'cce', 'center', 'cosine' or 'gaussian'"]),
+        ({"dataset": "imagenet"}, ["dataset", "'fashion-mnist'"]),
+        ({"dataset": "npz", "dataset_id": 1, "model": "cnn"}, ["model 'cnn' does not apply", "allowed: ffnn"]),
+        ({"dataset": "npz"}, ["needs dataset_id"]),
+        ({"dataset": "digits", "dataset_path": "/etc/passwd"}, ["dataset_path is not accepted"]),
+        ({"dataset": "digits", "epochs": 0}, ["epochs"]),
+        ({"dataset": "digits", "colour": "red"}, ["colour", "Extra inputs are not permitted"]),
+        ({"dataset": "digits", "learn_gamma": True, "loss": "cosine"}, ["learn_gamma applies only"]),
+        ({}, ["dataset", "Field required"]),
+    ],
+)
+def test_bad_specs_get_422_naming_the_problem(client, body, words):
+    r = client.post("/experiments", json=body)
+    assert r.status_code == 422, r.text
+    for word in words:
+        assert word in r.json()["detail"], r.json()
+
+
+def test_unknown_dataset_id_is_422(client):
+    r = client.post("/experiments", json={"dataset": "npz", "dataset_id": 987654})
+    assert r.status_code == 422 and "dataset_id 987654 does not exist" in r.json()["detail"]
+
+
+def test_non_json_body_is_422(client):
+    r = client.post("/experiments", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("get", "/experiments/987654"), ("get", "/experiments/987654/metrics"),
+     ("post", "/experiments/987654/cancel"), ("delete", "/experiments/987654"),
+     ("get", "/datasets/987654")],
+)
+def test_unknown_ids_are_404(client, method, path):
+    r = getattr(client, method)(path)
+    assert r.status_code == 404
+    assert r.json() == {"error": "not_found", "detail": r.json()["detail"]}
+    assert "987654" in r.json()["detail"]
+
+
+def test_bad_id_type_is_422(client):
+    assert client.get("/experiments/abc").status_code == 422

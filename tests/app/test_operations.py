@@ -1,0 +1,145 @@
+"""Health, readiness, auth, migrations, the compose file and the embedded default."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from app.main import create_app
+from app.migrate import check
+from tests.conftest import IN_CI, REPO
+
+
+def test_health_and_ready(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    r = client.get("/ready")
+    assert r.status_code == 200 and r.json() == {"status": "ready", "database": "ok", "broker": "ok"}
+
+
+def test_ready_is_503_when_the_broker_is_down(settings):
+    down = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+    with TestClient(create_app(down)) as c:
+        r = c.get("/ready")
+    assert r.status_code == 503
+    assert r.json()["database"] == "ok" and r.json()["broker"].startswith("unreachable")
+
+
+def test_submit_when_the_broker_is_down_is_503_and_marked_failed(settings):
+    down = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+    with TestClient(create_app(down)) as c:
+        r = c.post("/experiments", json={"dataset": "digits", "epochs": 1})
+        assert r.status_code == 503 and "could not be queued" in r.json()["detail"]
+        failed = c.get("/experiments", params={"status": "failed"}).json()["items"]
+        assert any("could not be queued" in (e["error"] or "") for e in failed)
+
+
+def test_token_guards_mutating_endpoints(settings):
+    guarded = settings.model_copy(update={"api_token": SecretStr("s3cret-token")})
+    body = {"dataset": "digits", "epochs": 1}
+    with TestClient(create_app(guarded)) as c:
+        r = c.post("/experiments", json=body)
+        assert r.status_code == 401 and "Authorization: Bearer" in r.json()["detail"]
+        r = c.post("/experiments", json=body, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.json()["detail"] == "the bearer token is not valid"
+        r = c.post("/experiments", json=body, headers={"Authorization": "Basic s3cret-token"})
+        assert r.status_code == 401
+        for path in ("/experiments/1/cancel", "/datasets"):
+            assert c.post(path).status_code == 401
+        assert c.delete("/experiments/1").status_code == 401
+        assert c.get("/experiments").status_code == 200  # reading needs no token
+        r = c.post("/experiments", json=body, headers={"Authorization": "Bearer s3cret-token"})
+        assert r.status_code == 202
+        c.post(f"/experiments/{r.json()['id']}/cancel",
+               headers={"Authorization": "Bearer s3cret-token"})
+
+
+def test_migrations_match_the_models(settings):
+    check(settings)  # alembic check: raises if autogenerate would produce operations
+
+
+def test_openapi_documents_the_endpoints(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/experiments", "/experiments/{experiment_id}", "/experiments/{experiment_id}/metrics",
+                 "/experiments/{experiment_id}/cancel", "/datasets", "/health", "/ready"):
+        assert path in paths
+
+
+def compose_command() -> list[str] | None:
+    """`docker compose` (the plugin) where it exists, else Debian's `docker-compose`."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"],
+                                                 capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+def test_compose_file_is_valid():
+    cmd = compose_command()
+    if cmd is None:
+        if IN_CI:
+            pytest.fail("a compose client is needed to check docker-compose.yml (.ci/run installs one)")
+        pytest.skip("no compose client")
+    compose = [*cmd, "-f", str(REPO / "docker-compose.yml")]
+    r = subprocess.run([*compose, "config", "-q"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    config = subprocess.run([*compose, "config"], capture_output=True, text=True, cwd=REPO).stdout
+    for service in ("postgres", "redis", "migrate", "api", "worker"):
+        assert f"  {service}:" in config
+    # The image's commands are the ones the tests run: `corel serve`, `corel worker`,
+    # `corel db upgrade`.
+    for command in ("- serve", "- worker", "- upgrade"):
+        assert command in config
+    assert 'CMD ["corel", "serve"' in (REPO / "Dockerfile").read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_embedded_default_end_to_end(tmp_path):
+    """`corel serve` with nothing configured: SQLite + embedded broker + worker."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
+    env["COREL_VAR_DIR"] = str(tmp_path / "var")
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "corel.cli", "serve", "--port", str(port)],
+                            env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            pytest.fail("the embedded service did not become ready:\n" + (tmp_path / "serve.log").read_text())
+        r = httpx.post(f"{base}/experiments", json={"dataset": "digits", "epochs": 3, "lr": 1e-3})
+        assert r.status_code == 202, r.text
+        eid = r.json()["id"]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            body = httpx.get(f"{base}/experiments/{eid}").json()
+            if body["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(0.3)
+        assert body["status"] == "succeeded", (body, (tmp_path / "serve.log").read_text()[-3000:])
+        assert len(httpx.get(f"{base}/experiments/{eid}/metrics").json()["items"]) == 3
+        assert (tmp_path / "var" / "corel.sqlite3").exists()
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
