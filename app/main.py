@@ -16,7 +16,8 @@ from app.db import make_engine, make_sessionmaker
 from app.errors import DomainError
 from app.logging import configure_logging
 from app.queue import TaskQueue
-from app.routes import datasets, experiments
+from app.routes import datasets, experiments, inference
+from app.services.model_cache import ModelCache
 from app.settings import Settings
 from worker.celery_app import make_celery
 
@@ -45,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.queue = TaskQueue(make_celery(settings))
+        app.state.model_cache = ModelCache(settings.model_cache_size)
         log.info("api started", extra={"database": engine.url.render_as_string(hide_password=True)})
         try:
             yield
@@ -113,4 +115,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.include_router(experiments.router)
     app.include_router(datasets.router)
+    app.include_router(inference.router)
     return app

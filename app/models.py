@@ -129,3 +129,36 @@ class LatentSpace(Base):
     dim: Mapped[int] = mapped_column(Integer)
     representations: Mapped[bytes] = mapped_column(LargeBinary)
     labels: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ClusteringResult(Base):
+    """A clustering report of one latent space, computed once and then read."""
+
+    __tablename__ = "clustering_results"
+    __table_args__ = (UniqueConstraint("experiment_id", "split", "metric", "algorithm"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    split: Mapped[str] = mapped_column(String(16))
+    metric: Mapped[str] = mapped_column(String(16))
+    algorithm: Mapped[str] = mapped_column(String(16))
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Figure(Base):
+    """A rendered picture (PNG) of an experiment, cached by name."""
+
+    __tablename__ = "figures"
+    __table_args__ = (UniqueConstraint("experiment_id", "name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(64))
+    png: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

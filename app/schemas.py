@@ -115,3 +115,38 @@ class DatasetRead(BaseModel):
 class ErrorBody(BaseModel):
     error: str
     detail: Any
+
+
+class BinaryArray(BaseModel):
+    """A compact batch: base64 of a C-ordered float32 or uint8 array, with its shape."""
+
+    dtype: Literal["float32", "uint8"]
+    shape: list[int] = Field(min_length=1, description="First axis: one entry per input.")
+    data: str = Field(description="base64 of the array's bytes (little-endian, C order)")
+
+
+class InferenceRequest(BaseModel):
+    """Inputs for POST /embed and POST /predict: exactly one of images, texts, arrays, binary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    experiment_id: int
+    images: list[str] | None = Field(default=None, description="base64 PNG or JPEG files")
+    texts: list[str] | None = Field(default=None, description="raw strings (text models)")
+    arrays: list[Any] | None = Field(
+        default=None, description="one nested list per input: (H, W) images or vectors"
+    )
+    binary: BinaryArray | None = None
+    output: Literal["json", "binary"] = Field(
+        default="json", description="embeddings as JSON lists, or as a BinaryArray (float32)"
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> InferenceRequest:
+        given = [k for k in ("images", "texts", "arrays", "binary") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "send exactly one of images, texts, arrays or binary"
+                + (f"; got {', '.join(given)}" if given else "")
+            )
+        return self

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Query, Request, status
 
 import app.services.experiments as experiments_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
@@ -94,5 +94,6 @@ def cancel(experiment_id: int, session: SessionDep):
     "/{experiment_id}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[AuthDep],
     summary="Delete a finished experiment with its metrics, checkpoints and latent spaces",
 )
-def delete(experiment_id: int, session: SessionDep) -> None:
+def delete(experiment_id: int, session: SessionDep, request: Request) -> None:
     experiments_service.delete_experiment(session, experiment_id)
+    request.app.state.model_cache.invalidate(experiment_id)

@@ -1,0 +1,152 @@
+"""POST /embed and POST /predict over trained experiments."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from app.db import session_scope
+from app.errors import InvalidInput, PayloadTooLarge
+from app.schemas import InferenceRequest
+from app.services import inference
+from app.services.model_cache import LoadedModel, load_from_database
+
+router = APIRouter(tags=["inference"])
+
+_BODY_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": InferenceRequest.model_json_schema()},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["experiment_id"],
+                    "properties": {
+                        "experiment_id": {"type": "integer"},
+                        "files": {"type": "array", "items": {"type": "string", "format": "binary"},
+                                  "description": "PNG/JPEG images, or UTF-8 text files (one input each)"},
+                        "output": {"type": "string", "enum": ["json", "binary"]},
+                    },
+                }
+            },
+        },
+    }
+}
+
+
+async def _read_request(request: Request) -> InferenceRequest:
+    settings = request.app.state.settings
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/form-data"):
+        form = await request.form(max_files=settings.max_embed_batch + 1)
+        files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
+        if len(files) > settings.max_embed_batch:
+            raise PayloadTooLarge(
+                f"a request may carry at most {settings.max_embed_batch} inputs; this one has more"
+            )
+        contents = [await f.read() for f in files]
+        experiment_id = form.get("experiment_id")
+        output = form.get("output") or "json"
+        if not isinstance(experiment_id, str) or not experiment_id.strip().isdigit():
+            raise InvalidInput("experiment_id: a multipart request needs an integer experiment_id field")
+        body: dict[str, Any] = {"experiment_id": int(experiment_id), "output": output}
+        if files and all((f.content_type or "").startswith("text/") for f in files):
+            texts = []
+            for i, raw in enumerate(contents):
+                try:
+                    texts.append(raw.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    raise InvalidInput(f"input {i}: text is not valid UTF-8 ({exc.reason})") from exc
+            body["texts"] = texts
+        else:
+            body["images"] = [base64.b64encode(c).decode("ascii") for c in contents]
+        raw_body: Any = body
+    else:
+        data = await request.body()
+        try:
+            return InferenceRequest.model_validate_json(data)
+        except ValidationError as exc:
+            raise InvalidInput(_describe(exc)) from exc
+    try:
+        return InferenceRequest.model_validate(raw_body)
+    except ValidationError as exc:
+        raise InvalidInput(_describe(exc)) from exc
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+async def _model(request: Request, experiment_id: int) -> LoadedModel:
+    cache = request.app.state.model_cache
+    loaded: LoadedModel | None = cache.peek(experiment_id)
+    if loaded is not None:
+        return loaded
+    settings = request.app.state.settings
+
+    def load() -> LoadedModel:
+        with session_scope(request.app.state.sessionmaker) as session:
+            return load_from_database(session, experiment_id, settings.device)
+
+    return await run_in_threadpool(cache.get, experiment_id, load)
+
+
+def _json(content: dict[str, Any]) -> Response:
+    # Serialised directly: large float lists through jsonable_encoder cost more than the model.
+    return Response(json.dumps(content, separators=(",", ":")), media_type="application/json")
+
+
+@router.post("/embed", summary="Final-hidden-layer representations of new inputs",
+             openapi_extra=_BODY_DOC)
+async def embed(request: Request) -> Response:
+    req = await _read_request(request)
+    inference.check_batch(req, request.app.state.settings.max_embed_batch)
+    loaded = await _model(request, req.experiment_id)
+    x = inference.model_inputs(req, loaded)
+    h = inference.embed(loaded, x).numpy()
+    out: dict[str, Any] = {
+        "experiment_id": loaded.experiment_id,
+        "checkpoint": loaded.checkpoint,
+        "dim": int(h.shape[1]),
+        "n": int(h.shape[0]),
+    }
+    if req.output == "binary":
+        out["embeddings"] = inference.encode_binary(h)
+    else:
+        out["embeddings"] = h.tolist()
+    return _json(out)
+
+
+@router.post("/predict", summary="Predicted class and the similarity to every class",
+             openapi_extra=_BODY_DOC)
+async def predict(request: Request) -> Response:
+    req = await _read_request(request)
+    inference.check_batch(req, request.app.state.settings.max_embed_batch)
+    loaded = await _model(request, req.experiment_id)
+    x = inference.model_inputs(req, loaded)
+    classes, sims = inference.predict(loaded, x)
+    names = loaded.class_names
+    sims_np = sims.numpy().astype(np.float64)
+    return _json({
+        "experiment_id": loaded.experiment_id,
+        "checkpoint": loaded.checkpoint,
+        "similarity": loaded.similarity,
+        "class_names": names,
+        "predictions": [
+            {"class_index": int(k), "class_name": names[int(k)], "similarities": row}
+            for k, row in zip(classes.tolist(), sims_np.tolist(), strict=True)
+        ],
+    })

@@ -1,0 +1,117 @@
+"""Trained models, loaded once from their best checkpoint and kept in a bounded LRU."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, NotFound
+from app.models import Checkpoint, Experiment
+from corel.models import Classifier
+from corel.spec import ExperimentSpec
+from corel.training import checkpoint_from_bytes, model_from_checkpoint
+
+SIMILARITY_OF_LOSS = {"cce": "dot", "center": "dot", "cosine": "cosine", "gaussian": "gaussian"}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    experiment_id: int
+    spec: ExperimentSpec
+    model: Classifier
+    class_names: list[str]
+    preprocessing: dict[str, Any]
+    modality: str
+    dim: int
+    checkpoint: dict[str, Any]  # identity: id, epoch, sha256
+    device: torch.device
+
+    @property
+    def similarity(self) -> str:
+        return SIMILARITY_OF_LOSS[self.spec.loss]
+
+
+def load_from_database(session: Session, experiment_id: int, device: str | None) -> LoadedModel:
+    exp = session.get(Experiment, experiment_id)
+    if exp is None:
+        raise NotFound(f"experiment {experiment_id} does not exist")
+    if exp.status != "succeeded":
+        raise Conflict(
+            f"experiment {experiment_id} is {exp.status}; only a succeeded experiment can "
+            "embed or predict"
+        )
+    row = session.scalar(
+        select(Checkpoint).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best")
+    )
+    if row is None:
+        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    ckpt = checkpoint_from_bytes(row.data)
+    spec, model = model_from_checkpoint(ckpt, device)
+    preprocessing = json.loads(ckpt["preprocessing"])
+    return LoadedModel(
+        experiment_id=experiment_id,
+        spec=spec,
+        model=model,
+        class_names=list(ckpt["class_names"]),
+        preprocessing=preprocessing,
+        modality=spec.modality,
+        dim=spec.hidden,
+        checkpoint={"id": row.id, "epoch": row.epoch, "sha256": row.sha256},
+        device=next(model.parameters()).device,
+    )
+
+
+class ModelCache:
+    """LRU of loaded models keyed by experiment id, safe to share across requests.
+
+    A model is loaded at most once at a time per experiment: concurrent first
+    requests wait for the one load instead of each reading the checkpoint.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._models: OrderedDict[int, LoadedModel] = OrderedDict()
+        self._lock = threading.Lock()
+        self._loading: dict[int, threading.Lock] = {}
+
+    def peek(self, experiment_id: int) -> LoadedModel | None:
+        with self._lock:
+            loaded = self._models.get(experiment_id)
+            if loaded is not None:
+                self._models.move_to_end(experiment_id)
+            return loaded
+
+    def get(self, experiment_id: int, load: Callable[[], LoadedModel]) -> LoadedModel:
+        loaded = self.peek(experiment_id)
+        if loaded is not None:
+            return loaded
+        with self._lock:
+            gate = self._loading.setdefault(experiment_id, threading.Lock())
+        with gate:
+            loaded = self.peek(experiment_id)
+            if loaded is None:
+                loaded = load()
+                with self._lock:
+                    self._models[experiment_id] = loaded
+                    self._models.move_to_end(experiment_id)
+                    while len(self._models) > self.size:
+                        self._models.popitem(last=False)
+            with self._lock:
+                self._loading.pop(experiment_id, None)
+        return loaded
+
+    def invalidate(self, experiment_id: int) -> None:
+        with self._lock:
+            self._models.pop(experiment_id, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._models)

@@ -1,0 +1,207 @@
+"""POST /embed and /predict against a trained experiment in PostgreSQL."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from app.main import create_app
+from app.models import LatentSpace
+from app.services.model_cache import ModelCache
+from corel.data import read_idx
+from tests.app.conftest import finished, wait_for
+from tests.conftest import FASHION_DIR, SHARED_DATASETS, require
+
+
+@pytest.fixture(scope="module")
+def trained(client, worker, workers):
+    r = client.post("/experiments", json={"dataset": "fashion-mnist", "model": "ffnn", "loss": "gaussian",
+                                          "lam": 0.85, "lr": 1e-3, "train_subset": 3000, "epochs": 2})
+    body = wait_for(client, r.json()["id"], finished, workers=workers)
+    assert body["status"] == "succeeded", body
+    return body
+
+
+@pytest.fixture(scope="module")
+def test_images():
+    return read_idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz")  # (10000, 28, 28) uint8
+
+
+@pytest.fixture(scope="module")
+def stored_latent(settings, trained):
+    engine = create_engine(settings.db_url)
+    with Session(engine) as s:
+        row = s.scalar(select(LatentSpace).where(LatentSpace.experiment_id == trained["id"],
+                                                 LatentSpace.split == "test"))
+        reps = np.frombuffer(row.representations, np.float32).reshape(row.n, row.dim)
+        labels = np.frombuffer(row.labels, np.int64)
+    engine.dispose()
+    return reps, labels
+
+
+def binary(array: np.ndarray) -> dict:
+    return {"dtype": "uint8" if array.dtype == np.uint8 else "float32", "shape": list(array.shape),
+            "data": base64.b64encode(np.ascontiguousarray(array).tobytes()).decode()}
+
+
+def png(image: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_embeddings_of_test_images_equal_the_stored_latent_space(client, trained, test_images,
+                                                                  stored_latent):
+    reps, _ = stored_latent
+    r = client.post("/embed", json={"experiment_id": trained["id"], "binary": binary(test_images[:1024])})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["dim"] == 128 and body["n"] == 1024
+    assert body["checkpoint"]["epoch"] == trained["best_epoch"] and len(body["checkpoint"]["sha256"]) == 64
+    np.testing.assert_allclose(np.array(body["embeddings"], np.float32), reps[:1024], rtol=1e-4, atol=1e-5)
+
+
+def test_input_forms_agree(client, trained, test_images):
+    eid, few = trained["id"], test_images[:5]
+    via_binary = client.post("/embed", json={"experiment_id": eid, "binary": binary(few),
+                                             "output": "binary"}).json()["embeddings"]
+    assert via_binary["dtype"] == "float32" and via_binary["shape"] == [5, 128]
+    expected = np.frombuffer(base64.b64decode(via_binary["data"]), "<f4").reshape(5, 128)
+    forms = {
+        "arrays": {"arrays": few.tolist()},
+        "float binary": {"binary": binary(few.astype(np.float32))},
+        "png": {"images": [base64.b64encode(png(im)).decode() for im in few]},
+    }
+    for name, form in forms.items():
+        got = np.array(client.post("/embed", json={"experiment_id": eid, **form}).json()["embeddings"])
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=name)
+    files = [("files", (f"{i}.png", png(im), "image/png")) for i, im in enumerate(few)]
+    r = client.post("/embed", data={"experiment_id": str(eid)}, files=files)
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(np.array(r.json()["embeddings"]), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_predict_agrees_with_argmax_and_the_stored_test_accuracy(client, trained, test_images,
+                                                                 stored_latent):
+    _, labels = stored_latent
+    predicted = []
+    for start in range(0, 10_000, 4096):
+        r = client.post("/predict", json={"experiment_id": trained["id"],
+                                          "binary": binary(test_images[start:start + 4096])})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["similarity"] == "gaussian" and len(body["class_names"]) == 10
+        for p in body["predictions"]:
+            sims = p["similarities"]
+            assert len(sims) == 10 and p["class_index"] == int(np.argmax(sims))
+            assert p["class_name"] == body["class_names"][p["class_index"]]
+            assert all(s <= 0 for s in sims)  # -gamma |h - w|^2
+        predicted += [p["class_index"] for p in body["predictions"]]
+    accuracy = float(np.mean(np.array(predicted) == labels))
+    assert accuracy == pytest.approx(trained["test_accuracy"], abs=1e-6)
+
+
+def test_models_are_cached(client, trained):
+    cache = client.app.state.model_cache
+    client.post("/embed", json={"experiment_id": trained["id"], "arrays": [[[0] * 28] * 28]})
+    first = cache.peek(trained["id"])
+    client.post("/embed", json={"experiment_id": trained["id"], "arrays": [[[0] * 28] * 28]})
+    assert first is not None and cache.peek(trained["id"]) is first
+
+
+def test_cache_is_a_bounded_lru_and_loads_once_under_concurrency():
+    cache, loads = ModelCache(2), []
+
+    def loader(key):
+        def load():
+            loads.append(key)
+            return object()
+        return load
+
+    threads = [threading.Thread(target=cache.get, args=(1, loader(1))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert loads == [1]
+    cache.get(2, loader(2))
+    cache.get(1, loader(1))  # 1 is now the most recent
+    cache.get(3, loader(3))  # evicts 2
+    assert cache.peek(2) is None and cache.peek(1) is not None and len(cache) == 2
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "words"),
+    [
+        ({"arrays": []}, 422, "the batch is empty"),
+        ({"texts": ["a shirt"]}, 422, "trained on image inputs (fashion-mnist); send images or arrays or binary"),
+        ({"arrays": [[1, 2, 3]]}, 422, "images must have shape (N, 28, 28)"),
+        ({"arrays": [[[0] * 28] * 28, [[0] * 27] * 28]}, 422, "input 1"),
+        ({"arrays": [[[300] * 28] * 28]}, 422, "pixel values must lie in [0, 255]"),
+        ({"images": ["aGVsbG8="]}, 422, "input 0: not a decodable PNG or JPEG"),
+        ({"images": ["%%%"]}, 422, "input 0 is not valid base64"),
+        ({"binary": {"dtype": "uint8", "shape": [2, 28, 28], "data": "AAAA"}}, 422, "needs 1568"),
+        ({"binary": {"dtype": "int64", "shape": [1], "data": ""}}, 422, "binary.dtype"),
+        ({}, 422, "send exactly one of images, texts, arrays or binary"),
+        ({"arrays": [[[0] * 28] * 28], "texts": ["x"]}, 422, "got texts, arrays"),
+        ({"arrays": [[[float("nan")] * 28] * 28]}, 422, None),
+    ],
+)
+def test_bad_inputs_are_4xx_with_the_problem(client, trained, payload, status, words):
+    import json as _json
+
+    body = _json.dumps({"experiment_id": trained["id"], **payload}).replace("NaN", "NaN")
+    r = client.post("/embed", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    if words:
+        assert words in r.json()["detail"], r.json()
+
+
+def test_unknown_and_unfinished_experiments(client, settings):
+    r = client.post("/predict", json={"experiment_id": 987654, "arrays": [[0]]})
+    assert r.status_code == 404 and "987654" in r.json()["detail"]
+    idle = settings.model_copy(update={"queue": "corel-nobody-listens"})
+    with TestClient(create_app(idle)) as c:
+        eid = c.post("/experiments", json={"dataset": "digits", "epochs": 1}).json()["id"]
+        r = c.post("/embed", json={"experiment_id": eid, "arrays": [[0]]})
+        assert r.status_code == 409 and "is queued" in r.json()["detail"]
+        c.post(f"/experiments/{eid}/cancel")
+
+
+def test_batch_limit_is_413(settings, trained, test_images):
+    small = settings.model_copy(update={"max_embed_batch": 4})
+    with TestClient(create_app(small)) as c:
+        r = c.post("/embed", json={"experiment_id": trained["id"], "binary": binary(test_images[:5])})
+    assert r.status_code == 413 and "at most 4 inputs" in r.json()["detail"]
+
+
+def test_text_model_embeds_raw_strings(client, worker, workers):
+    require((SHARED_DATASETS / "ag_news" / "test.csv").exists(), "AG News test split")
+    rows = (SHARED_DATASETS / "ag_news" / "test.csv").read_bytes().splitlines()[:600]
+    ds = client.post("/datasets", files={"file": ("news.csv", b"\n".join(rows))}).json()
+    r = client.post("/experiments", json={"dataset": "ag-news", "dataset_id": ds["id"], "epochs": 2,
+                                          "lr": 1e-3, "loss": "cosine", "lam": 0.8})
+    body = wait_for(client, r.json()["id"], finished, workers=workers)
+    assert body["status"] == "succeeded", body
+    texts = ["Stocks fell sharply as oil prices rose", "The home team won the final in overtime"]
+    r = client.post("/predict", json={"experiment_id": body["id"], "texts": texts})
+    assert r.status_code == 200, r.text
+    preds = r.json()["predictions"]
+    assert len(preds) == 2 and all(-1 <= s <= 1 for p in preds for s in p["similarities"])
+    one = client.post("/embed", json={"experiment_id": body["id"], "texts": texts[:1]}).json()
+    both = client.post("/embed", json={"experiment_id": body["id"], "texts": texts}).json()
+    np.testing.assert_allclose(one["embeddings"][0], both["embeddings"][0], rtol=1e-5, atol=1e-6)
+    files = [("files", ("a.txt", texts[0].encode(), "text/plain")),
+             ("files", ("b.txt", b"caf\xe9 \xff", "text/plain"))]
+    r = client.post("/embed", data={"experiment_id": str(body["id"])}, files=files)
+    assert r.status_code == 422 and "input 1: text is not valid UTF-8" in r.json()["detail"]
+    r = client.post("/embed", json={"experiment_id": body["id"], "arrays": [[0.0] * 50]})
+    assert r.status_code == 422 and "send texts" in r.json()["detail"]
