@@ -11,6 +11,9 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
+    from app import client_cli
+
+    client_cli.register(sub)
     serve = sub.add_parser(
         "serve",
         help="run the API; with no broker configured, also an embedded broker and worker",

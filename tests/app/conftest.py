@@ -165,3 +165,27 @@ def wait_for(
 
 def finished(body: dict) -> bool:
     return body["status"] in ("succeeded", "failed", "cancelled")
+
+
+@pytest.fixture(scope="session")
+def live_url(settings: Settings) -> Iterator[str]:
+    """The app served over real HTTP by uvicorn (for the CLI and benchmarks' clients)."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                           log_config=None, lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)

@@ -1,0 +1,196 @@
+"""Embedding throughput: in-process model vs POST /embed, and single-image latency.
+
+Starts the service on the embedded default (``corel serve`` in a temporary
+directory), trains a Fashion-MNIST FFNN for one epoch through the API, then, in
+one run:
+
+(a) in-process: the same checkpoint's encoder on 1024-image uint8 batches of the
+    Fashion-MNIST test set, including the same preprocessing (samples/s);
+(b) ``POST /embed`` with the same 1024-image batches as compact binary (base64
+    uint8 in, base64 float32 out), one keep-alive connection (samples/s);
+(c) single-image ``POST /embed`` requests from 32 concurrent clients
+    (requests/s, p50 and p99 latency).
+
+Targets: (b) >= 50% of (a); (c) p99 < 50 ms. Medians are reported.
+Run: ``.venv/bin/python bench/embed_throughput.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+from corel.data import prepare_images, read_idx
+from corel.training import checkpoint_from_bytes, model_from_checkpoint
+
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_service(var: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
+    env["COREL_VAR_DIR"] = str(var)
+    env["COREL_LOG_LEVEL"] = "WARNING"
+    log = open(var.parent / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "corel.cli", "serve", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("the service did not start; see " + str(var.parent / "serve.log"))
+
+
+def train(base: str) -> int:
+    spec = {"dataset": "fashion-mnist", "model": "ffnn", "loss": "gaussian", "lam": 0.85,
+            "epochs": 1, "lr": 1e-3}
+    eid = httpx.post(f"{base}/experiments", json=spec).json()["id"]
+    while True:
+        body = httpx.get(f"{base}/experiments/{eid}").json()
+        if body["status"] in ("succeeded", "failed", "cancelled"):
+            if body["status"] != "succeeded":
+                raise SystemExit(f"training failed: {body}")
+            return int(eid)
+        time.sleep(0.5)
+
+
+def checkpoint_of(var: Path, eid: int) -> dict:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(f"sqlite:///{var / 'corel.sqlite3'}")
+    with engine.connect() as conn:
+        blob = conn.execute(text("SELECT data FROM checkpoints WHERE experiment_id = :e AND kind = 'best'"),
+                            {"e": eid}).scalar_one()
+    engine.dispose()
+    return checkpoint_from_bytes(blob)
+
+
+def binary(images: np.ndarray) -> dict:
+    return {"dtype": "uint8", "shape": list(images.shape),
+            "data": base64.b64encode(np.ascontiguousarray(images).tobytes()).decode()}
+
+
+def in_process(ckpt: dict, batches: list[np.ndarray], repeats: int) -> list[float]:
+    _, model = model_from_checkpoint(ckpt, "cpu")
+    pre = json.loads(ckpt["preprocessing"])
+    rates = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        with torch.inference_mode():
+            for batch in batches:
+                model.encoder(prepare_images(batch, pre)).numpy()
+        rates.append(sum(len(b) for b in batches) / (time.perf_counter() - started))
+    return rates
+
+
+def over_http(base: str, eid: int, batches: list[np.ndarray], repeats: int) -> list[float]:
+    bodies = [json.dumps({"experiment_id": eid, "binary": binary(b), "output": "binary"}).encode()
+              for b in batches]
+    rates = []
+    with httpx.Client(base_url=base, timeout=60) as client:
+        client.post("/embed", content=bodies[0], headers={"content-type": "application/json"})
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for body in bodies:
+                r = client.post("/embed", content=body, headers={"content-type": "application/json"})
+                out = r.json()["embeddings"]
+                np.frombuffer(base64.b64decode(out["data"]), "<f4").reshape(out["shape"])
+            rates.append(sum(len(b) for b in batches) / (time.perf_counter() - started))
+    return rates
+
+
+async def _client(port: int, bodies: list[bytes], latencies: list[float]) -> None:
+    """A minimal keep-alive HTTP/1.1 client, so the load generator costs little CPU."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for body in bodies:
+            started = time.perf_counter()
+            writer.write(b"POST /embed HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(head.decode(errors="replace"))
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - started)
+    finally:
+        writer.close()
+
+
+async def concurrent(port: int, eid: int, images: np.ndarray, clients: int, per_client: int):
+    bodies = [json.dumps({"experiment_id": eid, "binary": binary(images[i:i + 1])}).encode()
+              for i in range(clients * per_client)]
+    # Warm-up: every connection once.
+    await asyncio.gather(*(_client(port, bodies[c:c + 1], []) for c in range(clients)))
+    latencies: list[float] = []
+    started = time.perf_counter()
+    await asyncio.gather(*(_client(port, bodies[c * per_client:(c + 1) * per_client], latencies)
+                           for c in range(clients)))
+    elapsed = time.perf_counter() - started
+    return len(latencies) / elapsed, latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=8, help="1024-image batches per pass")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--per-client", type=int, default=60)
+    args = parser.parse_args()
+
+    images = read_idx(FASHION / "t10k-images-idx3-ubyte.gz")
+    batches = [images[i * 1024:(i + 1) * 1024] for i in range(args.batches)]
+    with tempfile.TemporaryDirectory() as tmp:
+        var = Path(tmp) / "var"
+        port = free_port()
+        proc = start_service(var, port)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            eid = train(base)
+            ckpt = checkpoint_of(var, eid)
+            print(f"service on {base}, experiment {eid} (Fashion-MNIST FFNN, Gaussian-COREL), "
+                  f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
+            a = in_process(ckpt, batches, args.repeats)
+            b = over_http(base, eid, batches, args.repeats)
+            rps, lat = asyncio.run(concurrent(port, eid, images, args.clients, args.per_client))
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+    ma, mb = statistics.median(a), statistics.median(b)
+    ms = sorted(x * 1000 for x in lat)
+    p50, p99 = ms[len(ms) // 2], ms[min(len(ms) - 1, round(0.99 * len(ms)) - 1)]
+    print(f"(a) in-process encoder, 1024-image batches : median {ma:10.0f} samples/s")
+    print(f"(b) POST /embed, 1024-image binary batches : median {mb:10.0f} samples/s")
+    print(f"    ratio (b)/(a): {mb / ma:.2f} (target >= 0.50)")
+    print(f"(c) {args.clients} concurrent clients, single images: {rps:.0f} requests/s, "
+          f"p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(ms)} requests (target p99 < 50 ms)")
+
+
+if __name__ == "__main__":
+    main()

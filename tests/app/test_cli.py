@@ -1,0 +1,58 @@
+"""The CLI's service commands against a live HTTP server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from corel.cli import main
+from corel.data import read_idx
+from tests.app.conftest import finished, wait_for
+from tests.conftest import FASHION_DIR
+
+
+@pytest.fixture(scope="module")
+def experiment(client, worker, workers):
+    r = client.post("/experiments", json={"dataset": "fashion-mnist", "loss": "cosine", "lam": 0.8,
+                                          "lr": 1e-3, "train_subset": 2000, "epochs": 1})
+    body = wait_for(client, r.json()["id"], finished, workers=workers)
+    assert body["status"] == "succeeded", body
+    return body
+
+
+def test_embed_writes_npy_matching_the_api(live_url, experiment, client, tmp_path, capsys):
+    images = read_idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz")[:7]
+    np.save(tmp_path / "x.npy", images)
+    out = tmp_path / "emb.npy"
+    code = main(["embed", "--url", live_url, "--experiment", str(experiment["id"]),
+                 "--npy", str(tmp_path / "x.npy"), "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "inputs" in printed and " 7 " in printed and "128" in printed
+    saved = np.load(out)
+    api = client.post("/embed", json={"experiment_id": experiment["id"], "arrays": images.tolist()})
+    np.testing.assert_allclose(saved, np.array(api.json()["embeddings"]), rtol=1e-5, atol=1e-6)
+
+
+def test_predict_prints_a_table(live_url, experiment, client, tmp_path, capsys):
+    images = read_idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz")[:3]
+    paths = []
+    for i, im in enumerate(images):
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(im).save(paths[-1])
+    assert main(["predict", "--url", live_url, "--experiment", str(experiment["id"]),
+                 "--images", *map(str, paths)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "max cosine similarity" in lines[0] and len(lines) == 2 + 3
+    api = client.post("/predict", json={"experiment_id": experiment["id"], "arrays": images.tolist()})
+    names = [p["class_name"] for p in api.json()["predictions"]]
+    for line, name in zip(lines[2:], names, strict=True):
+        assert name in line
+
+
+def test_errors_are_reported_not_raised(live_url, capsys):
+    with pytest.raises(SystemExit, match="404: experiment 987654 does not exist"):
+        main(["predict", "--url", live_url, "--experiment", "987654", "--text", "hello"])
+    with pytest.raises(SystemExit, match="cannot reach"):
+        main(["embed", "--url", "http://127.0.0.1:1", "--experiment", "1", "--text", "x"])
