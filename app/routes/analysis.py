@@ -1,0 +1,103 @@
+"""/experiments/...: clustering reports, pictures and side-by-side comparisons.
+
+This router is included before the experiments router, so that
+``/experiments/compare`` is not read as ``/experiments/{experiment_id}``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel
+
+import app.services.clustering as clustering_service
+import app.services.compare as compare_service
+import app.services.figures as figures_service
+from app.deps import SessionDep
+from app.errors import InvalidInput
+
+router = APIRouter(prefix="/experiments", tags=["analysis"])
+
+PNG: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"image/png": {}}, "description": "A PNG image"}
+}
+FORMATS = ("json", "csv")
+
+
+# Response bodies are specific to these routes, so they live with them.
+class ClusteringScores(BaseModel):
+    algorithm: str
+    metric: str
+    n_clusters: int
+    n_samples: int
+    accuracy: float
+    ari: float
+    v_measure: float
+    silhouette: float | None
+    silhouette_sample_size: int | None
+    seconds: float
+
+
+class ClusteringRead(BaseModel):
+    experiment_id: int
+    split: Literal["test", "validation"]
+    metric: Literal["euclidean", "cosine"]
+    metric_source: Literal["default", "query"]
+    n_samples: int
+    results: dict[str, ClusteringScores]
+
+
+class CompareRead(BaseModel):
+    columns: list[str]
+    rows: list[dict[str, Any]]
+    differing_fields: list[str]
+
+
+@router.get(
+    "/compare", response_model=CompareRead,
+    responses={200: {"content": {"text/csv": {}}}},
+    summary="Experiments side by side (the paper's Tables 1 and 3); ?format=csv for CSV",
+)
+def compare(
+    session: SessionDep,
+    ids: Annotated[list[str], Query(description="1,2,3 or ids=1&ids=2")] = [],  # noqa: B006
+    format_: Annotated[str, Query(alias="format", description="json or csv")] = "json",
+):
+    if format_ not in FORMATS:
+        raise InvalidInput(f"unknown format {format_!r}; allowed: {', '.join(FORMATS)}")
+    table = compare_service.compare(session, compare_service.parse_ids(ids))
+    if format_ == "csv":
+        return Response(compare_service.to_csv(table), media_type="text/csv; charset=utf-8")
+    return table
+
+
+@router.get(
+    "/{experiment_id}/clustering", response_model=ClusteringRead,
+    summary="K-Means and GMM on the stored latent space, scored against the classes",
+)
+def clustering(
+    experiment_id: int,
+    session: SessionDep,
+    metric: Annotated[
+        str | None, Query(description="euclidean or cosine; default: the loss's own geometry")
+    ] = None,
+    on: Annotated[str, Query(description="test or validation")] = "test",
+):
+    return clustering_service.clustering_report(session, experiment_id, split=on, metric=metric)
+
+
+@router.get(
+    "/{experiment_id}/latent.png", response_class=Response, responses=PNG,
+    summary="PCA of the test latent space by class, with the class vectors (the paper's Figure 1)",
+)
+def latent_png(experiment_id: int, session: SessionDep) -> Response:
+    return Response(figures_service.latent_png(session, experiment_id), media_type="image/png")
+
+
+@router.get(
+    "/{experiment_id}/curves.png", response_class=Response, responses=PNG,
+    summary="Per-epoch train loss and train/validation accuracy, best epoch marked",
+)
+def curves_png(experiment_id: int, session: SessionDep) -> Response:
+    return Response(figures_service.curves_png(session, experiment_id), media_type="image/png")

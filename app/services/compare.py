@@ -1,0 +1,108 @@
+"""Side-by-side comparison of experiments, in the layout of the paper's Tables 1 and 3.
+
+One row per experiment: id, loss, lambda, the spec fields that differ across the
+compared experiments (only those), the best epoch, the test accuracy, and the
+K-Means and GMM scores on the test split in each experiment's own geometry.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, InvalidInput, NotFound
+from app.models import Experiment
+from app.services.clustering import clustering_report
+from corel.clustering import ALGORITHMS
+
+MAX_IDS = 50
+SCORES: tuple[str, ...] = ("accuracy", "ari", "v_measure", "silhouette")
+FIXED_LEADING = ("id", "loss", "lam")
+FIXED_TRAILING = ("best_epoch", "test_accuracy", "metric")
+
+
+def parse_ids(values: Iterable[str]) -> list[int]:
+    """``["1,2", "3"]`` (comma lists, repeated parameters or both) -> ``[1, 2, 3]``."""
+    ids: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                ids.append(int(part))
+            except ValueError:
+                raise InvalidInput(f"ids must be integers; got {part!r}") from None
+    if not ids:
+        raise InvalidInput("give the experiments to compare: ?ids=1,2,3 (or ids=1&ids=2)")
+    if len(ids) > MAX_IDS:
+        raise InvalidInput(f"compare at most {MAX_IDS} experiments at once; got {len(ids)}")
+    seen: set[int] = set()
+    for i in ids:
+        if i in seen:
+            raise InvalidInput(f"ids lists experiment {i} more than once; list each once")
+        seen.add(i)
+    return ids
+
+
+def _shown_spec(exp: Experiment) -> dict[str, Any]:
+    """The spec as the table shows it: lambda means nothing to plain cross-entropy."""
+    spec = dict(exp.spec)
+    if exp.loss == "cce":
+        spec["lam"] = None
+    return spec
+
+
+def compare(session: Session, ids: list[int]) -> dict[str, Any]:
+    found = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_(ids)))}
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise NotFound(
+            f"experiment {missing[0]} does not exist" if len(missing) == 1
+            else f"experiments {', '.join(map(str, missing))} do not exist",
+            missing=missing,
+        )
+    for i in ids:
+        if found[i].status != "succeeded":
+            raise Conflict(
+                f"experiment {i} is {found[i].status}; comparing needs succeeded experiments",
+                experiment_id=i, status=found[i].status,
+            )
+    # Reports are computed in id order whatever the requested order, so that two
+    # requests storing first results for the same experiments take the same
+    # unique-key locks in the same order (and cannot deadlock).
+    reports = {i: clustering_report(session, i, split="test") for i in sorted(ids)}
+
+    specs = {i: _shown_spec(found[i]) for i in ids}
+    keys = sorted({k for s in specs.values() for k in s})
+    differing = [k for k in keys if len({repr(s.get(k)) for s in specs.values()}) > 1]
+    extra = [k for k in differing if k not in FIXED_LEADING]
+    scores = [f"{a}_{s}" for a in ALGORITHMS for s in SCORES]
+    columns = [*FIXED_LEADING, *extra, *FIXED_TRAILING, *scores]
+
+    rows = []
+    for i in ids:
+        exp, report = found[i], reports[i]
+        row: dict[str, Any] = {"id": i, "loss": exp.loss, "lam": specs[i]["lam"]}
+        row.update({k: specs[i].get(k) for k in extra})
+        row.update({"best_epoch": exp.best_epoch, "test_accuracy": exp.test_accuracy,
+                    "metric": report["metric"]})
+        for algorithm in ALGORITHMS:
+            for score in SCORES:
+                row[f"{algorithm}_{score}"] = report["results"][algorithm][score]
+        rows.append(row)
+    return {"columns": columns, "rows": rows, "differing_fields": differing}
+
+
+def to_csv(table: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=table["columns"], lineterminator="\n")
+    writer.writeheader()
+    for row in table["rows"]:
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return buf.getvalue()

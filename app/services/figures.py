@@ -1,0 +1,247 @@
+"""Pictures of an experiment (PNG), rendered once and kept in ``figures``.
+
+Drawing uses matplotlib's object API (``Figure`` + ``FigureCanvasAgg``), never
+pyplot: pyplot keeps global state that concurrent requests would share.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PathCollection
+from matplotlib.colors import Colormap
+from matplotlib.figure import Figure as MplFigure
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict
+from app.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
+from app.services.clustering import load_latent, store_once, succeeded_experiment
+from app.services.experiments import get_experiment
+from corel.training import checkpoint_from_bytes
+
+DPI = 100
+LATENT_SIZE = (800, 600)  # pixels
+CURVES_SIZE = (1000, 400)
+MAX_POINTS = 5000
+
+LOSS_LABELS = {
+    "cce": "CCE",
+    "center": "Center loss",
+    "cosine": "Cosine-COREL",
+    "gaussian": "Gaussian-COREL",
+}
+
+
+def _stored(experiment_id: int, name: str) -> Select[Figure]:
+    return select(Figure).where(Figure.experiment_id == experiment_id, Figure.name == name)
+
+
+def _cached(session: Session, experiment_id: int, name: str) -> bytes | None:
+    row = session.scalars(_stored(experiment_id, name)).one_or_none()
+    return None if row is None else row.png
+
+
+def _keep(session: Session, experiment_id: int, name: str, png: bytes) -> bytes:
+    return store_once(
+        session, Figure(experiment_id=experiment_id, name=name, png=png), _stored(experiment_id, name)
+    ).png
+
+
+def _new_figure(size: tuple[int, int]) -> MplFigure:
+    fig = MplFigure(figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig: MplFigure) -> bytes:
+    # No bbox_inches="tight": it would change the pixel size the callers rely on.
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def _loss_label(spec: dict[str, Any]) -> str:
+    label = LOSS_LABELS.get(spec["loss"], spec["loss"])
+    return label if spec["loss"] == "cce" else f"{label}, λ = {spec['lam']:g}"
+
+
+# --------------------------------------------------------------------------- latent space
+
+
+def latent_png(session: Session, experiment_id: int) -> bytes:
+    """PCA of the test latent space by true class, with the class vectors W (Figure 1)."""
+    exp = succeeded_experiment(session, experiment_id, "the latent-space picture")
+    cached = _cached(session, experiment_id, "latent")
+    if cached is not None:
+        return cached
+    reps, labels = load_latent(session, experiment_id, "test")
+    blob = session.scalar(
+        select(Checkpoint.data).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best")
+    )
+    if blob is None:
+        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    ckpt = checkpoint_from_bytes(blob)
+    W = ckpt["model"]["head.W"].detach().cpu().double().numpy()
+    class_names = [str(c) for c in ckpt["class_names"]]
+    png = draw_latent(
+        reps, labels, W, class_names,
+        cosine=exp.loss == "cosine", title=_loss_label(exp.spec),
+        test_accuracy=exp.test_accuracy, seed=int(exp.spec["seed"]),
+    )
+    return _keep(session, experiment_id, "latent", png)
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
+
+
+def pca_2d(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, 2 x dim components, explained-variance ratios) by SVD of the centred rows.
+
+    Each component's sign is fixed (largest loading positive) so that the same
+    data always gives the same picture.
+    """
+    mean = x.mean(axis=0)
+    _, s, vt = np.linalg.svd(x - mean, full_matrices=False)
+    components = vt[:2].copy()
+    for c in components:
+        if c[np.argmax(np.abs(c))] < 0:
+            c *= -1
+    var = s**2
+    ratio = var[:2] / var.sum() if var.sum() > 0 else np.zeros(2)
+    if components.shape[0] < 2:  # a 1-d space: the second axis is flat
+        components = np.vstack([components, np.zeros_like(components)])
+        ratio = np.append(ratio, 0.0)
+    return mean, components, ratio
+
+
+def _colours(n: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    cmap: Colormap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def draw_latent(
+    reps: np.ndarray,
+    labels: np.ndarray,
+    W: np.ndarray,
+    class_names: list[str],
+    *,
+    cosine: bool,
+    title: str,
+    test_accuracy: float | None,
+    seed: int,
+) -> bytes:
+    x = reps.astype(np.float64)
+    w = W.astype(np.float64)
+    if cosine:  # Cosine-COREL constrains directions only: show the sphere it trained on
+        x, w = _unit_rows(x), _unit_rows(w)
+    mean, components, ratio = pca_2d(x)
+    shown = np.arange(len(x))
+    if len(x) > MAX_POINTS:
+        shown = np.sort(np.random.default_rng(seed).choice(len(x), MAX_POINTS, replace=False))
+    points = (x[shown] - mean) @ components.T
+    shown_labels = labels[shown]
+    w2 = (w - mean) @ components.T
+
+    k = max(len(class_names), int(labels.max()) + 1, len(w))
+    names = class_names + [str(i) for i in range(len(class_names), k)]
+    colours = _colours(k)
+
+    fig = _new_figure(LATENT_SIZE)
+    ax = fig.add_subplot()
+    for c in range(k):
+        sel = shown_labels == c
+        if sel.any():
+            ax.scatter(points[sel, 0], points[sel, 1], s=4, alpha=0.45, color=colours[c],
+                       label=names[c], linewidths=0, rasterized=True)
+    ax.scatter(w2[:, 0], w2[:, 1], s=260, marker="*", c=[colours[c] for c in range(len(w2))],
+               edgecolors="black", linewidths=1.2, zorder=3, label="class vectors W")
+    for c, (px, py) in enumerate(w2):
+        ax.annotate(f"w: {names[c]}", (px, py), xytext=(6, 6), textcoords="offset points",
+                    fontsize=8, weight="bold", zorder=4)
+    ax.set_xlabel(f"PC 1 ({ratio[0]:.0%} of variance)")
+    ax.set_ylabel(f"PC 2 ({ratio[1]:.0%} of variance)")
+    accuracy = "n/a" if test_accuracy is None else f"{test_accuracy:.3f}"
+    geometry = "rows and W L2-normalised, then " if cosine else ""
+    ax.set_title(f"{title}: test accuracy {accuracy}\n"
+                 f"{geometry}PCA of the test latent space ({len(shown)} of {len(x)} points)",
+                 fontsize=10)
+    legend = ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    for handle in legend.legend_handles:  # legible class dots, a star no bigger than a line
+        if isinstance(handle, PathCollection):
+            star = handle.get_label() == "class vectors W"
+            handle.set_sizes([120 if star else 25])
+            handle.set_alpha(1.0)
+            if star:
+                handle.set_facecolor("white")
+    fig.tight_layout()
+    return _png(fig)
+
+
+# --------------------------------------------------------------------------- learning curves
+
+
+def curves_png(session: Session, experiment_id: int) -> bytes:
+    """Per-epoch train loss, and train/validation accuracy, with the best epoch marked.
+
+    Kept once the experiment is finished; drawn fresh while it still runs.
+    """
+    exp = get_experiment(session, experiment_id)
+    finished = exp.status in FINISHED
+    if finished:
+        cached = _cached(session, experiment_id, "curves")
+        if cached is not None:
+            return cached
+    rows = list(session.scalars(
+        select(EpochMetric).where(EpochMetric.experiment_id == experiment_id).order_by(EpochMetric.epoch)
+    ))
+    if not rows:
+        raise Conflict(
+            f"experiment {experiment_id} is {exp.status} and has no finished epoch yet; "
+            "the curves need at least one",
+            status=exp.status,
+        )
+    png = draw_curves(rows, exp)
+    return _keep(session, experiment_id, "curves", png) if finished else png
+
+
+def draw_curves(rows: list[EpochMetric], exp: Experiment) -> bytes:
+    epochs = [r.epoch for r in rows]
+    best = exp.best_epoch or max((r.epoch for r in rows if r.is_best), default=None)
+    fig = _new_figure(CURVES_SIZE)
+    left, right = fig.subplots(1, 2)
+    left.plot(epochs, [r.train_loss for r in rows], marker="o", ms=3, color="tab:blue")
+    left.set_xlabel("epoch")
+    left.set_ylabel("train loss")
+    left.set_title("Training loss", fontsize=10)
+    right.plot(epochs, [r.train_accuracy for r in rows], marker="o", ms=3, label="train")
+    right.plot(epochs, [r.val_accuracy for r in rows], marker="o", ms=3, label="validation")
+    right.set_xlabel("epoch")
+    right.set_ylabel("accuracy")
+    right.set_title("Accuracy", fontsize=10)
+    if best is not None:
+        at = next((r for r in rows if r.epoch == best), None)
+        for ax in (left, right):
+            ax.axvline(best, color="grey", linestyle="--", linewidth=1, label=None)
+        if at is not None:
+            note = f"best epoch {best}"
+            if at.test_accuracy is not None:
+                note += f" (test {at.test_accuracy:.3f})"
+            right.scatter([best], [at.val_accuracy], s=80, marker="*", color="black", zorder=3,
+                          label=note)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        if len(epochs) <= 20:
+            ax.set_xticks(epochs)
+    right.legend(fontsize=8)
+    fig.suptitle(f"Experiment {exp.id}: {_loss_label(exp.spec)}, {exp.dataset} "
+                 f"({exp.status}, {len(rows)}/{exp.epochs_total} epochs)", fontsize=11)
+    fig.tight_layout()
+    return _png(fig)

@@ -1,0 +1,129 @@
+"""The paper's tables from a sweep's results (pure numpy/scipy, no I/O).
+
+Input is one record per finished experiment::
+
+    {"loss": "gaussian", "lam": 0.85, "seed": 3, "val_accuracy": 0.91,
+     "test_accuracy": 0.90, "clustering": {"kmeans": {"accuracy": ...}, ...}}
+
+* :func:`lambda_tuning` — paper Table 2: per loss, the mean best-validation
+  accuracy of every lambda over seeds, and the lambda with the best mean.
+* :func:`test_accuracy_table` — paper Table 1: per loss at its tuned lambda, mean
+  and standard deviation over seeds of the test accuracy at the best-validation
+  epoch, and a paired two-tailed t-test (scipy) of the best loss against the next
+  best, paired by seed.
+* :func:`clustering_table` — paper Tables 3-4: clustering scores per loss at its
+  tuned lambda, averaged over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["PAPER_TABLE1", "clustering_table", "lambda_tuning", "significance", "test_accuracy_table"]
+
+# Test accuracy (%) of Kenyon-Dean et al. (2019), Table 1.
+PAPER_TABLE1: dict[tuple[str, str], dict[str, float]] = {
+    ("fashion-mnist", "ffnn"): {"cce": 88.31, "center": 88.68, "cosine": 88.12, "gaussian": 88.88},
+    ("fashion-mnist", "cnn"): {"cce": 90.95, "center": 91.25, "cosine": 90.99, "gaussian": 91.79},
+    ("mnist", "ffnn"): {"cce": 97.60, "center": 97.94, "cosine": 96.95, "gaussian": 97.66},
+    ("mnist", "cnn"): {"cce": 99.15, "center": 99.39, "cosine": 99.34, "gaussian": 99.44},
+}
+
+SCORES = ("accuracy", "ari", "v_measure", "silhouette")
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    arr = np.asarray(values, dtype=np.float64)
+    std = float(arr.std(ddof=1)) if len(arr) > 1 else None
+    return float(arr.mean()), std
+
+
+def lambda_tuning(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{loss: {"tuned_lambda", "by_lambda": [{"lam", "mean_val", "std_val", "n"}]}}.
+
+    A loss without a lambda (CCE) has one entry with lam None. Ties go to the
+    smaller lambda.
+    """
+    by: dict[str, dict[float | None, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        by[r["loss"]][r["lam"]].append(float(r["val_accuracy"]))
+    out: dict[str, dict[str, Any]] = {}
+    for loss, per_lam in sorted(by.items()):
+        rows: list[dict[str, Any]] = []
+        for lam in sorted(per_lam, key=lambda v: -math.inf if v is None else v):
+            mean, std = _mean_std(per_lam[lam])
+            rows.append({"lam": lam, "mean_val": mean, "std_val": std, "n": len(per_lam[lam])})
+        best = max(rows, key=lambda row: row["mean_val"])  # first maximum: smallest lambda
+        out[loss] = {"tuned_lambda": best["lam"], "by_lambda": rows}
+    return out
+
+
+def significance(p: float | None) -> str:
+    if p is None or math.isnan(p):
+        return "n/a"
+    return "p < 0.001" if p < 0.001 else "p < 0.05" if p < 0.05 else "n.s."
+
+
+def _at_tuned(records: Iterable[Mapping[str, Any]], tuning: Mapping[str, Mapping[str, Any]]):
+    return [r for r in records if r["loss"] in tuning and r["lam"] == tuning[r["loss"]]["tuned_lambda"]]
+
+
+def test_accuracy_table(
+    records: Sequence[Mapping[str, Any]], tuning: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Per loss at its tuned lambda: mean +- std of test accuracy over seeds, and the
+    paired t-test of the best loss against the runner-up (seeds both have)."""
+    tuning = tuning or lambda_tuning(records)
+    per_loss: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in _at_tuned(records, tuning):
+        per_loss[r["loss"]][int(r["seed"])] = float(r["test_accuracy"])
+    rows: list[dict[str, Any]] = []
+    for loss, by_seed in per_loss.items():
+        mean, std = _mean_std(list(by_seed.values()))
+        rows.append({"loss": loss, "lam": tuning[loss]["tuned_lambda"], "mean": mean, "std": std,
+                     "n": len(by_seed), "seeds": sorted(by_seed)})
+    rows.sort(key=lambda row: -row["mean"])
+    comparison: dict[str, Any] | None = None
+    if len(rows) >= 2:
+        best, runner_up = rows[0]["loss"], rows[1]["loss"]
+        common = sorted(set(per_loss[best]) & set(per_loss[runner_up]))
+        t = p = None
+        if len(common) >= 2:
+            a = [per_loss[best][s] for s in common]
+            b = [per_loss[runner_up][s] for s in common]
+            if np.allclose(np.subtract(a, b), np.subtract(a, b)[0]):
+                # Constant differences: scipy's t is infinite or undefined.
+                t, p = None, None
+            else:
+                result = stats.ttest_rel(a, b)
+                t, p = float(result.statistic), float(result.pvalue)
+        comparison = {"best": best, "runner_up": runner_up, "paired_seeds": common, "t": t, "p": p,
+                      "significance": significance(p)}
+    return {"rows": rows, "comparison": comparison}
+
+
+def clustering_table(
+    records: Sequence[Mapping[str, Any]], tuning: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Mean clustering scores per (loss, algorithm) at the tuned lambda, over seeds."""
+    tuning = tuning or lambda_tuning(records)
+    grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for r in _at_tuned(records, tuning):
+        for algorithm, scores in (r.get("clustering") or {}).items():
+            grouped[(r["loss"], algorithm)].append(scores)
+    rows = []
+    for (loss, algorithm), items in sorted(grouped.items()):
+        row: dict[str, Any] = {"loss": loss, "lam": tuning[loss]["tuned_lambda"],
+                               "algorithm": algorithm, "n": len(items),
+                               "metric": items[0].get("metric")}
+        for score in SCORES:
+            values = [float(s[score]) for s in items if s.get(score) is not None]
+            row[score] = float(np.mean(values)) if values else None
+        rows.append(row)
+    return rows
