@@ -33,6 +33,31 @@ def register(sub: Any) -> None:
     worker.add_argument("--pool", default="solo", choices=("solo", "prefork", "threads"))
     worker.set_defaults(func=_worker)
 
+    rep = sub.add_parser(
+        "reproduce",
+        help="run the paper's sweep for a dataset x model and print its tables beside the paper's",
+        description="Create a sweep (losses x lambdas x seeds) through a running service "
+        "(--url) or through an embedded one started for the occasion, wait for it, and print "
+        "the report: lambda tuning, test accuracy (mean +- std over seeds, paired t-test) and "
+        "clustering scores, with the paper's Table 1 figures and the difference in points.",
+    )
+    rep.add_argument("--dataset", required=True, choices=("fashion-mnist", "mnist", "digits"))
+    rep.add_argument("--model", default="ffnn", choices=("ffnn", "cnn"))
+    rep.add_argument("--losses", default="cce,center,cosine,gaussian",
+                     help="comma-separated losses (default: all four)")
+    rep.add_argument("--lambdas", default="0.15,0.5,0.85", help="comma-separated lambdas")
+    rep.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
+    rep.add_argument("--epochs", type=int, default=30)
+    rep.add_argument("--lr", type=float, default=1e-4)
+    rep.add_argument("--batch-size", type=int, default=128)
+    rep.add_argument("--train-subset", type=int, help="use only the first N training samples")
+    rep.add_argument("--no-clustering", action="store_true", help="skip the clustering tables")
+    rep.add_argument("--url", default=os.environ.get("COREL_URL"),
+                     help="a running service (default: start an embedded one in COREL_VAR_DIR)")
+    rep.add_argument("--token", default=os.environ.get("COREL_API_TOKEN"))
+    rep.add_argument("--out", help="also write the Markdown report to this file")
+    rep.set_defaults(func=_reproduce)
+
     db = sub.add_parser("db", help="database migrations", description="Alembic migrations.")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     up = db_sub.add_parser("upgrade", help="apply migrations up to head (or a revision)")
@@ -83,6 +108,10 @@ def _serve(args: argparse.Namespace) -> int:
     from app.settings import get_settings
 
     settings = get_settings()
+    if settings.api_torch_threads:
+        import torch
+
+        torch.set_num_threads(settings.api_torch_threads)
     embedded = not settings.broker_url
     if embedded or settings.is_sqlite:
         upgrade(settings)
@@ -98,4 +127,89 @@ def _serve(args: argparse.Namespace) -> int:
                 worker.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 worker.kill()
+    return 0
+
+
+def _embedded_service() -> tuple[subprocess.Popen[bytes], str]:
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "corel.cli", "serve", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise SystemExit("corel: the embedded service did not start (try `corel serve` to see why)")
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    import platform
+    import time
+
+    import httpx
+
+    losses = [x.strip() for x in args.losses.split(",") if x.strip()]
+    try:
+        lambdas = [float(x) for x in args.lambdas.split(",") if x.strip()]
+    except ValueError as exc:
+        raise SystemExit(f"corel: --lambdas must be comma-separated numbers: {exc}") from exc
+    base = {"dataset": args.dataset, "model": args.model, "epochs": args.epochs, "lr": args.lr,
+            "batch_size": args.batch_size}
+    if args.train_subset:
+        base["train_subset"] = args.train_subset
+    body = {"base": base, "grid": {"loss": losses, "lam": lambdas, "seed": list(range(args.seeds))}}
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    proc = None
+    url = args.url
+    if not url:
+        proc, url = _embedded_service()
+    started = time.monotonic()
+    try:
+        with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=3600) as client:
+            r = client.post("/sweeps", json=body)
+            if r.status_code != 202:
+                raise SystemExit(f"corel: {r.status_code}: {r.json().get('detail', r.text)}")
+            sweep = r.json()
+            print(f"sweep {sweep['id']}: {sweep['size']} experiments in {sweep['groups']} tasks "
+                  f"on {url}", file=sys.stderr)
+            while True:
+                progress = client.get(f"/sweeps/{sweep['id']}").json()
+                c = progress["counts"]
+                print(f"\r{progress['done']}/{progress['size']} done  (running {c['running']}, "
+                      f"queued {c['queued']}, failed {c['failed']})  "
+                      f"{time.monotonic() - started:.0f}s", end="", file=sys.stderr, flush=True)
+                if progress["finished"]:
+                    break
+                time.sleep(5)
+            print(file=sys.stderr)
+            params = {"format": "markdown", "clustering": str(not args.no_clustering).lower()}
+            text = client.get(f"/sweeps/{sweep['id']}/report", params=params).text
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    wall = time.monotonic() - started
+    footer = (f"\nCommand: corel reproduce --dataset {args.dataset} --model {args.model} "
+              f"--losses {args.losses} --lambdas {args.lambdas} --seeds {args.seeds} "
+              f"--epochs {args.epochs} --lr {args.lr} --batch-size {args.batch_size}"
+              + (f" --train-subset {args.train_subset}" if args.train_subset else "")
+              + f"\nMachine: {platform.node()} ({os.cpu_count()} cores, {platform.machine()}, "
+              f"Python {platform.python_version()}); wall time {wall / 60:.1f} min\n")
+    print(text + footer)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + footer)
     return 0

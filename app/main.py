@@ -16,7 +16,7 @@ from app.db import make_engine, make_sessionmaker
 from app.errors import DomainError
 from app.logging import configure_logging
 from app.queue import TaskQueue
-from app.routes import datasets, experiments, inference
+from app.routes import analysis, datasets, experiments, inference, sweeps
 from app.services.model_cache import ModelCache
 from app.settings import Settings
 from worker.celery_app import make_celery
@@ -113,7 +113,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse(status_code=200 if ok else 503,
                             content={"status": "ready" if ok else "not ready", **checks})
 
+    app.include_router(analysis.router)  # first: /experiments/compare is not an id
     app.include_router(experiments.router)
     app.include_router(datasets.router)
     app.include_router(inference.router)
+    app.include_router(sweeps.router)
     return app

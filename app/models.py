@@ -52,10 +52,26 @@ class DatasetBlob(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class Sweep(Base):
+    """A grid of experiments over a base spec (losses x lambdas x seeds x ...)."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    base: Mapped[dict[str, Any]] = mapped_column(JSON)
+    grid: Mapped[dict[str, Any]] = mapped_column(JSON)
+    size: Mapped[int] = mapped_column(Integer)
+    vectorize: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class Experiment(Base):
     __tablename__ = "experiments"
 
     id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int | None] = mapped_column(
+        ForeignKey("sweeps.id", ondelete="CASCADE"), index=True
+    )
     status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     dataset: Mapped[str] = mapped_column(String(32), index=True)

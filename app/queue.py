@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from celery import Celery
+from celery import Celery, group
 
 from app.errors import ServiceUnavailable
-from worker.celery_app import TRAIN_TASK
+from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,23 @@ class TaskQueue:
             raise ServiceUnavailable(
                 f"experiment {experiment_id} was stored but could not be queued: the broker "
                 f"is unreachable ({type(exc).__name__}); it is marked failed"
+            ) from exc
+
+    def enqueue_groups(self, groups: list[list[int]]) -> None:
+        """One task per group (a stacked, vectorized run) or per lone experiment, sent as
+        a Celery group so that they spread over every worker."""
+        signatures = [
+            self.celery.signature(TRAIN_TASK, args=[ids[0]]) if len(ids) == 1
+            else self.celery.signature(TRAIN_GROUP_TASK, args=[ids])
+            for ids in groups
+        ]
+        try:
+            group(signatures).apply_async(retry=False)
+        except Exception as exc:
+            log.exception("could not queue a sweep")
+            raise ServiceUnavailable(
+                f"the sweep was stored but could not be queued: the broker is unreachable "
+                f"({type(exc).__name__}); its experiments are marked failed"
             ) from exc
 
     def ping(self) -> None:

@@ -150,3 +150,52 @@ class InferenceRequest(BaseModel):
                 + (f"; got {', '.join(given)}" if given else "")
             )
         return self
+
+
+GRID_KEYS = ("loss", "lam", "seed", "gamma", "alpha")
+
+
+class SweepCreate(BaseModel):
+    """A base spec and a grid; every combination of the grid's values is one experiment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: dict[str, Any] = Field(description="An experiment spec (as for POST /experiments).")
+    grid: dict[str, list[Any]] = Field(
+        description="Values to try per field; fields: " + ", ".join(GRID_KEYS) + "."
+    )
+    vectorize: bool = Field(
+        default=True,
+        description="Train members that share dataset, model, batch size and data order "
+        "together as one stacked model (same results, less time).",
+    )
+
+    @model_validator(mode="after")
+    def _check_grid(self) -> SweepCreate:
+        if not self.grid:
+            raise ValueError(f"grid is empty; give values for any of {', '.join(GRID_KEYS)}")
+        for key, values in self.grid.items():
+            if key not in GRID_KEYS:
+                raise ValueError(f"grid field {key!r} is not allowed; allowed: {', '.join(GRID_KEYS)}")
+            if not values:
+                raise ValueError(f"grid field {key!r} has no values")
+        return self
+
+
+class SweepQueued(BaseModel):
+    id: int
+    size: int
+    groups: int
+
+
+class SweepRead(BaseModel):
+    id: int
+    base: dict[str, Any]
+    grid: dict[str, Any]
+    size: int
+    vectorize: bool
+    counts: dict[str, int]
+    done: int
+    finished: bool
+    experiment_ids: list[int]
+    created_at: datetime

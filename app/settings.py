@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     )
     max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
     max_embed_batch: int = Field(default=4096, gt=0)
+    max_sweep_size: int = Field(default=2000, gt=0, description="Most experiments in one sweep.")
     model_cache_size: int = Field(default=4, gt=0)
     page_size_limit: int = Field(default=200, gt=0)
     # A running experiment whose worker has not reported for this long is taken over
@@ -42,6 +43,12 @@ class Settings(BaseSettings):
     visibility_timeout: int = Field(default=7 * 24 * 3600, gt=0)
     queue: str = Field(default="corel")
     device: str | None = Field(default=None, description="Torch device for workers; default auto.")
+    api_torch_threads: int | None = Field(
+        default=1, gt=0,
+        description="Torch intra-op threads of `corel serve`. One by default: requests run "
+        "concurrently, and several threads per request oversubscribe the cores and stretch "
+        "tail latency. None keeps torch's default.",
+    )
     log_level: str = Field(default="INFO")
     auto_migrate: bool = Field(
         default=False, description="Apply migrations when the API starts (the embedded default)."

@@ -94,15 +94,30 @@ def attractive_repulsive(
         raise ValueError(f"an attractive-repulsive loss needs at least 2 classes; got K = {k}")
     _check_labels(labels, n, k)
     _check_lam(lam)
+    return _attractive_repulsive_core(sim, labels, lam, 1.0 - lam, repulsion)
+
+
+def _attractive_repulsive_core(
+    sim: torch.Tensor,
+    labels: torch.Tensor,
+    lam: float | torch.Tensor,
+    one_minus_lam: float | torch.Tensor,
+    repulsion: str,
+) -> torch.Tensor:
+    """:func:`attractive_repulsive` without its checks, for use under ``torch.vmap``.
+
+    ``lam`` and ``1 - lam`` may be (batched) 0-d tensors; ``1 - lam`` is passed in
+    so that a caller can form it in double precision, as the float path does.
+    """
     attract = sim.gather(1, labels.unsqueeze(1)).squeeze(1)
     if repulsion == "logsumexp":
         repulse = torch.logsumexp(sim, dim=1)
     elif repulsion == "max_squared":
-        own = F.one_hot(labels, k).bool()
+        own = F.one_hot(labels, sim.shape[1]).bool()
         repulse = sim.masked_fill(own, float("-inf")).amax(dim=1).square()
     else:
         raise ValueError(f"repulsion must be one of {', '.join(REPULSIONS)}; got {repulsion!r}")
-    return (-lam * attract + (1.0 - lam) * repulse).mean()
+    return (-lam * attract + one_minus_lam * repulse).mean()
 
 
 def center_loss_term(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:

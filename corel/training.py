@@ -180,6 +180,22 @@ class FitResult:
     stopped: bool
     run: Run
 
+    @classmethod
+    def from_run(cls, run: Run, stopped: bool) -> FitResult:
+        """The result of a finished (or stopped) run, with the best epoch's weights loaded."""
+        if run.best_state is not None:
+            run.model.load_state_dict(run.best_state)
+        return cls(
+            spec=run.spec,
+            model=run.model,
+            history=list(run.history),
+            best_epoch=run.best_epoch,
+            best_val_accuracy=run.best_val_accuracy,
+            test_accuracy=run.test_accuracy,
+            stopped=stopped,
+            run=run,
+        )
+
 
 def _cpu_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
@@ -328,18 +344,7 @@ def fit(
         if metrics is None or any(cb.on_epoch_end(metrics, run) for cb in cbs):
             stopped = True
             break
-    if run.best_state is not None:
-        run.model.load_state_dict(run.best_state)
-    return FitResult(
-        spec=run.spec,
-        model=run.model,
-        history=list(run.history),
-        best_epoch=run.best_epoch,
-        best_val_accuracy=run.best_val_accuracy,
-        test_accuracy=run.test_accuracy,
-        stopped=stopped,
-        run=run,
-    )
+    return FitResult.from_run(run, stopped)
 
 
 def checkpoint_to_bytes(checkpoint: dict[str, Any]) -> bytes:

@@ -8,6 +8,7 @@ from kombu import Queue
 from app.settings import Settings, get_settings
 
 TRAIN_TASK = "corel.train_experiment"
+TRAIN_GROUP_TASK = "corel.train_group"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -17,7 +18,8 @@ def make_celery(settings: Settings) -> Celery:
         task_ignore_result=True,
         task_queues=[Queue(settings.queue)],
         task_default_queue=settings.queue,
-        task_routes={TRAIN_TASK: {"queue": settings.queue}},
+        task_routes={TRAIN_TASK: {"queue": settings.queue},
+                     TRAIN_GROUP_TASK: {"queue": settings.queue}},
         # Long tasks: acknowledge only when done, one at a time per worker process,
         # and give the message back if the worker process is lost mid-run.
         task_acks_late=True,

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -38,12 +39,14 @@ from corel.spec import ExperimentSpec
 from corel.training import (
     Callback,
     EpochMetrics,
+    FitResult,
     Run,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
     embed_all,
     fit,
 )
+from corel.vectorized import GroupCallback, StackedRun, fit_group, group_key
 
 log = logging.getLogger("corel.worker")
 
@@ -179,51 +182,54 @@ def _latent(model: Any, x: Any, y: Any, experiment_id: int, split: str) -> Laten
     )
 
 
-def train_experiment(experiment_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
-    """Train (or resume) one experiment; returns the status it ended in."""
-    with session_scope(factory) as session:
-        exp = session.get(Experiment, experiment_id)
-        if exp is None:
-            log.warning("experiment does not exist", extra={"experiment": experiment_id})
-            return "missing"
-        if not claim(session, experiment_id, settings):
-            log.info("not claimed (finished, or running elsewhere)",
-                     extra={"experiment": experiment_id, "status": exp.status})
-            return "skipped"
-        session.refresh(exp)
-        if exp.cancel_requested:
-            exp.status, exp.finished_at = "cancelled", utcnow()
-            return "cancelled"
-        spec_data = dict(exp.spec)
-        if exp.dataset_id is not None:
-            spec_data["dataset_path"] = str(_materialise_upload(session, exp.dataset_id, settings))
-        resume = session.scalar(
-            select(Checkpoint.data).where(
-                Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "resume"
-            )
+@dataclass
+class Claimed:
+    experiment_id: int
+    spec: ExperimentSpec
+    checkpoint: dict[str, Any] | None
+
+
+def _claim_and_prepare(
+    session: Session, experiment_id: int, settings: Settings
+) -> Claimed | str:
+    """Claim the experiment and read what training needs; a status string if not to train."""
+    exp = session.get(Experiment, experiment_id)
+    if exp is None:
+        log.warning("experiment does not exist", extra={"experiment": experiment_id})
+        return "missing"
+    if not claim(session, experiment_id, settings):
+        log.info("not claimed (finished, or running elsewhere)",
+                 extra={"experiment": experiment_id, "status": exp.status})
+        return "skipped"
+    session.refresh(exp)
+    if exp.cancel_requested:
+        exp.status, exp.finished_at = "cancelled", utcnow()
+        return "cancelled"
+    spec_data = dict(exp.spec)
+    if exp.dataset_id is not None:
+        spec_data["dataset_path"] = str(_materialise_upload(session, exp.dataset_id, settings))
+    resume = session.scalar(
+        select(Checkpoint.data).where(
+            Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "resume"
         )
-    recorder = DatabaseRecorder(experiment_id, factory, settings)
-    try:
-        spec = ExperimentSpec.model_validate(spec_data)
-        checkpoint = checkpoint_from_bytes(resume) if resume else None
-        log.info("training", extra={"experiment": experiment_id, "resume_epoch":
-                                    checkpoint["epoch"] if checkpoint else 0, "worker": WORKER_ID})
-        result = fit(spec, [recorder], checkpoint=checkpoint, device=settings.device,
-                     data_dir=settings.data_dir)
-    except LostLease:
-        log.warning("lost the lease; another worker continues", extra={"experiment": experiment_id})
-        return "lost"
-    except (ValueError, FileNotFoundError) as exc:
+    )
+    return Claimed(experiment_id, ExperimentSpec.model_validate(spec_data),
+                   checkpoint_from_bytes(resume) if resume else None)
+
+
+def _fail(factory: sessionmaker[Session], experiment_id: int, exc: Exception) -> str:
+    if isinstance(exc, ValueError | FileNotFoundError):
+        # The user's spec or data is at fault: say what is wrong, no traceback.
         _finish(factory, experiment_id, status="failed", error=f"{type(exc).__name__}: {exc}")
-        return "failed"
-    except Exception as exc:
-        log.exception("training failed", extra={"experiment": experiment_id})
+    else:
+        log.error("training failed", exc_info=exc, extra={"experiment": experiment_id})
         _finish(factory, experiment_id, status="failed",
                 error=f"internal error: {type(exc).__name__}: {exc}")
-        return "failed"
-    if result.stopped:
-        _finish(factory, experiment_id, status="cancelled")
-        return "cancelled"
+    return "failed"
+
+
+def _store_results(factory: sessionmaker[Session], experiment_id: int, result: FitResult) -> str:
+    """Best checkpoint, test and validation latent spaces, and `succeeded`, in one transaction."""
     best = checkpoint_to_bytes(result.run.best_checkpoint())
     data = result.run.data
     with session_scope(factory) as session:
@@ -246,6 +252,137 @@ def train_experiment(experiment_id: int, factory: sessionmaker[Session], setting
             raise LostLease(f"experiment {experiment_id} was taken over before it could finish")
     log.info("succeeded", extra={"experiment": experiment_id, "test_accuracy": result.test_accuracy})
     return "succeeded"
+
+
+def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Settings) -> str:
+    experiment_id = job.experiment_id
+    recorder = DatabaseRecorder(experiment_id, factory, settings)
+    try:
+        log.info("training", extra={"experiment": experiment_id, "worker": WORKER_ID,
+                                    "resume_epoch": job.checkpoint["epoch"] if job.checkpoint else 0})
+        result = fit(job.spec, [recorder], checkpoint=job.checkpoint, device=settings.device,
+                     data_dir=settings.data_dir)
+        if result.stopped:
+            _finish(factory, experiment_id, status="cancelled")
+            return "cancelled"
+        return _store_results(factory, experiment_id, result)
+    except LostLease:
+        log.warning("lost the lease; another worker continues", extra={"experiment": experiment_id})
+        return "lost"
+    except Exception as exc:
+        return _fail(factory, experiment_id, exc)
+
+
+def train_experiment(experiment_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
+    """Train (or resume) one experiment; returns the status it ended in."""
+    try:
+        with session_scope(factory) as session:
+            job = _claim_and_prepare(session, experiment_id, settings)
+    except ValueError as exc:  # a stored spec that no longer validates
+        return _fail(factory, experiment_id, exc)
+    if isinstance(job, str):
+        return job
+    return _train_claimed(job, factory, settings)
+
+
+class GroupRecorder(GroupCallback):
+    """Like DatabaseRecorder, for a stacked group: one transaction per epoch holds every
+    member's metrics and resumable checkpoint. A cancelled member is marked cancelled at
+    the next epoch's end (its computation rides along until then); the group stops when
+    no member is left."""
+
+    def __init__(self, ids: list[int], factory: sessionmaker[Session], settings: Settings):
+        self.ids = ids
+        self.active = set(ids)
+        self.factory = factory
+        self.heartbeat_every = settings.heartbeat_seconds
+        self.last_beat = time.monotonic()
+
+    def _cancelled(self, session: Session) -> set[int]:
+        return set(session.scalars(select(Experiment.id).where(
+            Experiment.id.in_(self.active), Experiment.cancel_requested.is_(True))))
+
+    def on_batch_end(self, step: int) -> bool:
+        if time.monotonic() - self.last_beat < self.heartbeat_every:
+            return False
+        with session_scope(self.factory) as session:
+            _updated(session, update(Experiment)
+                     .where(Experiment.id.in_(self.active), Experiment.worker == WORKER_ID,
+                            Experiment.status == "running")
+                     .values(heartbeat_at=utcnow()))
+            cancelled = self._cancelled(session)
+        self.last_beat = time.monotonic()
+        return bool(self.active) and cancelled == self.active
+
+    def on_epoch_end(self, metrics: list[EpochMetrics], group: StackedRun) -> bool:
+        with session_scope(self.factory) as session:
+            cancelled = self._cancelled(session)
+            for i, experiment_id in enumerate(self.ids):
+                if experiment_id not in self.active:
+                    continue
+                m, run = metrics[i], group.member_run(i)
+                if experiment_id in cancelled:
+                    _updated(session, update(Experiment).where(_owned(experiment_id))
+                             .values(status="cancelled", finished_at=utcnow()))
+                    self.active.discard(experiment_id)
+                    continue
+                owned = _updated(session, update(Experiment).where(_owned(experiment_id)).values(
+                    heartbeat_at=utcnow(), current_epoch=m.epoch, best_epoch=run.best_epoch,
+                    best_val_accuracy=run.best_val_accuracy, test_accuracy=run.test_accuracy,
+                    train_seconds=Experiment.train_seconds + m.seconds))
+                if not owned:
+                    self.active.discard(experiment_id)  # taken over elsewhere
+                    continue
+                session.add(EpochMetric(experiment_id=experiment_id, **m.to_dict()))
+                _upsert_checkpoint(session, experiment_id, "resume", m.epoch,
+                                   checkpoint_to_bytes(run.checkpoint()))
+        self.last_beat = time.monotonic()
+        return not self.active
+
+
+def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settings) -> dict[int, str]:
+    """Train a group of experiments that share dataset, model, batch size and data order
+    as one stacked model (corel.vectorized). Members that cannot go together (one is
+    already further along than the others) are trained one after another instead."""
+    outcome: dict[int, str] = {}
+    jobs: list[Claimed] = []
+    for experiment_id in ids:
+        try:
+            with session_scope(factory) as session:
+                job = _claim_and_prepare(session, experiment_id, settings)
+        except ValueError as exc:
+            outcome[experiment_id] = _fail(factory, experiment_id, exc)
+            continue
+        if isinstance(job, str):
+            outcome[experiment_id] = job
+        else:
+            jobs.append(job)
+    epochs = {job.checkpoint["epoch"] if job.checkpoint else 0 for job in jobs}
+    keys = {group_key(job.spec) for job in jobs}
+    if len(jobs) < 2 or len(epochs) != 1 or len(keys) != 1 or None in keys:
+        for job in jobs:
+            outcome[job.experiment_id] = _train_claimed(job, factory, settings)
+        return outcome
+    members = [job.experiment_id for job in jobs]
+    recorder = GroupRecorder(members, factory, settings)
+    log.info("training a stacked group", extra={"experiments": members, "worker": WORKER_ID})
+    try:
+        checkpoints = None if epochs == {0} else [job.checkpoint for job in jobs if job.checkpoint]
+        results = fit_group([job.spec for job in jobs], [recorder], checkpoints=checkpoints,
+                            device=settings.device, data_dir=settings.data_dir)
+    except Exception as exc:
+        for experiment_id in recorder.active:
+            outcome[experiment_id] = _fail(factory, experiment_id, exc)
+        return outcome
+    for experiment_id, result in zip(members, results, strict=True):
+        if experiment_id not in recorder.active:
+            outcome[experiment_id] = "cancelled-or-lost"
+            continue
+        try:
+            outcome[experiment_id] = _store_results(factory, experiment_id, result)
+        except LostLease:
+            outcome[experiment_id] = "lost"
+    return outcome
 
 
 def requeue_stale(factory: sessionmaker[Session], settings: Settings, send: Any) -> list[int]:

@@ -14,7 +14,7 @@ from app.db import make_engine, make_sessionmaker
 from app.logging import configure_logging
 from app.settings import Settings
 from worker import runner
-from worker.celery_app import TRAIN_TASK, celery
+from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery
 
 log = logging.getLogger("corel.worker")
 _stop = threading.Event()
@@ -34,6 +34,11 @@ def _factory() -> sessionmaker[Session]:
 @celery.task(name=TRAIN_TASK, acks_late=True, reject_on_worker_lost=True)
 def train_experiment(experiment_id: int) -> str:
     return runner.train_experiment(int(experiment_id), _factory(), _settings())
+
+
+@celery.task(name=TRAIN_GROUP_TASK, acks_late=True, reject_on_worker_lost=True)
+def train_group(experiment_ids: list[int]) -> dict[int, str]:
+    return runner.train_group([int(i) for i in experiment_ids], _factory(), _settings())
 
 
 def _send(experiment_id: int) -> None:

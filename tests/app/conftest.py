@@ -125,8 +125,9 @@ class Workers:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
 
-    def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.logdir.glob("*.log")))
+    def logs(self, tail: int | None = 3000) -> str:
+        texts = (p.read_text(errors="replace") for p in sorted(self.logdir.glob("*.log")))
+        return "\n".join(t[-tail:] if tail else t for t in texts)
 
 
 @pytest.fixture(scope="session")

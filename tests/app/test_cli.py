@@ -56,3 +56,17 @@ def test_errors_are_reported_not_raised(live_url, capsys):
         main(["predict", "--url", live_url, "--experiment", "987654", "--text", "hello"])
     with pytest.raises(SystemExit, match="cannot reach"):
         main(["embed", "--url", "http://127.0.0.1:1", "--experiment", "1", "--text", "x"])
+
+
+def test_reproduce_runs_a_sweep_and_prints_the_tables(live_url, worker, capsys, tmp_path):
+    out = tmp_path / "report.md"
+    code = main(["reproduce", "--url", live_url, "--dataset", "digits", "--losses", "cce,gaussian",
+                 "--lambdas", "0.5,0.9", "--seeds", "2", "--epochs", "1", "--lr", "0.003",
+                 "--no-clustering", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "Lambda tuning" in printed and "Test accuracy at the best-validation epoch" in printed
+    assert "| Gaussian-COREL | 0.5" in printed and "| CCE | -" in printed
+    assert "Paired two-tailed t-test, " in printed
+    assert "Command: corel reproduce --dataset digits" in printed and "wall time" in printed
+    assert out.read_text() == printed.rstrip("\n") + "\n"

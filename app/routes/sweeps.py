@@ -1,0 +1,69 @@
+"""/sweeps: grids of experiments and the paper's tables from their results."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Response, status
+
+import app.services.experiments as experiments_service
+import app.services.sweeps as sweeps_service
+from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
+from app.errors import ServiceUnavailable
+from app.schemas import SweepCreate, SweepQueued, SweepRead
+from app.services import sweep_render
+from corel.report import PAPER_TABLE1
+
+router = APIRouter(prefix="/sweeps", tags=["sweeps"])
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=SweepQueued,
+             dependencies=[AuthDep], summary="Create and queue every experiment of a grid")
+def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: SettingsDep):
+    sweep, groups = sweeps_service.create_sweep(session, body, settings.max_sweep_size)
+    # Committed before sending, as for a single experiment: workers must find the rows.
+    session.commit()
+    try:
+        queue.enqueue_groups(groups)
+    except ServiceUnavailable as exc:
+        for ids in groups:
+            for experiment_id in ids:
+                experiments_service.mark_unqueued(session, experiment_id, exc.detail)
+        session.commit()
+        raise
+    return SweepQueued(id=sweep.id, size=sweep.size, groups=len(groups))
+
+
+@router.get("/{sweep_id}", response_model=SweepRead, summary="Progress of a sweep")
+def get(sweep_id: int, session: SessionDep):
+    return sweeps_service.progress(session, sweeps_service.get_sweep(session, sweep_id))
+
+
+@router.post("/{sweep_id}/cancel", response_model=SweepRead, dependencies=[AuthDep],
+             summary="Cancel every member that has not finished")
+def cancel(sweep_id: int, session: SessionDep):
+    sweep = sweeps_service.cancel_sweep(session, sweep_id)
+    return sweeps_service.progress(session, sweep)
+
+
+@router.get("/{sweep_id}/report", summary="The paper's Tables 1-4 from the sweep's results")
+def report(
+    sweep_id: int,
+    session: SessionDep,
+    format: Annotated[Literal["json", "csv", "markdown"], Query()] = "json",
+    clustering: bool = True,
+):
+    rep = sweeps_service.build_report(session, sweep_id, clustering=clustering)
+    if format == "csv":
+        return Response(sweep_render.to_csv(rep), media_type="text/csv")
+    if format == "markdown":
+        paper = PAPER_TABLE1.get((rep["dataset"], rep["model"]))
+        return Response(sweep_render.to_markdown(rep, paper), media_type="text/markdown")
+    return rep
+
+
+@router.get("/{sweep_id}/lambda.png", summary="Validation accuracy against lambda per loss",
+            response_class=Response, responses={200: {"content": {"image/png": {}}}})
+def lambda_png(sweep_id: int, session: SessionDep) -> Response:
+    rep = sweeps_service.build_report(session, sweep_id, clustering=False)
+    return Response(sweep_render.lambda_png(rep), media_type="image/png")

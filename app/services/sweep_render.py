@@ -1,0 +1,126 @@
+"""A sweep report as Markdown, CSV or a lambda plot (the paper's Tables 1-4, Figure 2)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+LOSS_NAMES = {"cce": "CCE", "center": "Center", "cosine": "Cosine-COREL", "gaussian": "Gaussian-COREL"}
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}"
+
+
+def _lam(v: float | None) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
+def rows_by_table(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every figure of the report as flat rows with a `table` column (for CSV)."""
+    rows: list[dict[str, Any]] = []
+    for loss, tuning in rep["lambda_tuning"].items():
+        for r in tuning["by_lambda"]:
+            rows.append({"table": "lambda_tuning", "loss": loss, "lam": r["lam"],
+                         "value": r["mean_val"], "std": r["std_val"], "n": r["n"],
+                         "tuned": r["lam"] == tuning["tuned_lambda"]})
+    for r in rep["test_accuracy"]["rows"]:
+        rows.append({"table": "test_accuracy", "loss": r["loss"], "lam": r["lam"], "value": r["mean"],
+                     "std": r["std"], "n": r["n"]})
+    comparison = rep["test_accuracy"]["comparison"]
+    if comparison:
+        rows.append({"table": "t_test", "loss": f"{comparison['best']} vs {comparison['runner_up']}",
+                     "value": comparison["p"], "statistic": comparison["t"],
+                     "significance": comparison["significance"], "n": len(comparison["paired_seeds"])})
+    for r in rep["clustering"]:
+        for score in ("accuracy", "ari", "v_measure", "silhouette"):
+            rows.append({"table": "clustering", "loss": r["loss"], "lam": r["lam"],
+                         "algorithm": r["algorithm"], "score": score, "value": r[score], "n": r["n"],
+                         "metric": r["metric"]})
+    return rows
+
+
+def to_csv(rep: dict[str, Any]) -> str:
+    rows = rows_by_table(rep)
+    columns = ["table", "loss", "lam", "algorithm", "score", "metric", "value", "std", "statistic",
+               "significance", "n", "tuned"]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def to_markdown(rep: dict[str, Any], paper: dict[str, float] | None = None) -> str:
+    """Tables 2, 1 and 3-4 of the paper; with ``paper`` (Table 1 figures in %) the
+    published test accuracy and the difference in points beside ours."""
+    lines = [f"## Sweep {rep['sweep_id']}: {rep['dataset']} / {rep['model']} "
+             f"({rep['succeeded']} of {rep['size']} experiments succeeded)", ""]
+    lines += ["### Lambda tuning (validation accuracy %, mean over seeds; paper Table 2)", "",
+              "| loss | lambda | val acc | std | seeds |", "|---|---|---|---|---|"]
+    for loss, tuning in rep["lambda_tuning"].items():
+        for r in tuning["by_lambda"]:
+            mark = " **(tuned)**" if r["lam"] == tuning["tuned_lambda"] and r["lam"] is not None else ""
+            lines.append(f"| {LOSS_NAMES.get(loss, loss)} | {_lam(r['lam'])}{mark} | "
+                         f"{_pct(r['mean_val'])} | {_pct(r['std_val'])} | {r['n']} |")
+    lines += ["", "### Test accuracy at the best-validation epoch (%, paper Table 1)", ""]
+    header = "| loss | lambda | mean | std | seeds |"
+    rule = "|---|---|---|---|---|"
+    if paper:
+        header += " paper | difference |"
+        rule += "---|---|"
+    lines += [header, rule]
+    for r in rep["test_accuracy"]["rows"]:
+        line = (f"| {LOSS_NAMES.get(r['loss'], r['loss'])} | {_lam(r['lam'])} | {_pct(r['mean'])} | "
+                f"{_pct(r['std'])} | {r['n']} |")
+        if paper:
+            published = paper.get(r["loss"])
+            diff = "-" if published is None else f"{100 * r['mean'] - published:+.2f}"
+            line += f" {published if published is not None else '-'} | {diff} |"
+        lines.append(line)
+    c = rep["test_accuracy"]["comparison"]
+    if c:
+        p = "n/a" if c["p"] is None else f"{c['p']:.3g}"
+        lines += ["", f"Paired two-tailed t-test, {LOSS_NAMES.get(c['best'], c['best'])} vs "
+                  f"{LOSS_NAMES.get(c['runner_up'], c['runner_up'])} over {len(c['paired_seeds'])} "
+                  f"seeds: p = {p} ({c['significance']})."]
+    if rep["clustering"]:
+        lines += ["", "### Clustering of the test latent space (mean over seeds; paper Tables 3-4)", "",
+                  "| loss | algorithm | geometry | accuracy | ARI | V-measure | silhouette |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rep["clustering"]:
+            sil = "-" if r["silhouette"] is None else f"{r['silhouette']:.3f}"
+            lines.append(f"| {LOSS_NAMES.get(r['loss'], r['loss'])} | {r['algorithm']} | {r['metric']} | "
+                         f"{_pct(r['accuracy'])} | {r['ari']:.3f} | {r['v_measure']:.3f} | {sil} |")
+    return "\n".join(lines) + "\n"
+
+
+def lambda_png(rep: dict[str, Any], size: tuple[int, int] = (800, 500)) -> bytes:
+    """Validation accuracy against lambda per loss (the paper's Figure 2)."""
+    dpi = 100
+    fig = Figure(figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for loss, tuning in rep["lambda_tuning"].items():
+        rows = tuning["by_lambda"]
+        label = LOSS_NAMES.get(loss, loss)
+        if len(rows) == 1 and rows[0]["lam"] is None:
+            ax.axhline(100 * rows[0]["mean_val"], linestyle="--", color="grey", label=f"{label} (no lambda)")
+            continue
+        xs = [r["lam"] for r in rows]
+        ys = [100 * r["mean_val"] for r in rows]
+        ax.plot(xs, ys, marker="o", label=label)
+        best = max(rows, key=lambda r: r["mean_val"])
+        ax.scatter([best["lam"]], [100 * best["mean_val"]], s=120, facecolors="none", edgecolors="black")
+    ax.set_xlabel("lambda")
+    ax.set_ylabel("validation accuracy (%)")
+    ax.set_title(f"Sweep {rep['sweep_id']}: validation accuracy against lambda")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()

@@ -1,0 +1,150 @@
+"""Sweeps: a grid of experiments created in one request, queued across workers,
+and summarised in the paper's tables."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+import app.services.experiments as experiments_service
+from app.errors import InvalidInput, NotFound
+from app.models import FINISHED, STATUSES, Experiment, Sweep, utcnow
+from app.schemas import ExperimentCreate, SweepCreate
+from app.services.clustering import clustering_report
+from corel import report
+from corel.vectorized import group_specs
+
+# The loss parameters each loss uses; the others are collapsed in a grid (a CCE run
+# does not differ across lambdas, so it is trained once per seed, not once per lambda).
+PARAMS_OF_LOSS = {"cce": (), "center": ("lam", "alpha"), "cosine": ("lam",),
+                  "gaussian": ("lam", "gamma")}
+LOSS_PARAMS = ("lam", "gamma", "alpha")
+
+
+def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:
+    """Every combination of the grid applied to the base, without duplicates."""
+    keys = list(body.grid)
+    size = 1
+    for values in body.grid.values():
+        size *= len(values)
+    if size > limit:
+        raise InvalidInput(f"the grid has {size} combinations; the limit is {limit} per sweep")
+    members: list[ExperimentCreate] = []
+    seen: set[str] = set()
+    for combo in itertools.product(*(body.grid[k] for k in keys)):
+        data = {**body.base, **dict(zip(keys, combo, strict=True))}
+        try:
+            spec = ExperimentCreate.model_validate(data)
+        except ValidationError as exc:
+            where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo, strict=True))
+            msg = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: "
+                f"{e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            )
+            raise InvalidInput(f"the member with {where} is not a valid spec: {msg}") from exc
+        unused = {p: ExperimentCreate.model_fields[p].default for p in LOSS_PARAMS
+                  if p not in PARAMS_OF_LOSS[spec.loss]}
+        spec = spec.model_copy(update=unused)
+        key = spec.model_dump_json()
+        if key not in seen:
+            seen.add(key)
+            members.append(spec)
+    return members
+
+
+def create_sweep(session: Session, body: SweepCreate, limit: int) -> tuple[Sweep, list[list[int]]]:
+    """Rows for the sweep and its members; returns the id groups to queue together."""
+    members = expand(body, limit)
+    sweep = Sweep(base=body.base, grid=body.grid, size=len(members), vectorize=body.vectorize,
+                  created_at=utcnow())
+    session.add(sweep)
+    session.flush()
+    experiments = [experiments_service.create_experiment(session, m) for m in members]
+    for exp in experiments:
+        exp.sweep_id = sweep.id
+    session.flush()
+    if body.vectorize:
+        groups = group_specs([m.to_spec() for m in members])
+    else:
+        groups = [[i] for i in range(len(members))]
+    return sweep, [[experiments[i].id for i in group] for group in groups]
+
+
+def get_sweep(session: Session, sweep_id: int) -> Sweep:
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        raise NotFound(f"sweep {sweep_id} does not exist")
+    return sweep
+
+
+def members(session: Session, sweep_id: int) -> list[Experiment]:
+    return list(session.scalars(
+        select(Experiment).where(Experiment.sweep_id == sweep_id).order_by(Experiment.id)
+    ))
+
+
+def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
+    counts = dict.fromkeys(STATUSES, 0)
+    rows = session.execute(
+        select(Experiment.status, func.count()).where(Experiment.sweep_id == sweep.id)
+        .group_by(Experiment.status)
+    ).all()
+    for status, n in rows:
+        counts[status] = int(n)
+    done = sum(counts[s] for s in FINISHED)
+    ids = list(session.scalars(
+        select(Experiment.id).where(Experiment.sweep_id == sweep.id).order_by(Experiment.id)))
+    return {"id": sweep.id, "base": sweep.base, "grid": sweep.grid, "size": sweep.size,
+            "vectorize": sweep.vectorize, "counts": counts, "done": done,
+            "finished": done == sweep.size, "experiment_ids": ids, "created_at": sweep.created_at}
+
+
+def cancel_sweep(session: Session, sweep_id: int) -> Sweep:
+    sweep = get_sweep(session, sweep_id)
+    for exp in members(session, sweep_id):
+        if exp.status not in FINISHED:
+            experiments_service.cancel_experiment(session, exp.id)
+    return sweep
+
+
+def _record(exp: Experiment) -> dict[str, Any]:
+    return {
+        "experiment_id": exp.id,
+        "loss": exp.loss,
+        "lam": exp.spec.get("lam") if "lam" in PARAMS_OF_LOSS[exp.loss] else None,
+        "seed": int(exp.spec.get("seed", 0)),
+        "val_accuracy": exp.best_val_accuracy,
+        "test_accuracy": exp.test_accuracy,
+    }
+
+
+def build_report(session: Session, sweep_id: int, *, clustering: bool = True) -> dict[str, Any]:
+    sweep = get_sweep(session, sweep_id)
+    exps = members(session, sweep_id)
+    done = [e for e in exps if e.status == "succeeded"]
+    records = [_record(e) for e in done]
+    tuning = report.lambda_tuning(records)
+    table1 = report.test_accuracy_table(records, tuning)
+    if clustering:
+        tuned_ids = {r["experiment_id"] for r in records
+                     if r["loss"] in tuning and r["lam"] == tuning[r["loss"]]["tuned_lambda"]}
+        for r in records:
+            if r["experiment_id"] in tuned_ids:
+                r["clustering"] = clustering_report(session, r["experiment_id"])["results"]
+    base = sweep.base
+    return {
+        "sweep_id": sweep.id,
+        "dataset": base.get("dataset"),
+        "model": base.get("model", "ffnn"),
+        "size": sweep.size,
+        "succeeded": len(done),
+        "not_succeeded": {s: sum(e.status == s for e in exps) for s in STATUSES if s != "succeeded"},
+        "lambda_tuning": tuning,
+        "test_accuracy": table1,
+        "clustering": report.clustering_table(records, tuning) if clustering else [],
+    }

@@ -1,0 +1,149 @@
+"""Sweeps over HTTP on PostgreSQL + Redis + a real worker."""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+from scipy import stats
+
+from app.main import create_app
+
+BASE = {"dataset": "digits", "model": "ffnn", "epochs": 2, "lr": 3e-3, "batch_size": 64}
+
+
+def wait_sweep(client, sweep_id, timeout=240, workers=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = client.get(f"/sweeps/{sweep_id}").json()
+        if body["finished"]:
+            return body
+        time.sleep(0.3)
+    raise AssertionError(f"sweep {sweep_id} did not finish: {body}\n{workers.logs() if workers else ''}")
+
+
+@pytest.fixture(scope="module")
+def sweep(client, worker, workers):
+    r = client.post("/sweeps", json={"base": BASE, "grid": {"loss": ["cosine", "gaussian"],
+                                                            "lam": [0.3, 0.8], "seed": [0, 1]}})
+    assert r.status_code == 202, r.text
+    queued = r.json()
+    assert queued["size"] == 8
+    # Same loss and seed, different lambdas: 4 stacked groups of 2.
+    assert queued["groups"] == 4
+    body = wait_sweep(client, queued["id"], workers=workers)
+    assert body["counts"]["succeeded"] == 8, (body, workers.logs())
+    # The worker really trained the groups stacked (corel.vectorized), not one by one.
+    assert workers.logs(tail=None).count("training a stacked group") >= 4
+    return body
+
+
+def test_progress_counts(sweep):
+    assert sweep["size"] == 8 and sweep["done"] == 8 and len(sweep["experiment_ids"]) == 8
+    assert sum(sweep["counts"].values()) == 8
+
+
+def test_members_have_full_metrics(client, sweep):
+    for eid in sweep["experiment_ids"]:
+        exp = client.get(f"/experiments/{eid}").json()
+        assert exp["status"] == "succeeded" and exp["current_epoch"] == 2
+        epochs = [m["epoch"] for m in client.get(f"/experiments/{eid}/metrics").json()["items"]]
+        assert epochs == [1, 2]
+
+
+def test_report_tables_are_consistent_with_the_members(client, sweep):
+    rep = client.get(f"/sweeps/{sweep['id']}/report").json()
+    members = [client.get(f"/experiments/{eid}").json() for eid in sweep["experiment_ids"]]
+    assert set(rep["lambda_tuning"]) == {"cosine", "gaussian"}
+    for loss, tuning in rep["lambda_tuning"].items():
+        assert [r["lam"] for r in tuning["by_lambda"]] == [0.3, 0.8]
+        for row in tuning["by_lambda"]:
+            vals = [m["best_val_accuracy"] for m in members
+                    if m["spec"]["loss"] == loss and m["spec"]["lam"] == row["lam"]]
+            assert row["n"] == 2 and row["mean_val"] == pytest.approx(np.mean(vals))
+            assert row["std_val"] == pytest.approx(np.std(vals, ddof=1))
+        best = max(tuning["by_lambda"], key=lambda r: r["mean_val"])
+        assert tuning["tuned_lambda"] == best["lam"]
+
+    table = rep["test_accuracy"]
+    by_loss = {}
+    for row in table["rows"]:
+        tests = {m["spec"]["seed"]: m["test_accuracy"] for m in members
+                 if m["spec"]["loss"] == row["loss"] and m["spec"]["lam"] == row["lam"]}
+        by_loss[row["loss"]] = tests
+        assert row["mean"] == pytest.approx(np.mean(list(tests.values())))
+        assert row["std"] == pytest.approx(np.std(list(tests.values()), ddof=1))
+    c = table["comparison"]
+    a = [by_loss[c["best"]][s] for s in c["paired_seeds"]]
+    b = [by_loss[c["runner_up"]][s] for s in c["paired_seeds"]]
+    if c["p"] is not None:
+        assert c["p"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert c["significance"] in ("p < 0.001", "p < 0.05", "n.s.", "n/a")
+
+    algorithms = {(r["loss"], r["algorithm"]) for r in rep["clustering"]}
+    assert algorithms == {(loss, algo) for loss in ("cosine", "gaussian") for algo in ("kmeans", "gmm")}
+    for r in rep["clustering"]:
+        assert 0 <= r["accuracy"] <= 1 and -1 <= r["ari"] <= 1 and r["n"] == 2
+
+
+def test_report_formats_and_picture(client, sweep):
+    text = client.get(f"/sweeps/{sweep['id']}/report", params={"format": "csv"}).text
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert {r["table"] for r in rows} >= {"lambda_tuning", "test_accuracy", "t_test", "clustering"}
+    md = client.get(f"/sweeps/{sweep['id']}/report", params={"format": "markdown"})
+    assert md.headers["content-type"].startswith("text/markdown")
+    assert "Lambda tuning" in md.text and "| Gaussian-COREL |" in md.text
+    png = client.get(f"/sweeps/{sweep['id']}/lambda.png")
+    assert png.headers["content-type"] == "image/png"
+    assert Image.open(io.BytesIO(png.content)).size == (800, 500)
+    assert client.get(f"/sweeps/{sweep['id']}/report", params={"format": "xml"}).status_code == 422
+
+
+def test_cancel_stops_queued_members(settings):
+    idle = settings.model_copy(update={"queue": "corel-nobody-listens"})
+    with TestClient(create_app(idle)) as c:
+        r = c.post("/sweeps", json={"base": BASE, "grid": {"seed": [0, 1, 2]}, "vectorize": False})
+        assert r.status_code == 202 and r.json()["groups"] == 3
+        sid = r.json()["id"]
+        assert c.get(f"/sweeps/{sid}").json()["counts"]["queued"] == 3
+        body = c.post(f"/sweeps/{sid}/cancel").json()
+        assert body["counts"]["cancelled"] == 3 and body["finished"]
+
+
+def test_cce_is_not_repeated_per_lambda(settings):
+    idle = settings.model_copy(update={"queue": "corel-nobody-listens"})
+    with TestClient(create_app(idle)) as c:
+        r = c.post("/sweeps", json={"base": BASE, "grid": {"loss": ["cce", "gaussian"],
+                                                           "lam": [0.2, 0.5, 0.9], "seed": [0, 1]}})
+        assert r.status_code == 202 and r.json()["size"] == 2 + 6
+        c.post(f"/sweeps/{r.json()['id']}/cancel")
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"base": BASE, "grid": {"lam": [0.1 * i for i in range(1, 11)], "seed": list(range(300))}},
+         "the grid has 3000 combinations; the limit is 2000"),
+        ({"base": BASE, "grid": {"lam": [0.5, 1.5]}}, "the member with lam=1.5 is not a valid spec"),
+        ({"base": BASE, "grid": {"colour": ["red"]}}, "grid field 'colour' is not allowed"),
+        ({"base": BASE, "grid": {}}, "grid is empty"),
+        ({"base": BASE, "grid": {"lam": []}}, "has no values"),
+        ({"base": {**BASE, "loss": "triplet"}, "grid": {"seed": [0]}}, "loss"),
+    ],
+)
+def test_bad_sweeps_are_422(client, body, words):
+    r = client.post("/sweeps", json=body)
+    assert r.status_code == 422, r.text
+    assert words in r.json()["detail"]
+
+
+def test_unknown_sweep_is_404(client):
+    for path in ("/sweeps/987654", "/sweeps/987654/report", "/sweeps/987654/lambda.png"):
+        r = client.get(path)
+        assert r.status_code == 404 and "sweep 987654 does not exist" in r.json()["detail"]
+    assert client.post("/sweeps/987654/cancel").status_code == 404
