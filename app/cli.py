@@ -108,10 +108,9 @@ def _serve(args: argparse.Namespace) -> int:
     from app.settings import get_settings
 
     settings = get_settings()
-    if settings.api_torch_threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(settings.api_torch_threads)
+    torch.set_num_threads(settings.api_torch_threads)
     embedded = not settings.broker_url
     if embedded or settings.is_sqlite:
         upgrade(settings)

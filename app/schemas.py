@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from corel.spec import ExperimentSpec
 
@@ -140,6 +140,8 @@ class InferenceRequest(BaseModel):
     output: Literal["json", "binary"] = Field(
         default="json", description="embeddings as JSON lists, or as a BinaryArray (float32)"
     )
+    # The bytes of a raw application/octet-stream body (``binary`` then holds its shape).
+    _raw: bytes | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> InferenceRequest:

@@ -43,11 +43,11 @@ class Settings(BaseSettings):
     visibility_timeout: int = Field(default=7 * 24 * 3600, gt=0)
     queue: str = Field(default="corel")
     device: str | None = Field(default=None, description="Torch device for workers; default auto.")
-    api_torch_threads: int | None = Field(
+    api_torch_threads: int = Field(
         default=1, gt=0,
-        description="Torch intra-op threads of `corel serve`. One by default: requests run "
-        "concurrently, and several threads per request oversubscribe the cores and stretch "
-        "tail latency. None keeps torch's default.",
+        description="Torch threads of the API process (`corel serve`). Requests run one at a "
+        "time on its event loop; one thread leaves the other cores to the clients and the "
+        "worker, which measured faster than two on a 2-core machine (bench/embed_throughput.py).",
     )
     log_level: str = Field(default="INFO")
     auto_migrate: bool = Field(

@@ -205,3 +205,29 @@ def test_text_model_embeds_raw_strings(client, worker, workers):
     assert r.status_code == 422 and "input 1: text is not valid UTF-8" in r.json()["detail"]
     r = client.post("/embed", json={"experiment_id": body["id"], "arrays": [[0.0] * 50]})
     assert r.status_code == 422 and "send texts" in r.json()["detail"]
+
+
+def test_octet_stream_bodies_in_and_out(client, trained, test_images, stored_latent):
+    reps, _ = stored_latent
+    batch = np.ascontiguousarray(test_images[:64])
+    params = {"experiment_id": trained["id"], "dtype": "uint8", "shape": "64,28,28"}
+    r = client.post("/embed", params=params, content=batch.tobytes(),
+                    headers={"content-type": "application/octet-stream",
+                             "accept": "application/octet-stream"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-corel-shape"] == "64,128" and r.headers["x-corel-dtype"] == "float32"
+    got = np.frombuffer(r.content, "<f4").reshape(64, 128)
+    np.testing.assert_allclose(got, reps[:64], rtol=1e-4, atol=1e-5)
+    # The same body answered as JSON, and through /predict.
+    r = client.post("/embed", params=params, content=batch.tobytes(),
+                    headers={"content-type": "application/octet-stream"})
+    np.testing.assert_allclose(np.array(r.json()["embeddings"], np.float32), got, rtol=1e-6)
+    r = client.post("/predict", params=params, content=batch.tobytes(),
+                    headers={"content-type": "application/octet-stream"})
+    assert len(r.json()["predictions"]) == 64
+    bad = client.post("/embed", params={**params, "shape": "65,28,28"}, content=batch.tobytes(),
+                      headers={"content-type": "application/octet-stream"})
+    assert bad.status_code == 422 and "needs 50960" in bad.json()["detail"]
+    bad = client.post("/embed", params={"experiment_id": trained["id"]}, content=batch.tobytes(),
+                      headers={"content-type": "application/octet-stream"})
+    assert bad.status_code == 422 and "query parameters" in bad.json()["detail"]
