@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -46,8 +47,12 @@ class Settings(BaseSettings):
     api_torch_threads: int = Field(
         default=1, gt=0,
         description="Torch threads of the API process (`corel serve`). Requests run one at a "
-        "time on its event loop; one thread leaves the other cores to the clients and the "
-        "worker, which measured faster than two on a 2-core machine (bench/embed_throughput.py).",
+        "time on its event loop; one thread keeps concurrent small requests from fighting "
+        "over the cores (bench/embed_throughput.py).",
+    )
+    api_batch_threads: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, gt=0,
+        description="Torch threads for a request of 256 inputs or more (default: all cores).",
     )
     log_level: str = Field(default="INFO")
     auto_migrate: bool = Field(

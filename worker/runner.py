@@ -378,6 +378,10 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
         if experiment_id not in recorder.active:
             outcome[experiment_id] = "cancelled-or-lost"
             continue
+        if result.stopped:  # every member left was cancelled between batches
+            _finish(factory, experiment_id, status="cancelled")
+            outcome[experiment_id] = "cancelled"
+            continue
         try:
             outcome[experiment_id] = _store_results(factory, experiment_id, result)
         except LostLease:

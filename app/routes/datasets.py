@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Request, UploadFile, status
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 import app.services.datasets as datasets_service
 from app.deps import AuthDep, SessionDep, SettingsDep
@@ -48,7 +48,7 @@ def list_(session: SessionDep, limit: int = 50, offset: int = 0):
     rows = session.scalars(
         select(DatasetUpload).order_by(DatasetUpload.id.desc()).limit(min(limit, 200)).offset(offset)
     ).all()
-    total = session.query(DatasetUpload).count()
+    total = session.scalar(select(func.count()).select_from(DatasetUpload)) or 0
     return Page[DatasetRead](
         items=[DatasetRead.model_validate(r) for r in rows], total=total, limit=limit, offset=offset
     )

@@ -139,7 +139,7 @@ async def embed(request: Request) -> Response:
     inference.check_batch(req, request.app.state.settings.max_embed_batch)
     loaded = await _model(request, req.experiment_id)
     x = inference.model_inputs(req, loaded)
-    h = inference.embed(loaded, x).numpy()
+    h = inference.embed(loaded, x, request.app.state.settings.api_batch_threads).numpy()
     if "application/octet-stream" in request.headers.get("accept", ""):
         return Response(np.ascontiguousarray(h, "<f4").tobytes(), media_type="application/octet-stream",
                         headers={"X-Corel-Shape": f"{h.shape[0]},{h.shape[1]}",
@@ -166,7 +166,7 @@ async def predict(request: Request) -> Response:
     inference.check_batch(req, request.app.state.settings.max_embed_batch)
     loaded = await _model(request, req.experiment_id)
     x = inference.model_inputs(req, loaded)
-    classes, sims = inference.predict(loaded, x)
+    classes, sims = inference.predict(loaded, x, request.app.state.settings.api_batch_threads)
     names = loaded.class_names
     sims_np = sims.numpy()
     return _json({

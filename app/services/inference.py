@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import binascii
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -130,15 +132,38 @@ def model_inputs(req: InferenceRequest, loaded: LoadedModel) -> torch.Tensor:
         raise InvalidInput(str(exc)) from exc
 
 
-@torch.inference_mode()
-def embed(loaded: LoadedModel, x: torch.Tensor) -> torch.Tensor:
-    return loaded.model.encoder(x.to(loaded.device)).float().cpu()
+# Requests run one at a time on the API's event loop, on one torch thread (setting
+# api_torch_threads), which keeps small concurrent requests from fighting over the
+# cores. A large batch is worth a thread team: it gets api_batch_threads while it runs.
+LARGE_BATCH = 256
+
+
+@contextmanager
+def threads_for(batch: int, batch_threads: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    wanted = batch_threads if batch >= LARGE_BATCH else before
+    if wanted != before:
+        torch.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        if wanted != before:
+            torch.set_num_threads(before)
 
 
 @torch.inference_mode()
-def predict(loaded: LoadedModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    h = loaded.model.encoder(x.to(loaded.device))
-    sims = loaded.model.head.similarities(h).float().cpu()
+def embed(loaded: LoadedModel, x: torch.Tensor, batch_threads: int = 1) -> torch.Tensor:
+    with threads_for(len(x), batch_threads):
+        return loaded.model.encoder(x.to(loaded.device)).float().cpu()
+
+
+@torch.inference_mode()
+def predict(
+    loaded: LoadedModel, x: torch.Tensor, batch_threads: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    with threads_for(len(x), batch_threads):
+        h = loaded.model.encoder(x.to(loaded.device))
+        sims = loaded.model.head.similarities(h).float().cpu()
     return sims.argmax(1), sims
 
 

@@ -147,3 +147,25 @@ def test_unknown_sweep_is_404(client):
         r = client.get(path)
         assert r.status_code == 404 and "sweep 987654 does not exist" in r.json()["detail"]
     assert client.post("/sweeps/987654/cancel").status_code == 404
+
+
+def test_cancel_stops_a_running_stacked_group(client, worker, workers):
+    base = {"dataset": "fashion-mnist", "model": "ffnn", "epochs": 100, "lr": 1e-3}
+    r = client.post("/sweeps", json={"base": base, "grid": {"lam": [0.3, 0.9]}})
+    assert r.status_code == 202 and r.json()["groups"] == 1
+    sid = r.json()["id"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ids = client.get(f"/sweeps/{sid}").json()["experiment_ids"]
+        if all(client.get(f"/experiments/{i}").json()["current_epoch"] >= 1 for i in ids):
+            break
+        time.sleep(0.3)
+    body = client.post(f"/sweeps/{sid}/cancel").json()
+    assert body["counts"]["running"] + body["counts"]["cancelled"] == 2
+    body = wait_sweep(client, sid, timeout=60, workers=workers)
+    assert body["counts"]["cancelled"] == 2 and body["counts"]["succeeded"] == 0
+    for eid in body["experiment_ids"]:
+        exp = client.get(f"/experiments/{eid}").json()
+        assert exp["current_epoch"] < 100
+        n = len(client.get(f"/experiments/{eid}/metrics").json()["items"])
+        assert n == exp["current_epoch"]
