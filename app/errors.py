@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -43,3 +44,13 @@ class InvalidInput(DomainError):
 class ServiceUnavailable(DomainError):
     status_code = 503
     error = "service_unavailable"
+
+
+def describe_error(err: Mapping[str, Any], whole: str = "body") -> str:
+    """One pydantic error as "field: message" (``whole`` names an error of the whole object)."""
+    where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or whole
+    return f"{where}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}"
+
+
+def describe_errors(errors: Iterable[Mapping[str, Any]], whole: str = "body") -> str:
+    return "; ".join(describe_error(e, whole) for e in errors)

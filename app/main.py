@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from app.db import make_engine, make_sessionmaker
-from app.errors import DomainError
+from app.errors import DomainError, describe_error
 from app.logging import configure_logging
 from app.queue import TaskQueue
 from app.routes import analysis, datasets, experiments, inference, sweeps
@@ -24,14 +24,6 @@ from app.settings import Settings
 from worker.celery_app import make_celery
 
 log = logging.getLogger("corel.api")
-
-
-def _describe(err: dict) -> str:
-    where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",)) or "body"
-    msg = err.get("msg", "invalid")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    return f"{where}: {msg}"
 
 
 class AccessLog:
@@ -103,7 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {"field": ".".join(str(p) for p in e.get("loc", ())), "message": _describe(e)}
+            {"field": ".".join(str(p) for p in e.get("loc", ())), "message": describe_error(e)}
             for e in exc.errors()
         ]
         return JSONResponse(

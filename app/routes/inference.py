@@ -7,13 +7,14 @@ from typing import Any
 import numpy as np
 import orjson
 import pybase64
+import torch
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from app.db import session_scope
-from app.errors import InvalidInput, PayloadTooLarge
+from app.errors import InvalidInput, PayloadTooLarge, describe_errors
 from app.schemas import InferenceRequest
 from app.services import inference
 from app.services.model_cache import LoadedModel, load_from_database
@@ -55,7 +56,7 @@ def _raw_request(request: Request, data: bytes) -> InferenceRequest:
     try:
         req = InferenceRequest.model_validate(body)
     except ValidationError as exc:
-        raise InvalidInput(_describe(exc) + " (octet-stream bodies take experiment_id, dtype "
+        raise InvalidInput(describe_errors(exc.errors()) + " (octet-stream bodies take experiment_id, dtype "
                            "and shape as query parameters)") from exc
     req._raw = data
     return req
@@ -95,20 +96,11 @@ async def _read_request(request: Request) -> InferenceRequest:
         try:
             return InferenceRequest.model_validate_json(data)
         except ValidationError as exc:
-            raise InvalidInput(_describe(exc)) from exc
+            raise InvalidInput(describe_errors(exc.errors())) from exc
     try:
         return InferenceRequest.model_validate(raw_body)
     except ValidationError as exc:
-        raise InvalidInput(_describe(exc)) from exc
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
-        msg = err.get("msg", "invalid").removeprefix("Value error, ")
-        parts.append(f"{where}: {msg}")
-    return "; ".join(parts)
+        raise InvalidInput(describe_errors(exc.errors())) from exc
 
 
 async def _model(request: Request, experiment_id: int) -> LoadedModel:
@@ -132,13 +124,18 @@ def _json(content: dict[str, Any]) -> Response:
                     media_type="application/json")
 
 
-@router.post("/embed", summary="Final-hidden-layer representations of new inputs",
-             openapi_extra=_BODY_DOC)
-async def embed(request: Request) -> Response:
+async def _prepared(request: Request) -> tuple[InferenceRequest, LoadedModel, torch.Tensor]:
+    """The request, its model and its inputs as the model takes them."""
     req = await _read_request(request)
     inference.check_batch(req, request.app.state.settings.max_embed_batch)
     loaded = await _model(request, req.experiment_id)
-    x = inference.model_inputs(req, loaded)
+    return req, loaded, inference.model_inputs(req, loaded)
+
+
+@router.post("/embed", summary="Final-hidden-layer representations of new inputs",
+             openapi_extra=_BODY_DOC)
+async def embed(request: Request) -> Response:
+    req, loaded, x = await _prepared(request)
     h = inference.embed(loaded, x, request.app.state.settings.api_batch_threads).numpy()
     if "application/octet-stream" in request.headers.get("accept", ""):
         return Response(np.ascontiguousarray(h, "<f4").tobytes(), media_type="application/octet-stream",
@@ -162,10 +159,7 @@ async def embed(request: Request) -> Response:
 @router.post("/predict", summary="Predicted class and the similarity to every class",
              openapi_extra=_BODY_DOC)
 async def predict(request: Request) -> Response:
-    req = await _read_request(request)
-    inference.check_batch(req, request.app.state.settings.max_embed_batch)
-    loaded = await _model(request, req.experiment_id)
-    x = inference.model_inputs(req, loaded)
+    _, loaded, x = await _prepared(request)
     classes, sims = inference.predict(loaded, x, request.app.state.settings.api_batch_threads)
     names = loaded.class_names
     sims_np = sims.numpy()

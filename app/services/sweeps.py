@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 import app.services.experiments as experiments_service
-from app.errors import InvalidInput, NotFound
+from app.errors import InvalidInput, NotFound, describe_errors
 from app.models import FINISHED, STATUSES, Experiment, Sweep, utcnow
 from app.schemas import ExperimentCreate, SweepCreate
 from app.services.clustering import clustering_report
@@ -41,11 +41,7 @@ def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:
             spec = ExperimentCreate.model_validate(data)
         except ValidationError as exc:
             where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo, strict=True))
-            msg = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: "
-                f"{e['msg'].removeprefix('Value error, ')}"
-                for e in exc.errors()
-            )
+            msg = describe_errors(exc.errors(), whole="spec")
             raise InvalidInput(f"the member with {where} is not a valid spec: {msg}") from exc
         unused = {p: ExperimentCreate.model_fields[p].default for p in LOSS_PARAMS
                   if p not in PARAMS_OF_LOSS[spec.loss]}
