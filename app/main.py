@@ -19,6 +19,7 @@ from app.errors import DomainError, describe_error
 from app.logging import configure_logging
 from app.queue import TaskQueue
 from app.routes import analysis, datasets, experiments, inference, sweeps
+from app.services.inference import InferenceRunner
 from app.services.model_cache import ModelCache
 from app.settings import Settings
 from worker.celery_app import make_celery
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.queue = TaskQueue(make_celery(settings))
         app.state.model_cache = ModelCache(settings.model_cache_size)
+        app.state.inference = InferenceRunner(settings.api_batch_threads)
         log.info("api started", extra={"database": engine.url.render_as_string(hide_password=True)})
         # What exists at start-up (torch, SQLAlchemy, Celery: hundreds of thousands of
         # objects) lives as long as the process; keep it out of the collector's full
@@ -76,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            app.state.inference.close()
             engine.dispose()
 
     app = FastAPI(
@@ -126,10 +129,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse(status_code=200 if ok else 503,
                             content={"status": "ready" if ok else "not ready", **checks})
 
-    app.include_router(analysis.router)  # first: /experiments/compare is not an id
+    # Routes are matched in order: the hot inference routes first, and
+    # /experiments/compare before /experiments/{id}.
+    app.include_router(inference.router)
+    app.include_router(analysis.router)
     app.include_router(experiments.router)
     app.include_router(datasets.router)
-    app.include_router(inference.router)
     app.include_router(sweeps.router)
     app.add_middleware(AccessLog)
     return app

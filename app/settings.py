@@ -46,13 +46,14 @@ class Settings(BaseSettings):
     device: str | None = Field(default=None, description="Torch device for workers; default auto.")
     api_torch_threads: int = Field(
         default=1, gt=0,
-        description="Torch threads of the API process (`corel serve`). Requests run one at a "
-        "time on its event loop; one thread keeps concurrent small requests from fighting "
-        "over the cores (bench/embed_throughput.py).",
+        description="Torch threads of the API process (`corel serve`). Small requests run on "
+        "its event loop, those arriving together in one forward pass; one thread keeps them "
+        "from fighting over the cores (bench/embed_throughput.py).",
     )
     api_batch_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1, gt=0,
-        description="Torch threads for a request of 256 inputs or more (default: all cores).",
+        description="Threads that share a request of 256 inputs or more, one slice each, "
+        "off the event loop (default: all cores).",
     )
     log_level: str = Field(default="INFO")
     auto_migrate: bool = Field(

@@ -124,21 +124,25 @@ def _json(content: dict[str, Any]) -> Response:
                     media_type="application/json")
 
 
-async def _prepared(request: Request) -> tuple[InferenceRequest, LoadedModel, torch.Tensor]:
-    """The request, its model and its inputs as the model takes them."""
+async def _run(
+    request: Request, similarities: bool
+) -> tuple[InferenceRequest, LoadedModel, torch.Tensor, torch.Tensor | None]:
+    """The request, its model, and the representations (and similarities) of its inputs."""
     req = await _read_request(request)
     inference.check_batch(req, request.app.state.settings.max_embed_batch)
     loaded = await _model(request, req.experiment_id)
-    return req, loaded, inference.model_inputs(req, loaded)
+    h, sims = await request.app.state.inference.run(req, loaded, similarities)
+    return req, loaded, h, sims
 
 
 @router.post("/embed", summary="Final-hidden-layer representations of new inputs",
              openapi_extra=_BODY_DOC)
 async def embed(request: Request) -> Response:
-    req, loaded, x = await _prepared(request)
-    h = inference.embed(loaded, x, request.app.state.settings.api_batch_threads).numpy()
+    req, loaded, h_tensor, _ = await _run(request, similarities=False)
+    h = h_tensor.numpy()
     if "application/octet-stream" in request.headers.get("accept", ""):
-        return Response(np.ascontiguousarray(h, "<f4").tobytes(), media_type="application/octet-stream",
+        # A view of the array: Starlette and uvicorn pass it on without a copy.
+        return Response(np.ascontiguousarray(h, "<f4").data, media_type="application/octet-stream",
                         headers={"X-Corel-Shape": f"{h.shape[0]},{h.shape[1]}",
                                  "X-Corel-Dtype": "float32",
                                  "X-Corel-Checkpoint": loaded.checkpoint["sha256"],
@@ -159,8 +163,9 @@ async def embed(request: Request) -> Response:
 @router.post("/predict", summary="Predicted class and the similarity to every class",
              openapi_extra=_BODY_DOC)
 async def predict(request: Request) -> Response:
-    _, loaded, x = await _prepared(request)
-    classes, sims = inference.predict(loaded, x, request.app.state.settings.api_batch_threads)
+    _, loaded, _, sims = await _run(request, similarities=True)
+    assert sims is not None
+    classes = sims.argmax(1)
     names = loaded.class_names
     sims_np = sims.numpy()
     return _json({

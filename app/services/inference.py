@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import binascii
 import io
-from collections.abc import Iterator
-from contextlib import contextmanager
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -100,71 +102,148 @@ def _per_item_arrays(arrays: list[Any]) -> np.ndarray:
 
 def model_inputs(req: InferenceRequest, loaded: LoadedModel) -> torch.Tensor:
     """The request's inputs as the model's input tensor, preprocessed exactly as in training."""
+    return prepare(decode(req, loaded), loaded)
+
+
+def decode(req: InferenceRequest, loaded: LoadedModel) -> np.ndarray | list[str]:
+    """The request's inputs, one per row, before the training preprocessing: pixel or
+    vector arrays, or texts. Checks the modality, the encodings and the values."""
     kind = next(k for k in ("images", "texts", "arrays", "binary") if getattr(req, k) is not None)
     if kind not in ACCEPTS[loaded.modality]:
         raise InvalidInput(
             f"experiment {loaded.experiment_id} was trained on {loaded.modality} inputs "
             f"({loaded.spec.dataset}); send {' or '.join(ACCEPTS[loaded.modality])}, not {kind}"
         )
+    if kind == "texts":
+        texts = req.texts or []
+        for i, text in enumerate(texts):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidInput(f"input {i}: text is not valid UTF-8 ({exc.reason})") from exc
+        return texts
+    if kind == "images":
+        return np.stack([_decode_image(_b64(s, f"input {i}"), i, loaded)
+                         for i, s in enumerate(req.images or [])])
+    array = (decode_binary(req.binary, req._raw) if req.binary is not None
+             else _per_item_arrays(req.arrays or []))
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        bad = int(np.argwhere(~np.isfinite(array.reshape(len(array), -1)))[0][0])
+        raise InvalidInput(f"input {bad}: contains NaN or infinite values")
+    return array
+
+
+def prepare(raw: np.ndarray | list[str], loaded: LoadedModel) -> torch.Tensor:
+    """Decoded inputs (or a slice of them) -> the model's input tensor, as in training."""
     try:
-        if kind == "texts":
-            texts = req.texts or []
-            for i, text in enumerate(texts):
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError as exc:
-                    raise InvalidInput(f"input {i}: text is not valid UTF-8 ({exc.reason})") from exc
-            return prepare_texts(texts, loaded.preprocessing)
-        if kind == "images":
-            pixels = [_decode_image(_b64(s, f"input {i}"), i, loaded)
-                      for i, s in enumerate(req.images or [])]
-            return prepare_images(np.stack(pixels), loaded.preprocessing)
-        array = (decode_binary(req.binary, req._raw) if req.binary is not None
-                 else _per_item_arrays(req.arrays or []))
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
-            bad = int(np.argwhere(~np.isfinite(array.reshape(len(array), -1)))[0][0])
-            raise InvalidInput(f"input {bad}: contains NaN or infinite values")
+        if loaded.modality == "text":
+            assert isinstance(raw, list)
+            return prepare_texts(raw, loaded.preprocessing)
+        assert isinstance(raw, np.ndarray)
         if loaded.modality == "image":
-            return prepare_images(array, loaded.preprocessing)
-        return prepare_vectors(array, loaded.preprocessing)
+            return prepare_images(raw, loaded.preprocessing)
+        return prepare_vectors(raw, loaded.preprocessing)
     except ValueError as exc:
         # The library's own checks (shape, range, ...) say what is wrong and what is allowed.
         raise InvalidInput(str(exc)) from exc
 
 
-# Requests run one at a time on the API's event loop, on one torch thread (setting
-# api_torch_threads), which keeps small concurrent requests from fighting over the
-# cores. A large batch is worth a thread team: it gets api_batch_threads while it runs.
-LARGE_BATCH = 256
+class InferenceRunner:
+    """Runs the encoder and head for the API, so that it keeps up with many clients.
+
+    Small requests run on the event loop, on the API's one torch thread (setting
+    ``api_torch_threads``), and those that arrive together share one forward pass:
+    a request waits for the end of the loop's current round, never for a timer, so a
+    lone request is not delayed. A large batch (``LARGE_BATCH`` inputs or more) is
+    prepared and computed on a team of ``threads`` threads, split into one slice per
+    thread, while the event loop goes on reading the next requests. Rows come out
+    the same up to float32 rounding whatever they were batched with.
+    """
+
+    LARGE_BATCH = 256
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="corel-inference")
+        self._pending: dict[tuple[int, tuple[int, ...]], list[_Pending]] = {}
+        self._flush_scheduled = False
+        self.forward_passes = 0  # for tests and curiosity: small requests share them
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def run(
+        self, req: InferenceRequest, loaded: LoadedModel, similarities: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The request's representations, and its similarities to every class if asked."""
+        loop = asyncio.get_running_loop()
+        if batch_size(req) >= self.LARGE_BATCH:
+            # Decoding a binary array is a view of the body; images are decoded in the team.
+            raw = (decode(req, loaded) if req.binary is not None
+                   else await loop.run_in_executor(self._pool, decode, req, loaded))
+            n = self.threads if loaded.device.type == "cpu" else 1
+            bounds = np.linspace(0, len(raw), n + 1).astype(int)
+            try:
+                parts = await asyncio.gather(*(
+                    loop.run_in_executor(self._pool, _prepare_forward, raw[a:b], loaded, similarities)
+                    for a, b in itertools.pairwise(bounds) if b > a
+                ))
+            except InvalidInput:
+                prepare(raw, loaded)  # the same complaint, worded for the whole batch's shape
+                raise
+            self.forward_passes += 1
+            h = torch.cat([p[0] for p in parts])
+            return h, torch.cat([p[1] for p in parts]) if similarities else None
+        x = model_inputs(req, loaded)
+        pending = _Pending(loaded, x, similarities, loop.create_future())
+        self._pending.setdefault((id(loaded), tuple(x.shape[1:])), []).append(pending)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return await pending.result
+
+    def _flush(self) -> None:
+        groups, self._pending, self._flush_scheduled = self._pending, {}, False
+        for group in groups.values():
+            self.forward_passes += 1
+            try:
+                x = group[0].x if len(group) == 1 else torch.cat([p.x for p in group])
+                h, sims = forward(group[0].loaded, x, any(p.similarities for p in group))
+            except Exception as exc:  # every waiting request gets the error
+                for p in group:
+                    if not p.result.done():
+                        p.result.set_exception(exc)
+                continue
+            start = 0
+            for p in group:
+                stop = start + len(p.x)
+                if not p.result.done():  # its client may have gone
+                    p.result.set_result((h[start:stop], sims[start:stop] if p.similarities else None))
+                start = stop
 
 
-@contextmanager
-def threads_for(batch: int, batch_threads: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    wanted = batch_threads if batch >= LARGE_BATCH else before
-    if wanted != before:
-        torch.set_num_threads(wanted)
-    try:
-        yield
-    finally:
-        if wanted != before:
-            torch.set_num_threads(before)
+@dataclass
+class _Pending:
+    loaded: LoadedModel
+    x: torch.Tensor
+    similarities: bool
+    result: asyncio.Future[tuple[torch.Tensor, torch.Tensor | None]]
 
 
-@torch.inference_mode()
-def embed(loaded: LoadedModel, x: torch.Tensor, batch_threads: int = 1) -> torch.Tensor:
-    with threads_for(len(x), batch_threads):
-        return loaded.model.encoder(x.to(loaded.device)).float().cpu()
-
-
-@torch.inference_mode()
-def predict(
-    loaded: LoadedModel, x: torch.Tensor, batch_threads: int = 1
+def _prepare_forward(
+    raw: np.ndarray | list[str], loaded: LoadedModel, similarities: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    with threads_for(len(x), batch_threads):
-        h = loaded.model.encoder(x.to(loaded.device))
-        sims = loaded.model.head.similarities(h).float().cpu()
-    return sims.argmax(1), sims
+    return forward(loaded, prepare(raw, loaded), similarities)
+
+
+@torch.inference_mode()
+def forward(
+    loaded: LoadedModel, x: torch.Tensor, similarities: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Representations and (if asked; else an empty tensor) similarities to every class."""
+    h = loaded.model.encoder(x.to(loaded.device))
+    sims = loaded.model.head.similarities(h).float().cpu() if similarities else torch.empty(0)
+    return h.float().cpu(), sims
 
 
 def encode_binary(array: np.ndarray) -> dict[str, Any]:

@@ -231,3 +231,53 @@ def test_octet_stream_bodies_in_and_out(client, trained, test_images, stored_lat
     bad = client.post("/embed", params={"experiment_id": trained["id"]}, content=batch.tobytes(),
                       headers={"content-type": "application/octet-stream"})
     assert bad.status_code == 422 and "query parameters" in bad.json()["detail"]
+
+
+def test_concurrent_small_requests_share_a_forward_pass_and_get_their_own_rows(settings, trained,
+                                                                               test_images):
+    """32 single-image requests arriving together: one forward pass, and each request gets
+    the rows of its own image (embed) or its own similarities (predict), in order."""
+    import asyncio
+
+    from app.db import make_engine, make_sessionmaker, session_scope
+    from app.schemas import InferenceRequest
+    from app.services.inference import InferenceRunner, forward, model_inputs
+    from app.services.model_cache import load_from_database
+
+    engine = make_engine(settings.db_url)
+    with session_scope(make_sessionmaker(engine)) as session:
+        loaded = load_from_database(session, trained["id"], "cpu")
+    engine.dispose()
+    requests = [InferenceRequest.model_validate({"experiment_id": trained["id"],
+                                                 "binary": binary(test_images[i:i + 1 + i % 3])})
+                for i in range(32)]
+    runner = InferenceRunner(threads=2)
+
+    async def together():
+        return await asyncio.gather(*(runner.run(r, loaded, similarities=i % 2 == 1)
+                                      for i, r in enumerate(requests)))
+
+    try:
+        results = asyncio.run(together())
+    finally:
+        runner.close()
+    assert runner.forward_passes == 1
+    for i, (req, (h, sims)) in enumerate(zip(requests, results, strict=True)):
+        alone_h, alone_sims = forward(loaded, model_inputs(req, loaded), similarities=True)
+        assert h.shape == (1 + i % 3, 128)
+        np.testing.assert_allclose(h.numpy(), alone_h.numpy(), rtol=1e-5, atol=1e-6)
+        if i % 2:
+            np.testing.assert_allclose(sims.numpy(), alone_sims.numpy(), rtol=1e-5, atol=1e-5)
+        else:
+            assert sims is None
+
+
+def test_large_batch_errors_name_the_whole_batch(client, trained, test_images):
+    """A large batch is prepared in slices; a complaint still describes the request."""
+    bad = test_images[:600, :, :27]
+    r = client.post("/embed", json={"experiment_id": trained["id"], "binary": binary(bad)})
+    assert r.status_code == 422 and "got (600, 1, 28, 27)" in r.json()["detail"], r.json()
+    over = test_images[:600].astype(np.float32)
+    over[599, 0, 0] = 300.0
+    r = client.post("/embed", json={"experiment_id": trained["id"], "binary": binary(over)})
+    assert r.status_code == 422 and "pixel values must lie in [0, 255]" in r.json()["detail"]
