@@ -6,6 +6,7 @@ import asyncio
 import binascii
 import io
 import itertools
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +58,7 @@ def decode_binary(binary: BinaryArray, raw: bytes | None = None) -> np.ndarray:
     dtype = np.dtype("<f4") if binary.dtype == "float32" else np.dtype(np.uint8)
     if any(s < 0 for s in binary.shape):
         raise InvalidInput(f"binary.shape must be non-negative; got {binary.shape}")
-    expected = int(np.prod(binary.shape)) * dtype.itemsize
+    expected = math.prod(binary.shape) * dtype.itemsize
     if len(raw) != expected:
         raise InvalidInput(
             f"binary.data holds {len(raw)} bytes but shape {binary.shape} of {binary.dtype} "
@@ -181,19 +182,21 @@ class InferenceRunner:
             # Decoding a binary array is a view of the body; images are decoded in the team.
             raw = (decode(req, loaded) if req.binary is not None
                    else await loop.run_in_executor(self._pool, decode, req, loaded))
-            n = self.threads if loaded.device.type == "cpu" else 1
-            bounds = np.linspace(0, len(raw), n + 1).astype(int)
+            total, n = len(raw), self.threads if loaded.device.type == "cpu" else 1
+            # Each slice writes its rows straight into the answer, in its own thread.
+            h = np.empty((total, loaded.dim), np.float32)
+            sims = np.empty((total, len(loaded.class_names)), np.float32) if similarities else None
+            bounds = [total * i // n for i in range(n + 1)]
             try:
-                parts = await asyncio.gather(*(
-                    loop.run_in_executor(self._pool, _prepare_forward, raw[a:b], loaded, similarities)
+                await asyncio.gather(*(
+                    loop.run_in_executor(self._pool, _slice, raw, a, b, loaded, h, sims)
                     for a, b in itertools.pairwise(bounds) if b > a
                 ))
             except InvalidInput:
                 prepare(raw, loaded)  # the same complaint, worded for the whole batch's shape
                 raise
             self.forward_passes += 1
-            h = torch.cat([p[0] for p in parts])
-            return h, torch.cat([p[1] for p in parts]) if similarities else None
+            return torch.from_numpy(h), None if sims is None else torch.from_numpy(sims)
         x = model_inputs(req, loaded)
         pending = _Pending(loaded, x, similarities, loop.create_future())
         self._pending.setdefault((id(loaded), tuple(x.shape[1:])), []).append(pending)
@@ -230,10 +233,13 @@ class _Pending:
     result: asyncio.Future[tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def _prepare_forward(
-    raw: np.ndarray | list[str], loaded: LoadedModel, similarities: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward(loaded, prepare(raw, loaded), similarities)
+def _slice(raw: np.ndarray | list[str], start: int, stop: int, loaded: LoadedModel,
+           h: np.ndarray, sims: np.ndarray | None) -> None:
+    """Rows start:stop of a large batch, prepared, computed and written into h (and sims)."""
+    h_part, sims_part = forward(loaded, prepare(raw[start:stop], loaded), sims is not None)
+    h[start:stop] = h_part.numpy()
+    if sims is not None:
+        sims[start:stop] = sims_part.numpy()
 
 
 @torch.inference_mode()
