@@ -120,6 +120,9 @@ class Connection:
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Room in the kernel for a whole request and answer, as a bulk client would ask.
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
 
     def post(self, path: bytes, content_type: bytes, body: bytes | np.ndarray, accept: bytes) -> bytearray:
         size = body.nbytes if isinstance(body, np.ndarray) else len(body)
