@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from datetime import UTC, datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from corel.spec import ExperimentSpec
 
@@ -13,6 +13,14 @@ T = TypeVar("T")
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
+
+def _utc(value: datetime) -> datetime:
+    # SQLite (the embedded default) keeps no offset; every timestamp is written in UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+# A timestamp as the API shows it: always with its UTC offset, whatever the database.
+Timestamp = Annotated[datetime, AfterValidator(_utc)]
 
 class ExperimentCreate(ExperimentSpec):
     """An experiment spec as submitted over HTTP.
@@ -66,9 +74,9 @@ class ExperimentRead(BaseModel):
     error: str | None
     cancel_requested: bool
     attempts: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
 
 
 class ExperimentQueued(BaseModel):
@@ -109,7 +117,7 @@ class DatasetRead(BaseModel):
     size: int
     sha256: str
     summary: dict[str, Any]
-    created_at: datetime
+    created_at: Timestamp
 
 
 class ErrorBody(BaseModel):
@@ -200,4 +208,4 @@ class SweepRead(BaseModel):
     done: int
     finished: bool
     experiment_ids: list[int]
-    created_at: datetime
+    created_at: Timestamp

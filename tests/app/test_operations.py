@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 
 import httpx
 import pytest
@@ -140,6 +141,10 @@ def test_embedded_default_end_to_end(tmp_path):
         assert body["status"] == "succeeded", (body, (tmp_path / "serve.log").read_text()[-3000:])
         assert len(httpx.get(f"{base}/experiments/{eid}/metrics").json()["items"]) == 3
         assert (tmp_path / "var" / "corel.sqlite3").exists()
+        # SQLite keeps no offset, yet the API says which time zone its timestamps are in.
+        for key in ("created_at", "started_at", "finished_at"):
+            stamp = datetime.fromisoformat(body[key])
+            assert stamp.utcoffset() == timedelta(0), (key, body[key])
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
