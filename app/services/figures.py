@@ -21,6 +21,7 @@ from app.errors import Conflict
 from app.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
 from app.services.clustering import load_latent, store_once, succeeded_experiment
 from app.services.experiments import get_experiment
+from app.services.model_cache import SIMILARITY_OF_LOSS
 from corel.training import checkpoint_from_bytes
 
 DPI = 100
@@ -89,7 +90,7 @@ def latent_png(session: Session, experiment_id: int) -> bytes:
     class_names = [str(c) for c in ckpt["class_names"]]
     png = draw_latent(
         reps, labels, W, class_names,
-        cosine=exp.loss == "cosine", title=_loss_label(exp.spec),
+        similarity=SIMILARITY_OF_LOSS[exp.loss], title=_loss_label(exp.spec),
         test_accuracy=exp.test_accuracy, seed=int(exp.spec["seed"]),
     )
     return _keep(session, experiment_id, "latent", png)
@@ -127,30 +128,57 @@ def _colours(n: int) -> list[Any]:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
+W_NOTE = {
+    "cosine": "rows and W L2-normalised",
+    "dot": "each w drawn along its direction at the rows' median norm",
+    "gaussian": "",
+}
+
+
+def latent_projection(
+    reps: np.ndarray, W: np.ndarray, similarity: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, class vectors, explained-variance ratios) in the picture's two PCA axes.
+
+    How W is drawn follows what the head's similarity makes of it: Gaussian-COREL
+    scores distances to W, so W is shown where it lies; cosine scores directions, so
+    rows and W are shown on the unit sphere; a dot product (CCE, Center loss) scores
+    h . w, which ranks classes by w's direction scaled by its norm, and W trained
+    with CCE is often orders of magnitude shorter than h: each w is drawn along its
+    direction at the rows' median norm, so that the stars do not sit in one heap at
+    the origin.
+    """
+    if similarity not in W_NOTE:
+        raise ValueError(f"unknown similarity {similarity!r}; expected one of {sorted(W_NOTE)}")
+    x = reps.astype(np.float64)
+    w = W.astype(np.float64)
+    if similarity == "cosine":  # Cosine-COREL constrains directions only: its sphere
+        x, w = _unit_rows(x), _unit_rows(w)
+    elif similarity == "dot":
+        w = _unit_rows(w) * float(np.median(np.linalg.norm(x, axis=1)))
+    mean, components, ratio = pca_2d(x)
+    return (x - mean) @ components.T, (w - mean) @ components.T, ratio
+
+
 def draw_latent(
     reps: np.ndarray,
     labels: np.ndarray,
     W: np.ndarray,
     class_names: list[str],
     *,
-    cosine: bool,
+    similarity: str,
     title: str,
     test_accuracy: float | None,
     seed: int,
 ) -> bytes:
-    x = reps.astype(np.float64)
-    w = W.astype(np.float64)
-    if cosine:  # Cosine-COREL constrains directions only: show the sphere it trained on
-        x, w = _unit_rows(x), _unit_rows(w)
-    mean, components, ratio = pca_2d(x)
-    shown = np.arange(len(x))
-    if len(x) > MAX_POINTS:
-        shown = np.sort(np.random.default_rng(seed).choice(len(x), MAX_POINTS, replace=False))
-    points = (x[shown] - mean) @ components.T
+    projected, w2, ratio = latent_projection(reps, W, similarity)
+    shown = np.arange(len(reps))
+    if len(reps) > MAX_POINTS:
+        shown = np.sort(np.random.default_rng(seed).choice(len(reps), MAX_POINTS, replace=False))
+    points = projected[shown]
     shown_labels = labels[shown]
-    w2 = (w - mean) @ components.T
 
-    k = max(len(class_names), int(labels.max()) + 1, len(w))
+    k = max(len(class_names), int(labels.max()) + 1, len(w2))
     names = class_names + [str(i) for i in range(len(class_names), k)]
     colours = _colours(k)
 
@@ -169,10 +197,9 @@ def draw_latent(
     ax.set_xlabel(f"PC 1 ({ratio[0]:.0%} of variance)")
     ax.set_ylabel(f"PC 2 ({ratio[1]:.0%} of variance)")
     accuracy = "n/a" if test_accuracy is None else f"{test_accuracy:.3f}"
-    geometry = "rows and W L2-normalised, then " if cosine else ""
-    ax.set_title(f"{title}: test accuracy {accuracy}\n"
-                 f"{geometry}PCA of the test latent space ({len(shown)} of {len(x)} points)",
-                 fontsize=10)
+    note = f"\n{W_NOTE[similarity]}" if W_NOTE[similarity] else ""
+    ax.set_title(f"{title}: test accuracy {accuracy}\nPCA of the test latent space "
+                 f"({len(shown)} of {len(reps)} points){note}", fontsize=9)
     legend = ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     for handle in legend.legend_handles:  # legible class dots, a star no bigger than a line
         if isinstance(handle, PathCollection):

@@ -268,3 +268,39 @@ def test_compare_unknown_id_is_404(client, trained):
     r = client.get("/experiments/compare", params={"ids": f"{trained['cce']},987654"})
     assert r.status_code == 404 and "987654" in r.json()["detail"]
 
+
+
+def _three_classes(w_scale: float):
+    """Rows around three directions at norm ~10; W along the same directions, scaled."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    directions = np.eye(3, 8)
+    labels = np.repeat(np.arange(3), 200)
+    reps = 10 * directions[labels] + rng.normal(0, 0.5, (600, 8))
+    return reps, labels, w_scale * directions
+
+
+@pytest.mark.parametrize("similarity", ["dot", "cosine", "gaussian"])
+def test_latent_picture_puts_each_class_vector_by_its_class(similarity):
+    """CCE's W is tiny beside h: drawn where it lies, all ten stars sat in one heap at the
+    origin. Each head's W is drawn as its similarity reads it, next to its own class."""
+    import numpy as np
+
+    from app.services.figures import latent_projection
+
+    reps, labels, W = _three_classes(1e-3 if similarity == "dot" else 10.0)
+    points, stars, _ = latent_projection(reps, W, similarity)
+    centroids = np.stack([points[labels == c].mean(axis=0) for c in range(3)])
+    spread = np.linalg.norm(centroids[0] - centroids[1])
+    for c in range(3):
+        distances = np.linalg.norm(centroids - stars[c], axis=1)
+        assert distances.argmin() == c and distances[c] < 0.2 * spread, (similarity, c, distances)
+
+
+def test_latent_picture_rejects_an_unknown_similarity():
+    from app.services.figures import latent_projection
+
+    reps, _, W = _three_classes(1.0)
+    with pytest.raises(ValueError, match="expected one of"):
+        latent_projection(reps, W, "manhattan")
