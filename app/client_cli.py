@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,27 +24,60 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
 def add_input_options(p: argparse.ArgumentParser) -> None:
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--images", nargs="+", type=Path, help="PNG or JPEG files")
-    group.add_argument("--npy", type=Path, help=".npy array, one input per row (uint8 or float)")
+    group.add_argument("--npy", type=Path, help=".npy array, one input per row (uint8 or float), "
+                       "any number of rows")
     group.add_argument("--text", nargs="+", help="raw strings (text models)")
     group.add_argument("--text-file", type=Path, help="a UTF-8 file, one text per line")
+    p.add_argument("--batch", type=_positive, default=1024,
+                   help="rows of --npy per request (default 1024; the service takes at most "
+                   "COREL_MAX_EMBED_BATCH)")
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return n
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """Images and texts as JSON (arrays go as octet-stream batches: ``_array``)."""
     if args.images:
         return {"images": [base64.b64encode(p.read_bytes()).decode() for p in args.images]}
-    if args.npy:
-        array = np.load(args.npy, allow_pickle=False)
-        dtype = "uint8" if array.dtype == np.uint8 else "float32"
-        array = np.ascontiguousarray(array, dtype=np.uint8 if dtype == "uint8" else "<f4")
-        return {"binary": {"dtype": dtype, "shape": list(array.shape),
-                           "data": base64.b64encode(array.tobytes()).decode()}}
     if args.text_file:
         return {"texts": [line for line in args.text_file.read_text("utf-8").splitlines() if line]}
     return {"texts": list(args.text)}
 
 
-def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+def _array(args: argparse.Namespace) -> np.ndarray:
+    try:
+        array = np.load(args.npy, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"corel: cannot read {args.npy} as a .npy array: {exc}") from exc
+    if array.ndim == 0 or len(array) == 0:
+        raise SystemExit(f"corel: {args.npy} holds no inputs; one input per row is expected")
+    return np.ascontiguousarray(array, dtype=np.uint8 if array.dtype == np.uint8 else "<f4")
+
+
+def _batches(args: argparse.Namespace, path: str, array: np.ndarray, accept: str) -> Iterator[httpx.Response]:
+    """The array sent ``--batch`` rows at a time as raw application/octet-stream bodies
+    (no base64, no JSON), so that any number of rows fits the service's batch limit."""
+    for start in range(0, len(array), args.batch):
+        part = array[start:start + args.batch]
+        params = {"experiment_id": args.experiment, "dtype": "uint8" if part.dtype == np.uint8 else "float32",
+                  "shape": ",".join(map(str, part.shape))}
+        yield _request(args, "POST", path, params=params, content=part.tobytes(),
+                       headers={"Content-Type": "application/octet-stream", "Accept": accept})
+
+
+def _request(args: argparse.Namespace, method: str, path: str, *,
+             headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:
+    headers = dict(headers or {})
+    if args.token:
+        headers["Authorization"] = f"Bearer {args.token}"
     try:
         r = httpx.request(method, args.url.rstrip("/") + path, headers=headers, timeout=600, **kwargs)
     except httpx.HTTPError as exc:
@@ -54,7 +88,11 @@ def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> An
         except ValueError:
             detail = r.text
         raise SystemExit(f"corel: {r.status_code}: {detail}")
-    return r.json()
+    return r
+
+
+def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
+    return _request(args, method, path, **kwargs).json()
 
 
 def _table(rows: list[list[Any]], header: list[str]) -> str:
@@ -66,24 +104,38 @@ def _table(rows: list[list[Any]], header: list[str]) -> str:
 
 
 def embed(args: argparse.Namespace) -> int:
-    body = _call(args, "POST", "/embed",
-                 json={"experiment_id": args.experiment, "output": "binary", **_inputs(args)})
-    emb = body["embeddings"]
-    array = np.frombuffer(base64.b64decode(emb["data"]), "<f4").reshape(emb["shape"])
+    if args.npy:
+        parts, checkpoints = [], set()
+        for r in _batches(args, "/embed", _array(args), "application/octet-stream"):
+            rows, dim = (int(v) for v in r.headers["X-Corel-Shape"].split(","))
+            parts.append(np.frombuffer(r.content, "<f4").reshape(rows, dim))
+            checkpoints.add((r.headers["X-Corel-Epoch"], r.headers["X-Corel-Checkpoint"]))
+        if len(checkpoints) > 1:  # the experiment's best checkpoint changed under us
+            raise SystemExit("corel: the experiment's checkpoint changed between batches; run again")
+        array = np.concatenate(parts)
+        (epoch, sha), = checkpoints
+    else:
+        body = _call(args, "POST", "/embed",
+                     json={"experiment_id": args.experiment, "output": "binary", **_inputs(args)})
+        emb = body["embeddings"]
+        array = np.frombuffer(base64.b64decode(emb["data"]), "<f4").reshape(emb["shape"])
+        epoch, sha = body["checkpoint"]["epoch"], body["checkpoint"]["sha256"]
     if args.out:
         np.save(args.out, array)
-    ck = body["checkpoint"]
-    print(_table([[body["experiment_id"], body["n"], body["dim"], ck["epoch"], ck["sha256"][:12],
-                   args.out or "-"]],
+    print(_table([[args.experiment, array.shape[0], array.shape[1], epoch, sha[:12], args.out or "-"]],
                  ["experiment", "inputs", "dim", "epoch", "checkpoint", "written to"]))
     return 0
 
 
 def predict(args: argparse.Namespace) -> int:
-    body = _call(args, "POST", "/predict", json={"experiment_id": args.experiment, **_inputs(args)})
+    if args.npy:
+        bodies = [r.json() for r in _batches(args, "/predict", _array(args), "application/json")]
+    else:
+        bodies = [_call(args, "POST", "/predict", json={"experiment_id": args.experiment, **_inputs(args)})]
+    predictions = [p for body in bodies for p in body["predictions"]]
     rows = [[i, p["class_index"], p["class_name"], f"{max(p['similarities']):.4f}"]
-            for i, p in enumerate(body["predictions"])]
-    print(_table(rows, ["input", "class", "name", f"max {body['similarity']} similarity"]))
+            for i, p in enumerate(predictions)]
+    print(_table(rows, ["input", "class", "name", f"max {bodies[0]['similarity']} similarity"]))
     return 0
 
 

@@ -35,6 +35,44 @@ def test_embed_writes_npy_matching_the_api(live_url, experiment, client, tmp_pat
     np.testing.assert_allclose(saved, np.array(api.json()["embeddings"]), rtol=1e-5, atol=1e-6)
 
 
+def test_embed_sends_any_number_of_rows_in_batches(live_url, experiment, client, tmp_path, capsys):
+    images = read_idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz")[:5000]
+    too_many = {"dtype": "uint8", "shape": [5000, 28, 28], "data": ""}
+    assert client.post("/embed", json={"experiment_id": experiment["id"], "binary": too_many}
+                       ).status_code == 413  # more than one request may carry
+    np.save(tmp_path / "x.npy", images)
+    out = tmp_path / "emb.npy"
+    assert main(["embed", "--url", live_url, "--experiment", str(experiment["id"]),
+                 "--npy", str(tmp_path / "x.npy"), "--out", str(out)]) == 0
+    assert " 5000 " in capsys.readouterr().out
+    saved = np.load(out)
+    assert saved.shape == (5000, 128)
+    for start in (0, 2500):
+        r = client.post("/embed", params={"experiment_id": experiment["id"], "dtype": "uint8",
+                                          "shape": "2500,28,28"},
+                        content=np.ascontiguousarray(images[start:start + 2500]).tobytes(),
+                        headers={"content-type": "application/octet-stream",
+                                 "accept": "application/octet-stream"})
+        np.testing.assert_allclose(saved[start:start + 2500],
+                                   np.frombuffer(r.content, "<f4").reshape(2500, 128), rtol=1e-5, atol=1e-6)
+
+
+def test_predict_from_npy_in_small_batches(live_url, experiment, client, tmp_path, capsys):
+    images = read_idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz")[:5]
+    np.save(tmp_path / "x.npy", images)
+    assert main(["predict", "--url", live_url, "--experiment", str(experiment["id"]),
+                 "--npy", str(tmp_path / "x.npy"), "--batch", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    api = client.post("/predict", json={"experiment_id": experiment["id"], "arrays": images.tolist()})
+    names = [p["class_name"] for p in api.json()["predictions"]]
+    assert len(lines) == 2 + 5
+    for i, (line, name) in enumerate(zip(lines[2:], names, strict=True)):
+        assert line.split()[0] == str(i) and name in line
+    with pytest.raises(SystemExit):
+        main(["predict", "--url", live_url, "--experiment", str(experiment["id"]),
+              "--npy", str(tmp_path / "x.npy"), "--batch", "0"])
+
+
 def test_predict_prints_a_table(live_url, experiment, client, tmp_path, capsys):
     images = read_idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz")[:3]
     paths = []
