@@ -136,7 +136,7 @@ class Connection:
                 raise RuntimeError("the service closed the connection")
             head += chunk
         lines = head[:end].split(b"\r\n")
-        length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:"))
+        length = _content_length(lines)
         out = bytearray(length)  # the answer, in memory of its own
         got = len(head) - end - 4
         out[:got] = head[end + 4:]
@@ -200,9 +200,12 @@ async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, p
     head = await reader.readuntil(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         raise RuntimeError(head.decode(errors="replace"))
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    return await reader.readexactly(length)
+    return await reader.readexactly(_content_length(head.split(b"\r\n")))
+
+
+def _content_length(head_lines: list[bytes]) -> int:
+    return next(int(line.split(b":")[1]) for line in head_lines
+                if line.lower().startswith(b"content-length:"))
 
 
 async def _client(port: int, bodies: list[bytes], latencies: list[float]) -> None:

@@ -166,8 +166,8 @@ class InferenceRunner:
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="corel-inference")
+        # Requests waiting for the flush at the end of this loop round (scheduled by the first).
         self._pending: dict[tuple[int, tuple[int, ...]], list[_Pending]] = {}
-        self._flush_scheduled = False
         self.forward_passes = 0  # for tests and curiosity: small requests share them
 
     def close(self) -> None:
@@ -199,14 +199,13 @@ class InferenceRunner:
             return torch.from_numpy(h), None if sims is None else torch.from_numpy(sims)
         x = model_inputs(req, loaded)
         pending = _Pending(loaded, x, similarities, loop.create_future())
-        self._pending.setdefault((id(loaded), tuple(x.shape[1:])), []).append(pending)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
+        if not self._pending:
             loop.call_soon(self._flush)
+        self._pending.setdefault((id(loaded), tuple(x.shape[1:])), []).append(pending)
         return await pending.result
 
     def _flush(self) -> None:
-        groups, self._pending, self._flush_scheduled = self._pending, {}, False
+        groups, self._pending = self._pending, {}
         for group in groups.values():
             self.forward_passes += 1
             try:
