@@ -14,6 +14,7 @@ each class gets its share (largest-remainder rounding) and at least one sample i
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import gzip
 import html
@@ -53,6 +54,18 @@ _GLOVE_INDEX_FILE = "glove_6B_index.parquet"
 PathLike = str | os.PathLike[str]
 
 
+DTYPES = (torch.float32, torch.float64)
+"""Input and model precisions corel trains in: float32 (the default) or float64."""
+
+
+def check_dtype(dtype: torch.dtype, what: str = "dtype") -> None:
+    """Raise a ValueError unless ``dtype`` is one corel trains in (:data:`DTYPES`)."""
+    if dtype not in DTYPES:
+        raise ValueError(
+            f"{what} is {dtype}; corel trains in torch.float32 (the default) or torch.float64"
+        )
+
+
 class DatasetNotFoundError(FileNotFoundError):
     """The data is not where we looked; the message names each place and how to get it."""
 
@@ -76,6 +89,12 @@ class Dataset:
     def __post_init__(self) -> None:
         for split in ("train", "val", "test"):
             x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+            check_dtype(x.dtype, f"x_{split}")
+            if x.dtype != self.x_train.dtype:
+                raise ValueError(
+                    f"x_{split} is {x.dtype} but x_train {self.x_train.dtype}; "
+                    "every split must have one dtype (see Dataset.astype)"
+                )
             if x.shape[0] != y.shape[0]:
                 raise ValueError(f"x_{split} has {x.shape[0]} samples but y_{split} {y.shape[0]}")
             if tuple(x.shape[1:]) != self.input_shape:
@@ -87,6 +106,21 @@ class Dataset:
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The inputs' floating-point type; a model trained on this data is built in it."""
+        return self.x_train.dtype
+
+    def astype(self, dtype: torch.dtype) -> Dataset:
+        """A copy whose inputs x are ``dtype`` (float32, the default, or float64).
+
+        Training follows the data: ``fit`` on float64 data builds and trains a float64
+        model. Labels and preprocessing are unchanged.
+        """
+        check_dtype(dtype)
+        cast = {f"x_{s}": getattr(self, f"x_{s}").to(dtype) for s in ("train", "val", "test")}
+        return dataclasses.replace(self, **cast)
 
     def __repr__(self) -> str:
         return (

@@ -4,6 +4,9 @@ The paper's protocol is the default: Adam, lr 1e-4, batch 128, 150 epochs, and
 the reported test accuracy is the one at the epoch of best validation accuracy.
 Batches are drawn by index from in-memory tensors (no per-sample DataLoader).
 
+Precision follows the data: float32 by default, float64 for a dataset cast with
+``Dataset.astype(torch.float64)`` (the model is then built and trained in float64).
+
 Determinism: for a given seed on CPU a run is bit-for-bit reproducible, and a
 run resumed from a checkpoint ends with the same weights as an uninterrupted
 one, because the checkpoint carries the shuffling generator's state and the
@@ -34,6 +37,7 @@ __all__ = [
     "FitResult",
     "Run",
     "accuracy",
+    "build_model",
     "checkpoint_from_bytes",
     "checkpoint_to_bytes",
     "embed_all",
@@ -286,13 +290,25 @@ def start_run(
         data = load_dataset(spec, data_dir)
     data = _to_device(data, dev)
     torch.manual_seed(spec.seed)
-    model = build_classifier(spec, data.input_shape, data.num_classes).to(dev)
+    model = build_model(spec, data, dev)
     optimizer = make_optimizer(model, spec.lr)
     shuffle = torch.Generator().manual_seed(spec.seed)
     run = Run(spec, data, model, optimizer, shuffle, dev)
     if checkpoint is not None:
         _restore(run, checkpoint)
     return run
+
+
+def build_model(spec: ExperimentSpec, data: Dataset, device: torch.device) -> Classifier:
+    """The spec's classifier for ``data``, on ``device``, in the data's precision.
+
+    Initialised from the global RNG (seed it first) in float32 and then cast, so that a
+    float64 model starts from exactly the float32 model's initial weights.
+    """
+    model = build_classifier(spec, data.input_shape, data.num_classes)
+    if data.dtype != torch.float32:
+        model = model.to(data.dtype)
+    return model.to(device)
 
 
 def make_optimizer(model: Classifier, lr: float) -> torch.optim.Adam:
@@ -362,8 +378,14 @@ def checkpoint_from_bytes(blob: bytes) -> dict[str, Any]:
 def model_from_checkpoint(
     checkpoint: dict[str, Any], device: str | torch.device | None = None
 ) -> tuple[ExperimentSpec, Classifier]:
-    """Rebuild the classifier a checkpoint holds, in eval mode, for serving."""
+    """Rebuild the classifier a checkpoint holds, in eval mode, for serving.
+
+    The model has the precision it was trained in (the checkpoint's ``head.W``).
+    """
     spec = ExperimentSpec.model_validate_json(checkpoint["spec"])
     model = build_classifier(spec, tuple(checkpoint["input_shape"]), int(checkpoint["num_classes"]))
+    dtype = checkpoint["model"]["head.W"].dtype
+    if dtype != torch.float32:
+        model = model.to(dtype)
     model.load_state_dict(checkpoint["model"])
     return spec, model.to(pick_device(device)).eval()

@@ -17,10 +17,13 @@ same order. :class:`StackedRun` trains such a group at once:
 
 So member i ends as ``corel.training.fit(spec_i)`` would have left it, up to
 floating-point rounding: stacked matrix products, and the batched cross-entropy's
-mean, may round differently from single ones (on digits the Gaussian-COREL members
-come out bit for bit). Training that amplifies rounding amplifies this too: with
-Gaussian-COREL at lam <= 0.5 on Fashion-MNIST, a solo run whose first layer is
-nudged by one ulp drifts ~1e-3 away within an epoch, and so does a stacked member.
+mean, may round differently from single ones, and differently again with another
+CPU's kernels. Training amplifies that as it amplifies any rounding: over ~300 float32
+Adam steps a one-ulp difference can reach ~1e-3, and Gaussian-COREL at lam < 0.5
+(float32: lam <= 0.5) is chaotic, so a solo run whose first layer is nudged by one
+ulp drifts ~1e-3 away within a few epochs even in float64. To check the equivalence
+itself, train in float64 (``fit_group(specs, data=data.astype(torch.float64))``): at
+lam >= 0.5 members then agree with their solo runs to 1e-13 or better on any CPU.
 
 :meth:`StackedRun.member_run` hands member i back as an ordinary
 :class:`corel.training.Run`; its checkpoint is what the solo run would have
@@ -44,7 +47,7 @@ from torch.func import functional_call, stack_module_state
 
 from corel import losses, similarity
 from corel.data import Dataset, load_dataset
-from corel.models import FFNN, Classifier, build_classifier
+from corel.models import FFNN, Classifier
 from corel.spec import ExperimentSpec
 from corel.training import (
     CHECKPOINT_FORMAT,
@@ -54,6 +57,7 @@ from corel.training import (
     Run,
     _cpu_state,
     _to_device,
+    build_model,
     make_optimizer,
     pick_device,
 )
@@ -270,7 +274,7 @@ class StackedRun:
         """Build the group fresh, or resumed from one checkpoint per member.
 
         Each member's classifier is built exactly as :func:`corel.training.start_run`
-        builds it (``torch.manual_seed(spec.seed)``, then ``build_classifier``), then
+        builds it (``torch.manual_seed(spec.seed)``, then ``build_model``), then
         the members are stacked. ``checkpoints[i]`` is what ``Run.checkpoint()`` (or
         ``member_run(i).checkpoint()``) wrote for ``specs[i]``, all at the same epoch.
         """
@@ -283,7 +287,7 @@ class StackedRun:
         members = []
         for i, spec in enumerate(group):
             torch.manual_seed(spec.seed)
-            model = build_classifier(spec, data.input_shape, data.num_classes).to(dev)
+            model = build_model(spec, data, dev)
             if checkpoints is not None:
                 model.load_state_dict(checkpoints[i]["model"])
             members.append(model)

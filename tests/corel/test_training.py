@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from corel.data import load_dataset
+from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
 from corel.training import (
     Callback,
@@ -78,7 +78,6 @@ def test_resume_from_checkpoint_is_bit_identical(digits, loss):
 
 def test_resume_restores_dropout_rng():
     """Text models use dropout, which draws from the global RNG: resume must restore it."""
-    from corel.data import Dataset
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(300, 50, generator=g)
@@ -171,3 +170,38 @@ def test_each_loss_learns_fashion_mnist(fashion_dir, loss):
     # Chance is 0.10; a real model on 6,000 images reaches well over 0.7 in two epochs.
     assert result.best_val_accuracy > 0.7, result.history
     assert result.test_accuracy > 0.7
+
+
+def test_float64_data_trains_and_resumes_a_float64_model(digits):
+    """Precision follows the data: the same run in float64, stopped, resumed and served."""
+    spec = ExperimentSpec(dataset="digits", loss="gaussian", lam=0.8, epochs=2, lr=1e-3)
+    data64 = digits.astype(torch.float64)
+    assert data64.dtype == torch.float64 and digits.dtype == torch.float32
+    assert torch.equal(data64.y_train, digits.y_train) and data64.input_shape == digits.input_shape
+    whole = fit(spec, data=data64)
+    assert {v.dtype for v in whole.run.model.state_dict().values()} == {torch.float64}
+    # Same seed, same initial weights: over these 20 steps (a lam where training is
+    # stable) the float32 run stays within float32 rounding of the float64 one (seen: 3e-8).
+    single = fit(spec, data=digits)
+    assert single.run.model.head.W.dtype == torch.float32
+    torch.testing.assert_close(
+        whole.run.model.head.W.float(), single.run.model.head.W, rtol=0, atol=1e-5
+    )
+    stopper = StopAfter(1)
+    fit(spec, [stopper], data=data64)
+    resumed = fit(spec, data=data64, checkpoint=checkpoint_from_bytes(stopper.saved))
+    assert_same_weights(whole.run.model.state_dict(), resumed.run.model.state_dict())
+    _, served = model_from_checkpoint(checkpoint_from_bytes(checkpoint_to_bytes(
+        whole.run.best_checkpoint())))
+    assert served.head.W.dtype == torch.float64
+    assert torch.equal(embed_all(served, data64.x_test), embed_all(whole.model, data64.x_test))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64])
+def test_other_precisions_are_refused_with_the_allowed_ones(digits, dtype):
+    with pytest.raises(ValueError, match=r"float32 \(the default\) or torch.float64"):
+        digits.astype(dtype)
+    with pytest.raises(ValueError, match="x_val is"):
+        Dataset(**{**vars(digits), "x_val": digits.x_val.to(dtype)})
+    with pytest.raises(ValueError, match="one dtype"):
+        Dataset(**{**vars(digits), "x_val": digits.x_val.double()})
