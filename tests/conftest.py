@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,21 @@ def require(ok: bool, what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} is missing, and under CI=true that is a failure, not a skip")
     pytest.skip(f"{what} is missing")
+
+
+def assert_rows_close(got: Any, want: Any, rtol: float = 1e-5, err_msg: str = "") -> None:
+    """float32 representations (or similarities) of the same inputs, computed in other
+    batches, thread slices or processes, whose products may round differently.
+
+    Rounding in a dot product scales with its terms, not with its result, so an entry
+    near zero is held to its row's scale: |got - want| <= rtol * max |row of want|.
+    rtol 1e-5 is ~80 float32 epsilons, room for any summation order of these layers.
+    """
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    scale = np.abs(want).max(axis=-1, keepdims=True)
+    bound = np.broadcast_to(rtol * scale + np.finfo(np.float32).tiny, want.shape)
+    np.testing.assert_array_less(np.abs(got - want), bound, err_msg=err_msg)
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ from PIL import Image
 from corel.cli import main
 from corel.data import read_idx
 from tests.app.conftest import finished, wait_for
-from tests.conftest import FASHION_DIR
+from tests.conftest import FASHION_DIR, assert_rows_close
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_embed_writes_npy_matching_the_api(live_url, experiment, client, tmp_pat
     assert "inputs" in printed and " 7 " in printed and "128" in printed
     saved = np.load(out)
     api = client.post("/embed", json={"experiment_id": experiment["id"], "arrays": images.tolist()})
-    np.testing.assert_allclose(saved, np.array(api.json()["embeddings"]), rtol=1e-5, atol=1e-6)
+    assert_rows_close(saved, api.json()["embeddings"])
 
 
 def test_embed_sends_any_number_of_rows_in_batches(live_url, experiment, client, tmp_path, capsys):
@@ -53,8 +53,8 @@ def test_embed_sends_any_number_of_rows_in_batches(live_url, experiment, client,
                         content=np.ascontiguousarray(images[start:start + 2500]).tobytes(),
                         headers={"content-type": "application/octet-stream",
                                  "accept": "application/octet-stream"})
-        np.testing.assert_allclose(saved[start:start + 2500],
-                                   np.frombuffer(r.content, "<f4").reshape(2500, 128), rtol=1e-5, atol=1e-6)
+        assert_rows_close(saved[start:start + 2500],
+                          np.frombuffer(r.content, "<f4").reshape(2500, 128))
 
 
 def test_predict_from_npy_in_small_batches(live_url, experiment, client, tmp_path, capsys):

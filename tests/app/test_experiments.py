@@ -12,7 +12,7 @@ from corel.data import load_dataset
 from corel.spec import ExperimentSpec
 from corel.training import checkpoint_from_bytes, embed_all, fit, model_from_checkpoint
 from tests.app.conftest import finished, wait_for
-from tests.conftest import FASHION_DIR
+from tests.conftest import FASHION_DIR, assert_rows_close
 
 FASHION = {"dataset": "fashion-mnist", "model": "ffnn", "loss": "gaussian", "lam": 0.85,
            "lr": 1e-3, "train_subset": 3000}
@@ -54,7 +54,7 @@ def test_fashion_gaussian_experiment_runs_to_the_end(client, worker, workers, db
     assert (latent.n, latent.dim) == (10_000, 128)
     assert np.array_equal(np.frombuffer(latent.labels, np.int64), data.y_test.numpy())
     stored = np.frombuffer(latent.representations, np.float32).reshape(latent.n, latent.dim)
-    np.testing.assert_allclose(stored, embed_all(model, data.x_test).numpy(), rtol=1e-5, atol=1e-5)
+    assert_rows_close(stored, embed_all(model, data.x_test).numpy())
     preds = model.predict(data.x_test).classes
     assert float((preds == data.y_test).float().mean()) == pytest.approx(body["test_accuracy"])
 

@@ -18,7 +18,7 @@ from app.models import LatentSpace
 from app.services.model_cache import ModelCache
 from corel.data import read_idx
 from tests.app.conftest import finished, wait_for
-from tests.conftest import FASHION_DIR, SHARED_DATASETS, require
+from tests.conftest import FASHION_DIR, SHARED_DATASETS, assert_rows_close, require
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_embeddings_of_test_images_equal_the_stored_latent_space(client, trained
     body = r.json()
     assert body["dim"] == 128 and body["n"] == 1024
     assert body["checkpoint"]["epoch"] == trained["best_epoch"] and len(body["checkpoint"]["sha256"]) == 64
-    np.testing.assert_allclose(np.array(body["embeddings"], np.float32), reps[:1024], rtol=1e-4, atol=1e-5)
+    assert_rows_close(body["embeddings"], reps[:1024])
 
 
 def test_input_forms_agree(client, trained, test_images):
@@ -82,17 +82,17 @@ def test_input_forms_agree(client, trained, test_images):
     }
     for name, form in forms.items():
         got = np.array(client.post("/embed", json={"experiment_id": eid, **form}).json()["embeddings"])
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=name)
+        assert_rows_close(got, expected, err_msg=name)
     files = [("files", (f"{i}.png", png(im), "image/png")) for i, im in enumerate(few)]
     r = client.post("/embed", data={"experiment_id": str(eid)}, files=files)
     assert r.status_code == 200, r.text
-    np.testing.assert_allclose(np.array(r.json()["embeddings"]), expected, rtol=1e-5, atol=1e-5)
+    assert_rows_close(r.json()["embeddings"], expected)
 
 
 def test_predict_agrees_with_argmax_and_the_stored_test_accuracy(client, trained, test_images,
                                                                  stored_latent):
     _, labels = stored_latent
-    predicted = []
+    predicted, near_ties = [], 0
     for start in range(0, 10_000, 4096):
         r = client.post("/predict", json={"experiment_id": trained["id"],
                                           "binary": binary(test_images[start:start + 4096])})
@@ -104,9 +104,13 @@ def test_predict_agrees_with_argmax_and_the_stored_test_accuracy(client, trained
             assert len(sims) == 10 and p["class_index"] == int(np.argmax(sims))
             assert p["class_name"] == body["class_names"][p["class_index"]]
             assert all(s <= 0 for s in sims)  # -gamma |h - w|^2
+            top = np.sort(sims)[-2:]
+            near_ties += bool(top[1] - top[0] <= 1e-5 * np.abs(sims).max())
         predicted += [p["class_index"] for p in body["predictions"]]
-    accuracy = float(np.mean(np.array(predicted) == labels))
-    assert accuracy == pytest.approx(trained["test_accuracy"], abs=1e-6)
+    correct = int(np.sum(np.array(predicted) == labels))
+    # The worker scored the same images in batches of 2,048; only an image whose top two
+    # classes tie to rounding can be predicted otherwise here.
+    assert abs(correct - round(trained["test_accuracy"] * len(labels))) <= near_ties
 
 
 def test_models_are_cached(client, trained):
@@ -198,7 +202,7 @@ def test_text_model_embeds_raw_strings(client, worker, workers):
     assert len(preds) == 2 and all(-1 <= s <= 1 for p in preds for s in p["similarities"])
     one = client.post("/embed", json={"experiment_id": body["id"], "texts": texts[:1]}).json()
     both = client.post("/embed", json={"experiment_id": body["id"], "texts": texts}).json()
-    np.testing.assert_allclose(one["embeddings"][0], both["embeddings"][0], rtol=1e-5, atol=1e-6)
+    assert_rows_close(one["embeddings"][0], both["embeddings"][0])
     files = [("files", ("a.txt", texts[0].encode(), "text/plain")),
              ("files", ("b.txt", b"caf\xe9 \xff", "text/plain"))]
     r = client.post("/embed", data={"experiment_id": str(body["id"])}, files=files)
@@ -217,7 +221,7 @@ def test_octet_stream_bodies_in_and_out(client, trained, test_images, stored_lat
     assert r.status_code == 200, r.text
     assert r.headers["x-corel-shape"] == "64,128" and r.headers["x-corel-dtype"] == "float32"
     got = np.frombuffer(r.content, "<f4").reshape(64, 128)
-    np.testing.assert_allclose(got, reps[:64], rtol=1e-4, atol=1e-5)
+    assert_rows_close(got, reps[:64])
     # The same body answered as JSON, and through /predict.
     r = client.post("/embed", params=params, content=batch.tobytes(),
                     headers={"content-type": "application/octet-stream"})
@@ -265,9 +269,9 @@ def test_concurrent_small_requests_share_a_forward_pass_and_get_their_own_rows(s
     for i, (req, (h, sims)) in enumerate(zip(requests, results, strict=True)):
         alone_h, alone_sims = forward(loaded, model_inputs(req, loaded), similarities=True)
         assert h.shape == (1 + i % 3, 128)
-        np.testing.assert_allclose(h.numpy(), alone_h.numpy(), rtol=1e-5, atol=1e-6)
+        assert_rows_close(h.numpy(), alone_h.numpy())
         if i % 2:
-            np.testing.assert_allclose(sims.numpy(), alone_sims.numpy(), rtol=1e-5, atol=1e-5)
+            assert_rows_close(sims.numpy(), alone_sims.numpy())
         else:
             assert sims is None
 
