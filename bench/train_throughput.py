@@ -6,6 +6,12 @@ with ``corel.training.train_pass`` and with a plain
 loss, batch size, optimizer and torch thread count — alternating the two
 ``--repeats`` times in one run, and prints the median samples/s of each and
 their ratio. Run: ``.venv/bin/python bench/train_throughput.py``.
+
+Both loops take the same optimizer steps on the same model; what differs is the
+loop around them. The DataLoader loop fetches 128 samples one by one and collates
+them, and steps with ``train_step``, which validates each batch's labels and reads
+the loss and accuracy back every step. ``train_pass`` gathers a batch with one
+``index_select``, validates the labels once a pass, and keeps its sums on the device.
 """
 
 from __future__ import annotations

@@ -126,6 +126,10 @@ def center_loss_term(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tenso
     if h.shape[0] == 0:
         raise ValueError("the batch is empty: h has no rows")
     _check_labels(labels, h.shape[0], centers.shape[0])
+    return _center_core(h, labels, centers)
+
+
+def _center_core(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
     return 0.5 * (h - centers[labels]).square().sum(1).mean()
 
 
@@ -155,8 +159,14 @@ class LossHead(nn.Module):
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The loss from this head's similarities ``sim`` of ``h`` (computed once per step)."""
+    def loss(
+        self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    ) -> torch.Tensor:
+        """The loss from this head's similarities ``sim`` of ``h`` (computed once per step).
+
+        ``check=False`` skips validating the labels, for a training loop that validated
+        its dataset's labels once (the check reads them, which waits for a GPU).
+        """
         raise NotImplementedError
 
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -190,8 +200,11 @@ class CCE(LossHead):
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         return similarity.dot(h, self.W) + self.bias
 
-    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        _check_labels(labels, h.shape[0], self.num_classes)
+    def loss(
+        self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    ) -> torch.Tensor:
+        if check:
+            _check_labels(labels, h.shape[0], self.num_classes)
         return F.cross_entropy(sim, labels)
 
 
@@ -217,8 +230,12 @@ class CenterLoss(CCE):
         self.alpha = float(alpha)
         self.register_buffer("centers", torch.zeros(num_classes, dim))
 
-    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return super().loss(sim, h, labels) + self.lam * center_loss_term(h, labels, self.centers)
+    def loss(
+        self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    ) -> torch.Tensor:
+        # super().loss checked the labels (if asked to) against these same classes.
+        cce = super().loss(sim, h, labels, check=check)
+        return cce + self.lam * _center_core(h, labels, self.centers)
 
     @torch.no_grad()
     def after_batch(self, h: torch.Tensor, labels: torch.Tensor) -> None:
@@ -252,8 +269,12 @@ class CosineCOREL(LossHead):
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         return similarity.cosine(h, self.W)
 
-    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return attractive_repulsive(sim, labels, self.lam, "max_squared")
+    def loss(
+        self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    ) -> torch.Tensor:
+        if check:
+            return attractive_repulsive(sim, labels, self.lam, "max_squared")
+        return _attractive_repulsive_core(sim, labels, self.lam, 1.0 - self.lam, "max_squared")
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lam={self.lam}"
@@ -298,10 +319,16 @@ class GaussianCOREL(LossHead):
         return self.log_gamma.exp() if self.learn_gamma else self.fixed_gamma
 
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
-        return similarity.gaussian(h, self.W, self.gamma.to(h.dtype))
+        similarity.check_pair(h, self.W)
+        # gamma > 0 by construction: fixed ones are checked in __init__, learned ones are exp().
+        return similarity._gaussian(h, self.W, self.gamma.to(h.dtype))
 
-    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return attractive_repulsive(sim, labels, self.lam, "logsumexp")
+    def loss(
+        self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    ) -> torch.Tensor:
+        if check:
+            return attractive_repulsive(sim, labels, self.lam, "logsumexp")
+        return _attractive_repulsive_core(sim, labels, self.lam, 1.0 - self.lam, "logsumexp")
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lam={self.lam}, gamma={float(self.gamma.detach()):.4g}"

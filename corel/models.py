@@ -135,12 +135,12 @@ class Classifier(nn.Module):
         return out
 
     def loss(
-        self, x: torch.Tensor, labels: torch.Tensor
+        self, x: torch.Tensor, labels: torch.Tensor, *, check: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(loss, h, similarities) for a batch."""
+        """(loss, h, similarities) for a batch; ``check=False``: labels already validated."""
         h = self.encoder(x)
         sim = self.head.similarities(h)
-        return self.head.loss(sim, h, labels), h, sim
+        return self.head.loss(sim, h, labels, check=check), h, sim
 
     @torch.inference_mode()
     def embed(self, x: torch.Tensor) -> torch.Tensor:

@@ -58,8 +58,14 @@ def gaussian(h: torch.Tensor, W: torch.Tensor, gamma: float | torch.Tensor = 0.5
     g = torch.as_tensor(gamma, dtype=h.dtype, device=h.device)
     if g.numel() != 1 or not bool(g > 0):
         raise ValueError(f"gamma must be a positive scalar; got {gamma!r}")
+    return _gaussian(h, W, g)
+
+
+def _gaussian(h: torch.Tensor, W: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """:func:`gaussian` without its checks, for a head whose gamma is positive by
+    construction (reading a tensor's sign to check it would wait for a GPU every step)."""
     dist = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist")
-    return -g * dist.square()
+    return -gamma * dist.square()
 
 
 SIMILARITIES = {"dot": dot, "cosine": cosine, "gaussian": gaussian}

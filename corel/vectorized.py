@@ -47,6 +47,7 @@ from torch.func import functional_call, stack_module_state
 
 from corel import losses, similarity
 from corel.data import Dataset, load_dataset
+from corel.losses import _check_labels
 from corel.models import FFNN, Classifier
 from corel.spec import ExperimentSpec
 from corel.training import (
@@ -408,6 +409,7 @@ class StackedRun:
         self._template.train()
         data = self.data
         n = len(data.y_train)
+        _check_labels(data.y_train, n, data.num_classes)
         batch_size = self.specs[0].batch_size
         order = torch.randperm(n, generator=self.shuffle).to(self.device)
         x, y = data.x_train, data.y_train
@@ -417,7 +419,7 @@ class StackedRun:
         params, optimizer = self.params, self.optimizer
         for step, start in enumerate(range(0, n, batch_size)):
             idx = order[start : start + batch_size]
-            xb, yb = x[idx], y[idx]
+            xb, yb = x.index_select(0, idx), y.index_select(0, idx)
             optimizer.zero_grad(set_to_none=True)
             h = self.encode(xb)
             loss, sim = self._vmapped_loss(

@@ -88,6 +88,8 @@ def test_presets_match_loop(dtype, seed, lam):
         with torch.no_grad():
             head.W.normal_()
         loss = head(h, y)
+        # The training loop's path, labels validated beforehand: the same computation.
+        assert torch.equal(head.loss(head.similarities(h), h, y, check=False), loss)
         if name in ("cce", "center"):
             logits = h @ head.W.T + head.bias
             expected = ar_loop(logits, y, 0.5, "logsumexp") * 2

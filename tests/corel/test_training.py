@@ -12,6 +12,8 @@ from corel.training import (
     embed_all,
     fit,
     model_from_checkpoint,
+    start_run,
+    train_pass,
 )
 
 
@@ -207,3 +209,15 @@ def test_other_precisions_are_refused_with_the_allowed_ones(digits, dtype):
         Dataset(**{**vars(digits), "x_val": digits.x_val.to(dtype)})
     with pytest.raises(ValueError, match="one dtype"):
         Dataset(**{**vars(digits), "x_val": digits.x_val.double()})
+
+
+def test_a_pass_refuses_labels_outside_the_classes_before_any_step(digits):
+    """The loop validates the labels once per pass, not per step: a bad one still stops it."""
+    spec = ExperimentSpec(dataset="digits", epochs=1)
+    bad = Dataset(**{**vars(digits), "y_train": digits.y_train.clone()})
+    bad.y_train[700] = 10
+    run = start_run(spec, data=bad)
+    before = weights(run.model)
+    with pytest.raises(ValueError, match=r"labels must lie in 0\.\.9 for 10 classes"):
+        train_pass(run)
+    assert_same_weights(weights(run.model), before)

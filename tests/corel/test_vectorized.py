@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import corel.vectorized
-from corel.data import load_dataset
+from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
 from corel.training import (
     Callback,
@@ -450,3 +450,10 @@ def test_fit_group_refuses_specs_that_cannot_be_stacked(digits):
         fit_group([g, g.model_copy(update={"seed": 1})], data=digits)
     with pytest.raises(ValueError, match="at least one"):
         fit_group([], data=digits)
+
+
+def test_a_group_refuses_labels_outside_the_classes(digits):
+    bad = Dataset(**{**vars(digits), "y_train": digits.y_train.clone()})
+    bad.y_train[3] = -1
+    with pytest.raises(ValueError, match=r"labels must lie in 0\.\.9"):
+        fit_group(sweep("gaussian"), data=bad)
