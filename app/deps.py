@@ -21,6 +21,13 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_session(request: Request) -> Iterator[Session]:
+    """A session that commits when the handler returns, before the answer is sent.
+
+    ``SessionDep`` gives it ``scope="function"``: FastAPI then runs the code after the
+    ``yield`` (the commit) before it sends the response, so a 2xx always stands for a
+    committed write, and a failed commit becomes an error answer instead of a lost write.
+    (With the default request scope it would run only after the response has gone.)
+    """
     with session_scope(request.app.state.sessionmaker) as session:
         yield session
 
@@ -31,7 +38,7 @@ def get_queue(request: Request) -> TaskQueue:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 QueueDep = Annotated[TaskQueue, Depends(get_queue)]
 
 
