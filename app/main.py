@@ -21,6 +21,7 @@ from app.queue import TaskQueue
 from app.routes import analysis, datasets, experiments, inference, sweeps
 from app.services.inference import InferenceRunner
 from app.services.model_cache import ModelCache
+from app.services.reconcile import reconcile_in_background
 from app.settings import Settings
 from worker.celery_app import make_celery
 
@@ -68,6 +69,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.queue = TaskQueue(make_celery(settings))
+        # Runs the broker lost while nothing was watching (every worker also does this).
+        reconcile_in_background(app.state.sessionmaker, settings, app.state.queue.enqueue_training)
         app.state.model_cache = ModelCache(settings.model_cache_size)
         app.state.inference = InferenceRunner(settings.api_batch_threads)
         log.info("api started", extra={"database": engine.url.render_as_string(hide_password=True)})

@@ -90,6 +90,10 @@ class Experiment(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(255))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When a task for this row was last sent, and how many times: the reconciler sends
+    # a queued row again when its last send is older than a delay that doubles each time.
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    enqueues: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

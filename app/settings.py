@@ -40,6 +40,15 @@ class Settings(BaseSettings):
     # by the next worker that starts (the worker died without acknowledging).
     lease_seconds: float = Field(default=120.0, gt=0)
     heartbeat_seconds: float = Field(default=5.0, gt=0)
+    # The database is the source of truth for what must run; the broker only wakes
+    # workers up. A queued row not claimed this long after its task was sent is sent
+    # again (then after twice as long, ... up to requeue_max_seconds).
+    requeue_after_seconds: float = Field(default=120.0, gt=0)
+    requeue_max_seconds: float = Field(default=3600.0, gt=0)
+    # A task that meets a database or broker error waits and tries again (pauses
+    # doubling up to retry_max_pause) for this long before it gives the run back.
+    transient_retry_seconds: float = Field(default=900.0, ge=0)
+    retry_max_pause: float = Field(default=10.0, gt=0)
     # Longer than any training run: a slow run must never be delivered twice.
     visibility_timeout: int = Field(default=7 * 24 * 3600, gt=0)
     queue: str = Field(default="corel")

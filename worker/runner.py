@@ -15,12 +15,16 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
+import kombu.exceptions
 import numpy as np
+import redis.exceptions
+import sqlalchemy.exc
 from sqlalchemy import ColumnElement, CursorResult, and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -57,6 +61,53 @@ class LostLease(Exception):
     """Another worker took this experiment over (ours was presumed dead)."""
 
 
+T = TypeVar("T")
+
+# Errors of the service around a run, not of the run: a database or broker that
+# restarts, fails over, or drops a connection (pgbouncer, idle reapers). The task
+# waits and tries again; the run continues from its last checkpoint.
+_TRANSIENT = (
+    sqlalchemy.exc.OperationalError,  # connection refused/closed, admin shutdown, locked
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.DisconnectionError,
+    sqlalchemy.exc.TimeoutError,  # no pooled connection in time
+    kombu.exceptions.OperationalError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a database or broker error that a later attempt may not meet."""
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, _TRANSIENT)
+
+
+def with_retries(attempt: Callable[[], T], settings: Settings, what: str) -> T:
+    """``attempt()``, tried again after transient errors with a doubling pause (at most
+    ``settings.retry_max_pause`` seconds) for up to ``settings.transient_retry_seconds``.
+
+    Past that the error propagates: the row stays queued or running, and the reconciler
+    sends it again later, so an accepted run is still never lost.
+    """
+    deadline = time.monotonic() + settings.transient_retry_seconds
+    pause = 0.25
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + pause > deadline:
+                raise
+            log.warning("transient error; trying again", extra={
+                "task": what, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+                "pause": pause})
+            time.sleep(pause)
+            pause = min(pause * 2, settings.retry_max_pause)
+
+
 def _updated(session: Session, stmt: Any) -> int:
     """Execute an UPDATE and return how many rows it changed."""
     result = session.execute(stmt.execution_options(synchronize_session=False))
@@ -74,7 +125,12 @@ def claim(session: Session, experiment_id: int, settings: Settings) -> bool:
                 Experiment.status == "queued",
                 and_(
                     Experiment.status == "running",
-                    or_(Experiment.heartbeat_at.is_(None), Experiment.heartbeat_at < stale),
+                    or_(
+                        Experiment.heartbeat_at.is_(None),
+                        Experiment.heartbeat_at < stale,
+                        # ours: this process is trying again after a transient error
+                        Experiment.worker == WORKER_ID,
+                    ),
                 ),
             ),
         )
@@ -130,8 +186,16 @@ class DatabaseRecorder(Callback):
 
     def on_batch_end(self, step: int) -> bool:
         if time.monotonic() - self.last_beat >= self.heartbeat_every:
-            with session_scope(self.factory) as session:
-                self._beat(session)
+            try:
+                with session_scope(self.factory) as session:
+                    self._beat(session)
+            except Exception as exc:
+                # A missed beat is not worth the epoch: the epoch's own commit decides.
+                if not is_transient(exc):
+                    raise
+                log.warning("heartbeat missed", extra={"experiment": self.experiment_id,
+                                                       "error": type(exc).__name__})
+                self.last_beat = time.monotonic()
         return self.cancelled
 
     def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> bool:
@@ -270,6 +334,8 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
         log.warning("lost the lease; another worker continues", extra={"experiment": experiment_id})
         return "lost"
     except Exception as exc:
+        if is_transient(exc):
+            raise  # with_retries resumes it from its last checkpoint
         return _fail(factory, experiment_id, exc)
 
 
@@ -371,6 +437,8 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
         results = fit_group([job.spec for job in jobs], [recorder], checkpoints=checkpoints,
                             device=settings.device, data_dir=settings.data_dir)
     except Exception as exc:
+        if is_transient(exc):
+            raise
         for experiment_id in recorder.active:
             outcome[experiment_id] = _fail(factory, experiment_id, exc)
         return outcome
@@ -387,18 +455,3 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
         except LostLease:
             outcome[experiment_id] = "lost"
     return outcome
-
-
-def requeue_stale(factory: sessionmaker[Session], settings: Settings, send: Any) -> list[int]:
-    """Send again the experiments whose worker stopped reporting (it died)."""
-    stale = utcnow() - timedelta(seconds=settings.lease_seconds)
-    with session_scope(factory) as session:
-        ids = list(session.scalars(select(Experiment.id).where(
-            Experiment.status == "running",
-            or_(Experiment.heartbeat_at.is_(None), Experiment.heartbeat_at < stale),
-        )))
-    for experiment_id in ids:
-        log.warning("requeueing a run whose worker stopped reporting",
-                    extra={"experiment": experiment_id})
-        send(experiment_id)
-    return ids

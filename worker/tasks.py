@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import make_engine, make_sessionmaker
 from app.logging import configure_logging
+from app.services.reconcile import reconcile
 from app.settings import Settings
 from worker import runner
 from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery
@@ -33,33 +34,38 @@ def _factory() -> sessionmaker[Session]:
 
 @celery.task(name=TRAIN_TASK, acks_late=True, reject_on_worker_lost=True)
 def train_experiment(experiment_id: int) -> str:
-    return runner.train_experiment(int(experiment_id), _factory(), _settings())
+    eid = int(experiment_id)
+    return runner.with_retries(lambda: runner.train_experiment(eid, _factory(), _settings()),
+                               _settings(), f"experiment {eid}")
 
 
 @celery.task(name=TRAIN_GROUP_TASK, acks_late=True, reject_on_worker_lost=True)
 def train_group(experiment_ids: list[int]) -> dict[int, str]:
-    return runner.train_group([int(i) for i in experiment_ids], _factory(), _settings())
+    ids = [int(i) for i in experiment_ids]
+    return runner.with_retries(lambda: runner.train_group(ids, _factory(), _settings()),
+                               _settings(), f"experiments {ids}")
 
 
 def _send(experiment_id: int) -> None:
     celery.send_task(TRAIN_TASK, args=[experiment_id])
 
 
-def _watch_for_dead_runs() -> None:
+def _reconcile_forever() -> None:
     settings = _settings()
-    interval = max(settings.lease_seconds / 2, 0.5)
+    interval = max(min(settings.lease_seconds, settings.requeue_after_seconds) / 2, 0.5)
     while not _stop.is_set():
         try:
-            runner.requeue_stale(_factory(), settings, _send)
-        except Exception:
-            log.exception("could not check for dead runs")
+            reconcile(_factory(), settings, _send)
+        except Exception as exc:
+            # The database or broker is away; the next round tries again.
+            log.warning("could not reconcile runs", extra={"error": type(exc).__name__})
         _stop.wait(interval)
 
 
 @worker_ready.connect
 def _on_ready(**_: Any) -> None:
     configure_logging(_settings().log_level)
-    threading.Thread(target=_watch_for_dead_runs, name="corel-recovery", daemon=True).start()
+    threading.Thread(target=_reconcile_forever, name="corel-reconcile", daemon=True).start()
 
 
 @worker_shutting_down.connect

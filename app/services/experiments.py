@@ -28,6 +28,7 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
                 f"is {body.dataset!r}"
             )
     spec = body.to_spec()
+    now = utcnow()
     exp = Experiment(
         status="queued",
         spec=spec.model_dump(mode="json", exclude={"dataset_path", "word_vectors"}),
@@ -39,7 +40,10 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
         train_seconds=0.0,
         cancel_requested=False,
         attempts=0,
-        created_at=utcnow(),
+        created_at=now,
+        # The route sends its task right after the commit.
+        enqueued_at=now,
+        enqueues=1,
     )
     session.add(exp)
     session.flush()
