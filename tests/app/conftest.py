@@ -88,6 +88,10 @@ def settings_env(s: Settings) -> dict[str, str]:
         "COREL_QUEUE": s.queue,
         "COREL_LEASE_SECONDS": str(s.lease_seconds),
         "COREL_HEARTBEAT_SECONDS": str(s.heartbeat_seconds),
+        "COREL_REQUEUE_AFTER_SECONDS": str(s.requeue_after_seconds),
+        "COREL_REQUEUE_MAX_SECONDS": str(s.requeue_max_seconds),
+        "COREL_TRANSIENT_RETRY_SECONDS": str(s.transient_retry_seconds),
+        "COREL_RETRY_MAX_PAUSE": str(s.retry_max_pause),
         "PYTHONPATH": str(REPO),
     })
     return env

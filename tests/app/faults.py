@@ -1,0 +1,146 @@
+"""A PostgreSQL cluster and a Redis server of the test's own, to stop, freeze and flush.
+
+Never the machine's shared ones: each is started here on a free port, in a temporary
+directory, and stopped by its own pid or data directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def postgres_bin() -> Path | None:
+    """The directory of initdb/pg_ctl: on PATH, or Debian's /usr/lib/postgresql/N/bin."""
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).parent
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: int(d.split("/")[-2]))
+    return Path(dirs[-1]) if dirs else None
+
+
+class PrivatePostgres:
+    """initdb + pg_ctl on a free port; as root the server runs as the postgres user."""
+
+    def __init__(self) -> None:
+        bindir = postgres_bin()
+        assert bindir is not None, "PostgreSQL's initdb/pg_ctl are not installed"
+        self.bin = bindir
+        self.root = Path(tempfile.mkdtemp(prefix="corel-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.port = free_port()
+        self.prefix: list[str] = []
+        if os.geteuid() == 0:  # initdb refuses to run as root
+            shutil.chown(self.root, "postgres", "postgres")
+            self.prefix = ["runuser", "-u", "postgres", "--"]
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        self.start()
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE corel")
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run([*self.prefix, str(self.bin / tool), *args], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+
+    def url(self, database: str = "corel") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> None:
+        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+                   "-c fsync=off -c max_connections=50")
+        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "start")
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def freeze(self) -> None:
+        """SIGSTOP the server and its backends: connections hang instead of failing."""
+        for pid in self._pids():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in self._pids():
+            os.kill(pid, signal.SIGCONT)
+
+    def _pids(self) -> list[int]:
+        main = self.postmaster_pid()
+        children = subprocess.run(["pgrep", "-P", str(main)], capture_output=True, text=True)
+        return [main, *(int(p) for p in children.stdout.split())]
+
+    def terminate_clients(self) -> int:
+        """pg_terminate_backend on every other client connection to the corel database."""
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = 'corel' AND pid <> pg_backend_pid() "
+                "AND backend_type = 'client backend'").fetchall()
+        return len(rows)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.thaw()
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class PrivateRedis:
+    """redis-server on a free port that keeps nothing on disk."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="corel-redis-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if client.ping():
+                    return
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def flush(self) -> None:
+        redis.Redis.from_url(self.url).flushall()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

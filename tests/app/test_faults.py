@@ -1,0 +1,127 @@
+"""No accepted run is lost when the database or the broker blinks.
+
+Each test runs the service on a PostgreSQL cluster and a Redis server of its own
+(tests/app/faults.py), with real workers, and stops, cuts or flushes them mid-run.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.migrate import upgrade
+from app.settings import Settings
+from corel.spec import ExperimentSpec
+from corel.training import fit
+from tests.app.conftest import Workers, finished, wait_for
+from tests.app.faults import PrivatePostgres, PrivateRedis, postgres_bin
+from tests.conftest import require
+
+RUN = {"dataset": "digits", "epochs": 4, "batch_size": 32, "lr": 1e-3, "loss": "gaussian",
+       "lam": 0.8}
+
+
+@pytest.fixture(scope="module")
+def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivatePostgres, PrivateRedis]]:
+    import shutil
+
+    require(postgres_bin() is not None, "PostgreSQL's initdb and pg_ctl (postgresql package)")
+    require(shutil.which("redis-server") is not None, "redis-server (redis-server package)")
+    pg, rd = PrivatePostgres(), PrivateRedis()
+    try:
+        yield pg, rd
+    finally:
+        pg.close()
+        rd.close()
+
+
+@pytest.fixture()
+def service(private: tuple[PrivatePostgres, PrivateRedis], tmp_path: Path
+            ) -> Iterator[tuple[Settings, Workers, TestClient]]:
+    pg, rd = private
+    settings = Settings(
+        database_url=pg.url(), broker_url=rd.url, var_dir=tmp_path / "var",
+        queue=f"corel-faults-{uuid.uuid4().hex[:8]}", lease_seconds=4.0, heartbeat_seconds=0.5,
+        requeue_after_seconds=2.0, requeue_max_seconds=8.0, retry_max_pause=1.0,
+        transient_retry_seconds=120.0, log_level="INFO",
+    )
+    upgrade(settings)
+    (tmp_path / "logs").mkdir()
+    workers = Workers(settings, tmp_path / "logs")
+    with TestClient(create_app(settings)) as client:
+        try:
+            yield settings, workers, client
+        finally:
+            workers.stop_all()
+
+
+def submit(client: TestClient, n: int, **update: object) -> list[int]:
+    ids = []
+    for seed in range(n):
+        r = client.post("/experiments", json={**RUN, "seed": seed, **update})
+        assert r.status_code == 202, r.text
+        ids.append(r.json()["id"])
+    return ids
+
+
+def wait_all(client: TestClient, ids: list[int], workers: Workers, timeout: float = 150) -> list[dict]:
+    return [wait_for(client, eid, finished, timeout=timeout, workers=workers) for eid in ids]
+
+
+def test_runs_queued_while_postgres_stops_all_succeed(private, service) -> None:
+    pg, _ = private
+    _, workers, client = service
+    ids = submit(client, 4)
+    workers.start()
+    time.sleep(2.0)  # the worker is up and has taken the first task off the queue
+    pg.stop()
+    time.sleep(5.0)
+    pg.start()
+    bodies = wait_all(client, ids, workers)
+    assert [b["status"] for b in bodies] == ["succeeded"] * 4, (bodies, workers.logs())
+    for body in bodies:
+        items = client.get(f"/experiments/{body['id']}/metrics").json()["items"]
+        assert [m["epoch"] for m in items] == [1, 2, 3, 4]  # none lost, none twice
+
+
+def test_a_terminated_connection_resumes_with_the_same_figures(private, service) -> None:
+    pg, _ = private
+    _, workers, client = service
+    spec = {**RUN, "epochs": 10, "batch_size": 16, "seed": 5}
+    (eid,) = submit(client, 1, **{k: v for k, v in spec.items() if k not in RUN or RUN[k] != v})
+    workers.start()
+    wait_for(client, eid, lambda b: b["current_epoch"] >= 1, timeout=60, workers=workers)
+    # Cut the worker's connections again and again, mid-transaction as often as not, as
+    # a failover, a pgbouncer restart or an idle-connection reaper would.
+    cut = 0
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        cut += pg.terminate_clients()
+        time.sleep(0.05)
+    assert cut > 0
+    body = wait_for(client, eid, finished, timeout=150, workers=workers)
+    assert body["status"] == "succeeded" and body["error"] is None, (body, workers.logs())
+    metrics = client.get(f"/experiments/{eid}/metrics").json()["items"]
+    assert [m["epoch"] for m in metrics] == list(range(1, 11))
+    # The same machine and kernels: a resumed run ends exactly where an uninterrupted one does.
+    whole = fit(ExperimentSpec(**spec))
+    assert [m["val_accuracy"] for m in metrics] == [m.val_accuracy for m in whole.history]
+    assert [m["train_loss"] for m in metrics] == pytest.approx(
+        [m.train_loss for m in whole.history], rel=1e-12)
+    assert (body["best_epoch"], body["test_accuracy"]) == (whole.best_epoch, whole.test_accuracy)
+
+
+def test_runs_whose_queue_the_broker_lost_still_run(private, service) -> None:
+    _, rd = private
+    _, workers, client = service
+    ids = submit(client, 3)
+    rd.flush()  # a Redis that restarts without persistence
+    workers.start()
+    bodies = wait_all(client, ids, workers, timeout=90)
+    assert [b["status"] for b in bodies] == ["succeeded"] * 3, (bodies, workers.logs())
