@@ -24,7 +24,10 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, connect_timeout: float = 5.0, pool_timeout: float = 30.0) -> Engine:
+    """An engine for ``url``. On PostgreSQL a connection attempt gives up after
+    ``connect_timeout`` seconds and waiting for a pooled connection after ``pool_timeout``,
+    so that a database that is down answers with an error, not a wait."""
     if url.startswith("sqlite"):
         database = make_url(url).database
         if database and database != ":memory:":
@@ -42,7 +45,8 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, pool_timeout=pool_timeout,
+                         connect_args={"connect_timeout": max(1, round(connect_timeout))})
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

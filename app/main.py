@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -26,6 +29,16 @@ from app.settings import Settings
 from worker.celery_app import make_celery
 
 log = logging.getLogger("corel.api")
+
+RETRY_AFTER = 5  # seconds, in every 503's Retry-After
+READY_TIMEOUT = 1.5  # seconds each readiness probe may take
+# Database errors that mean "not now" rather than "not this": a 503, not a 500.
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.DisconnectionError,
+    sqlalchemy.exc.TimeoutError,
+)
 
 
 class AccessLog:
@@ -65,14 +78,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             from app.migrate import upgrade
 
             upgrade(settings)
-        engine = make_engine(settings.db_url)
+        engine = make_engine(settings.db_url, connect_timeout=settings.db_timeout_seconds,
+                             pool_timeout=settings.db_timeout_seconds)
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
-        app.state.queue = TaskQueue(make_celery(settings))
+        app.state.queue = TaskQueue(make_celery(settings, publisher=True))
         # Runs the broker lost while nothing was watching (every worker also does this).
         reconcile_in_background(app.state.sessionmaker, settings, app.state.queue.enqueue_training)
         app.state.model_cache = ModelCache(settings.model_cache_size)
         app.state.inference = InferenceRunner(settings.api_batch_threads)
+        app.state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
         log.info("api started", extra={"database": engine.url.render_as_string(hide_password=True)})
         # What exists at start-up (torch, SQLAlchemy, Celery: hundreds of thousands of
         # objects) lives as long as the process; keep it out of the collector's full
@@ -82,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             app.state.inference.close()
+            app.state.probes.shutdown(wait=False, cancel_futures=True)
             engine.dispose()
 
     app = FastAPI(
@@ -94,9 +110,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(DomainError)
     async def _domain_error(_: Request, exc: DomainError) -> JSONResponse:
+        headers = {"Retry-After": str(RETRY_AFTER)} if exc.status_code == 503 else None
         return JSONResponse(
-            status_code=exc.status_code, content={"error": exc.error, "detail": exc.detail, **exc.extra}
+            status_code=exc.status_code, content={"error": exc.error, "detail": exc.detail, **exc.extra},
+            headers=headers,
         )
+
+    async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        # The request did nothing durable (its transaction rolled back): safe to retry.
+        log.warning("database unavailable", extra={"error": type(exc).__name__})
+        return JSONResponse(
+            status_code=503, headers={"Retry-After": str(RETRY_AFTER)},
+            content={"error": "service_unavailable",
+                     "detail": "the database is unreachable or not answering; nothing was "
+                               f"changed, retry in {RETRY_AFTER} s"})
+
+    for unavailable in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(unavailable, _database_unavailable)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -110,26 +140,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                      "errors": errors},
         )
 
+    # On the event loop, never in the thread pool: it answers even when every pool
+    # thread waits on a database that does not answer.
     @app.get("/health", tags=["operations"], summary="The process is up")
-    def health() -> dict[str, str]:
+    async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready", tags=["operations"], summary="Database and broker reachable (else 503)")
-    def ready(request: Request) -> JSONResponse:
-        checks: dict[str, str] = {}
-        try:
+    @app.get("/ready", tags=["operations"],
+             summary="Database and broker reachable (else 503), answered within 2 s")
+    async def ready(request: Request) -> JSONResponse:
+        def database() -> None:
             with request.app.state.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
-            checks["database"] = "ok"
-        except Exception as exc:
-            checks["database"] = f"unreachable: {type(exc).__name__}"
-        try:
-            request.app.state.queue.ping()
-            checks["broker"] = "ok"
-        except Exception as exc:
-            checks["broker"] = f"unreachable: {type(exc).__name__}"
+
+        async def check(name: str, probe: Any) -> tuple[str, str]:
+            # Own threads, so that a hung database cannot also hold up this answer.
+            loop = asyncio.get_running_loop()
+            try:
+                await asyncio.wait_for(loop.run_in_executor(request.app.state.probes, probe),
+                                       READY_TIMEOUT)
+                return name, "ok"
+            except TimeoutError:
+                return name, f"not answering within {READY_TIMEOUT} s"
+            except Exception as exc:
+                return name, f"unreachable: {type(exc).__name__}"
+
+        checks = dict(await asyncio.gather(check("database", database),
+                                           check("broker", request.app.state.queue.ping)))
         ok = all(v == "ok" for v in checks.values())
         return JSONResponse(status_code=200 if ok else 503,
+                            headers=None if ok else {"Retry-After": str(RETRY_AFTER)},
                             content={"status": "ready" if ok else "not ready", **checks})
 
     # Routes are matched in order: the hot inference routes first, and

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     # doubling up to retry_max_pause) for this long before it gives the run back.
     transient_retry_seconds: float = Field(default=900.0, ge=0)
     retry_max_pause: float = Field(default=10.0, gt=0)
+    # The API gives up on a database that does not accept a connection within this
+    # many seconds, or whose connection pool has none free for as long, with a 503.
+    db_timeout_seconds: float = Field(default=2.0, gt=0)
     # Longer than any training run: a slow run must never be delivered twice.
     visibility_timeout: int = Field(default=7 * 24 * 3600, gt=0)
     queue: str = Field(default="corel")

@@ -11,7 +11,10 @@ TRAIN_TASK = "corel.train_experiment"
 TRAIN_GROUP_TASK = "corel.train_group"
 
 
-def make_celery(settings: Settings) -> Celery:
+def make_celery(settings: Settings, publisher: bool = False) -> Celery:
+    """The Celery app; ``publisher=True`` for the API, which only sends tasks and must
+    answer within about a second when the broker is away (one quick retry, 1 s socket
+    timeouts) instead of holding a request thread for several seconds."""
     app = Celery("corel", broker=settings.celery_broker_url, include=["worker.tasks"])
     app.conf.update(
         # Results live in our database; Celery's result backend is not used.
@@ -34,6 +37,15 @@ def make_celery(settings: Settings) -> Celery:
         # Longer than any training run, so a slow run is never delivered twice.
         # (The SQLAlchemy transport passes its options to create_engine: none there.)
         app.conf.broker_transport_options = {"visibility_timeout": settings.visibility_timeout}
+        if publisher:
+            app.conf.broker_transport_options.update(
+                socket_connect_timeout=1.0, socket_timeout=1.0)
+    if publisher:
+        app.conf.broker_connection_timeout = 1.0
+        app.conf.broker_transport_options = {
+            **(app.conf.broker_transport_options or {}),
+            "max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2,
+        }
     app.conf.corel_settings = settings
     return app
 

@@ -125,3 +125,68 @@ def test_runs_whose_queue_the_broker_lost_still_run(private, service) -> None:
     workers.start()
     bodies = wait_all(client, ids, workers, timeout=90)
     assert [b["status"] for b in bodies] == ["succeeded"] * 3, (bodies, workers.logs())
+
+
+def timed(call):
+    started = time.monotonic()
+    result = call()
+    return result, time.monotonic() - started
+
+
+def test_the_api_answers_503_while_postgres_is_down_and_recovers(private, service) -> None:
+    pg, _ = private
+    _, _, client = service
+    assert client.get("/experiments").status_code == 200
+    pg.stop()
+    try:
+        for method, path, body in (("GET", "/experiments", None), ("GET", "/experiments/1", None),
+                                   ("POST", "/experiments", {"dataset": "digits", "epochs": 1})):
+            r, seconds = timed(lambda m=method, p=path, b=body: client.request(m, p, json=b))
+            assert r.status_code == 503, (path, r.status_code, r.text)
+            assert r.json()["error"] == "service_unavailable" and "retry" in r.json()["detail"]
+            assert int(r.headers["retry-after"]) > 0 and seconds < 2.0, (path, seconds)
+        r, seconds = timed(lambda: client.get("/ready"))
+        assert r.status_code == 503 and r.json()["database"].startswith(("unreachable", "not"))
+        assert seconds < 2.0
+        r, seconds = timed(lambda: client.get("/health"))
+        assert r.status_code == 200 and seconds < 0.1
+    finally:
+        pg.start()
+    assert client.get("/experiments").status_code == 200  # the pool reconnects by itself
+
+
+def test_health_and_ready_answer_while_postgres_is_frozen(private, service) -> None:
+    import threading
+
+    pg, _ = private
+    _, _, client = service
+    assert client.get("/experiments").status_code == 200
+    pg.freeze()
+    hung = [threading.Thread(target=client.get, args=("/experiments",), daemon=True)
+            for _ in range(48)]  # more than the 40 request threads
+    try:
+        for t in hung:
+            t.start()
+        time.sleep(0.5)  # they hold the request threads, waiting on the database
+        r, seconds = timed(lambda: client.get("/health"))
+        assert r.status_code == 200 and seconds < 0.1, seconds
+        r, seconds = timed(lambda: client.get("/ready"))
+        assert r.status_code == 503 and seconds < 2.0, (r.text, seconds)
+    finally:
+        pg.thaw()
+    for t in hung:
+        t.join(timeout=30)
+    assert client.get("/experiments").status_code == 200
+
+
+def test_submitting_while_the_broker_is_down_is_a_quick_503(private, service) -> None:
+    _, rd = private
+    _, _, client = service
+    rd.stop()
+    try:
+        r, seconds = timed(lambda: client.post("/experiments", json={"dataset": "digits",
+                                                                     "epochs": 1}))
+        assert r.status_code == 503 and "could not be queued" in r.json()["detail"]
+        assert r.headers["retry-after"] and seconds < 1.5, seconds
+    finally:
+        rd.start()
