@@ -19,6 +19,7 @@ from sqlalchemy import text
 
 from app.db import make_engine, make_sessionmaker
 from app.errors import DomainError, describe_error
+from app.guard import RequestGuard
 from app.logging import configure_logging
 from app.queue import TaskQueue
 from app.routes import analysis, datasets, experiments, inference, sweeps
@@ -179,5 +180,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(experiments.router)
     app.include_router(datasets.router)
     app.include_router(sweeps.router)
+    app.add_middleware(RequestGuard, settings=settings)
     app.add_middleware(AccessLog)
     return app

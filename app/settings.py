@@ -31,7 +31,17 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(
         default=None, description="When set, mutating endpoints need 'Authorization: Bearer <token>'."
     )
+    api_token_reads: bool = Field(
+        default=True,
+        description="When a token is set, reads (GET) need it too: embed/predict, metrics, "
+        "clustering, figures, datasets, sweeps. Health, readiness and the OpenAPI document "
+        "stay open. Set COREL_API_TOKEN_READS=false to leave reads open.",
+    )
     max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    max_json_bytes: int = Field(
+        default=1024 * 1024, gt=0, description="Body limit of the JSON routes (specs, sweeps).")
+    max_inference_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, description="Body limit of POST /embed and /predict.")
     max_embed_batch: int = Field(default=4096, gt=0)
     max_sweep_size: int = Field(default=2000, gt=0, description="Most experiments in one sweep.")
     model_cache_size: int = Field(default=4, gt=0)

@@ -56,11 +56,22 @@ def test_token_guards_mutating_endpoints(settings):
         for path in ("/experiments/1/cancel", "/datasets"):
             assert c.post(path).status_code == 401
         assert c.delete("/experiments/1").status_code == 401
-        assert c.get("/experiments").status_code == 200  # reading needs no token
+        # Reads need it too (COREL_API_TOKEN_READS defaults on); probes and the docs do not.
+        for path in ("/experiments", "/experiments/1/metrics", "/datasets", "/sweeps/1"):
+            assert c.get(path).status_code == 401, path
+        assert c.post("/embed", json={}).status_code == 401
+        for path in ("/health", "/ready", "/openapi.json"):
+            assert c.get(path).status_code == 200, path
+        auth = {"Authorization": "Bearer s3cret-token"}
+        assert c.get("/experiments", headers=auth).status_code == 200
         r = c.post("/experiments", json=body, headers={"Authorization": "Bearer s3cret-token"})
         assert r.status_code == 202
         c.post(f"/experiments/{r.json()['id']}/cancel",
                headers={"Authorization": "Bearer s3cret-token"})
+    open_reads = guarded.model_copy(update={"api_token_reads": False})
+    with TestClient(create_app(open_reads)) as c:
+        assert c.get("/experiments").status_code == 200
+        assert c.post("/experiments", json=body).status_code == 401
 
 
 def test_migrations_match_the_models(settings):
