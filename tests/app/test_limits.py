@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.app.faults import free_port
+from tests.conftest import REPO
 
 TOKEN = "limits-test-token"
 BIG = 300 * 1024 * 1024
@@ -41,7 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int,
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
     env.update(COREL_VAR_DIR=str(root / "var"), COREL_API_TOKEN=TOKEN, TMPDIR=str(spool),
-               COREL_MAX_UPLOAD_BYTES=str(20 * 1024 * 1024))
+               COREL_MAX_UPLOAD_BYTES=str(20 * 1024 * 1024), PYTHONPATH=str(REPO))
     log = open(root / "serve.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "corel.cli", "serve", "--no-worker",
                              "--port", str(port)], env=env, cwd=root, stdout=log,
