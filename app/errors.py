@@ -5,6 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+MAX_ID = 2**31 - 1
+"""Largest row id (PostgreSQL ``integer``); a larger one cannot exist."""
+MAX_OFFSET = 2**31 - 1
+"""Largest list offset: past every row there can be, and within what both databases take."""
+
+
+def check_id(kind: str, value: int) -> None:
+    """404 for an id no row can have (0, negative, or past :data:`MAX_ID`), before the
+    database sees it: out-of-range literals are errors there, not empty results."""
+    if not 1 <= value <= MAX_ID:
+        raise NotFound(f"{kind} {value} does not exist (ids run from 1 to {MAX_ID})")
+
 
 class DomainError(Exception):
     status_code = 400

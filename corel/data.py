@@ -25,6 +25,7 @@ import math
 import os
 import re
 import struct
+import zipfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -559,7 +560,7 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
         )
     try:
         loaded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise ValueError(
             f"{path} is not a readable .npz file ({exc}); write it with numpy.savez(path, x=x, y=y)"
         ) from exc
@@ -582,10 +583,16 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
             try:
                 arrays[key] = loaded[key]
             except ValueError as exc:  # object arrays need pickle, which we refuse
+                if "allow_pickle" not in str(exc):
+                    raise ValueError(f"array {key!r} in {path} is not readable ({exc})") from exc
                 raise ValueError(
                     f"array {key!r} in {path} is an object array, which is not loaded because "
                     f"it could run code; save it with a numeric or string dtype ({exc})"
                 ) from exc
+            except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+                # A damaged member: a truncated or corrupt archive.
+                raise ValueError(f"array {key!r} in {path} is not readable ({exc}); the "
+                                 "archive is damaged") from exc
     x, y = arrays["x"], arrays["y"]
     if x.dtype.kind not in "biuf":
         raise ValueError(f"array 'x' in {path} must be numeric, got dtype {x.dtype}")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Request, UploadFile, status
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile, status
 from sqlalchemy import func, select
 
 import app.services.datasets as datasets_service
 from app.deps import AuthDep, SessionDep, SettingsDep
-from app.errors import PayloadTooLarge
+from app.errors import MAX_OFFSET, PayloadTooLarge
 from app.models import DatasetUpload
 from app.schemas import DatasetRead, Page
 
@@ -44,9 +44,13 @@ async def upload(
 
 
 @router.get("", response_model=Page[DatasetRead], summary="Uploaded datasets")
-def list_(session: SessionDep, limit: int = 50, offset: int = 0):
+def list_(
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+):
     rows = session.scalars(
-        select(DatasetUpload).order_by(DatasetUpload.id.desc()).limit(min(limit, 200)).offset(offset)
+        select(DatasetUpload).order_by(DatasetUpload.id.desc()).limit(limit).offset(offset)
     ).all()
     total = session.scalar(select(func.count()).select_from(DatasetUpload)) or 0
     return Page[DatasetRead](

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, status
 
 import app.services.experiments as experiments_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
-from app.errors import InvalidInput, ServiceUnavailable
+from app.errors import MAX_OFFSET, InvalidInput, ServiceUnavailable
 from app.models import STATUSES
 from app.schemas import (
     EpochMetricRead,
@@ -52,7 +52,7 @@ def list_(
     dataset: str | None = None,
     loss: str | None = None,
     limit: Annotated[int, Query(ge=1)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ):
     for name, value, allowed in (
         ("status", status_, STATUSES), ("dataset", dataset, DATASETS), ("loss", loss, LOSSES)

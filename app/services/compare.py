@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, InvalidInput, NotFound
+from app.errors import MAX_ID, Conflict, InvalidInput, NotFound
 from app.models import Experiment
 from app.services.clustering import clustering_report
 from corel.clustering import ALGORITHMS
@@ -59,7 +59,8 @@ def _shown_spec(exp: Experiment) -> dict[str, Any]:
 
 
 def compare(session: Session, ids: list[int]) -> dict[str, Any]:
-    found = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_(ids)))}
+    possible = [i for i in ids if 1 <= i <= MAX_ID]  # others cannot exist (and PG refuses them)
+    found = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_(possible)))}
     missing = [i for i in ids if i not in found]
     if missing:
         raise NotFound(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from app.errors import InvalidInput, NotFound
+from app.errors import InvalidInput, NotFound, check_id
 from app.models import DatasetBlob, DatasetUpload, utcnow
 from corel.data import validate_ag_news_csv, validate_npz
 
@@ -38,7 +38,10 @@ def validate(kind: str, data: bytes) -> dict:
         try:
             summary = validate_npz(path) if kind == "npz" else validate_ag_news_csv(path)
         except (ValueError, OSError) as exc:
-            raise InvalidInput(f"the uploaded {kind} file is not usable: {exc}") from exc
+            # The library names the file it read; here that is a temporary path of the
+            # server's, which is nobody's business: name the upload instead.
+            reason = str(exc).replace(str(path), "the upload").replace(tmp, "")
+            raise InvalidInput(f"the uploaded {kind} file is not usable: {reason}") from exc
     return summary
 
 
@@ -61,6 +64,7 @@ def create_upload(session: Session, filename: str, kind: str, data: bytes) -> Da
 
 
 def get_upload(session: Session, dataset_id: int) -> DatasetUpload:
+    check_id("dataset", dataset_id)
     upload = session.get(DatasetUpload, dataset_id)
     if upload is None:
         raise NotFound(f"dataset {dataset_id} does not exist")

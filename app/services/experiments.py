@@ -5,12 +5,13 @@ from __future__ import annotations
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, InvalidInput, NotFound
+from app.errors import MAX_ID, Conflict, InvalidInput, NotFound, check_id
 from app.models import FINISHED, DatasetUpload, EpochMetric, Experiment, utcnow
 from app.schemas import ExperimentCreate
 
 
 def get_experiment(session: Session, experiment_id: int) -> Experiment:
+    check_id("experiment", experiment_id)
     exp = session.get(Experiment, experiment_id)
     if exp is None:
         raise NotFound(f"experiment {experiment_id} does not exist")
@@ -19,7 +20,7 @@ def get_experiment(session: Session, experiment_id: int) -> Experiment:
 
 def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
     if body.dataset_id is not None:
-        upload = session.get(DatasetUpload, body.dataset_id)
+        upload = session.get(DatasetUpload, body.dataset_id) if 1 <= body.dataset_id <= MAX_ID else None
         if upload is None:
             raise InvalidInput(f"dataset_id {body.dataset_id} does not exist; upload with POST /datasets")
         if upload.kind != body.dataset:

@@ -13,7 +13,7 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, NotFound, check_id
 from app.models import Checkpoint, Experiment
 from corel.models import Classifier
 from corel.spec import ExperimentSpec
@@ -40,6 +40,7 @@ class LoadedModel:
 
 
 def load_from_database(session: Session, experiment_id: int, device: str | None) -> LoadedModel:
+    check_id("experiment", experiment_id)
     exp = session.get(Experiment, experiment_id)
     if exp is None:
         raise NotFound(f"experiment {experiment_id} does not exist")

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 import app.services.experiments as experiments_service
-from app.errors import InvalidInput, NotFound, describe_errors
+from app.errors import InvalidInput, NotFound, check_id, describe_errors
 from app.models import FINISHED, STATUSES, Experiment, Sweep, utcnow
 from app.schemas import ExperimentCreate, SweepCreate
 from app.services.clustering import clustering_report
@@ -72,6 +72,7 @@ def create_sweep(session: Session, body: SweepCreate, limit: int) -> tuple[Sweep
 
 
 def get_sweep(session: Session, sweep_id: int) -> Sweep:
+    check_id("sweep", sweep_id)
     sweep = session.get(Sweep, sweep_id)
     if sweep is None:
         raise NotFound(f"sweep {sweep_id} does not exist")

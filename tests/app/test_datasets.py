@@ -88,3 +88,16 @@ def test_upload_over_the_limit_is_413(settings):
     with TestClient(create_app(small)) as c:
         r = c.post("/datasets", files={"file": ("big.npz", npz_bytes(x=x, y=y))})
     assert r.status_code == 413 and "1000 bytes" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("name, data", [
+    ("zip signature then garbage", b"PK\x03\x04" + bytes(range(256)) * 4),
+    ("truncated archive", npz_bytes(x=np.zeros((40, 3)), y=np.arange(40) % 2)[:300]),
+    ("damaged member", (lambda b: b[:120] + bytes(v ^ 0xFF for v in b[120:200]) + b[200:])(
+        npz_bytes(x=np.zeros((40, 3)), y=np.arange(40) % 2))),
+])
+def test_corrupt_npz_uploads_are_422_without_server_paths(client, name, data):
+    r = client.post("/datasets", files={"file": ("bad.npz", data)})
+    assert r.status_code == 422, (name, r.status_code, r.text)
+    detail = r.json()["detail"]
+    assert "not usable" in detail and "/tmp" not in detail and "upload" in detail, detail

@@ -179,3 +179,37 @@ def test_unknown_ids_are_404(client, method, path):
 
 def test_bad_id_type_is_422(client):
     assert client.get("/experiments/abc").status_code == 422
+
+
+HUGE_IDS = [0, -1, 2**31, 2**63, 232258343158030708768768]
+
+
+@pytest.mark.parametrize("eid", HUGE_IDS)
+def test_ids_that_cannot_exist_are_404_on_every_route(client, eid):
+    """Found by schemathesis: ids past PostgreSQL's integer (or SQLite's) were 500s."""
+    for method, path in [
+        ("GET", f"/experiments/{eid}"), ("GET", f"/experiments/{eid}/metrics"),
+        ("POST", f"/experiments/{eid}/cancel"), ("DELETE", f"/experiments/{eid}"),
+        ("GET", f"/experiments/{eid}/clustering"), ("GET", f"/experiments/{eid}/latent.png"),
+        ("GET", f"/experiments/{eid}/curves.png"), ("GET", f"/datasets/{eid}"),
+        ("GET", f"/sweeps/{eid}"), ("POST", f"/sweeps/{eid}/cancel"),
+        ("GET", f"/sweeps/{eid}/report"), ("GET", f"/sweeps/{eid}/lambda.png"),
+    ]:
+        r = client.request(method, path)
+        assert r.status_code == 404, (method, path, r.status_code, r.text)
+        assert "does not exist" in r.json()["detail"]
+    r = client.get("/experiments/compare", params={"ids": f"1,{eid}"})
+    assert r.status_code == 404 and str(eid) in r.json()["detail"]
+    for body in ({"experiment_id": eid, "arrays": [[0.0]]},):
+        r = client.post("/embed", json=body)
+        assert r.status_code in (404, 422), r.text
+    r = client.post("/experiments", json={"dataset": "npz", "dataset_id": eid})
+    assert r.status_code == 422 and "does not exist" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("offset", [-1, 2**31, 2**63])
+def test_offsets_out_of_range_are_422(client, offset):
+    for path in ("/experiments", "/datasets"):
+        r = client.get(path, params={"offset": offset})
+        assert r.status_code == 422, (path, r.text)
+        assert "offset" in r.json()["detail"]
