@@ -45,4 +45,6 @@ class TaskQueue:
 
     def ping(self) -> None:
         with self.celery.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, timeout=2)
+            # One quick retry: /ready answers within READY_TIMEOUT.
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2,
+                                   interval_max=0.2, timeout=1)
