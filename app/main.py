@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
+from app import openapi
 from app.db import make_engine, make_sessionmaker
 from app.errors import DomainError, describe_error
 from app.guard import RequestGuard
@@ -67,6 +69,44 @@ class AccessLog:
             log.info("request", extra={"method": scope["method"], "path": scope["path"],
                                        "status": status,
                                        "ms": round((time.perf_counter() - started) * 1000, 2)})
+
+
+class AllowHeader:
+    """A 405 lists every method of the path, not only those of the first route that
+    matched it (``/experiments/{id}`` has GET and DELETE in two routes). The methods
+    come from the OpenAPI document, so the two always agree."""
+
+    def __init__(self, app: Any, document: Any) -> None:
+        self.app = app
+        self.document = document
+        self._paths: list[tuple[re.Pattern[str], str]] | None = None
+
+    def allowed(self, path: str) -> str:
+        if self._paths is None:
+            self._paths = [
+                (re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)) + "$"),
+                 ", ".join(sorted(m.upper() for m in operations)))
+                for template, operations in self.document()["paths"].items()
+            ]
+        methods: set[str] = set()
+        for pattern, listed in self._paths:
+            if pattern.match(path):
+                methods.update(listed.split(", "))
+        return ", ".join(sorted(methods))
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_allow(message: Any) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
+                allow = self.allowed(scope["path"]).encode()
+                message = {**message, "headers": [*headers, (b"allow", allow)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_allow)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -180,6 +220,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(experiments.router)
     app.include_router(datasets.router)
     app.include_router(sweeps.router)
+    openapi.install(app, token_routes=settings.api_token is not None)
+    app.add_middleware(AllowHeader, document=app.openapi)
     app.add_middleware(RequestGuard, settings=settings)
     app.add_middleware(AccessLog)
     return app
