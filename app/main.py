@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Any
 
 import sqlalchemy.exc
@@ -17,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import openapi
 from app.db import make_engine, make_sessionmaker
@@ -91,6 +93,8 @@ class AllowHeader:
         methods: set[str] = set()
         for pattern, listed in self._paths:
             if pattern.match(path):
+                if "[^/]+" not in pattern.pattern:  # a literal path wins over a template
+                    return listed
                 methods.update(listed.split(", "))
         return ", ".join(sorted(methods))
 
@@ -156,6 +160,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             status_code=exc.status_code, content={"error": exc.error, "detail": exc.detail, **exc.extra},
             headers=headers,
         )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own answers (400 unparsable body, 404 no such path, 405, 413) in
+        # the shape of every other error.
+        try:
+            error = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
+        except ValueError:
+            error = "error"
+        return JSONResponse(status_code=exc.status_code, headers=exc.headers,
+                            content={"error": error, "detail": str(exc.detail)})
 
     async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
         # The request did nothing durable (its transaction rolled back): safe to retry.

@@ -78,6 +78,10 @@ def install(app: FastAPI, token_routes: bool) -> None:
         schemas.pop("HTTPValidationError", None)
         schemas.pop("ValidationError", None)
         schemas["Error"] = ERROR_SCHEMA
+        if token_routes:
+            doc["components"]["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "COREL_API_TOKEN, as 'Authorization: Bearer <token>'"}}
         for path, operations in doc["paths"].items():
             for method, op in operations.items():
                 responses = op.setdefault("responses", {})
@@ -95,6 +99,8 @@ def install(app: FastAPI, token_routes: bool) -> None:
                         codes.add("409")
                 for code in sorted(codes):
                     responses[code] = _error(code)
+                if token_routes and "401" in codes:
+                    op["security"] = [{"bearer": []}]
         app.openapi_schema = doc
         return doc
 

@@ -1,7 +1,7 @@
 """/experiments/...: clustering reports, pictures and side-by-side comparisons.
 
 This router is included before the experiments router, so that
-``/experiments/compare`` is not read as ``/experiments/{experiment_id}``.
+``/experiments/compare`` is not read as ``/experiments/{experiment_id:int}``.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def compare(
 
 
 @router.get(
-    "/{experiment_id}/clustering", response_model=ClusteringRead,
+    "/{experiment_id:int}/clustering", response_model=ClusteringRead,
     summary="K-Means and GMM on the stored latent space, scored against the classes",
 )
 def clustering(
@@ -88,7 +88,7 @@ def clustering(
 
 
 @router.get(
-    "/{experiment_id}/latent.png", response_class=Response, responses=PNG,
+    "/{experiment_id:int}/latent.png", response_class=Response, responses=PNG,
     summary="PCA of the test latent space by class, with the class vectors (the paper's Figure 1)",
 )
 def latent_png(experiment_id: int, session: SessionDep) -> Response:
@@ -96,7 +96,7 @@ def latent_png(experiment_id: int, session: SessionDep) -> Response:
 
 
 @router.get(
-    "/{experiment_id}/curves.png", response_class=Response, responses=PNG,
+    "/{experiment_id:int}/curves.png", response_class=Response, responses=PNG,
     summary="Per-epoch train loss and train/validation accuracy, best epoch marked",
 )
 def curves_png(experiment_id: int, session: SessionDep) -> Response:

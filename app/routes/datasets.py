@@ -58,6 +58,6 @@ def list_(
     )
 
 
-@router.get("/{dataset_id}", response_model=DatasetRead, summary="One uploaded dataset")
+@router.get("/{dataset_id:int}", response_model=DatasetRead, summary="One uploaded dataset")
 def get(dataset_id: int, session: SessionDep):
     return datasets_service.get_upload(session, dataset_id)

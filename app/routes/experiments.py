@@ -69,12 +69,12 @@ def list_(
     )
 
 
-@router.get("/{experiment_id}", response_model=ExperimentRead, summary="One experiment")
+@router.get("/{experiment_id:int}", response_model=ExperimentRead, summary="One experiment")
 def get(experiment_id: int, session: SessionDep):
     return experiments_service.get_experiment(session, experiment_id)
 
 
-@router.get("/{experiment_id}/metrics", response_model=MetricsRead, summary="Every epoch's figures")
+@router.get("/{experiment_id:int}/metrics", response_model=MetricsRead, summary="Every epoch's figures")
 def metrics(experiment_id: int, session: SessionDep):
     rows = experiments_service.get_metrics(session, experiment_id)
     return MetricsRead(
@@ -83,7 +83,7 @@ def metrics(experiment_id: int, session: SessionDep):
 
 
 @router.post(
-    "/{experiment_id}/cancel", response_model=ExperimentRead, dependencies=[AuthDep],
+    "/{experiment_id:int}/cancel", response_model=ExperimentRead, dependencies=[AuthDep],
     summary="Cancel: at once if queued, between batches if running",
 )
 def cancel(experiment_id: int, session: SessionDep):
@@ -91,7 +91,7 @@ def cancel(experiment_id: int, session: SessionDep):
 
 
 @router.delete(
-    "/{experiment_id}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[AuthDep],
+    "/{experiment_id:int}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[AuthDep],
     summary="Delete a finished experiment with its metrics, checkpoints and latent spaces",
 )
 def delete(experiment_id: int, session: SessionDep, request: Request) -> None:

@@ -34,19 +34,19 @@ def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: Se
     return SweepQueued(id=sweep.id, size=sweep.size, groups=len(groups))
 
 
-@router.get("/{sweep_id}", response_model=SweepRead, summary="Progress of a sweep")
+@router.get("/{sweep_id:int}", response_model=SweepRead, summary="Progress of a sweep")
 def get(sweep_id: int, session: SessionDep):
     return sweeps_service.progress(session, sweeps_service.get_sweep(session, sweep_id))
 
 
-@router.post("/{sweep_id}/cancel", response_model=SweepRead, dependencies=[AuthDep],
+@router.post("/{sweep_id:int}/cancel", response_model=SweepRead, dependencies=[AuthDep],
              summary="Cancel every member that has not finished")
 def cancel(sweep_id: int, session: SessionDep):
     sweep = sweeps_service.cancel_sweep(session, sweep_id)
     return sweeps_service.progress(session, sweep)
 
 
-@router.get("/{sweep_id}/report", summary="The paper's Tables 1-4 from the sweep's results")
+@router.get("/{sweep_id:int}/report", summary="The paper's Tables 1-4 from the sweep's results")
 def report(
     sweep_id: int,
     session: SessionDep,
@@ -62,7 +62,7 @@ def report(
     return rep
 
 
-@router.get("/{sweep_id}/lambda.png", summary="Validation accuracy against lambda per loss",
+@router.get("/{sweep_id:int}/lambda.png", summary="Validation accuracy against lambda per loss",
             response_class=Response, responses={200: {"content": {"image/png": {}}}})
 def lambda_png(sweep_id: int, session: SessionDep) -> Response:
     rep = sweeps_service.build_report(session, sweep_id, clustering=False)
