@@ -29,7 +29,8 @@ class ExperimentCreate(ExperimentSpec):
     server path: ``dataset_path`` and ``word_vectors`` are not accepted here.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a JSON true is not the number 1, nor "5" the integer 5 (as the schema says).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     dataset_id: int | None = Field(
         default=None, description="Id of an uploaded dataset (POST /datasets); required for npz."

@@ -7,7 +7,9 @@ import threading
 from functools import cache
 from typing import Any
 
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import task_postrun, worker_ready, worker_shutting_down
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import make_engine, make_sessionmaker
@@ -60,6 +62,28 @@ def _reconcile_forever() -> None:
             # The database or broker is away; the next round tries again.
             log.warning("could not reconcile runs", extra={"error": type(exc).__name__})
         _stop.wait(interval)
+
+
+@cache
+def _broker_tables() -> Engine | None:
+    """The embedded broker's own database (kombu's SQLAlchemy transport), else None."""
+    url = _settings().celery_broker_url
+    return create_engine(url.removeprefix("sqla+")) if url.startswith("sqla+") else None
+
+
+@task_postrun.connect
+def _forget_delivered_messages(**_: Any) -> None:
+    """Kombu's SQLAlchemy transport marks a delivered message invisible and never deletes
+    it, so the embedded broker's file would grow with every task. A delivered message is
+    never delivered again: delete them once a task is done."""
+    engine = _broker_tables()
+    if engine is None:
+        return
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM kombu_message WHERE visible = :no"), {"no": False})
+    except Exception as exc:  # housekeeping must never fail a task
+        log.warning("could not clear delivered broker messages", extra={"error": type(exc).__name__})
 
 
 @worker_ready.connect

@@ -177,8 +177,16 @@ def test_unknown_ids_are_404(client, method, path):
     assert "987654" in r.json()["detail"]
 
 
-def test_bad_id_type_is_422(client):
-    assert client.get("/experiments/abc").status_code == 422
+def test_an_id_that_is_no_number_is_no_path(client):
+    r = client.get("/experiments/abc")
+    assert r.status_code == 404 and r.json() == {"error": "not_found", "detail": "Not Found"}
+
+
+def test_json_types_are_taken_as_the_schema_says(client):
+    """Found by schemathesis: a JSON true was taken as gamma = 1.0."""
+    for field, value in (("gamma", True), ("epochs", "5"), ("epochs", 2.0), ("learn_gamma", 1)):
+        r = client.post("/experiments", json={"dataset": "digits", field: value})
+        assert r.status_code == 422 and field in r.json()["detail"], (field, value, r.text)
 
 
 HUGE_IDS = [0, -1, 2**31, 2**63, 232258343158030708768768]

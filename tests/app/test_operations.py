@@ -152,6 +152,15 @@ def test_embedded_default_end_to_end(tmp_path):
         assert body["status"] == "succeeded", (body, (tmp_path / "serve.log").read_text()[-3000:])
         assert len(httpx.get(f"{base}/experiments/{eid}/metrics").json()["items"]) == 3
         assert (tmp_path / "var" / "corel.sqlite3").exists()
+        # The embedded broker forgets delivered messages (its file does not grow forever).
+        import sqlite3
+
+        broker = sqlite3.connect(tmp_path / "var" / "broker.sqlite3")
+        deadline = time.monotonic() + 10
+        while broker.execute("SELECT count(*) FROM kombu_message WHERE visible = 0").fetchone()[0]:
+            assert time.monotonic() < deadline, "delivered messages are still kept"
+            time.sleep(0.2)
+        broker.close()
         # SQLite keeps no offset, yet the API says which time zone its timestamps are in.
         for key in ("created_at", "started_at", "finished_at"):
             stamp = datetime.fromisoformat(body[key])
