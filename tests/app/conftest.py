@@ -10,7 +10,9 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -172,9 +174,9 @@ def finished(body: dict) -> bool:
     return body["status"] in ("succeeded", "failed", "cancelled")
 
 
-@pytest.fixture(scope="session")
-def live_url(settings: Settings) -> Iterator[str]:
-    """The app served over real HTTP by uvicorn (for the CLI and benchmarks' clients)."""
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """``app`` served over real HTTP by uvicorn in a thread, for as long as the block runs."""
     import socket
     import threading
 
@@ -183,7 +185,7 @@ def live_url(settings: Settings) -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_config=None, lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -191,6 +193,15 @@ def live_url(settings: Settings) -> Iterator[str]:
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def live_url(settings: Settings) -> Iterator[str]:
+    """The app served over real HTTP by uvicorn (for the CLI and benchmarks' clients)."""
+    with serving(create_app(settings)) as url:
+        yield url

@@ -8,8 +8,6 @@ connection that reads at once, as another client would, sees the write.
 from __future__ import annotations
 
 import io
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -17,11 +15,11 @@ import httpx
 import numpy as np
 import psycopg
 import pytest
-import uvicorn
 from sqlalchemy import event
 
 from app.main import create_app
 from app.settings import Settings
+from tests.app.conftest import serving
 
 SLOW_COMMIT = 0.4
 
@@ -30,24 +28,13 @@ SLOW_COMMIT = 0.4
 def slow_url(settings: Settings) -> Iterator[str]:
     """The app over real HTTP, with every commit of the API's sessions taking 0.4 s."""
     app = create_app(settings.model_copy(update={"queue": "corel-nobody-listens"}))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
+    with serving(app) as url:
 
-    def slow(_session: object) -> None:
-        time.sleep(SLOW_COMMIT)
+        def slow(_session: object) -> None:
+            time.sleep(SLOW_COMMIT)
 
-    event.listen(app.state.sessionmaker, "before_commit", slow)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+        event.listen(app.state.sessionmaker, "before_commit", slow)
+        yield url
 
 
 def npz() -> bytes:

@@ -17,25 +17,20 @@ experiments the fuzzer submits are never trained.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
-import uvicorn
 from pydantic import SecretStr
 
 from app.main import create_app
 from app.migrate import upgrade
 from app.settings import Settings
-from tests.app.conftest import PG_ADMIN_URL
+from tests.app.conftest import PG_ADMIN_URL, serving
 
 TOKEN = "fuzz-token"
 EXCLUDED = ["positive_data_acceptance"]
@@ -56,26 +51,6 @@ def fuzz_settings(settings: Settings, tmp_path_factory: pytest.TempPathFactory) 
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@contextmanager
-def serving(settings: Settings) -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                           log_config=None))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
 def schemathesis(url: str, tmp_path: Path, *extra: str) -> None:
     st = Path(sys.executable).parent / "st"
     assert st.exists() or shutil.which("st"), "schemathesis is not installed (the test extra)"
@@ -89,11 +64,11 @@ def schemathesis(url: str, tmp_path: Path, *extra: str) -> None:
 
 
 def test_no_server_error_and_a_true_schema_without_a_token(fuzz_settings, tmp_path) -> None:
-    with serving(fuzz_settings) as url:
+    with serving(create_app(fuzz_settings)) as url:
         schemathesis(url, tmp_path)
 
 
 def test_no_server_error_and_a_true_schema_with_a_token(fuzz_settings, tmp_path) -> None:
     guarded = fuzz_settings.model_copy(update={"api_token": SecretStr(TOKEN)})
-    with serving(guarded) as url:
+    with serving(create_app(guarded)) as url:
         schemathesis(url, tmp_path, "--header", f"Authorization: Bearer {TOKEN}")
