@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy.exc
 from sqlalchemy import MetaData, create_engine, event, make_url
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -24,10 +29,131 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-def make_engine(url: str, connect_timeout: float = 5.0, pool_timeout: float = 30.0) -> Engine:
+class Watchdog:
+    """Cuts the socket of a PostgreSQL connection that does not answer in time.
+
+    A database that is frozen (SIGSTOP, a stalled VM) or a network that drops packets
+    keeps the TCP connection open and never answers; no driver timeout fires, and a
+    request would wait as long as the database does. Armed around each statement,
+    commit and ping, the watchdog shuts the socket down when its deadline passes, so
+    the waiting call fails at once with a connection error (a 503 in the API).
+    """
+
+    def __init__(self) -> None:
+        self._timers: dict[int, threading.Timer] = {}
+        self._fired: set[int] = set()
+        # After a ping went unanswered, new connections are not tried for a moment: their
+        # handshake would hang for the whole connect timeout (at least 2 s in libpq).
+        self.unanswered_until = 0.0
+
+    def arm(self, dbapi_connection: Any, seconds: float) -> None:
+        self.disarm(dbapi_connection)
+        key = id(dbapi_connection)
+        timer = threading.Timer(seconds, self._cut, args=(dbapi_connection, key))
+        timer.daemon = True
+        self._timers[key] = timer
+        timer.start()
+
+    def disarm(self, dbapi_connection: Any) -> bool:
+        """Stop the clock; True if it had already run out (the socket was cut)."""
+        key = id(dbapi_connection)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        if key in self._fired:
+            self._fired.discard(key)
+            return True
+        return False
+
+    def _cut(self, dbapi_connection: Any, key: int) -> None:
+        if self._timers.get(key) is None:
+            return
+        self._fired.add(key)
+        try:
+            fd = dbapi_connection.pgconn.socket
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, AttributeError, ValueError):
+            pass  # already closed
+
+
+def _payload_bytes(parameters: Any) -> int:
+    values = parameters.values() if isinstance(parameters, dict) else (parameters or ())
+    if isinstance(parameters, list):  # executemany
+        return sum(_payload_bytes(p) for p in parameters)
+    return sum(len(v) for v in values if isinstance(v, bytes | bytearray | memoryview | str))
+
+
+def _watch(engine: Engine, ping_timeout: float, statement_timeout: float) -> None:
+    """Ping on checkout and time every statement, commit and rollback with a Watchdog."""
+    watchdog = Watchdog()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _ping(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        watchdog.arm(dbapi_connection, ping_timeout)
+        try:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("SELECT 1")
+            cursor.close()
+        except Exception as exc:
+            if watchdog.disarm(dbapi_connection):
+                # Not answering: a new connection would hang in its handshake as long.
+                watchdog.unanswered_until = time.monotonic() + 2 * ping_timeout
+                raise sqlalchemy.exc.TimeoutError(
+                    f"the database did not answer within {ping_timeout} s") from exc
+            raise sqlalchemy.exc.DisconnectionError() from exc  # closed: the pool reconnects
+        watchdog.disarm(dbapi_connection)
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(*_: Any) -> None:
+        if time.monotonic() < watchdog.unanswered_until:
+            raise sqlalchemy.exc.TimeoutError(
+                "the database is not answering; not connecting again for a moment")
+
+    def deadline(parameters: Any = None) -> float:
+        # Large uploads take longer to send and store: 1 s more per 20 MB.
+        return statement_timeout + _payload_bytes(parameters) / 20e6
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _before(conn: Any, _cursor: Any, _statement: Any, parameters: Any, *_: Any) -> None:
+        watchdog.arm(conn.connection.dbapi_connection, deadline(parameters))
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _after(conn: Any, *_: Any) -> None:
+        watchdog.disarm(conn.connection.dbapi_connection)
+
+    @event.listens_for(engine, "handle_error")
+    def _error(context: Any) -> None:
+        if context.connection is not None and not context.connection.invalidated:
+            watchdog.disarm(context.connection.connection.dbapi_connection)
+
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def _ending(conn: Any) -> None:
+        watchdog.arm(conn.connection.dbapi_connection, deadline())
+
+    @event.listens_for(engine.pool, "reset")
+    def _reset(dbapi_connection: Any, *_: Any) -> None:
+        # The pool rolls a returned connection back itself, without the events above.
+        watchdog.arm(dbapi_connection, deadline())
+
+    @event.listens_for(engine.pool, "checkin")
+    def _checkin(dbapi_connection: Any, _record: Any) -> None:
+        if dbapi_connection is not None:
+            watchdog.disarm(dbapi_connection)
+
+
+def make_engine(
+    url: str, connect_timeout: float = 5.0, pool_timeout: float = 30.0,
+    answer_timeout: float | None = None, statement_timeout: float = 10.0,
+) -> Engine:
     """An engine for ``url``. On PostgreSQL a connection attempt gives up after
     ``connect_timeout`` seconds and waiting for a pooled connection after ``pool_timeout``,
-    so that a database that is down answers with an error, not a wait."""
+    so that a database that is down answers with an error, not a wait. With
+    ``answer_timeout`` (the API's), each checkout pings the database and a
+    :class:`Watchdog` cuts a connection that does not answer the ping within
+    ``answer_timeout`` or a statement within ``statement_timeout`` seconds (plus 1 s per
+    20 MB it sends)."""
     if url.startswith("sqlite"):
         database = make_url(url).database
         if database and database != ":memory:":
@@ -45,8 +171,11 @@ def make_engine(url: str, connect_timeout: float = 5.0, pool_timeout: float = 30
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_timeout=pool_timeout,
-                         connect_args={"connect_timeout": max(1, round(connect_timeout))})
+    engine = create_engine(url, pool_pre_ping=answer_timeout is None, pool_timeout=pool_timeout,
+                           connect_args={"connect_timeout": max(2, round(connect_timeout))})
+    if answer_timeout is not None:
+        _watch(engine, answer_timeout, statement_timeout)
+    return engine
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

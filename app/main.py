@@ -124,7 +124,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
             upgrade(settings)
         engine = make_engine(settings.db_url, connect_timeout=settings.db_timeout_seconds,
-                             pool_timeout=settings.db_timeout_seconds)
+                             pool_timeout=settings.db_timeout_seconds,
+                             answer_timeout=settings.db_answer_seconds,
+                             statement_timeout=settings.db_statement_seconds)
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.queue = TaskQueue(make_celery(settings, publisher=True))

@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     # The API gives up on a database that does not accept a connection within this
     # many seconds, or whose connection pool has none free for as long, with a 503.
     db_timeout_seconds: float = Field(default=2.0, gt=0)
+    # ... and on one that does not answer a ping within db_answer_seconds, or a statement
+    # within db_statement_seconds (frozen, or a network that drops packets).
+    db_answer_seconds: float = Field(default=1.0, gt=0)
+    db_statement_seconds: float = Field(default=10.0, gt=0)
     # Longer than any training run: a slow run must never be delivered twice.
     visibility_timeout: int = Field(default=7 * 24 * 3600, gt=0)
     queue: str = Field(default="corel")

@@ -172,11 +172,20 @@ def test_health_and_ready_answer_while_postgres_is_frozen(private, service) -> N
         assert r.status_code == 200 and seconds < 0.1, seconds
         r, seconds = timed(lambda: client.get("/ready"))
         assert r.status_code == 503 and seconds < 2.0, (r.text, seconds)
+        for path in ("/experiments", "/experiments/1", "/datasets"):
+            r, seconds = timed(lambda p=path: client.get(p))
+            assert r.status_code == 503 and r.headers["retry-after"], (path, r.text)
+            assert seconds < 2.0, (path, seconds)
     finally:
         pg.thaw()
     for t in hung:
         t.join(timeout=30)
-    assert client.get("/experiments").status_code == 200
+    # Back within Retry-After: new connections are held off for 2 s after a ping that
+    # went unanswered, then the pool reconnects.
+    deadline = time.monotonic() + 5
+    while client.get("/experiments").status_code != 200:
+        assert time.monotonic() < deadline, "the API did not recover after the thaw"
+        time.sleep(0.1)
 
 
 def test_submitting_while_the_broker_is_down_is_a_quick_503(private, service) -> None:
