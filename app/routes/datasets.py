@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile, status
@@ -34,13 +36,19 @@ async def upload(
     if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:
         raise PayloadTooLarge(f"uploads are limited to {limit} bytes; this request has {declared}")
     kind = datasets_service.guess_kind(file.filename or "", kind)
-    parts, size = [], 0
-    while chunk := await file.read(CHUNK):
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"uploads are limited to {limit} bytes")
-        parts.append(chunk)
-    return datasets_service.create_upload(session, file.filename or "", kind, b"".join(parts))
+    # Starlette has spooled the part to a temporary file: move it, chunk by chunk, to the
+    # one file the checks read, and let the spooled copy go at once.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"upload{datasets_service.KINDS[kind]}"
+        size = 0
+        with path.open("wb") as out:
+            while chunk := await file.read(CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"uploads are limited to {limit} bytes")
+                out.write(chunk)
+        await file.close()
+        return datasets_service.create_upload(session, file.filename or "", kind, path)
 
 
 @router.get("", response_model=Page[DatasetRead], summary="Uploaded datasets")

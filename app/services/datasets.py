@@ -4,7 +4,6 @@ worker on any machine can fetch them."""
 from __future__ import annotations
 
 import hashlib
-import tempfile
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -30,25 +29,24 @@ def guess_kind(filename: str, kind: str | None) -> str:
     )
 
 
-def validate(kind: str, data: bytes) -> dict:
-    """Run the library's own checks on the bytes; any problem is a 422 saying what is wrong."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"upload{KINDS[kind]}"
-        path.write_bytes(data)
-        try:
-            summary = validate_npz(path) if kind == "npz" else validate_ag_news_csv(path)
-        except (ValueError, OSError) as exc:
-            # The library names the file it read; here that is a temporary path of the
-            # server's, which is nobody's business: name the upload instead.
-            reason = str(exc).replace(str(path), "the upload").replace(tmp, "")
-            raise InvalidInput(f"the uploaded {kind} file is not usable: {reason}") from exc
-    return summary
+def validate(kind: str, path: Path) -> dict:
+    """Run the library's own checks on the file; any problem is a 422 saying what is wrong."""
+    try:
+        return validate_npz(path) if kind == "npz" else validate_ag_news_csv(path)
+    except (ValueError, OSError) as exc:
+        # The library names the file it read; here that is a temporary path of the
+        # server's, which is nobody's business: name the upload instead.
+        reason = str(exc).replace(str(path), "the upload").replace(str(path.parent), "")
+        raise InvalidInput(f"the uploaded {kind} file is not usable: {reason}") from exc
 
 
-def create_upload(session: Session, filename: str, kind: str, data: bytes) -> DatasetUpload:
-    if not data:
+def create_upload(session: Session, filename: str, kind: str, path: Path) -> DatasetUpload:
+    """Check the uploaded file where it lies, then store it: the only copy in memory is
+    the one the database column is written from."""
+    if path.stat().st_size == 0:
         raise InvalidInput("the uploaded file is empty")
-    summary = validate(kind, data)
+    summary = validate(kind, path)
+    data = path.read_bytes()
     upload = DatasetUpload(
         kind=kind,
         filename=Path(filename).name[:255] or f"upload{KINDS[kind]}",
