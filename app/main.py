@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Any
 
-import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -21,7 +20,7 @@ from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import openapi
-from app.db import make_engine, make_sessionmaker
+from app.db import DATABASE_UNAVAILABLE, make_engine, make_sessionmaker
 from app.errors import DomainError, describe_error
 from app.guard import RequestGuard
 from app.logging import configure_logging
@@ -37,13 +36,6 @@ log = logging.getLogger("corel.api")
 
 RETRY_AFTER = 5  # seconds, in every 503's Retry-After
 READY_TIMEOUT = 1.5  # seconds each readiness probe may take
-# Database errors that mean "not now" rather than "not this": a 503, not a 500.
-DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    sqlalchemy.exc.DisconnectionError,
-    sqlalchemy.exc.TimeoutError,
-)
 
 
 class AccessLog:

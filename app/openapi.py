@@ -65,6 +65,25 @@ def _hoist_defs(node: Any, schemas: dict[str, Any]) -> Any:
     return node
 
 
+def _error_codes(path: str, method: str, token_routes: bool) -> set[str]:
+    """The error statuses an operation can answer."""
+    if path == "/health":
+        return set()
+    if path == "/ready":
+        return {"503"}
+    codes = {"422", "503"}
+    if token_routes:
+        codes.add("401")
+    if method in ("post", "put", "patch"):
+        codes |= {"400", "413"}
+    if "{" in path or path in ("/embed", "/predict", "/experiments/compare"):
+        codes.add("404")
+    if (method == "delete" or path in ("/embed", "/predict")
+            or path.endswith(("/cancel", ".png", "/clustering"))):
+        codes.add("409")
+    return codes
+
+
 def install(app: FastAPI, token_routes: bool) -> None:
     """Replace ``app.openapi`` with one that documents the error answers."""
 
@@ -85,18 +104,7 @@ def install(app: FastAPI, token_routes: bool) -> None:
         for path, operations in doc["paths"].items():
             for method, op in operations.items():
                 responses = op.setdefault("responses", {})
-                codes = {"422", "503"} if path not in ("/health", "/ready") else set()
-                if path == "/ready":
-                    codes = {"503"}
-                if path != "/health" and path != "/ready":
-                    codes |= {"401"} if token_routes else set()
-                    if method in ("post", "put", "patch"):
-                        codes |= {"400", "413"}
-                    if "{" in path or path in ("/embed", "/predict", "/experiments/compare"):
-                        codes.add("404")
-                    if path.endswith("/cancel") or method == "delete" or path in (
-                            "/embed", "/predict") or path.endswith((".png", "/clustering")):
-                        codes.add("409")
+                codes = _error_codes(path, method, token_routes)
                 for code in sorted(codes):
                     responses[code] = _error(code)
                 if token_routes and "401" in codes:

@@ -120,6 +120,16 @@ def _attractive_repulsive_core(
     return (-lam * attract + one_minus_lam * repulse).mean()
 
 
+def _ar_loss(
+    sim: torch.Tensor, labels: torch.Tensor, lam: float, repulsion: str, check: bool
+) -> torch.Tensor:
+    """A COREL head's loss: :func:`attractive_repulsive`, or its core when the caller has
+    validated the labels already (lam was validated when the head was built)."""
+    if check:
+        return attractive_repulsive(sim, labels, lam, repulsion)
+    return _attractive_repulsive_core(sim, labels, lam, 1.0 - lam, repulsion)
+
+
 def center_loss_term(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
     """mean_i |h_i - c_{y_i}|^2 / 2 (Wen et al., 2016, Eq. 2, averaged over the batch)."""
     similarity.check_pair(h, centers)
@@ -272,9 +282,7 @@ class CosineCOREL(LossHead):
     def loss(
         self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
     ) -> torch.Tensor:
-        if check:
-            return attractive_repulsive(sim, labels, self.lam, "max_squared")
-        return _attractive_repulsive_core(sim, labels, self.lam, 1.0 - self.lam, "max_squared")
+        return _ar_loss(sim, labels, self.lam, "max_squared", check)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lam={self.lam}"
@@ -326,9 +334,7 @@ class GaussianCOREL(LossHead):
     def loss(
         self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
     ) -> torch.Tensor:
-        if check:
-            return attractive_repulsive(sim, labels, self.lam, "logsumexp")
-        return _attractive_repulsive_core(sim, labels, self.lam, 1.0 - self.lam, "logsumexp")
+        return _ar_loss(sim, labels, self.lam, "logsumexp", check)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lam={self.lam}, gamma={float(self.gamma.detach()):.4g}"

@@ -33,19 +33,20 @@ def make_celery(settings: Settings, publisher: bool = False) -> Celery:
         task_serializer="json",
         accept_content=["json"],
     )
+    options: dict[str, float] = {}
     if settings.celery_broker_url.startswith(("redis", "rediss", "sqs")):
         # Longer than any training run, so a slow run is never delivered twice.
         # (The SQLAlchemy transport passes its options to create_engine: none there.)
-        app.conf.broker_transport_options = {"visibility_timeout": settings.visibility_timeout}
+        options["visibility_timeout"] = settings.visibility_timeout
         if publisher:
-            app.conf.broker_transport_options.update(
-                socket_connect_timeout=1.0, socket_timeout=1.0)
+            options.update(socket_connect_timeout=1.0, socket_timeout=1.0)
     if publisher:
         app.conf.broker_connection_timeout = 1.0
-        app.conf.broker_transport_options = {
-            **(app.conf.broker_transport_options or {}),
-            "max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2,
-        }
+        # Kombu's retry keys; every transport takes them (the SQLAlchemy one drops them
+        # before create_engine).
+        options.update(max_retries=1, interval_start=0, interval_step=0.2, interval_max=0.2)
+    if options:
+        app.conf.broker_transport_options = options
     app.conf.corel_settings = settings
     return app
 

@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -28,7 +27,7 @@ import sqlalchemy.exc
 from sqlalchemy import ColumnElement, CursorResult, and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import session_scope
+from app.db import DATABASE_UNAVAILABLE, session_scope
 from app.models import (
     Checkpoint,
     DatasetBlob,
@@ -38,6 +37,7 @@ from app.models import (
     LatentSpace,
     utcnow,
 )
+from app.services.reconcile import lease_expired
 from app.settings import Settings
 from corel.spec import ExperimentSpec
 from corel.training import (
@@ -67,10 +67,7 @@ T = TypeVar("T")
 # restarts, fails over, or drops a connection (pgbouncer, idle reapers). The task
 # waits and tries again; the run continues from its last checkpoint.
 _TRANSIENT = (
-    sqlalchemy.exc.OperationalError,  # connection refused/closed, admin shutdown, locked
-    sqlalchemy.exc.InterfaceError,
-    sqlalchemy.exc.DisconnectionError,
-    sqlalchemy.exc.TimeoutError,  # no pooled connection in time
+    *DATABASE_UNAVAILABLE,
     kombu.exceptions.OperationalError,
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -116,7 +113,6 @@ def _updated(session: Session, stmt: Any) -> int:
 
 def claim(session: Session, experiment_id: int, settings: Settings) -> bool:
     now = utcnow()
-    stale = now - timedelta(seconds=settings.lease_seconds)
     return bool(_updated(session,
         update(Experiment)
         .where(
@@ -126,8 +122,7 @@ def claim(session: Session, experiment_id: int, settings: Settings) -> bool:
                 and_(
                     Experiment.status == "running",
                     or_(
-                        Experiment.heartbeat_at.is_(None),
-                        Experiment.heartbeat_at < stale,
+                        lease_expired(settings, now),
                         # ours: this process is trying again after a transient error
                         Experiment.worker == WORKER_ID,
                     ),

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import session_scope
@@ -19,6 +19,12 @@ from app.models import Experiment, utcnow
 from app.settings import Settings
 
 log = logging.getLogger("corel.reconcile")
+
+
+def lease_expired(settings: Settings, now: datetime) -> ColumnElement[bool]:
+    """A running row whose worker has not reported for ``lease_seconds``: presumed dead."""
+    stale = now - timedelta(seconds=settings.lease_seconds)
+    return or_(Experiment.heartbeat_at.is_(None), Experiment.heartbeat_at < stale)
 
 
 def requeue_delay(settings: Settings, sends: int) -> float:
@@ -42,12 +48,9 @@ def reconcile(
     to a handful. Runs in every worker and at the API's start.
     """
     now = utcnow()
-    stale = now - timedelta(seconds=settings.lease_seconds)
     with session_scope(factory) as session:
         due = list(session.scalars(select(Experiment.id).where(
-            Experiment.status == "running",
-            or_(Experiment.heartbeat_at.is_(None), Experiment.heartbeat_at < stale),
-        )))
+            Experiment.status == "running", lease_expired(settings, now))))
         queued = session.execute(select(
             Experiment.id, Experiment.enqueued_at, Experiment.enqueues, Experiment.created_at,
         ).where(Experiment.status == "queued")).all()

@@ -57,10 +57,10 @@ def schemathesis(url: str, tmp_path: Path, *extra: str) -> None:
     cmd = [str(st) if st.exists() else "st", "run", f"{url}/openapi.json", "--checks", "all",
            "--exclude-checks", ",".join(EXCLUDED), "--max-examples", "5", "--max-time", "60",
            "--seed", "1", "--no-color", "--report-dir", str(tmp_path), *extra]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    # In the test's own directory: st keeps a cache (.schemathesis/) where it runs.
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]
-    assert "No issues found" in out or "passed" in out, out[-3000:]
 
 
 def test_no_server_error_and_a_true_schema_without_a_token(fuzz_settings, tmp_path) -> None:
