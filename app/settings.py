@@ -37,6 +37,10 @@ class Settings(BaseSettings):
         "clustering, figures, datasets, sweeps. Health, readiness and the OpenAPI document "
         "stay open. Set COREL_API_TOKEN_READS=false to leave reads open.",
     )
+    chance_epochs: int = Field(
+        default=5, ge=0,
+        description="A run whose validation accuracy stays at chance this many epochs in a row "
+        "(or whose loss is not finite) ends `failed`, saying why; 0 trains on regardless.")
     max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
     max_json_bytes: int = Field(
         default=1024 * 1024, gt=0, description="Body limit of the JSON routes (specs, sweeps).")

@@ -47,6 +47,7 @@ __all__ = [
     "attractive_repulsive",
     "build_loss",
     "center_loss_term",
+    "spread_class_vectors",
 ]
 
 REPULSIONS = ("logsumexp", "max_squared")
@@ -288,6 +289,27 @@ class CosineCOREL(LossHead):
         return f"{super().extra_repr()}, lam={self.lam}"
 
 
+# A point on its own class vector gets this share of the softmax at initialisation.
+INIT_CONFIDENCE = 0.99
+
+
+@torch.no_grad()
+def spread_class_vectors(W: torch.Tensor, gamma: float, confidence: float = INIT_CONFIDENCE) -> None:
+    """Initialise Gaussian class vectors apart from each other, in place.
+
+    Orthogonal directions (as far as K <= H allows) at the radius r where
+    gamma |w_i - w_j|^2 = 2 gamma r^2 = log(confidence (K - 1) / (1 - confidence)): a
+    representation on its class vector is classified with ``confidence``. With nn.Linear's
+    small init the vectors start 0.8 apart, well inside one Gaussian width, and
+    lam > 0.5 then collapses everything to one point (see docs/reproduction.md).
+    """
+    k = W.shape[0]
+    nn.init.orthogonal_(W)
+    W.div_(W.norm(dim=1, keepdim=True).clamp_min(1e-12))
+    radius = math.sqrt(math.log(confidence * (k - 1) / (1.0 - confidence)) / (2.0 * gamma))
+    W.mul_(radius)
+
+
 class GaussianCOREL(LossHead):
     """Gaussian-COREL: s_gau(h, w) = -gamma |h - w|^2,
 
@@ -314,6 +336,7 @@ class GaussianCOREL(LossHead):
         if not (math.isfinite(gamma) and gamma > 0):
             raise ValueError(f"gamma must be a positive number; got {gamma!r}")
         self.lam = float(lam)
+        spread_class_vectors(self.W, gamma)
         # A fixed gamma is kept as is (exact); a learned one as log(gamma), which
         # keeps it positive under gradient steps.
         self.learn_gamma = learn_gamma

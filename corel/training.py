@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import math
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -32,18 +33,23 @@ from corel.models import Classifier, build_classifier
 from corel.spec import ExperimentSpec
 
 __all__ = [
+    "CHANCE_EPOCHS",
     "CHECKPOINT_FORMAT",
     "Callback",
+    "ChanceGuard",
     "EpochMetrics",
     "FitResult",
+    "NotLearningError",
     "Run",
     "accuracy",
     "build_model",
+    "chance_accuracy",
     "checkpoint_from_bytes",
     "checkpoint_to_bytes",
     "embed_all",
     "fit",
     "model_from_checkpoint",
+    "not_learning",
     "pick_device",
     "run_epoch",
     "start_run",
@@ -53,6 +59,8 @@ __all__ = [
 
 CHECKPOINT_FORMAT = 1
 EVAL_BATCH = 2048
+# A run whose validation accuracy has sat at chance this many epochs in a row has failed.
+CHANCE_EPOCHS = 5
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,69 @@ class Callback:
         return None
 
     def on_batch_end(self, step: int) -> bool | None:
+        return None
+
+
+class NotLearningError(ValueError):
+    """Training stopped because the model is not learning (see :func:`not_learning`)."""
+
+
+def chance_accuracy(labels: torch.Tensor) -> float:
+    """The accuracy of always answering the most frequent class of ``labels``."""
+    if len(labels) == 0:
+        return float("nan")
+    return float(torch.bincount(labels).max()) / len(labels)
+
+
+def not_learning(
+    history: Sequence[EpochMetrics], chance: float, spec: ExperimentSpec, epochs: int = CHANCE_EPOCHS
+) -> str | None:
+    """Why a run has failed to train, or None while it has not.
+
+    It has failed when the training loss is not finite, or when its validation accuracy
+    has stayed within 5% of the way from chance to perfect (0.145 for ten balanced
+    classes) for the last ``epochs`` epochs: it never learned, or it learned and then
+    collapsed. Such a run must not look like a success.
+    """
+    if not history or epochs <= 0:
+        return None
+    last = history[-1]
+    if not math.isfinite(last.train_loss):
+        return (f"the training loss became {last.train_loss} at epoch {last.epoch}: training "
+                f"diverged. Try a smaller learning rate (the paper's is 1e-4).")
+    if len(history) < epochs:
+        return None
+    ceiling = chance + 0.05 * (1.0 - chance)
+    recent = history[-epochs:]
+    if any(m.val_accuracy > ceiling for m in recent):
+        return None
+    best = max(history, key=lambda m: m.val_accuracy)
+    story = (f"validation accuracy has stayed at chance for {epochs} epochs (at most "
+             f"{max(m.val_accuracy for m in recent):.3f}; always answering the most frequent "
+             f"class scores {chance:.3f})")
+    if best.val_accuracy > ceiling:
+        story += f", after reaching {best.val_accuracy:.3f} at epoch {best.epoch}"
+    if spec.loss == "gaussian" and spec.lam < 0.5:
+        why = (f"Gaussian-COREL with lam = {spec.lam} < 0.5 has no minimum: its loss falls "
+               "without bound as the representations move away from every class vector, so "
+               "the repulsion wins and training diverges. Use lam >= 0.5.")
+    else:
+        why = (f"Try a smaller learning rate (the paper's is 1e-4; this run's is {spec.lr:g})"
+               + ("" if spec.loss == "cce" else " or another lam") + ".")
+    return f"the model is not learning: {story}. {why}"
+
+
+class ChanceGuard(Callback):
+    """Ends training with :class:`NotLearningError` once :func:`not_learning` says so."""
+
+    def __init__(self, chance: float, epochs: int = CHANCE_EPOCHS) -> None:
+        self.chance = chance
+        self.epochs = epochs
+
+    def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> bool | None:
+        verdict = not_learning(run.history, self.chance, run.spec, self.epochs)
+        if verdict is not None:
+            raise NotLearningError(verdict)
         return None
 
 
@@ -362,6 +433,7 @@ def fit(
     checkpoint: dict[str, Any] | None = None,
     device: str | torch.device | None = None,
     data_dir: str | os.PathLike[str] | None = None,
+    chance_epochs: int = CHANCE_EPOCHS,
 ) -> FitResult:
     """Train ``spec.epochs`` epochs (continuing from ``checkpoint`` if given).
 
@@ -369,9 +441,13 @@ def fit(
     may call ``run.checkpoint()`` to persist a resumable state. The returned
     model holds the weights of the best-validation epoch, and ``test_accuracy``
     is the test accuracy measured at that epoch.
+
+    A run whose validation accuracy sits at chance for ``chance_epochs`` epochs in a
+    row (or whose loss is not finite) raises :class:`NotLearningError`, after the
+    callbacks have seen that epoch; ``chance_epochs=0`` trains on regardless.
     """
-    cbs = list(callbacks)
     run = start_run(spec, data=data, checkpoint=checkpoint, device=device, data_dir=data_dir)
+    cbs = [*callbacks, ChanceGuard(chance_accuracy(run.data.y_val), chance_epochs)]
     stopped = False
     while run.epoch < run.spec.epochs:
         metrics = run_epoch(run, cbs)

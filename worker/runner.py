@@ -44,11 +44,14 @@ from corel.training import (
     Callback,
     EpochMetrics,
     FitResult,
+    NotLearningError,
     Run,
+    chance_accuracy,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
     embed_all,
     fit,
+    not_learning,
 )
 from corel.vectorized import GroupCallback, StackedRun, fit_group, group_key
 
@@ -320,7 +323,7 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
         log.info("training", extra={"experiment": experiment_id, "worker": WORKER_ID,
                                     "resume_epoch": job.checkpoint["epoch"] if job.checkpoint else 0})
         result = fit(job.spec, [recorder], checkpoint=job.checkpoint, device=settings.device,
-                     data_dir=settings.data_dir)
+                     data_dir=settings.data_dir, chance_epochs=settings.chance_epochs)
         if result.stopped:
             _finish(factory, experiment_id, status="cancelled")
             return "cancelled"
@@ -357,6 +360,8 @@ class GroupRecorder(GroupCallback):
         self.active = set(ids)
         self.factory = factory
         self.heartbeat_every = settings.heartbeat_seconds
+        self.chance_epochs = settings.chance_epochs
+        self.chance: float | None = None
         self.last_beat = time.monotonic()
 
     def _cancelled(self, session: Session) -> set[int]:
@@ -397,6 +402,14 @@ class GroupRecorder(GroupCallback):
                 session.add(EpochMetric(experiment_id=experiment_id, **m.to_dict()))
                 _upsert_checkpoint(session, experiment_id, "resume", m.epoch,
                                    checkpoint_to_bytes(run.checkpoint()))
+                if self.chance is None:
+                    self.chance = chance_accuracy(group.data.y_val)
+                verdict = not_learning(run.history, self.chance, run.spec, self.chance_epochs)
+                if verdict is not None:  # this member has failed; the others go on
+                    _updated(session, update(Experiment).where(_owned(experiment_id)).values(
+                        status="failed", finished_at=utcnow(),
+                        error=f"{NotLearningError.__name__}: {verdict}"))
+                    self.active.discard(experiment_id)
         self.last_beat = time.monotonic()
         return not self.active
 
