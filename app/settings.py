@@ -39,8 +39,9 @@ class Settings(BaseSettings):
     )
     chance_epochs: int = Field(
         default=5, ge=0,
-        description="A run whose validation accuracy stays at chance this many epochs in a row "
-        "(or whose loss is not finite) ends `failed`, saying why; 0 trains on regardless.")
+        description="A run whose validation accuracy stays at chance for this many epochs in a "
+        "row (Gaussian-COREL below lam 0.5), or for a third of its epochs (any other), or to "
+        "its end, or whose loss is not finite, ends `failed`, saying why; 0 turns it off.")
     max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
     max_json_bytes: int = Field(
         default=1024 * 1024, gt=0, description="Body limit of the JSON routes (specs, sweeps).")
