@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
         "the report: lambda tuning, test accuracy (mean +- std over seeds, paired t-test) and "
         "clustering scores, with the paper's Table 1 figures and the difference in points.",
     )
-    rep.add_argument("--dataset", required=True, choices=("fashion-mnist", "mnist", "digits"))
+    rep.add_argument("--dataset", required=True, choices=("fashion-mnist", "mnist", "ag-news", "digits"))
     rep.add_argument("--model", default="ffnn", choices=("ffnn", "cnn"))
     rep.add_argument("--losses", default="cce,center,cosine,gaussian",
                      help="comma-separated losses (default: all four)")

@@ -115,7 +115,7 @@ def not_learning(
       never learned, or learned and then collapsed. (A slow start is not a failure:
       Center loss at lam 0.7 on AG News sits at chance for 10 of 40 epochs, then
       reaches 83%.)
-    * it has finished and never got above chance.
+    * it has finished, after ``epochs`` epochs or more, and never got above chance.
 
     ``epochs=0`` turns the check off.
     """
@@ -130,7 +130,7 @@ def not_learning(
     ceiling = chance + 0.05 * (1.0 - chance)
     best = max(history, key=lambda m: m.val_accuracy)
     finished = len(history) >= spec.epochs
-    if finished and best.val_accuracy <= ceiling:
+    if finished and len(history) >= epochs and best.val_accuracy <= ceiling:
         patience = len(history)
     elif len(history) < patience or any(m.val_accuracy > ceiling for m in history[-patience:]):
         return None
