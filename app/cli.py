@@ -41,7 +41,17 @@ def register(sub: Any) -> None:
         "the report: lambda tuning, test accuracy (mean +- std over seeds, paired t-test) and "
         "clustering scores, with the paper's Table 1 figures and the difference in points.",
     )
-    rep.add_argument("--dataset", required=True, choices=("fashion-mnist", "mnist", "ag-news", "digits"))
+    rep.add_argument("--all", action="store_true",
+                     help="the whole Table 1 matrix (every dataset x model): a tune sweep and a "
+                     "final sweep per row, resumable, tables written into --doc")
+    rep.add_argument("--budget", default="session", choices=("paper", "session", "smoke"),
+                     help="with --all: epochs, seeds and lambdas per row (default: session)")
+    rep.add_argument("--state", default="reproduce-state.json",
+                     help="with --all: the file that remembers the sweeps, so that running the "
+                     "command again resumes (default: ./reproduce-state.json)")
+    rep.add_argument("--doc", default="docs/reproduction.md",
+                     help="with --all: the Markdown file whose generated block is replaced")
+    rep.add_argument("--dataset", choices=("fashion-mnist", "mnist", "ag-news", "digits"))
     rep.add_argument("--model", default="ffnn", choices=("ffnn", "cnn"))
     rep.add_argument("--losses", default="cce,center,cosine,gaussian",
                      help="comma-separated losses (default: all four)")
@@ -160,6 +170,11 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     import httpx
 
+    if args.all:
+        return _reproduce_all(args)
+    if not args.dataset:
+        raise SystemExit("corel reproduce: give --dataset, or --all for the whole matrix")
+
     losses = [x.strip() for x in args.losses.split(",") if x.strip()]
     try:
         lambdas = [float(x) for x in args.lambdas.split(",") if x.strip()]
@@ -211,4 +226,38 @@ def _reproduce(args: argparse.Namespace) -> int:
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(text + footer)
+    return 0
+
+
+def _reproduce_all(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    from app.reproduce import BUDGETS, Reproduction, render, write_block
+
+    rows = BUDGETS[args.budget]
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    command = f"corel reproduce --all --budget {args.budget}"
+    proc = None
+    url = args.url
+    if not url:
+        proc, url = _embedded_service()
+    try:
+        with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=600) as client:
+            rep = Reproduction(client, rows, Path(args.state))
+            started = time.monotonic()
+            while not rep.step():
+                print(f"\r{rep.progress()}  {time.monotonic() - started:.0f}s", end="",
+                      file=sys.stderr, flush=True)
+                time.sleep(5)
+            print(file=sys.stderr)
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    block = render(rep.state, rows, command)
+    write_block(Path(args.doc), block)
+    print(block)
     return 0

@@ -60,6 +60,7 @@ class Sweep(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     base: Mapped[dict[str, Any]] = mapped_column(JSON)
     grid: Mapped[dict[str, Any]] = mapped_column(JSON)
+    lam_by_loss: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
     size: Mapped[int] = mapped_column(Integer)
     vectorize: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -180,9 +180,21 @@ class SweepCreate(BaseModel):
         description="Train members that share dataset, model, batch size and data order "
         "together as one stacked model (same results, less time).",
     )
+    lam_by_loss: dict[str, float] | None = Field(
+        default=None,
+        description="lambda per loss, in place of the base's and the grid's for that loss: "
+        "the paper's protocol of each loss at its own tuned lambda "
+        '(e.g. {"center": 0.5, "cosine": 0.85}). Losses: center, cosine, gaussian.',
+    )
 
     @model_validator(mode="after")
     def _check_grid(self) -> SweepCreate:
+        for loss, lam in (self.lam_by_loss or {}).items():
+            if loss not in ("center", "cosine", "gaussian"):
+                raise ValueError(f"lam_by_loss: {loss!r} has no lambda; allowed: center, cosine, "
+                                 "gaussian")
+            if not (isinstance(lam, int | float) and 0.0 < lam <= 1.0):
+                raise ValueError(f"lam_by_loss: {loss} must be a number in (0, 1]; got {lam!r}")
         if not self.grid:
             raise ValueError(f"grid is empty; give values for any of {', '.join(GRID_KEYS)}")
         for key, values in self.grid.items():
@@ -203,6 +215,7 @@ class SweepRead(BaseModel):
     id: int
     base: dict[str, Any]
     grid: dict[str, Any]
+    lam_by_loss: dict[str, float] | None = None
     size: int
     vectorize: bool
     counts: dict[str, int]

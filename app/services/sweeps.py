@@ -37,6 +37,8 @@ def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:
     seen: set[str] = set()
     for combo in itertools.product(*(body.grid[k] for k in keys)):
         data = {**body.base, **dict(zip(keys, combo, strict=True))}
+        if body.lam_by_loss and data.get("loss") in body.lam_by_loss:
+            data["lam"] = body.lam_by_loss[data["loss"]]
         try:
             spec = ExperimentCreate.model_validate(data)
         except ValidationError as exc:
@@ -56,8 +58,8 @@ def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:
 def create_sweep(session: Session, body: SweepCreate, limit: int) -> tuple[Sweep, list[list[int]]]:
     """Rows for the sweep and its members; returns the id groups to queue together."""
     members = expand(body, limit)
-    sweep = Sweep(base=body.base, grid=body.grid, size=len(members), vectorize=body.vectorize,
-                  created_at=utcnow())
+    sweep = Sweep(base=body.base, grid=body.grid, lam_by_loss=body.lam_by_loss, size=len(members),
+                  vectorize=body.vectorize, created_at=utcnow())
     session.add(sweep)
     session.flush()
     experiments = [experiments_service.create_experiment(session, m) for m in members]
@@ -96,7 +98,8 @@ def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
     done = sum(counts[s] for s in FINISHED)
     ids = list(session.scalars(
         select(Experiment.id).where(Experiment.sweep_id == sweep.id).order_by(Experiment.id)))
-    return {"id": sweep.id, "base": sweep.base, "grid": sweep.grid, "size": sweep.size,
+    return {"id": sweep.id, "base": sweep.base, "grid": sweep.grid,
+            "lam_by_loss": sweep.lam_by_loss, "size": sweep.size,
             "vectorize": sweep.vectorize, "counts": counts, "done": done,
             "finished": done == sweep.size, "experiment_ids": ids, "created_at": sweep.created_at}
 
