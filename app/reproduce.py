@@ -86,7 +86,7 @@ BUDGETS: dict[str, tuple[Row, ...]] = {
         Row("ag-news", "ffnn", TEN_LAMBDAS, 2, 40, 5, 80),
         Row("mnist", "ffnn", TEN_LAMBDAS, 1, 15, 3, 100),
         Row("fashion-mnist", "ffnn", TEN_LAMBDAS, 1, 15, 3, 100),
-        Row("ag-news", "cnn", (0.5, 0.85), 1, 8, 2, 15),
+        Row("ag-news", "cnn", (0.5, 0.85), 1, 5, 2, 10),
         Row("fashion-mnist", "cnn", (0.5, 0.85), 1, 3, 2, 6, train_subset=20_000),
         Row("mnist", "cnn", (0.5, 0.85), 1, 3, 2, 6, train_subset=20_000),
     ),
