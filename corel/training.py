@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import io
+import itertools
 import json
 import math
 import os
@@ -100,6 +101,11 @@ def chance_accuracy(labels: torch.Tensor) -> float:
     return float(torch.bincount(labels).max()) / len(labels)
 
 
+_UNBOUNDED = ("Gaussian-COREL with lam = {lam} < 0.5 has no minimum: its loss falls without "
+              "bound as the representations move away from every class vector, so the "
+              "repulsion wins and training diverges. Use lam >= 0.5.")
+
+
 def not_learning(
     history: Sequence[EpochMetrics], chance: float, spec: ExperimentSpec, epochs: int = CHANCE_EPOCHS
 ) -> str | None:
@@ -109,8 +115,10 @@ def not_learning(
     (0.145 for ten balanced classes). A run has failed when
 
     * its training loss is not finite;
-    * it has been at chance for its last ``epochs`` epochs, and it is Gaussian-COREL
-      with lam < 0.5, whose loss has no minimum: at chance, it is diverging;
+    * it is Gaussian-COREL with lam < 0.5, whose loss has no minimum, and either its
+      training loss has been negative and falling for ``epochs`` epochs (a loss that
+      cannot go below 0 at lam >= 0.5: the representations are running away, whatever
+      the accuracy of the moment) or it has been at chance for that long;
     * it has been at chance for its last ``max(epochs, spec.epochs / 3)`` epochs: it
       never learned, or learned and then collapsed. (A slow start is not a failure:
       Center loss at lam 0.7 on AG News sits at chance for 10 of 40 epochs, then
@@ -126,6 +134,12 @@ def not_learning(
         return (f"the training loss became {last.train_loss} at epoch {last.epoch}: training "
                 f"diverged. Try a smaller learning rate (the paper's is 1e-4).")
     diverging = spec.loss == "gaussian" and spec.lam < 0.5
+    if diverging and len(history) >= epochs:
+        losses = [m.train_loss for m in history[-epochs:]]
+        if losses[0] < 0 and all(b < a for a, b in itertools.pairwise(losses)):
+            return (f"the model is not learning: its training loss has been negative and "
+                    f"falling for {epochs} epochs (now {last.train_loss:.4g}), so the "
+                    f"representations are running away. {_UNBOUNDED.format(lam=spec.lam)}")
     patience = epochs if diverging else max(epochs, math.ceil(spec.epochs / 3))
     ceiling = chance + 0.05 * (1.0 - chance)
     best = max(history, key=lambda m: m.val_accuracy)
@@ -140,9 +154,7 @@ def not_learning(
     if best.val_accuracy > ceiling:
         story += f", after reaching {best.val_accuracy:.3f} at epoch {best.epoch}"
     if diverging:
-        why = (f"Gaussian-COREL with lam = {spec.lam} < 0.5 has no minimum: its loss falls "
-               "without bound as the representations move away from every class vector, so "
-               "the repulsion wins and training diverges. Use lam >= 0.5.")
+        why = _UNBOUNDED.format(lam=spec.lam)
     else:
         why = (f"Try a smaller learning rate (the paper's is 1e-4; this run's is {spec.lr:g})"
                + ("" if spec.loss == "cce" else " or another lam") + ".")

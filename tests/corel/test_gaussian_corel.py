@@ -127,6 +127,25 @@ def test_a_finished_run_that_never_left_chance_has_failed():
     assert not_learning(_history([0.1, 0.1]), 0.1, short) is None
 
 
+def _losses(losses, val=0.6):
+    return [EpochMetrics(epoch=i + 1, train_loss=x, train_accuracy=val, val_accuracy=val,
+                         seconds=0.1, is_best=False) for i, x in enumerate(losses)]
+
+
+def test_a_runaway_loss_below_half_is_flagged_whatever_the_accuracy():
+    """AG News at lam 0.4: the loss went -0.4, -1.3, -3.8, ... -243,000 in 40 epochs while
+    validation accuracy wandered between 0.25 and 0.68."""
+    falling = [-0.4, -1.3, -3.8, -10.8, -28.6]
+    verdict = not_learning(_losses(falling), 0.25, SPEC)
+    assert verdict is not None and "negative and falling" in verdict and "lam >= 0.5" in verdict
+    assert not_learning(_losses(falling[:-1]), 0.25, SPEC) is None  # not 5 epochs yet
+    assert not_learning(_losses([0.9, 0.5, -0.1, -0.2, -0.3]), 0.25, SPEC) is None
+    assert not_learning(_losses([-1.0, -2.0, -1.5, -3.0, -4.0]), 0.25, SPEC) is None
+    # At lam >= 0.5 the rule does not apply (and such a loss cannot go negative).
+    above = ExperimentSpec(dataset="digits", loss="gaussian", lam=0.6)
+    assert not_learning(_losses(falling), 0.25, above) is None
+
+
 def test_a_non_finite_loss_is_flagged_at_once_and_zero_epochs_disables():
     assert "diverged" in not_learning(_history([0.5], loss=float("nan")), 0.1, SPEC)
     assert not_learning(_history([0.1] * 10), 0.1, SPEC, epochs=0) is None
