@@ -110,6 +110,16 @@ def _db_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit, so that ``finally`` blocks stop what this process started.
+
+    Python's default SIGTERM action ends the process at once. uvicorn restores the
+    handler it found and raises the signal again after its own shutdown, so without
+    this, `corel serve` stopped by SIGTERM left its embedded worker running.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -125,6 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
     if embedded or settings.is_sqlite:
         upgrade(settings)
     worker = None
+    _exit_on_sigterm()
     if embedded and not args.no_worker:
         worker = subprocess.Popen(worker_command())
     try:
@@ -188,6 +199,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     proc = None
     url = args.url
+    _exit_on_sigterm()
     if not url:
         proc, url = _embedded_service()
     started = time.monotonic()
@@ -242,6 +254,7 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     command = f"corel reproduce --all --budget {args.budget}"
     proc = None
     url = args.url
+    _exit_on_sigterm()
     if not url:
         proc, url = _embedded_service()
     try:

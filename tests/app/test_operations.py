@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -165,6 +168,23 @@ def test_embedded_default_end_to_end(tmp_path):
         for key in ("created_at", "started_at", "finished_at"):
             stamp = datetime.fromisoformat(body[key])
             assert stamp.utcoffset() == timedelta(0), (key, body[key])
+        # SIGTERM to `corel serve` alone (as a supervisor sends it) stops its worker too.
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert children, "the embedded worker is not a child of `corel serve`"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=45)
+        deadline = time.monotonic() + 45
+        while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in children):
+            assert time.monotonic() < deadline, "the embedded worker outlived `corel serve`"
+            time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, 15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
         proc.wait(timeout=30)
+
+
+def _state(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return "Z"
