@@ -30,6 +30,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(value: datetime) -> datetime:
+    """A timestamp read back from the database, with its offset. SQLite (the embedded
+    default) keeps none, and every timestamp is written in UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
 class DatasetUpload(Base):
     __tablename__ = "datasets"
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from app.models import as_utc
 from corel.spec import ExperimentSpec
 
 T = TypeVar("T")
@@ -14,13 +15,8 @@ T = TypeVar("T")
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
-def _utc(value: datetime) -> datetime:
-    # SQLite (the embedded default) keeps no offset; every timestamp is written in UTC.
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 # A timestamp as the API shows it: always with its UTC offset, whatever the database.
-Timestamp = Annotated[datetime, AfterValidator(_utc)]
+Timestamp = Annotated[datetime, AfterValidator(as_utc)]
 
 class ExperimentCreate(ExperimentSpec):
     """An experiment spec as submitted over HTTP.

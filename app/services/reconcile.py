@@ -15,7 +15,7 @@ from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import session_scope
-from app.models import Experiment, utcnow
+from app.models import Experiment, as_utc, utcnow
 from app.settings import Settings
 
 log = logging.getLogger("corel.reconcile")
@@ -56,7 +56,7 @@ def reconcile(
         ).where(Experiment.status == "queued")).all()
     for experiment_id, enqueued_at, sends, created_at in queued:
         last = enqueued_at or created_at
-        if last is None or (now - last).total_seconds() >= requeue_delay(settings, sends):
+        if last is None or (now - as_utc(last)).total_seconds() >= requeue_delay(settings, sends):
             due.append(experiment_id)
     sent: list[int] = []
     try:

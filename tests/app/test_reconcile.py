@@ -1,0 +1,43 @@
+"""The reconciler on the embedded default's SQLite, whose timestamps come back without an
+offset. (On PostgreSQL the fault tests exercise it.) It used to fail every round there
+with "can't subtract offset-naive and offset-aware datetimes", so a run lost by a
+killed worker was never sent again."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import update
+
+from app.db import make_engine, make_sessionmaker, session_scope
+from app.migrate import upgrade
+from app.models import Experiment, utcnow
+from app.schemas import ExperimentCreate
+from app.services.experiments import create_experiment
+from app.services.reconcile import reconcile
+from app.settings import Settings
+
+
+def test_lost_runs_are_sent_again_on_sqlite(tmp_path):
+    settings = Settings(var_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/corel.sqlite3",
+                        broker_url="memory://")
+    upgrade(settings)
+    factory = make_sessionmaker(make_engine(settings.db_url))
+    hour_ago = utcnow() - timedelta(hours=1)
+    with session_scope(factory) as session:
+        ids = [create_experiment(session, ExperimentCreate(dataset="digits", seed=i)).id
+               for i in range(3)]
+    stale_queued, dead_running, fresh = ids
+    with session_scope(factory) as session:
+        session.execute(update(Experiment).where(Experiment.id == stale_queued)
+                        .values(enqueued_at=hour_ago, enqueues=1))
+        session.execute(update(Experiment).where(Experiment.id == dead_running)
+                        .values(status="running", heartbeat_at=hour_ago, enqueued_at=hour_ago))
+        session.execute(update(Experiment).where(Experiment.id == fresh)
+                        .values(enqueued_at=utcnow(), enqueues=1))
+    sent: list[int] = []
+    assert sorted(reconcile(factory, settings, sent.append)) == [stale_queued, dead_running]
+    assert sorted(sent) == [stale_queued, dead_running]
+    # The queued row was sent just now: not again in the next round. (A dead worker's row is
+    # sent each round until a worker claims it; a duplicate finds it claimed.)
+    assert reconcile(factory, settings, sent.append) == [dead_running]
