@@ -39,24 +39,37 @@ def reconcile(
 ) -> list[int]:
     """The database says what must run; send again what the broker may have lost.
 
-    * ``running`` rows whose worker stopped reporting for ``lease_seconds`` (it died);
+    * ``running`` rows whose worker stopped reporting for ``lease_seconds`` (it died):
+      at once, then again after :func:`requeue_delay` while no worker has claimed them;
     * ``queued`` rows whose last send is older than :func:`requeue_delay` (the broker
       restarted without its queue, or the send was lost).
 
     Idempotent: a duplicate delivery finds the row claimed or finished and does nothing,
     and the doubling delay keeps the duplicates of a row that is only waiting its turn
-    to a handful. Runs in every worker and at the API's start.
+    to a handful (a dead worker's row was sent every round: 16 copies in 20 minutes). Runs in every worker and at the API's start.
     """
     now = utcnow()
     with session_scope(factory) as session:
-        due = list(session.scalars(select(Experiment.id).where(
-            Experiment.status == "running", lease_expired(settings, now))))
+        dead = session.execute(select(
+            Experiment.id, Experiment.enqueued_at, Experiment.enqueues, Experiment.heartbeat_at,
+        ).where(Experiment.status == "running", lease_expired(settings, now))).all()
         queued = session.execute(select(
             Experiment.id, Experiment.enqueued_at, Experiment.enqueues, Experiment.created_at,
         ).where(Experiment.status == "queued")).all()
+
+    def waited(last: datetime | None, sends: int) -> bool:
+        return last is None or (now - as_utc(last)).total_seconds() >= requeue_delay(settings, sends)
+
+    due: list[int] = []
+    for experiment_id, enqueued_at, sends, heartbeat_at in dead:
+        # At once when not sent since its worker last reported; then with the same
+        # doubling delay as a queued row, not every round (the copies queue up behind
+        # the other work, and each one would wait there).
+        fresh = enqueued_at is None or heartbeat_at is None or as_utc(enqueued_at) < as_utc(heartbeat_at)
+        if fresh or waited(enqueued_at, sends):
+            due.append(experiment_id)
     for experiment_id, enqueued_at, sends, created_at in queued:
-        last = enqueued_at or created_at
-        if last is None or (now - as_utc(last)).total_seconds() >= requeue_delay(settings, sends):
+        if waited(enqueued_at or created_at, sends):
             due.append(experiment_id)
     sent: list[int] = []
     try:

@@ -38,6 +38,18 @@ def test_lost_runs_are_sent_again_on_sqlite(tmp_path):
     sent: list[int] = []
     assert sorted(reconcile(factory, settings, sent.append)) == [stale_queued, dead_running]
     assert sorted(sent) == [stale_queued, dead_running]
-    # The queued row was sent just now: not again in the next round. (A dead worker's row is
-    # sent each round until a worker claims it; a duplicate finds it claimed.)
+    # Both were sent just now: not again in the next round, though the worker is still dead.
+    assert reconcile(factory, settings, sent.append) == []
+    # Once the delay has passed (the copy is still waiting its turn), again.
+    with session_scope(factory) as session:
+        session.execute(update(Experiment).where(Experiment.id.in_([stale_queued, dead_running]))
+                        .values(enqueued_at=hour_ago))
+    assert sorted(reconcile(factory, settings, sent.append)) == [stale_queued, dead_running]
+    # Sent, claimed by a worker that reported after the send, then died: sent at once
+    # when its lease has run out, whatever the delay.
+    lease = settings.lease_seconds
+    with session_scope(factory) as session:
+        session.execute(update(Experiment).where(Experiment.id == dead_running).values(
+            enqueued_at=utcnow() - timedelta(seconds=lease + 10),
+            heartbeat_at=utcnow() - timedelta(seconds=lease + 1), enqueues=5))
     assert reconcile(factory, settings, sent.append) == [dead_running]
