@@ -7,7 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
 
 
 def register(sub: Any) -> None:
@@ -175,11 +180,30 @@ def _embedded_service() -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("corel: the embedded service did not start (try `corel serve` to see why)")
 
 
+@contextmanager
+def _service_client(args: argparse.Namespace, timeout: float) -> Iterator[httpx.Client]:
+    """A client of ``--url`` (with ``--token``), else of an embedded service started for the
+    occasion and stopped at the end, SIGTERM included."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    proc = None
+    url = args.url
+    _exit_on_sigterm()
+    if not url:
+        proc, url = _embedded_service()
+    try:
+        with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout) as client:
+            yield client
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     import platform
     import time
-
-    import httpx
 
     if args.all:
         return _reproduce_all(args)
@@ -196,37 +220,26 @@ def _reproduce(args: argparse.Namespace) -> int:
     if args.train_subset:
         base["train_subset"] = args.train_subset
     body = {"base": base, "grid": {"loss": losses, "lam": lambdas, "seed": list(range(args.seeds))}}
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
-    proc = None
-    url = args.url
-    _exit_on_sigterm()
-    if not url:
-        proc, url = _embedded_service()
     started = time.monotonic()
-    try:
-        with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=3600) as client:
-            r = client.post("/sweeps", json=body)
-            if r.status_code != 202:
-                raise SystemExit(f"corel: {r.status_code}: {r.json().get('detail', r.text)}")
-            sweep = r.json()
-            print(f"sweep {sweep['id']}: {sweep['size']} experiments in {sweep['groups']} tasks "
-                  f"on {url}", file=sys.stderr)
-            while True:
-                progress = client.get(f"/sweeps/{sweep['id']}").json()
-                c = progress["counts"]
-                print(f"\r{progress['done']}/{progress['size']} done  (running {c['running']}, "
-                      f"queued {c['queued']}, failed {c['failed']})  "
-                      f"{time.monotonic() - started:.0f}s", end="", file=sys.stderr, flush=True)
-                if progress["finished"]:
-                    break
-                time.sleep(5)
-            print(file=sys.stderr)
-            params = {"format": "markdown", "clustering": str(not args.no_clustering).lower()}
-            text = client.get(f"/sweeps/{sweep['id']}/report", params=params).text
-    finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+    with _service_client(args, timeout=3600) as client:
+        r = client.post("/sweeps", json=body)
+        if r.status_code != 202:
+            raise SystemExit(f"corel: {r.status_code}: {r.json().get('detail', r.text)}")
+        sweep = r.json()
+        print(f"sweep {sweep['id']}: {sweep['size']} experiments in {sweep['groups']} tasks "
+              f"on {client.base_url}", file=sys.stderr)
+        while True:
+            progress = client.get(f"/sweeps/{sweep['id']}").json()
+            c = progress["counts"]
+            print(f"\r{progress['done']}/{progress['size']} done  (running {c['running']}, "
+                  f"queued {c['queued']}, failed {c['failed']})  "
+                  f"{time.monotonic() - started:.0f}s", end="", file=sys.stderr, flush=True)
+            if progress["finished"]:
+                break
+            time.sleep(5)
+        print(file=sys.stderr)
+        params = {"format": "markdown", "clustering": str(not args.no_clustering).lower()}
+        text = client.get(f"/sweeps/{sweep['id']}/report", params=params).text
     wall = time.monotonic() - started
     footer = (f"\nCommand: corel reproduce --dataset {args.dataset} --model {args.model} "
               f"--losses {args.losses} --lambdas {args.lambdas} --seeds {args.seeds} "
@@ -245,31 +258,18 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    import httpx
-
     from app.reproduce import BUDGETS, Reproduction, render, write_block
 
     rows = BUDGETS[args.budget]
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     command = f"corel reproduce --all --budget {args.budget}"
-    proc = None
-    url = args.url
-    _exit_on_sigterm()
-    if not url:
-        proc, url = _embedded_service()
-    try:
-        with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=600) as client:
-            rep = Reproduction(client, rows, Path(args.state))
-            started = time.monotonic()
-            while not rep.step():
-                print(f"\r{rep.progress()}  {time.monotonic() - started:.0f}s", end="",
-                      file=sys.stderr, flush=True)
-                time.sleep(5)
-            print(file=sys.stderr)
-    finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+    with _service_client(args, timeout=600) as client:
+        rep = Reproduction(client, rows, Path(args.state))
+        started = time.monotonic()
+        while not rep.step():
+            print(f"\r{rep.progress()}  {time.monotonic() - started:.0f}s", end="",
+                  file=sys.stderr, flush=True)
+            time.sleep(5)
+        print(file=sys.stderr)
     block = render(rep.state, rows, command)
     write_block(Path(args.doc), block)
     print(block)

@@ -39,9 +39,10 @@ class Settings(BaseSettings):
     )
     chance_epochs: int = Field(
         default=5, ge=0,
-        description="A run whose validation accuracy stays at chance for this many epochs in a "
-        "row (Gaussian-COREL below lam 0.5), or for a third of its epochs (any other), or to "
-        "its end, or whose loss is not finite, ends `failed`, saying why; 0 turns it off.")
+        description="A run ends `failed`, saying why, when its loss is not finite; when its "
+        "validation accuracy stays at chance for a third of its epochs (at least this many), or "
+        "to its end; or, for Gaussian-COREL below lam 0.5, when it is at chance or its loss is "
+        "negative and falling for this many epochs. 0 turns the check off.")
     max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
     max_json_bytes: int = Field(
         default=1024 * 1024, gt=0, description="Body limit of the JSON routes (specs, sweeps).")

@@ -127,8 +127,8 @@ def not_learning(
 
     ``epochs=0`` turns the check off.
     """
-    if not history or epochs <= 0:
-        return None
+    if not history or epochs <= 0 or math.isnan(chance):
+        return None  # (no validation rows: nothing to judge by)
     last = history[-1]
     if not math.isfinite(last.train_loss):
         return (f"the training loss became {last.train_loss} at epoch {last.epoch}: training "

@@ -46,7 +46,8 @@ def reconcile(
 
     Idempotent: a duplicate delivery finds the row claimed or finished and does nothing,
     and the doubling delay keeps the duplicates of a row that is only waiting its turn
-    to a handful (a dead worker's row was sent every round: 16 copies in 20 minutes). Runs in every worker and at the API's start.
+    to a handful (a dead worker's row used to be sent every round: 16 copies in 20
+    minutes). Runs in every worker and at the API's start.
     """
     now = utcnow()
     with session_scope(factory) as session:

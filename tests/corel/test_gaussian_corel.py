@@ -147,6 +147,10 @@ def test_a_runaway_loss_below_half_is_flagged_whatever_the_accuracy():
     assert not_learning(_losses(falling), 0.25, above) is None
 
 
+def test_without_validation_rows_nothing_is_judged():
+    assert not_learning(_history([0.1] * 10), float("nan"), SPEC) is None
+
+
 def test_a_non_finite_loss_is_flagged_at_once_and_zero_epochs_disables():
     assert "diverged" in not_learning(_history([0.5], loss=float("nan")), 0.1, SPEC)
     assert not_learning(_history([0.1] * 10), 0.1, SPEC, epochs=0) is None
