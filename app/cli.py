@@ -51,6 +51,8 @@ def register(sub: Any) -> None:
                      "final sweep per row, resumable, tables written into --doc")
     rep.add_argument("--budget", default="session", choices=("paper", "session", "smoke"),
                      help="with --all: epochs, seeds and lambdas per row (default: session)")
+    rep.add_argument("--rows", help="with --all: only these rows of the budget, comma-separated "
+                     "dataset/model keys (e.g. mnist/ffnn,fashion-mnist/ffnn)")
     rep.add_argument("--state", default="reproduce-state.json",
                      help="with --all: the file that remembers the sweeps, so that running the "
                      "command again resumes (default: ./reproduce-state.json)")
@@ -258,10 +260,13 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from app.reproduce import BUDGETS, Reproduction, render, write_block
+    from app.reproduce import Reproduction, render, select_rows, write_block
 
-    rows = BUDGETS[args.budget]
-    command = f"corel reproduce --all --budget {args.budget}"
+    try:
+        rows = select_rows(args.budget, args.rows)
+    except ValueError as exc:
+        raise SystemExit(f"corel reproduce: {exc}") from exc
+    command = f"corel reproduce --all --budget {args.budget}" + (f" --rows {args.rows}" if args.rows else "")
     with _service_client(args, timeout=600) as client:
         rep = Reproduction(client, rows, Path(args.state))
         started = time.monotonic()
@@ -270,7 +275,7 @@ def _reproduce_all(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
             time.sleep(5)
         print(file=sys.stderr)
-    block = render(rep.state, rows, command)
-    write_block(Path(args.doc), block)
+    block = render(rep.state, args.budget, command)
+    write_block(Path(args.doc), block, args.budget)
     print(block)
     return 0

@@ -8,8 +8,11 @@ import json
 
 import pytest
 
-from app.reproduce import BEGIN, BUDGETS, END, write_block
+from app.reproduce import BUDGETS, final_lambdas, markers, select_rows, write_block
 from corel.cli import main
+from corel.report import PAPER_TABLE2
+
+BEGIN, END = markers("smoke")
 
 
 def _sweep(client, sweep_id):
@@ -80,10 +83,31 @@ def test_a_sweep_the_service_lost_is_created_again(client, reproduced):
 
 def test_write_block_appends_then_replaces(tmp_path):
     doc = tmp_path / "d.md"
-    write_block(doc, f"{BEGIN}\none\n{END}\n")
-    write_block(doc, f"{BEGIN}\ntwo\n{END}\n")
+    write_block(doc, f"{BEGIN}\none\n{END}\n", "smoke")
+    write_block(doc, f"{BEGIN}\ntwo\n{END}\n", "smoke")
     text = doc.read_text()
     assert "two" in text and "one" not in text and text.count(BEGIN) == 1
+    # Another budget's block goes beside it and leaves this one alone.
+    other_begin, other_end = markers("paper")
+    write_block(doc, f"{other_begin}\nthree\n{other_end}\n", "paper")
+    text = doc.read_text()
+    assert "two" in text and "three" in text and text.count(BEGIN) == 1
+
+
+def test_rows_pick_part_of_a_budget_and_unknown_rows_are_named():
+    rows = select_rows("paper", "mnist/ffnn, fashion-mnist/ffnn")
+    assert [r.key for r in rows] == ["mnist/ffnn", "fashion-mnist/ffnn"]
+    with pytest.raises(ValueError, match="mnist/mlp is not a row of the 'paper' budget; its rows are"):
+        select_rows("paper", "mnist/mlp")
+
+
+def test_final_lambdas_take_the_papers_table_2_where_it_is_known():
+    fashion = next(r for r in BUDGETS["paper"] if r.key == "fashion-mnist/ffnn")
+    lams, source = final_lambdas(fashion, {"center": 0.6, "cosine": 0.6, "gaussian": 0.7})
+    assert lams == {"center": 0.6, "cosine": 0.6, "gaussian": PAPER_TABLE2[("fashion-mnist", "ffnn")]["gaussian"]}
+    assert source == {"center": "tuned", "cosine": "tuned", "gaussian": "paper"}
+    digits = BUDGETS["smoke"][0]
+    assert final_lambdas(digits, {"gaussian": 0.85}) == ({"gaussian": 0.85}, {"gaussian": "tuned"})
 
 
 @pytest.mark.parametrize(("lam_by_loss", "words"), [
