@@ -16,9 +16,10 @@ if TYPE_CHECKING:
 
 
 def register(sub: Any) -> None:
-    from app import client_cli
+    from app import client_cli, watch_cli
 
     client_cli.register(sub)
+    watch_cli.register(sub)
     serve = sub.add_parser(
         "serve",
         help="run the API; with no broker configured, also an embedded broker and worker",
@@ -146,7 +147,10 @@ def _serve(args: argparse.Namespace) -> int:
     if embedded and not args.no_worker:
         worker = subprocess.Popen(worker_command())
     try:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None)
+        # Open event streams would hold a graceful shutdown up for as long as their
+        # clients stay; they are cut after a few seconds and resume from Last-Event-ID.
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None,
+                    timeout_graceful_shutdown=5)
     finally:
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)

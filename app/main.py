@@ -24,8 +24,11 @@ from app.db import DATABASE_UNAVAILABLE, make_engine, make_sessionmaker
 from app.errors import DomainError, describe_error
 from app.guard import RequestGuard
 from app.logging import configure_logging
+from app.metrics import ApiMetrics, RequestMetrics, RouteTemplates
+from app.metrics import router as metrics_router
 from app.queue import TaskQueue
-from app.routes import analysis, datasets, experiments, inference, sweeps
+from app.routes import analysis, datasets, events, experiments, inference, sweeps
+from app.services.events import EventHub
 from app.services.inference import InferenceRunner
 from app.services.model_cache import ModelCache
 from app.services.reconcile import reconcile_in_background
@@ -127,6 +130,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.model_cache = ModelCache(settings.model_cache_size)
         app.state.inference = InferenceRunner(settings.api_batch_threads)
         app.state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
+        app.state.events = EventHub(app.state.sessionmaker, settings.db_url)
+        await app.state.events.start()
+        metrics.service.attach(engine, app.state.model_cache, app.state.probes)
         log.info("api started", extra={"database": engine.url.render_as_string(hide_password=True)})
         # What exists at start-up (torch, SQLAlchemy, Celery: hundreds of thousands of
         # objects) lives as long as the process; keep it out of the collector's full
@@ -135,6 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await app.state.events.stop()
             app.state.inference.close()
             app.state.probes.shutdown(wait=False, cancel_futures=True)
             engine.dispose()
@@ -146,6 +153,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.metrics = metrics = ApiMetrics(settings)
 
     @app.exception_handler(DomainError)
     async def _domain_error(_: Request, exc: DomainError) -> JSONResponse:
@@ -229,8 +237,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(experiments.router)
     app.include_router(datasets.router)
     app.include_router(sweeps.router)
+    app.include_router(events.router)
+    app.include_router(metrics_router)
     openapi.install(app, token_routes=settings.api_token is not None)
     app.add_middleware(AllowHeader, document=app.openapi)
     app.add_middleware(RequestGuard, settings=settings)
     app.add_middleware(AccessLog)
+    app.add_middleware(RequestMetrics, metrics=metrics,
+                       templates=RouteTemplates(app.router.routes, app.openapi))
     return app

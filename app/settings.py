@@ -87,6 +87,11 @@ class Settings(BaseSettings):
         description="Threads that share a request of 256 inputs or more, one slice each, "
         "off the event loop (default: all cores).",
     )
+    worker_metrics_port: int = Field(
+        default=0, ge=0, le=65535,
+        description="Port on which a worker serves its Prometheus metrics (all interfaces); "
+        "0: none.",
+    )
     log_level: str = Field(default="INFO")
     auto_migrate: bool = Field(
         default=False, description="Apply migrations when the API starts (the embedded default)."

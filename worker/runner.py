@@ -37,6 +37,7 @@ from app.models import (
     LatentSpace,
     utcnow,
 )
+from app.services.events import publish
 from app.services.reconcile import lease_expired
 from app.settings import Settings
 from corel.spec import ExperimentSpec
@@ -54,6 +55,7 @@ from corel.training import (
     not_learning,
 )
 from corel.vectorized import GroupCallback, StackedRun, fit_group, group_key
+from worker.metrics import METRICS
 
 log = logging.getLogger("corel.worker")
 
@@ -116,7 +118,7 @@ def _updated(session: Session, stmt: Any) -> int:
 
 def claim(session: Session, experiment_id: int, settings: Settings) -> bool:
     now = utcnow()
-    return bool(_updated(session,
+    claimed = bool(_updated(session,
         update(Experiment)
         .where(
             Experiment.id == experiment_id,
@@ -140,6 +142,9 @@ def claim(session: Session, experiment_id: int, settings: Settings) -> bool:
             started_at=func.coalesce(Experiment.started_at, now),
         )
     ))
+    if claimed:
+        publish(session, [experiment_id])  # sent to the API's streams when this commits
+    return claimed
 
 
 def _owned(experiment_id: int) -> ColumnElement[bool]:
@@ -209,6 +214,8 @@ class DatabaseRecorder(Callback):
             )
             session.add(EpochMetric(experiment_id=self.experiment_id, **metrics.to_dict()))
             _upsert_checkpoint(session, self.experiment_id, "resume", metrics.epoch, blob)
+            publish(session, [self.experiment_id])
+        METRICS.epoch_done(metrics.seconds, len(run.data.y_train))
         log.info("epoch done", extra={"experiment": self.experiment_id, **metrics.to_dict()})
         return self.cancelled
 
@@ -231,8 +238,11 @@ def _materialise_upload(session: Session, dataset_id: int, settings: Settings) -
 
 def _finish(factory: sessionmaker[Session], experiment_id: int, **values: Any) -> None:
     with session_scope(factory) as session:
-        _updated(session, update(Experiment).where(_owned(experiment_id))
-                 .values(finished_at=utcnow(), **values))
+        done = _updated(session, update(Experiment).where(_owned(experiment_id))
+                        .values(finished_at=utcnow(), **values))
+        publish(session, [experiment_id])
+    if done:
+        METRICS.experiment_finished(values.get("status", ""))
 
 
 def _latent(model: Any, x: Any, y: Any, experiment_id: int, split: str) -> LatentSpace:
@@ -266,6 +276,8 @@ def _claim_and_prepare(
     session.refresh(exp)
     if exp.cancel_requested:
         exp.status, exp.finished_at = "cancelled", utcnow()
+        publish(session, [experiment_id])
+        METRICS.experiment_finished("cancelled")
         return "cancelled"
     spec_data = dict(exp.spec)
     if exp.dataset_id is not None:
@@ -312,6 +324,8 @@ def _store_results(factory: sessionmaker[Session], experiment_id: int, result: F
         )
         if not done:
             raise LostLease(f"experiment {experiment_id} was taken over before it could finish")
+        publish(session, [experiment_id])
+    METRICS.experiment_finished("succeeded")
     log.info("succeeded", extra={"experiment": experiment_id, "test_accuracy": result.test_accuracy})
     return "succeeded"
 
@@ -381,8 +395,11 @@ class GroupRecorder(GroupCallback):
         return bool(self.active) and cancelled == self.active
 
     def on_epoch_end(self, metrics: list[EpochMetrics], group: StackedRun) -> bool:
+        recorded = 0
+        ended: list[str] = []
         with session_scope(self.factory) as session:
             cancelled = self._cancelled(session)
+            publish(session, self.active)  # every member this epoch may touch
             for i, experiment_id in enumerate(self.ids):
                 if experiment_id not in self.active:
                     continue
@@ -390,6 +407,7 @@ class GroupRecorder(GroupCallback):
                 if experiment_id in cancelled:
                     _updated(session, update(Experiment).where(_owned(experiment_id))
                              .values(status="cancelled", finished_at=utcnow()))
+                    ended.append("cancelled")
                     self.active.discard(experiment_id)
                     continue
                 owned = _updated(session, update(Experiment).where(_owned(experiment_id)).values(
@@ -402,6 +420,7 @@ class GroupRecorder(GroupCallback):
                 session.add(EpochMetric(experiment_id=experiment_id, **m.to_dict()))
                 _upsert_checkpoint(session, experiment_id, "resume", m.epoch,
                                    checkpoint_to_bytes(run.checkpoint()))
+                recorded += 1
                 if self.chance is None:
                     self.chance = chance_accuracy(group.data.y_val)
                 verdict = not_learning(run.history, self.chance, run.spec, self.chance_epochs)
@@ -409,7 +428,12 @@ class GroupRecorder(GroupCallback):
                     _updated(session, update(Experiment).where(_owned(experiment_id)).values(
                         status="failed", finished_at=utcnow(),
                         error=f"{NotLearningError.__name__}: {verdict}"))
+                    ended.append("failed")
                     self.active.discard(experiment_id)
+        if recorded:
+            METRICS.epoch_done(metrics[0].seconds, len(group.data.y_train), members=recorded)
+        for status in ended:
+            METRICS.experiment_finished(status)
         self.last_beat = time.monotonic()
         return not self.active
 

@@ -18,6 +18,7 @@ from app.services.reconcile import reconcile
 from app.settings import Settings
 from worker import runner
 from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery
+from worker.metrics import METRICS
 
 log = logging.getLogger("corel.worker")
 _stop = threading.Event()
@@ -90,6 +91,12 @@ def _forget_delivered_messages(**_: Any) -> None:
 def _on_ready(**_: Any) -> None:
     configure_logging(_settings().log_level)
     threading.Thread(target=_reconcile_forever, name="corel-reconcile", daemon=True).start()
+    port = _settings().worker_metrics_port
+    if port:
+        try:
+            METRICS.serve(port)
+        except OSError as exc:  # the port is taken: train all the same, and say so
+            log.error("cannot serve metrics", extra={"port": port, "error": str(exc)})
 
 
 @worker_shutting_down.connect

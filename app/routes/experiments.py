@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, status
 
 import app.services.experiments as experiments_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
-from app.errors import MAX_OFFSET, InvalidInput, ServiceUnavailable
+from app.errors import MAX_ID, MAX_OFFSET, InvalidInput, ServiceUnavailable
 from app.models import STATUSES
 from app.schemas import (
     EpochMetricRead,
@@ -51,6 +51,7 @@ def list_(
     status_: Annotated[str | None, Query(alias="status")] = None,
     dataset: str | None = None,
     loss: str | None = None,
+    sweep_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="only this sweep's members")] = None,
     limit: Annotated[int, Query(ge=1)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ):
@@ -62,7 +63,8 @@ def list_(
     if limit > settings.page_size_limit:
         raise InvalidInput(f"limit must be at most {settings.page_size_limit}; got {limit}")
     rows, total = experiments_service.list_experiments(
-        session, status=status_, dataset=dataset, loss=loss, limit=limit, offset=offset
+        session, status=status_, dataset=dataset, loss=loss, limit=limit, offset=offset,
+        sweep_id=sweep_id,
     )
     return Page[ExperimentRead](
         items=[ExperimentRead.model_validate(r) for r in rows], total=total, limit=limit, offset=offset

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -131,7 +132,11 @@ async def _run(
     req = await _read_request(request)
     inference.check_batch(req, request.app.state.settings.max_embed_batch)
     loaded = await _model(request, req.experiment_id)
+    started = time.perf_counter()
     h, sims = await request.app.state.inference.run(req, loaded, similarities)
+    request.app.state.metrics.observe_inference(
+        "predict" if similarities else "embed", inference.batch_size(req),
+        time.perf_counter() - started)
     return req, loaded, h, sims
 
 

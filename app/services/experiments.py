@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 from app.errors import MAX_ID, Conflict, InvalidInput, NotFound, check_id
 from app.models import FINISHED, DatasetUpload, EpochMetric, Experiment, utcnow
 from app.schemas import ExperimentCreate
+from app.services.events import publish
 
 
 def get_experiment(session: Session, experiment_id: int) -> Experiment:
@@ -54,6 +55,7 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
 def mark_unqueued(session: Session, experiment_id: int, reason: str) -> None:
     exp = get_experiment(session, experiment_id)
     exp.status, exp.error, exp.finished_at = "failed", reason, utcnow()
+    publish(session, [experiment_id])
     session.flush()
 
 
@@ -65,8 +67,11 @@ def list_experiments(
     loss: str | None,
     limit: int,
     offset: int,
+    sweep_id: int | None = None,
 ) -> tuple[list[Experiment], int]:
     query = select(Experiment)
+    if sweep_id is not None:
+        query = query.where(Experiment.sweep_id == sweep_id)
     if status:
         query = query.where(Experiment.status == status)
     if dataset:
@@ -95,6 +100,7 @@ def cancel_experiment(session: Session, experiment_id: int) -> Experiment:
     if exp.status == "queued":
         exp.status = "cancelled"
         exp.finished_at = utcnow()
+        publish(session, [experiment_id])
     session.flush()
     return exp
 

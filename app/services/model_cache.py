@@ -75,6 +75,7 @@ class ModelCache:
 
     A model is loaded at most once at a time per experiment: concurrent first
     requests wait for the one load instead of each reading the checkpoint.
+    ``hits`` counts lookups answered from memory, ``misses`` the loads (for /metrics).
     """
 
     def __init__(self, size: int) -> None:
@@ -82,12 +83,15 @@ class ModelCache:
         self._models: OrderedDict[int, LoadedModel] = OrderedDict()
         self._lock = threading.Lock()
         self._loading: dict[int, threading.Lock] = {}
+        self.hits = 0
+        self.misses = 0
 
     def peek(self, experiment_id: int) -> LoadedModel | None:
         with self._lock:
             loaded = self._models.get(experiment_id)
             if loaded is not None:
                 self._models.move_to_end(experiment_id)
+                self.hits += 1
             return loaded
 
     def get(self, experiment_id: int, load: Callable[[], LoadedModel]) -> LoadedModel:
@@ -99,6 +103,8 @@ class ModelCache:
         with gate:
             loaded = self.peek(experiment_id)
             if loaded is None:
+                with self._lock:
+                    self.misses += 1
                 loaded = load()
                 with self._lock:
                     self._models[experiment_id] = loaded

@@ -94,6 +94,7 @@ def settings_env(s: Settings) -> dict[str, str]:
         "COREL_REQUEUE_MAX_SECONDS": str(s.requeue_max_seconds),
         "COREL_TRANSIENT_RETRY_SECONDS": str(s.transient_retry_seconds),
         "COREL_RETRY_MAX_PAUSE": str(s.retry_max_pause),
+        "COREL_WORKER_METRICS_PORT": str(s.worker_metrics_port),
         "PYTHONPATH": str(REPO),
     })
     return env
@@ -107,11 +108,12 @@ class Workers:
         self.logdir = logdir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self, settings: Settings | None = None) -> subprocess.Popen[bytes]:
+        """A worker of the session's settings, or of ``settings`` (another queue, ...)."""
         log = open(self.logdir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
             [sys.executable, "-m", "corel.cli", "worker"],
-            env=settings_env(self.settings), stdout=log, stderr=subprocess.STDOUT,
+            env=settings_env(settings or self.settings), stdout=log, stderr=subprocess.STDOUT,
             cwd=REPO, start_new_session=True,
         )
         self.procs.append(proc)

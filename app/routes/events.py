@@ -1,0 +1,66 @@
+"""Live progress as Server-Sent Events: /experiments/{id}/events, /sweeps/{id}/events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import Response, StreamingResponse
+from sqlalchemy import select
+
+import app.services.experiments as experiments_service
+import app.services.sweeps as sweeps_service
+from app.deps import SessionDep
+from app.models import Experiment
+from app.services.progress_stream import experiment_position, stream, sweep_position
+
+router = APIRouter()
+
+LAST_EVENT_ID = ("Resume after this event: the `id` of the last event received. Only "
+                 "later epochs, and a status that changed since, are sent. Not an id "
+                 "this stream sent: 422.")
+EVENT_STREAM: dict[int | str, dict[str, Any]] = {200: {
+    "description": "A text/event-stream of `status` and `epoch` events (JSON data), and a "
+                   "`: keepalive` comment after 15 s of silence; it ends after the last "
+                   "terminal status.",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}}
+
+
+def _sse(events: AsyncIterator[bytes]) -> StreamingResponse:
+    # No caching, and no buffering by proxies (nginx honours X-Accel-Buffering).
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get(
+    "/experiments/{experiment_id:int}/events", tags=["experiments"],
+    response_class=Response, responses=EVENT_STREAM,
+    summary="Live progress: a status event, every epoch, then each new epoch and status",
+)
+def experiment_events(
+    experiment_id: int, request: Request, session: SessionDep,
+    last_event_id: Annotated[str | None, Header(description=LAST_EVENT_ID)] = None,
+) -> StreamingResponse:
+    experiments_service.get_experiment(session, experiment_id)  # 404 before any stream
+    sent = experiment_position(last_event_id)
+    state = request.app.state
+    return _sse(stream(state.events, state.sessionmaker, [experiment_id], [sent], sweep=False))
+
+
+@router.get(
+    "/sweeps/{sweep_id:int}/events", tags=["sweeps"],
+    response_class=Response, responses=EVENT_STREAM,
+    summary="Live progress of every member of a sweep; ends when all have finished",
+)
+def sweep_events(
+    sweep_id: int, request: Request, session: SessionDep,
+    last_event_id: Annotated[str | None, Header(description=LAST_EVENT_ID)] = None,
+) -> StreamingResponse:
+    sweeps_service.get_sweep(session, sweep_id)
+    members = list(session.scalars(
+        select(Experiment.id).where(Experiment.sweep_id == sweep_id).order_by(Experiment.id)))
+    sent = sweep_position(last_event_id, len(members))
+    state = request.app.state
+    return _sse(stream(state.events, state.sessionmaker, members, sent, sweep=True))

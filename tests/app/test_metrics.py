@@ -1,0 +1,313 @@
+"""GET /metrics and a worker's metrics port, against PostgreSQL, Redis and a real worker.
+
+Every check compares two scrapes around something the test does (requests, an
+experiment, a training run, inference calls) and expects the exact change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
+
+from app.main import create_app
+from app.metrics import UNMATCHED, ApiMetrics, RequestMetrics, RouteTemplates
+from app.settings import Settings
+from tests.app.conftest import finished, wait_for
+
+DIGITS = {"dataset": "digits", "model": "ffnn", "loss": "cce", "epochs": 2, "lr": 0.003,
+          "batch_size": 64}
+TOKEN = "metrics-token"
+
+Samples = list[tuple[str, dict[str, str], float]]
+
+
+def parse(text: str) -> Samples:
+    return [(s.name, s.labels, s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def scrape(client: TestClient, **headers: str) -> Samples:
+    """The API's metrics."""
+    r = client.get("/metrics", headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == CONTENT_TYPE_LATEST
+    return parse(r.text)
+
+
+def scrape_worker(client: httpx.Client) -> Samples:
+    """A worker's metrics (prometheus_client's own server picks the content type)."""
+    r = client.get("/metrics")
+    assert r.status_code == 200, r.text
+    return parse(r.text)
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` that carry ``labels`` (0 if none: a counter
+    that has not counted yet)."""
+    return sum(v for n, lab, v in samples if n == name and labels.items() <= lab.items())
+
+
+def present(samples: Samples, name: str, **labels: str) -> bool:
+    return any(n == name and labels.items() <= lab.items() for n, lab, _ in samples)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --- the API's own metrics -------------------------------------------------------------
+
+
+def test_metrics_parse_and_report_the_services(client) -> None:
+    samples = scrape(client)
+    assert value(samples, "corel_database_up") == 1
+    assert value(samples, "corel_broker_up") == 1
+    for status in ("queued", "running", "succeeded", "failed", "cancelled"):
+        assert present(samples, "corel_experiments", status=status)
+    assert present(samples, "corel_queue_depth", source="database")
+    assert present(samples, "corel_queue_depth", source="broker")
+    assert present(samples, "corel_model_cache_hits_total")
+    assert present(samples, "corel_model_cache_misses_total")
+
+
+def test_requests_are_counted_by_route_template(client) -> None:
+    route = "/experiments/{experiment_id}"
+    before = scrape(client)
+    ids = [10**9 + i for i in range(3)]
+    for eid in ids:
+        assert client.get(f"/experiments/{eid}").status_code == 404
+    for _ in range(2):
+        assert client.get(f"/no/such/{uuid.uuid4().hex}").status_code == 404
+    assert client.put(f"/experiments/{ids[0]}").status_code == 405
+    after = scrape(client)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("corel_http_requests_total", route=route, method="GET", status="404") == 3
+    assert moved("corel_http_request_duration_seconds_count", route=route, method="GET",
+                 status="404") == 3
+    assert moved("corel_http_requests_total", route=UNMATCHED, method="GET", status="404") == 2
+    assert moved("corel_http_requests_total", route=route, method="PUT", status="405") == 1
+    # The previous scrape is counted too, under its own template.
+    assert moved("corel_http_requests_total", route="/metrics", method="GET", status="200") == 1
+    # Raw paths never become labels.
+    assert not any(lab.get("route", "").startswith(("/experiments/1", "/no/"))
+                   for _, lab, _ in after)
+
+
+def test_the_metrics_route_follows_the_token_rule_of_reads(settings) -> None:
+    guarded = settings.model_copy(update={"api_token": SecretStr(TOKEN)})
+    with TestClient(create_app(guarded)) as c:
+        assert c.get("/metrics").status_code == 401
+        assert c.get("/experiments/1").status_code == 401
+        samples = scrape(c, authorization=f"Bearer {TOKEN}")
+    # Refused by the guard before routing, and still counted under their templates.
+    assert value(samples, "corel_http_requests_total", route="/metrics", status="401") == 1
+    assert value(samples, "corel_http_requests_total", route="/experiments/{experiment_id}",
+                 status="401") == 1
+
+
+def test_an_event_stream_is_observed_when_it_starts() -> None:
+    """A stream that stays open must not keep its request out of the metrics."""
+    metrics = ApiMetrics(Settings(broker_url="memory://"))
+    release = asyncio.Event()
+
+    async def stream(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        await release.wait()
+        await send({"type": "http.response.body", "body": b""})
+
+    app = RequestMetrics(stream, metrics, RouteTemplates([], lambda: {"paths": {}}))
+
+    def count() -> float:
+        return value(parse(metrics.exposition().decode()), "corel_http_requests_total",
+                     status="200")
+
+    async def main() -> tuple[float, float]:
+        async def send(_: Any) -> None:
+            pass
+
+        async def receive() -> Any:
+            await asyncio.sleep(3600)
+
+        scope = {"type": "http", "method": "GET", "path": "/events", "headers": []}
+        task = asyncio.create_task(app(scope, receive, send))
+        await asyncio.sleep(0.05)
+        during = count()
+        release.set()
+        await task
+        return during, count()
+
+    during, after = asyncio.run(main())
+    assert (during, after) == (1, 1)
+
+
+@pytest.fixture(scope="module")
+def idle_client(settings: Settings) -> Iterator[TestClient]:
+    """An app whose queue no worker reads: what it submits stays queued."""
+    idle = settings.model_copy(update={
+        "queue": f"corel-metrics-idle-{uuid.uuid4().hex[:8]}",
+        # Its reconciler must not send other tests' leftover rows to this queue.
+        "requeue_after_seconds": 1e6, "requeue_max_seconds": 1e6, "lease_seconds": 1e6})
+    with TestClient(create_app(idle)) as c:
+        yield c
+
+
+def test_experiments_by_status_and_queue_depth_follow_the_rows(idle_client) -> None:
+    before = scrape(idle_client)
+    r = idle_client.post("/experiments", json=DIGITS)
+    assert r.status_code == 202, r.text
+    queued = scrape(idle_client)
+    assert idle_client.post(f"/experiments/{r.json()['id']}/cancel").status_code == 200
+    cancelled = scrape(idle_client)
+
+    def moved(a: Samples, b: Samples, name: str, **labels: str) -> float:
+        return value(b, name, **labels) - value(a, name, **labels)
+
+    assert moved(before, queued, "corel_experiments", status="queued") == 1
+    assert moved(before, queued, "corel_queue_depth", source="database") == 1
+    # The queue is this app's own: the one message sent is the whole of it.
+    assert value(before, "corel_queue_depth", source="broker") == 0
+    assert value(queued, "corel_queue_depth", source="broker") == 1
+    assert moved(queued, cancelled, "corel_experiments", status="queued") == -1
+    assert moved(queued, cancelled, "corel_experiments", status="cancelled") == 1
+
+
+def test_a_scrape_answers_when_the_database_and_broker_do_not(settings) -> None:
+    # Sockets that accept connections and never answer: a hung database and broker.
+    with socket.socket() as db, socket.socket() as broker:
+        for sock in (db, broker):
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(16)
+        hung = settings.model_copy(update={
+            "database_url": f"postgresql://corel@127.0.0.1:{db.getsockname()[1]}/corel",
+            "broker_url": f"redis://127.0.0.1:{broker.getsockname()[1]}/0"})
+        with TestClient(create_app(hung)) as c:
+            started = time.monotonic()
+            samples = scrape(c)
+            took = time.monotonic() - started
+    assert value(samples, "corel_database_up") == 0
+    assert value(samples, "corel_broker_up") == 0
+    assert not present(samples, "corel_experiments")
+    assert not present(samples, "corel_queue_depth")
+    assert took < 3, f"the scrape took {took:.1f} s"
+
+
+# --- a trained experiment: inference, model cache, worker metrics ----------------------
+
+
+@dataclass
+class Trained:
+    experiment: dict[str, Any]
+    api_before: Samples
+    worker_url: str
+    worker_before: Samples
+
+
+@pytest.fixture(scope="module")
+def metrics_settings(settings: Settings) -> Settings:
+    # A queue of its own, so that this worker trains the run (not the session's worker),
+    # and a reconciler that never sends it other tests' leftover rows.
+    return settings.model_copy(update={
+        "queue": f"corel-metrics-{uuid.uuid4().hex[:8]}", "worker_metrics_port": free_port(),
+        "requeue_after_seconds": 1e6, "requeue_max_seconds": 1e6, "lease_seconds": 1e6})
+
+
+@pytest.fixture(scope="module")
+def trained(client, workers, metrics_settings) -> Iterator[Trained]:
+    proc = workers.start(metrics_settings)
+    url = f"http://127.0.0.1:{metrics_settings.worker_metrics_port}"
+    deadline = time.monotonic() + 120
+    with httpx.Client(base_url=url, timeout=5) as worker_http:
+        while True:
+            try:
+                worker_before = scrape_worker(worker_http)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, workers.logs()
+                time.sleep(0.5)
+    api_before = scrape(client)
+    with TestClient(create_app(metrics_settings)) as submit:
+        r = submit.post("/experiments", json=DIGITS)
+        assert r.status_code == 202, r.text
+    body = wait_for(client, r.json()["id"], finished, workers=workers)
+    assert body["status"] == "succeeded", body
+    yield Trained(body, api_before, url, worker_before)
+
+
+def test_a_run_moves_the_succeeded_count(client, trained) -> None:
+    after = scrape(client)
+    moved = (value(after, "corel_experiments", status="succeeded")
+             - value(trained.api_before, "corel_experiments", status="succeeded"))
+    assert moved == 1
+
+
+def test_the_worker_reports_its_epochs(trained) -> None:
+    before = trained.worker_before
+    with httpx.Client(base_url=trained.worker_url, timeout=5) as worker_http:
+        # The worker counts a finished run just after the API can see it.
+        deadline = time.monotonic() + 30
+        while True:
+            after = scrape_worker(worker_http)
+            done = value(after, "corel_worker_experiments_finished_total", status="succeeded")
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("corel_worker_experiments_finished_total", status="succeeded") == 1
+    assert moved("corel_worker_experiments_finished_total", status="failed") == 0
+    assert moved("corel_worker_epochs_total") == DIGITS["epochs"]
+    assert moved("corel_worker_epoch_duration_seconds_count") == DIGITS["epochs"]
+    assert moved("corel_worker_epoch_duration_seconds_sum") > 0
+    assert value(after, "corel_worker_samples_per_second") > 0
+    assert present(after, "process_cpu_seconds_total")  # the process's own collector
+
+
+def test_model_cache_miss_then_hit_and_inference_histograms(client, trained) -> None:
+    eid = trained.experiment["id"]
+    inputs = np.random.default_rng(0).uniform(0, 16, size=(8, 8, 8)).round(1)
+    before = scrape(client)
+    first = client.post("/embed", json={"experiment_id": eid, "arrays": inputs[:3].tolist()})
+    assert first.status_code == 200, first.text
+    missed = scrape(client)
+    second = client.post("/embed", json={"experiment_id": eid, "arrays": inputs[3:8].tolist()})
+    assert second.status_code == 200, second.text
+    hit = scrape(client)
+
+    def moved(a: Samples, b: Samples, name: str, **labels: str) -> float:
+        return value(b, name, **labels) - value(a, name, **labels)
+
+    assert moved(before, missed, "corel_model_cache_misses_total") == 1
+    assert moved(before, missed, "corel_model_cache_hits_total") == 0
+    assert moved(missed, hit, "corel_model_cache_misses_total") == 0
+    assert moved(missed, hit, "corel_model_cache_hits_total") == 1
+
+    batch = "corel_inference_batch_size"
+    assert moved(before, hit, f"{batch}_count", endpoint="embed") == 2
+    assert moved(before, hit, f"{batch}_sum", endpoint="embed") == 3 + 5
+    assert moved(before, hit, f"{batch}_bucket", endpoint="embed", le="2.0") == 0
+    assert moved(before, hit, f"{batch}_bucket", endpoint="embed", le="4.0") == 1
+    assert moved(before, hit, f"{batch}_bucket", endpoint="embed", le="8.0") == 2
+    assert moved(before, hit, f"{batch}_count", endpoint="predict") == 0
+    assert moved(before, hit, "corel_inference_duration_seconds_count", endpoint="embed") == 2
