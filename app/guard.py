@@ -18,9 +18,11 @@ from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 
 from app.settings import Settings
 
-# Always open: probes and the API's own description.
+# Always open: probes, the API's own description, and the dashboard's pages and files,
+# which hold no data (their scripts read the API with the token the user gives them).
 OPEN_PATHS = frozenset({"/health", "/ready", "/docs", "/docs/oauth2-redirect", "/redoc",
-                        "/openapi.json"})
+                        "/openapi.json", "/"})
+OPEN_PREFIXES = ("/ui/",)
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 MULTIPART_OVERHEAD = 1 << 20
 
@@ -57,7 +59,7 @@ class RequestGuard:
         return self.settings.max_json_bytes
 
     def needs_token(self, method: str, path: str) -> bool:
-        if self.settings.api_token is None or path in OPEN_PATHS:
+        if self.settings.api_token is None or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             return False
         return method not in READ_METHODS or self.settings.api_token_reads
 

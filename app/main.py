@@ -33,6 +33,7 @@ from app.services.inference import InferenceRunner
 from app.services.model_cache import ModelCache
 from app.services.reconcile import reconcile_in_background
 from app.settings import Settings
+from app.web import router as web_router
 from worker.celery_app import make_celery
 
 log = logging.getLogger("corel.api")
@@ -238,6 +239,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(datasets.router)
     app.include_router(sweeps.router)
     app.include_router(events.router)
+    app.include_router(web_router)  # the dashboard: / and /ui/...
     app.include_router(metrics_router)
     openapi.install(app, token_routes=settings.api_token is not None)
     app.add_middleware(AllowHeader, document=app.openapi)

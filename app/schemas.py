@@ -207,15 +207,22 @@ class SweepQueued(BaseModel):
     groups: int
 
 
-class SweepRead(BaseModel):
+class SweepSummary(BaseModel):
+    """A sweep in a list: its progress without its members' ids."""
+
     id: int
     base: dict[str, Any]
     grid: dict[str, Any]
     lam_by_loss: dict[str, float] | None = None
     size: int
-    vectorize: bool
     counts: dict[str, int]
     done: int
     finished: bool
-    experiment_ids: list[int]
     created_at: Timestamp
+
+
+class SweepRead(SweepSummary):
+    """One sweep: its progress and its members' ids."""
+
+    vectorize: bool
+    experiment_ids: list[int]

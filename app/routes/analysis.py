@@ -10,12 +10,14 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
+from sqlalchemy import select
 
 import app.services.clustering as clustering_service
 import app.services.compare as compare_service
 import app.services.figures as figures_service
 from app.deps import SessionDep
-from app.errors import InvalidInput
+from app.errors import Conflict, InvalidInput
+from app.models import Checkpoint
 
 router = APIRouter(prefix="/experiments", tags=["analysis"])
 
@@ -101,3 +103,58 @@ def latent_png(experiment_id: int, session: SessionDep) -> Response:
 )
 def curves_png(experiment_id: int, session: SessionDep) -> Response:
     return Response(figures_service.curves_png(session, experiment_id), media_type="image/png")
+
+
+@router.get(
+    "/{experiment_id:int}/latent/scatter",
+    summary="The test latent space in its two PCA axes, with the class vectors, as data",
+)
+def latent_scatter(
+    experiment_id: int, session: SessionDep,
+    max_points: Annotated[int, Query(ge=10, le=20_000, description="points to send at most")] = 3000,
+) -> dict[str, Any]:
+    return figures_service.latent_scatter(session, experiment_id, max_points)
+
+
+LATENT_FORMATS = {"npy": "application/octet-stream", "csv": "text/csv; charset=utf-8",
+                  "parquet": "application/vnd.apache.parquet"}
+
+
+@router.get(
+    "/{experiment_id:int}/latent", response_class=Response,
+    responses={200: {"content": {v.split(";")[0]: {} for v in LATENT_FORMATS.values()},
+                     "description": "The stored test representations with their labels"}},
+    summary="Download the test latent space: npy (a structured array), csv or parquet",
+)
+def latent_download(
+    experiment_id: int, session: SessionDep,
+    format_: Annotated[str, Query(alias="format", description="npy, csv or parquet")] = "npy",
+) -> Response:
+    if format_ not in LATENT_FORMATS:
+        raise InvalidInput(f"unknown format {format_!r}; allowed: {', '.join(LATENT_FORMATS)}")
+    clustering_service.succeeded_experiment(session, experiment_id, "the latent-space download")
+    reps, labels = clustering_service.load_latent(session, experiment_id, "test")
+    body = figures_service.latent_file(reps, labels, format_)
+    name = f"experiment-{experiment_id}-test-latent.{format_}"
+    return Response(body, media_type=LATENT_FORMATS[format_],
+                    headers={"content-disposition": f'attachment; filename="{name}"'})
+
+
+@router.get(
+    "/{experiment_id:int}/checkpoint", response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}},
+                     "description": "torch.save bytes: the model, its spec and class names"}},
+    summary="Download the best-validation checkpoint (load with corel.training.checkpoint_from_bytes)",
+)
+def checkpoint_download(experiment_id: int, session: SessionDep) -> Response:
+    clustering_service.succeeded_experiment(session, experiment_id, "the checkpoint download")
+    row = session.execute(
+        select(Checkpoint.data, Checkpoint.sha256).where(
+            Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best")
+    ).one_or_none()
+    if row is None:
+        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    name = f"experiment-{experiment_id}-best.pt"
+    return Response(row.data, media_type="application/octet-stream",
+                    headers={"content-disposition": f'attachment; filename="{name}"',
+                             "x-checkpoint-sha256": row.sha256})

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Query, Response, status
 import app.services.experiments as experiments_service
 import app.services.sweeps as sweeps_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
-from app.errors import ServiceUnavailable
-from app.schemas import SweepCreate, SweepQueued, SweepRead
+from app.errors import MAX_OFFSET, InvalidInput, ServiceUnavailable
+from app.schemas import Page, SweepCreate, SweepQueued, SweepRead, SweepSummary
 from app.services import sweep_render
 from corel.report import PAPER_TABLE1
 
@@ -32,6 +32,20 @@ def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: Se
         session.commit()
         raise
     return SweepQueued(id=sweep.id, size=sweep.size, groups=len(groups))
+
+
+@router.get("", response_model=Page[SweepSummary], summary="List sweeps, newest first")
+def list_(
+    session: SessionDep,
+    settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+):
+    if limit > settings.page_size_limit:
+        raise InvalidInput(f"limit must be at most {settings.page_size_limit}; got {limit}")
+    items, total = sweeps_service.list_sweeps(session, limit, offset)
+    return Page[SweepSummary](items=[SweepSummary.model_validate(i) for i in items], total=total,
+                              limit=limit, offset=offset)
 
 
 @router.get("/{sweep_id:int}", response_model=SweepRead, summary="Progress of a sweep")

@@ -7,6 +7,8 @@ pyplot: pyplot keeps global state that concurrent requests would share.
 from __future__ import annotations
 
 import io
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ from matplotlib.colors import Colormap
 from matplotlib.figure import Figure as MplFigure
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
+from threadpoolctl import threadpool_limits
 
 from app.errors import Conflict
 from app.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
@@ -272,3 +275,97 @@ def draw_curves(rows: list[EpochMetric], exp: Experiment) -> bytes:
                  f"({exp.status}, {len(rows)}/{exp.epochs_total} epochs)", fontsize=11)
     fig.tight_layout()
     return _png(fig)
+
+
+# --------------------------------------------------------------------------- interactive scatter
+
+
+_SCATTERS: OrderedDict[tuple[int, str, int], dict[str, Any]] = OrderedDict()
+_SCATTERS_LOCK = threading.Lock()
+SCATTER_CACHE = 32
+
+
+def latent_scatter(session: Session, experiment_id: int, max_points: int) -> dict[str, Any]:
+    """The points of the latent-space picture as data, for an interactive chart.
+
+    The same projection as :func:`latent_png`, plus the transform that takes a new
+    representation (from ``/embed``) to the chart's axes: normalise it (cosine only),
+    subtract ``mean``, multiply by ``components`` transposed. A succeeded experiment's
+    latent space never changes, so the answer is kept (by checkpoint digest) for the
+    next page that asks.
+    """
+    exp = succeeded_experiment(session, experiment_id, "the latent-space scatter")
+    digest = session.scalar(
+        select(Checkpoint.sha256).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best"))
+    if digest is None:
+        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    key = (experiment_id, digest, max_points)
+    with _SCATTERS_LOCK:
+        if key in _SCATTERS:
+            _SCATTERS.move_to_end(key)
+            return _SCATTERS[key]
+    reps, labels = load_latent(session, experiment_id, "test")
+    blob = session.scalar(
+        select(Checkpoint.data).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best"))
+    if blob is None:  # deleted in between
+        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    ckpt = checkpoint_from_bytes(blob)
+    W = ckpt["model"]["head.W"].detach().cpu().double().numpy()
+    similarity = SIMILARITY_OF_LOSS[exp.loss]
+    # One BLAS thread: the API serves many requests at once on few cores, and a
+    # multi-threaded SVD fighting them for the CPU took 10x longer (110 ms against 12).
+    with threadpool_limits(1):
+        projected, w2, ratio = latent_projection(reps, W, similarity)
+        x = _unit_rows(reps.astype(np.float64)) if similarity == "cosine" else reps.astype(np.float64)
+        mean, components, _ = pca_2d(x)
+    shown = np.arange(len(reps))
+    if len(reps) > max_points:
+        shown = np.sort(np.random.default_rng(int(exp.spec["seed"])).choice(
+            len(reps), max_points, replace=False))
+    out = {
+        "experiment_id": experiment_id,
+        "title": _loss_label(exp.spec),
+        "similarity": similarity,
+        "class_names": [str(c) for c in ckpt["class_names"]],
+        "n_total": len(reps),
+        "points": np.round(projected[shown], 5).tolist(),
+        "labels": labels[shown].tolist(),
+        "class_vectors": np.round(w2, 5).tolist(),
+        "class_vectors_note": W_NOTE[similarity],
+        "explained_variance": [float(r) for r in ratio],
+        "transform": {"normalize": similarity == "cosine", "mean": mean.tolist(),
+                      "components": components.tolist()},
+    }
+    with _SCATTERS_LOCK:
+        _SCATTERS[key] = out
+        while len(_SCATTERS) > SCATTER_CACHE:
+            _SCATTERS.popitem(last=False)
+    return out
+
+
+def latent_file(reps: np.ndarray, labels: np.ndarray, fmt: str) -> bytes:
+    """Representations and labels in one file: ``npy`` holds a structured array with
+    fields ``h`` (dim float32) and ``label``; ``csv`` and ``parquet`` have columns
+    ``label, h0, h1, ...``."""
+    if fmt == "npy":
+        table = np.empty(len(reps), dtype=[("h", np.float32, (reps.shape[1],)), ("label", np.int64)])
+        table["h"], table["label"] = reps, labels
+        buf = io.BytesIO()
+        np.save(buf, table, allow_pickle=False)
+        return buf.getvalue()
+    columns = ["label", *(f"h{i}" for i in range(reps.shape[1]))]
+    if fmt == "csv":
+        out = io.StringIO()
+        out.write(",".join(columns) + "\n")
+        body = np.column_stack([labels.astype(np.float64), reps.astype(np.float64)])
+        np.savetxt(out, body, delimiter=",", fmt=["%d", *["%.9g"] * reps.shape[1]])
+        return out.getvalue().encode()
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        arrays = [pa.array(labels), *(pa.array(reps[:, i]) for i in range(reps.shape[1]))]
+        buf = io.BytesIO()
+        pq.write_table(pa.table(arrays, names=columns), buf)
+        return buf.getvalue()
+    raise ValueError(f"unknown format {fmt!r}; allowed: npy, csv, parquet")

@@ -104,6 +104,29 @@ def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
             "finished": done == sweep.size, "experiment_ids": ids, "created_at": sweep.created_at}
 
 
+def list_sweeps(session: Session, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """A page of sweeps, newest first, each with its members' counts by status: two
+    queries for the page, whatever its length."""
+    total = int(session.scalar(select(func.count()).select_from(Sweep)) or 0)
+    sweeps = list(session.scalars(select(Sweep).order_by(Sweep.id.desc()).limit(limit).offset(offset)))
+    counts: dict[int, dict[str, int]] = {s.id: dict.fromkeys(STATUSES, 0) for s in sweeps}
+    if sweeps:
+        for sweep_id, status, n in session.execute(
+            select(Experiment.sweep_id, Experiment.status, func.count())
+            .where(Experiment.sweep_id.in_(list(counts))).group_by(Experiment.sweep_id, Experiment.status)
+        ):
+            if sweep_id is not None:
+                counts[sweep_id][status] = int(n)
+    items = []
+    for sweep in sweeps:
+        c = counts[sweep.id]
+        done = sum(c[s] for s in FINISHED)
+        items.append({"id": sweep.id, "base": sweep.base, "grid": sweep.grid,
+                      "lam_by_loss": sweep.lam_by_loss, "size": sweep.size, "counts": c,
+                      "done": done, "finished": done == sweep.size, "created_at": sweep.created_at})
+    return items, total
+
+
 def cancel_sweep(session: Session, sweep_id: int) -> Sweep:
     sweep = get_sweep(session, sweep_id)
     for exp in members(session, sweep_id):
@@ -147,4 +170,6 @@ def build_report(session: Session, sweep_id: int, *, clustering: bool = True) ->
         "lambda_tuning": tuning,
         "test_accuracy": table1,
         "clustering": report.clustering_table(records, tuning) if clustering else [],
+        # The paper's Table 1 row (test accuracy %, by loss), where the paper has one.
+        "paper_table1": report.PAPER_TABLE1.get((str(base.get("dataset")), str(base.get("model", "ffnn")))),
     }

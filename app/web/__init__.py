@@ -1,0 +1,76 @@
+"""The dashboard: server-rendered page shells at ``/`` and ``/ui/...``.
+
+Every page is a Jinja2 template with no data in it; its script reads the JSON API
+(with the bearer token the user typed, when the service has one), so the pages follow
+the same rules as any other client and answer at once however large the database.
+plotly.js comes from the ``plotly`` package, so nothing is fetched from a CDN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from app.errors import NotFound
+
+HERE = Path(__file__).parent
+STATIC = HERE / "static"
+templates = Jinja2Templates(directory=HERE / "templates")
+
+router = APIRouter(include_in_schema=False)
+
+# Pages: (template, title) by path; the nav shows those with a label.
+NAV = (("/", "Experiments"), ("/ui/new", "New experiment"), ("/ui/sweeps", "Sweeps"),
+       ("/ui/compare", "Compare"), ("/ui/playground", "Playground"))
+CACHE = {"cache-control": "public, max-age=3600"}
+
+
+def _plotly_js() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+# (path, template, title): the title may name the page's path parameter.
+PAGES = (
+    ("/", "experiments.html", "Experiments"),
+    ("/ui/new", "new.html", "New experiment"),
+    ("/ui/experiments/{experiment_id:int}", "experiment.html", "Experiment {experiment_id}"),
+    ("/ui/compare", "compare.html", "Compare"),
+    ("/ui/sweeps", "sweeps.html", "Sweeps"),
+    ("/ui/sweeps/{sweep_id:int}", "sweep.html", "Sweep {sweep_id}"),
+    ("/ui/playground", "playground.html", "Playground"),
+)
+
+
+def _page_route(template: str, title: str) -> Callable[[Request], HTMLResponse]:
+    def page(request: Request) -> HTMLResponse:
+        params = dict(request.path_params)
+        return templates.TemplateResponse(request, template, {
+            "title": title.format(**params), "nav": NAV, "path": request.url.path, **params})
+
+    return page
+
+
+for _path, _template, _title in PAGES:
+    router.add_api_route(_path, _page_route(_template, _title), methods=["GET"],
+                         response_class=HTMLResponse)
+
+
+@router.get("/ui/static/plotly.min.js")
+def plotly_js() -> Response:
+    return FileResponse(_plotly_js(), media_type="text/javascript", headers=CACHE)
+
+
+@router.get("/ui/static/{name}")
+def static(name: str) -> Response:
+    # A flat folder: the name is looked up, never joined into a path.
+    files = {p.name: p for p in STATIC.iterdir() if p.is_file()}
+    if name not in files:
+        raise NotFound(f"no dashboard file {name!r}")
+    media = "text/javascript" if name.endswith(".js") else "text/css"
+    return FileResponse(files[name], media_type=media, headers={"cache-control": "no-cache"})

@@ -1,0 +1,125 @@
+// The new-experiment form, generated from the ExperimentCreate schema of /openapi.json.
+"use strict";
+
+corel.pages.new = async function () {
+  const { api, el, flash } = corel;
+  // Server paths are not accepted over HTTP (uploads go by dataset_id).
+  const HIDDEN = new Set(["dataset_path", "word_vectors"]);
+  const LABELS = { lam: "λ (lam)", gamma: "γ (gamma)", learn_gamma: "Learn γ", alpha: "α (alpha)", lr: "Learning rate (lr)",
+    batch_size: "Batch size", hidden: "Hidden width", train_subset: "Train subset", dataset_id: "Uploaded dataset id" };
+  const form = document.getElementById("spec-form");
+  const doc = await api("/openapi.json");
+  const schema = doc.components.schemas.ExperimentCreate;
+  const required = new Set(schema.required || []);
+
+  function plain(prop) {
+    // anyOf [T, null] -> T, nullable
+    if (prop.anyOf) {
+      const t = prop.anyOf.find((p) => p.type !== "null");
+      return Object.assign({}, t, { title: prop.title, description: prop.description, default: prop.default, nullable: true });
+    }
+    return prop;
+  }
+
+  function help(p) {
+    const bits = [];
+    if (p.description) bits.push(p.description);
+    const lo = p.exclusiveMinimum !== undefined ? "> " + p.exclusiveMinimum : p.minimum !== undefined ? "≥ " + p.minimum : null;
+    const hi = p.exclusiveMaximum !== undefined ? "< " + p.exclusiveMaximum : p.maximum !== undefined ? "≤ " + p.maximum : null;
+    if (lo || hi) bits.push("Range: " + [lo, hi].filter(Boolean).join(", ") + ".");
+    if (p.default !== undefined && p.default !== null) bits.push("Default " + p.default + ".");
+    return bits.join(" ");
+  }
+
+  for (const [name, raw] of Object.entries(schema.properties)) {
+    if (HIDDEN.has(name)) continue;
+    const p = plain(raw);
+    let input;
+    if (p.enum) {
+      input = el("select", { name, id: "f-" + name });
+      if (!required.has(name) && p.default === undefined) input.append(el("option", { value: "" }, "–"));
+      for (const v of p.enum) input.append(el("option", { value: v, selected: v === p.default }, v));
+    } else if (p.type === "boolean") {
+      input = el("input", { type: "checkbox", name, id: "f-" + name, checked: p.default === true });
+    } else {
+      const numeric = p.type === "integer" || p.type === "number";
+      input = el("input", { type: numeric ? "number" : "text", name, id: "f-" + name,
+        step: p.type === "integer" ? "1" : "any",
+        value: p.default === undefined || p.default === null ? "" : p.default,
+        placeholder: p.nullable ? "optional" : "" });
+    }
+    input.dataset.type = p.type || "string";
+    form.append(el("div", { class: "field", "data-field": name },
+      el("label", { for: "f-" + name }, LABELS[name] || p.title || name, required.has(name) ? " *" : ""),
+      input,
+      el("span", { class: "help" }, help(p)),
+      el("span", { class: "field-error", id: "err-" + name, role: "alert" })));
+  }
+  const q = corel.query();
+  if (q.get("dataset_id")) { form.elements.dataset.value = q.get("dataset") || "npz"; form.elements.dataset_id.value = q.get("dataset_id"); }
+  if (!q.get("dataset")) form.elements.dataset.value = "digits";
+
+  function body() {
+    const out = {};
+    for (const field of form.querySelectorAll("[name]")) {
+      const t = field.dataset.type;
+      if (field.type === "checkbox") { if (field.checked) out[field.name] = true; continue; }
+      if (field.value === "") continue;
+      // Numbers go as numbers (the API is strict about JSON types); what does not
+      // parse goes as typed, and the API says what is wrong with it.
+      if (t === "integer" || t === "number") {
+        const n = Number(field.value);
+        out[field.name] = Number.isFinite(n) ? n : field.value;
+      } else out[field.name] = field.value;
+    }
+    if (out.loss === "cce") delete out.lam;
+    return out;
+  }
+
+  function clearErrors() {
+    form.querySelectorAll(".field").forEach((f) => f.classList.remove("invalid"));
+    form.querySelectorAll(".field-error").forEach((e) => (e.textContent = ""));
+    flash("");
+  }
+
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    clearErrors();
+    const button = document.getElementById("submit");
+    button.disabled = true;
+    try {
+      const queued = await api("/experiments", { method: "POST", json: body() });
+      location.href = "/ui/experiments/" + queued.id;
+    } catch (e) {
+      button.disabled = false;
+      const errors = (e.body && e.body.errors) || [];
+      let placed = 0;
+      for (const err of errors) {
+        const name = String(err.field || "").split(".").filter((p) => p !== "body")[0];
+        const slot = name && document.getElementById("err-" + name);
+        if (slot) {
+          slot.textContent = err.message;
+          slot.closest(".field").classList.add("invalid");
+          placed++;
+        }
+      }
+      if (!placed) flash(e.message);
+    }
+  });
+
+  document.getElementById("upload-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const file = document.getElementById("upload-file").files[0];
+    const out = document.getElementById("upload-result");
+    if (!file) return;
+    const data = new FormData();
+    data.append("file", file);
+    out.textContent = "uploading…";
+    try {
+      const ds = await api("/datasets", { method: "POST", body: data });
+      out.textContent = "dataset " + ds.id + " (" + ds.kind + ", " + ds.filename + ") is selected above";
+      form.elements.dataset.value = ds.kind === "npz" ? "npz" : "ag-news";
+      form.elements.dataset_id.value = ds.id;
+    } catch (e) { out.textContent = ""; flash(e.message); }
+  });
+};

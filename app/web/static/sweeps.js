@@ -1,0 +1,141 @@
+// Sweeps: the list, and one sweep with live member progress and the paper's tables.
+"use strict";
+
+corel.pages.sweeps = async function () {
+  const { api, el } = corel;
+  const PAGE = 25;
+  let offset = 0;
+  function doneBar(s) {
+    // The bar counts finished members here, not epochs.
+    const bar = corel.progressBar({ status: s.finished ? "succeeded" : "running", current_epoch: s.done, epochs_total: s.size });
+    bar.querySelector("em").textContent = s.done + " of " + s.size + " done";
+    return bar;
+  }
+  async function load() {
+    const page = await api("/sweeps?limit=" + PAGE + "&offset=" + offset);
+    const tbody = document.querySelector("#sweeps tbody");
+    tbody.replaceChildren(...page.items.map((s) => el("tr", { "data-id": s.id },
+      el("td", {}, el("a", { href: "/ui/sweeps/" + s.id }, "#" + s.id)),
+      el("td", {}, (s.base.dataset || "?") + " / " + (s.base.model || "ffnn")),
+      el("td", { class: "muted" }, Object.entries(s.grid).map(([k, v]) => k + ": " + v.join(", ")).join("; ")),
+      el("td", {}, doneBar(s)),
+      el("td", { class: "num" }, s.counts.failed),
+      el("td", { class: "muted" }, new Date(s.created_at).toLocaleString()))));
+    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 6, class: "muted" }, "No sweep yet.")));
+    document.getElementById("page-info").textContent = page.total ? (offset + 1) + "–" + (offset + page.items.length) + " of " + page.total : "";
+    document.getElementById("prev").disabled = offset === 0;
+    document.getElementById("next").disabled = offset + PAGE >= page.total;
+  }
+  document.getElementById("prev").onclick = () => { offset = Math.max(0, offset - PAGE); load(); };
+  document.getElementById("next").onclick = () => { offset += PAGE; load(); };
+  await load();
+};
+
+corel.pages.sweep = async function () {
+  const { api, el, pct, num, badge, progressBar, stream, FINISHED, LOSS_NAMES, COLOURS } = corel;
+  const id = window.SWEEP_ID;
+  let sweep = await api("/sweeps/" + id);
+  const members = new Map();
+  // Members a page of 200 at a time (a sweep may have up to 2,000), oldest first.
+  const exps = [];
+  for (let offset = 0; offset < sweep.size; offset += 200) {
+    const page = await api("/experiments?sweep_id=" + id + "&limit=200&offset=" + offset);
+    exps.push(...page.items);
+    if (page.items.length < 200) break;
+  }
+  exps.sort((a, b) => a.id - b.id).forEach((e) => members.set(e.id, e));
+
+  function memberRow(e) {
+    return el("tr", { "data-id": e.id, "data-status": e.status },
+      el("td", {}, el("a", { href: "/ui/experiments/" + e.id }, "#" + e.id)),
+      el("td", {}, LOSS_NAMES[e.spec.loss] || e.spec.loss),
+      el("td", { class: "num" }, e.spec.loss === "cce" ? "–" : e.spec.lam),
+      el("td", { class: "num" }, e.spec.seed),
+      el("td", {}, badge(e.status)), el("td", {}, progressBar(e)),
+      el("td", { class: "num" }, pct(e.best_val_accuracy)), el("td", { class: "num" }, pct(e.test_accuracy)));
+  }
+
+  function renderMembers() {
+    const all = [...members.values()];
+    const done = all.filter((e) => FINISHED.includes(e.status)).length;
+    document.getElementById("sweep-progress").replaceChildren(
+      progressBar({ status: done === all.length ? "succeeded" : "running", current_epoch: done, epochs_total: all.length }));
+    document.querySelector("#sweep-progress .progress em").textContent = done + " of " + all.length + " done";
+    document.querySelector("#members tbody").replaceChildren(...all.map(memberRow));
+    document.getElementById("cancel").hidden = done === all.length;
+    const b = sweep.base;
+    document.getElementById("subtitle").textContent = (b.dataset || "?") + " / " + (b.model || "ffnn") + ", " + (b.epochs || 150) +
+      " epochs; grid " + Object.entries(sweep.grid).map(([k, v]) => k + " " + v.join(", ")).join("; ") +
+      (sweep.lam_by_loss ? "; λ by loss " + JSON.stringify(sweep.lam_by_loss) : "");
+  }
+
+  function words(cmp) {
+    if (!cmp) return "There is one loss only: nothing to test.";
+    const name = (l) => LOSS_NAMES[l] || l;
+    if (cmp.p === null || cmp.p === undefined) {
+      return "The paired t-test of " + name(cmp.best) + " against " + name(cmp.runner_up) +
+        " needs at least two seeds both have, with differences that vary; it was not computed.";
+    }
+    const sig = cmp.p < 0.05;
+    return name(cmp.best) + " has the best mean test accuracy. Against the runner-up, " + name(cmp.runner_up) +
+      ", a paired two-tailed t-test over " + cmp.paired_seeds.length + " seeds gives p = " + cmp.p.toPrecision(2) +
+      ": the difference is " + (sig ? "significant at the 5% level" + (cmp.p < 0.001 ? " (p < 0.001)" : "") : "not significant") + ".";
+  }
+
+  async function report() {
+    const rep = await api("/sweeps/" + id + "/report");
+    const paper = rep.paper_table1 || {};
+    document.querySelector("#table1 tbody").replaceChildren(...rep.test_accuracy.rows.map((r) => el("tr", { "data-loss": r.loss },
+      el("td", {}, LOSS_NAMES[r.loss] || r.loss), el("td", { class: "num" }, r.lam === null ? "–" : r.lam),
+      el("td", { class: "num" }, pct(r.mean)), el("td", { class: "num" }, r.std === null ? "–" : pct(r.std)),
+      el("td", { class: "num" }, r.n), el("td", { class: "num" }, paper[r.loss] !== undefined ? paper[r.loss].toFixed(2) : "–"),
+      el("td", { class: "num" }, paper[r.loss] !== undefined ? (100 * r.mean - paper[r.loss] >= 0 ? "+" : "") + (100 * r.mean - paper[r.loss]).toFixed(2) : "–"))));
+    document.getElementById("ttest").textContent = words(rep.test_accuracy.comparison);
+    const t2 = [], traces = [];
+    Object.entries(rep.lambda_tuning).forEach(([loss, t], i) => {
+      for (const r of t.by_lambda) {
+        t2.push(el("tr", {}, el("td", {}, LOSS_NAMES[loss] || loss), el("td", { class: "num" }, r.lam === null ? "–" : r.lam + (r.lam === t.tuned_lambda ? " ★" : "")),
+          el("td", { class: "num" }, pct(r.mean_val)), el("td", { class: "num" }, r.std_val === null ? "–" : pct(r.std_val)), el("td", { class: "num" }, r.n)));
+      }
+      const pts = t.by_lambda.filter((r) => r.lam !== null);
+      const colour = COLOURS[i % COLOURS.length];
+      if (pts.length) traces.push({ x: pts.map((r) => r.lam), y: pts.map((r) => r.mean_val),
+        error_y: { type: "data", array: pts.map((r) => r.std_val || 0), visible: true }, name: LOSS_NAMES[loss] || loss, mode: "lines+markers", line: { color: colour } });
+      else if (t.by_lambda.length) traces.push({ x: [0, 1], y: [t.by_lambda[0].mean_val, t.by_lambda[0].mean_val], name: (LOSS_NAMES[loss] || loss) + " (no λ)", mode: "lines", line: { dash: "dash", color: colour } });
+    });
+    document.querySelector("#table2 tbody").replaceChildren(...t2);
+    Plotly.react("lambda-plot", traces, { margin: { t: 10, r: 10, b: 40, l: 55 }, xaxis: { title: { text: "λ" } },
+      yaxis: { title: { text: "validation accuracy" } }, legend: { orientation: "h", y: -0.2 } }, { responsive: true, displaylogo: false });
+    document.querySelector("#table34 tbody").replaceChildren(...rep.clustering.map((r) => el("tr", {},
+      el("td", {}, LOSS_NAMES[r.loss] || r.loss), el("td", {}, r.algorithm === "kmeans" ? "K-Means" : "GMM"), el("td", {}, r.metric),
+      el("td", { class: "num" }, pct(r.accuracy)), el("td", { class: "num" }, num(r.ari)), el("td", { class: "num" }, num(r.v_measure)),
+      el("td", { class: "num" }, num(r.silhouette)))));
+    document.getElementById("clustering-note").textContent = rep.clustering.length
+      ? "At each loss's tuned λ, mean over seeds, each in its loss's own geometry." : "No succeeded member yet.";
+  }
+
+  document.getElementById("cancel").onclick = async () => {
+    try { sweep = await api("/sweeps/" + id + "/cancel", { method: "POST" }); } catch (e) { corel.flash(e.message); }
+  };
+  renderMembers();
+  await report().catch((e) => corel.flash(e.message));
+  if ([...members.values()].every((e) => FINISHED.includes(e.status))) return;
+  let pending = null;
+  stream("/sweeps/" + id + "/events", (kind, data) => {
+    const e = members.get(data.experiment_id);
+    if (!e) return;
+    if (kind === "epoch") {
+      e.current_epoch = Math.max(e.current_epoch, data.epoch);
+      if (data.is_best) e.best_val_accuracy = data.val_accuracy;
+    } else if (kind === "status") {
+      Object.assign(e, data);
+      if (FINISHED.includes(e.status)) {
+        // Tables follow finished members, at most once a second.
+        clearTimeout(pending);
+        pending = setTimeout(() => report().catch(() => {}), 1000);
+        api("/experiments/" + e.id).then((fresh) => { members.set(e.id, fresh); renderMembers(); }).catch(() => {});
+      }
+    }
+    renderMembers();
+  });
+};

@@ -1,0 +1,248 @@
+"""The dashboard in a real browser: Debian's Chromium driven by Playwright, against the
+real app served over HTTP, with PostgreSQL, Redis and a real worker behind it.
+
+Each test leaves a screenshot of its page in docs/screenshots/ (the README shows them).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+from pydantic import SecretStr
+
+from app.main import create_app
+from tests.app.conftest import finished, serving, wait_for
+from tests.conftest import REPO, require
+
+SHOTS = REPO / "docs" / "screenshots"
+CHROMIUM = os.environ.get("COREL_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# As root, in a sandbox with no network: no sandbox, and none of Chromium's own calls out.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+FAST = {"dataset": "digits", "model": "ffnn", "lr": 0.003, "batch_size": 64}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    require(Path(CHROMIUM).exists(), f"Chromium at {CHROMIUM} (apt-get install chromium)")
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def live(settings, worker) -> Iterator[str]:
+    with serving(create_app(settings)) as url:
+        yield url
+
+
+@pytest.fixture
+def page(browser, live) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1360, "height": 900}, base_url=live)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.errors = errors
+    yield pg
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+@pytest.fixture(scope="module")
+def trained(client, worker) -> list[dict]:
+    """Two succeeded runs to look at: Gaussian-COREL and Cosine-COREL on digits."""
+    ids = [client.post("/experiments", json={**FAST, "loss": loss, "lam": 0.85, "epochs": 6}).json()["id"]
+           for loss in ("gaussian", "cosine")]
+    runs = [wait_for(client, i, finished) for i in ids]
+    assert all(r["status"] == "succeeded" for r in runs), runs
+    return runs
+
+
+def shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_a_run_submitted_through_the_form_updates_live_to_succeeded(page, client):
+    page.goto("/ui/new")
+    page.wait_for_selector("#f-lam")
+    page.select_option("#f-dataset", "digits")
+    page.select_option("#f-loss", "gaussian")
+    for field, value in (("lam", "0.85"), ("epochs", "60"), ("lr", "0.003"), ("batch_size", "64")):
+        page.fill(f"#f-{field}", value)
+    page.click("#submit")
+    page.wait_for_url("**/ui/experiments/*")
+    experiment_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    page.wait_for_selector("#curves .main-svg")
+    page.evaluate("window.__sameDocument = true")
+    seen_epochs, seen_points = [], []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        state = page.evaluate("""() => ({
+            epoch: Number(document.querySelector('#progress [role=progressbar]').getAttribute('aria-valuenow')),
+            points: (document.getElementById('curves').data || [{x: []}])[2].x.length,
+            status: document.querySelector('#status .badge').dataset.status })""")
+        seen_epochs.append(state["epoch"])
+        seen_points.append(state["points"])
+        if state["status"] == "succeeded":
+            break
+        if len(seen_epochs) == 3:
+            shot(page, "experiment-live")
+        time.sleep(0.05)
+    assert state["status"] == "succeeded", (state, client.get(f"/experiments/{experiment_id}").json())
+    assert page.evaluate("window.__sameDocument") is True  # no reload happened
+    # The bar and the curve moved through epochs strictly between the start and the end.
+    assert len({e for e in seen_epochs if 0 < e < 60}) >= 2, seen_epochs
+    assert len({p for p in seen_points if 0 < p < 60}) >= 2, seen_points
+    stored = client.get(f"/experiments/{experiment_id}/metrics").json()["items"]
+    page.wait_for_function("document.getElementById('curves').data[2].x.length === 60")
+    drawn = page.evaluate("document.getElementById('curves').data[2].y")
+    np.testing.assert_allclose(drawn, [m["val_accuracy"] for m in stored])
+    assert page.locator("#metrics tbody tr").count() == 60
+    assert client.get(f"/experiments/{experiment_id}").json()["spec"]["lam"] == 0.85
+
+
+def test_a_validation_error_appears_beside_its_field(page):
+    page.goto("/ui/new")
+    page.wait_for_selector("#f-lam")
+    page.fill("#f-lam", "1.5")
+    page.fill("#f-epochs", "0")
+    page.click("#submit")
+    page.wait_for_selector(".field.invalid")
+    assert "less than or equal to 1" in page.inner_text("#err-lam")
+    assert "greater than 0" in page.inner_text("#err-epochs")
+    assert page.inner_text("#err-loss") == ""
+    assert page.url.endswith("/ui/new")
+    shot(page, "new-experiment")
+
+
+def test_the_experiment_page_shows_the_latent_scatter_and_the_clustering_table(page, client, trained):
+    run = trained[0]
+    page.goto(f"/ui/experiments/{run['id']}")
+    page.wait_for_selector("#clustering tbody tr")
+    page.wait_for_function("document.getElementById('latent').data !== undefined")
+    traces = page.evaluate("document.getElementById('latent').data.map(t => ({name: t.name, n: t.x.length}))")
+    scatter = client.get(f"/experiments/{run['id']}/latent/scatter").json()
+    assert sum(t["n"] for t in traces if t["name"] != "class vectors W") == len(scatter["points"])
+    assert next(t for t in traces if t["name"] == "class vectors W")["n"] == len(scatter["class_names"])
+    report = client.get(f"/experiments/{run['id']}/clustering").json()["results"]
+    for algorithm, scores in report.items():
+        row = page.locator(f"#clustering tr[data-algorithm='{algorithm}'] td")
+        assert row.nth(2).inner_text() == f"{100 * scores['accuracy']:.2f}"
+        assert row.nth(3).inner_text() == f"{scores['ari']:.3f}"
+    shot(page, "experiment")
+
+
+def test_two_runs_compared(page, trained):
+    a, b = trained[0]["id"], trained[1]["id"]
+    page.goto(f"/ui/compare?ids={a},{b}")
+    page.wait_for_selector("#compare-table tbody tr")
+    assert page.locator("#compare-table tbody tr").count() == 2
+    assert page.evaluate("document.getElementById('val-curves').data.length") == 2
+    assert page.locator(f"#compare-table tr[data-id='{b}']").inner_text().count("cosine") >= 1
+    shot(page, "compare")
+
+
+def _digit_png() -> tuple[bytes, int]:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    i = 1500  # in the digits test split or not, any digit will do
+    image = (digits.images[i] * (255 / 16)).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(image).resize((64, 64), Image.Resampling.NEAREST).save(buf, format="PNG")
+    return buf.getvalue(), int(digits.target[i])
+
+
+def test_the_playground_predicts_an_uploaded_image(page, client, trained, tmp_path):
+    run = trained[0]
+    data, _ = _digit_png()
+    path = tmp_path / "digit.png"
+    path.write_bytes(data)
+    expected = client.post("/predict", json={"experiment_id": run["id"],
+                                             "images": [base64.b64encode(data).decode()]}).json()
+    page.goto(f"/ui/playground?experiment_id={run['id']}")
+    page.wait_for_function("document.getElementById('latent').data !== undefined")
+    page.set_input_files("#file", str(path))
+    page.wait_for_function("document.getElementById('prediction').dataset.classIndex !== undefined")
+    assert page.inner_text("#prediction") == expected["predictions"][0]["class_name"]
+    bars = page.evaluate("document.getElementById('similarities').data[0].y")
+    np.testing.assert_allclose(bars, expected["predictions"][0]["similarities"], rtol=1e-5, atol=1e-6)
+    names = page.evaluate("document.getElementById('latent').data.map(t => t.name)")
+    assert "your input" in names
+    shot(page, "playground")
+
+
+def test_a_sweep_page_shows_progress_and_the_tables(page, client, worker):
+    body = {"base": {**FAST, "epochs": 4}, "grid": {"loss": ["cce", "gaussian"], "lam": [0.6, 0.85],
+                                                    "seed": [0, 1]}}
+    r = client.post("/sweeps", json=body)
+    assert r.status_code == 202, r.text
+    sweep_id = r.json()["id"]
+    page.goto(f"/ui/sweeps/{sweep_id}")
+    page.wait_for_selector("#members tbody tr")
+    assert page.locator("#members tbody tr").count() == r.json()["size"]
+    page.wait_for_function("document.querySelectorAll('#members tr[data-status=succeeded]').length === "
+                           f"{r.json()['size']}", timeout=180_000)
+    report = client.get(f"/sweeps/{sweep_id}/report").json()
+    best = report["test_accuracy"]["rows"][0]
+    # The tables follow the members as they finish (a second after the last one).
+    page.wait_for_function(
+        f"(document.querySelector(\"#table1 tr[data-loss='{best['loss']}'] td:nth-child(3)\") || {{}})"
+        f".textContent === '{100 * best['mean']:.2f}'", timeout=15_000)
+    assert page.locator("#table1 tbody tr").count() == len(report["test_accuracy"]["rows"])
+    assert page.locator("#table34 tbody tr").count() == len(report["clustering"])
+    assert "paired two-tailed t-test over 2 seeds" in page.inner_text("#ttest")
+    assert page.evaluate("document.getElementById('lambda-plot').data.length") == 2
+    shot(page, "sweep")
+    page.goto("/ui/sweeps")
+    page.wait_for_selector(f"#sweeps tr[data-id='{sweep_id}']")
+
+
+def test_the_experiments_table_filters_and_pages(page, client, trained):
+    page.goto("/")
+    page.wait_for_selector("#experiments tbody tr[data-id]")
+    total = client.get("/experiments", params={"limit": 1}).json()["total"]
+    assert f"of {total}" in page.inner_text("#page-info")
+    page.select_option("#filters select[name=loss]", "cosine")
+    page.wait_for_function("[...document.querySelectorAll('#experiments tbody tr[data-id]')]"
+                           ".every(tr => tr.children[6].textContent === 'Cosine-COREL')")
+    cosine = client.get("/experiments", params={"loss": "cosine", "limit": 1}).json()["total"]
+    assert f"of {cosine}" in page.inner_text("#page-info")
+    page.select_option("#filters select[name=loss]", "")
+    page.wait_for_function(f"document.getElementById('page-info').textContent.includes('of {total}')")
+    shot(page, "experiments")
+
+
+def test_with_a_token_the_dashboard_asks_once_and_sends_it(browser, settings, worker):
+    secured = settings.model_copy(update={"api_token": SecretStr("s3cret-for-the-tab")})
+    with serving(create_app(secured)) as url:
+        context = browser.new_context(base_url=url)
+        page = context.new_page()
+        page.goto("/")
+        page.wait_for_selector("#token-dialog[open]")
+        page.fill("#token-input", "wrong")
+        page.click("#token-form button")
+        page.wait_for_selector("#token-dialog[open]")
+        assert "refused" in page.inner_text("#token-error")
+        page.fill("#token-input", "s3cret-for-the-tab")
+        page.click("#token-form button")
+        page.wait_for_selector("#experiments tbody tr")
+        assert page.evaluate("sessionStorage.getItem('corel-api-token')") == "s3cret-for-the-tab"
+        page.goto("/ui/sweeps")  # another page of the same tab: no second question
+        page.wait_for_selector("#sweeps tbody tr")
+        assert not page.locator("#token-dialog[open]").count()
+        context.close()
