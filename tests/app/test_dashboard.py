@@ -89,6 +89,7 @@ def test_a_run_submitted_through_the_form_updates_live_to_succeeded(page, client
     page.wait_for_selector("#curves .main-svg")
     page.evaluate("window.__sameDocument = true")
     seen_epochs, seen_points = [], []
+    shot_taken = False
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         state = page.evaluate("""() => ({
@@ -99,8 +100,9 @@ def test_a_run_submitted_through_the_form_updates_live_to_succeeded(page, client
         seen_points.append(state["points"])
         if state["status"] == "succeeded":
             break
-        if len(seen_epochs) == 3:
-            shot(page, "experiment-live")
+        if 15 <= state["epoch"] < 60 and not shot_taken:
+            shot(page, "experiment-live")  # mid-run: the curves half drawn
+            shot_taken = True
         time.sleep(0.05)
     assert state["status"] == "succeeded", (state, client.get(f"/experiments/{experiment_id}").json())
     assert page.evaluate("window.__sameDocument") is True  # no reload happened
@@ -127,6 +129,31 @@ def test_a_validation_error_appears_beside_its_field(page):
     assert page.inner_text("#err-loss") == ""
     assert page.url.endswith("/ui/new")
     shot(page, "new-experiment")
+
+
+def test_a_dataset_uploaded_from_the_form_is_selected_and_trains(page, client, tmp_path):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    path = tmp_path / "mine.npz"
+    np.savez(path, x=digits.data[:400].astype(np.float32), y=digits.target[:400],
+             class_names=np.array([f"digit {d}" for d in range(10)]))
+    page.goto("/ui/new")
+    page.wait_for_selector("#f-dataset_id")
+    page.set_input_files("#upload-file", str(path))
+    page.click("#upload-form button")
+    page.wait_for_function("document.getElementById('upload-result').textContent.includes('is selected')")
+    dataset_id = int(page.input_value("#f-dataset_id"))
+    assert client.get(f"/datasets/{dataset_id}").json()["filename"] == "mine.npz"
+    assert page.input_value("#f-dataset") == "npz"
+    for field, value in (("epochs", "2"), ("lr", "0.003"), ("batch_size", "32")):
+        page.fill(f"#f-{field}", value)
+    page.click("#submit")
+    page.wait_for_url("**/ui/experiments/*")
+    experiment_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    body = wait_for(client, experiment_id, finished)
+    assert body["status"] == "succeeded" and body["dataset_id"] == dataset_id, body
+    page.wait_for_selector("#status .badge[data-status=succeeded]")
 
 
 def test_the_experiment_page_shows_the_latent_scatter_and_the_clustering_table(page, client, trained):
