@@ -147,6 +147,8 @@ def _serve(args: argparse.Namespace) -> int:
     if embedded and not args.no_worker:
         worker = subprocess.Popen(worker_command())
     try:
+        print(f"corel: the dashboard is at http://{args.host}:{args.port}/ (the API's docs at /docs)",
+              file=sys.stderr, flush=True)
         # Open event streams would hold a graceful shutdown up for as long as their
         # clients stay; they are cut after a few seconds and resume from Last-Event-ID.
         uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None,

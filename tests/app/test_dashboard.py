@@ -36,8 +36,11 @@ FAST = {"dataset": "digits", "model": "ffnn", "lr": 0.003, "batch_size": 64}
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     require(Path(CHROMIUM).exists(), f"Chromium at {CHROMIUM} (apt-get install chromium)")
-    playwright = pytest.importorskip("playwright.sync_api")
-    with playwright.sync_playwright() as p:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:  # pragma: no cover - the test extra installs it
+        require(False, "the playwright package (pip install -e '.[test]')")
+    with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield b
         b.close()
@@ -252,6 +255,20 @@ def test_the_experiments_table_filters_and_pages(page, client, trained):
     page.select_option("#filters select[name=loss]", "")
     page.wait_for_function(f"document.getElementById('page-info').textContent.includes('of {total}')")
     shot(page, "experiments")
+
+
+def test_a_run_is_cancelled_then_deleted_from_the_table(page, client, worker):
+    long_run = client.post("/experiments", json={**FAST, "epochs": 2000}).json()["id"]
+    page.on("dialog", lambda dialog: dialog.accept())  # "Delete experiment N ...?"
+    page.goto("/")
+    row = f"#experiments tr[data-id='{long_run}']"
+    page.click(f"{row} button[data-action=cancel]")
+    body = wait_for(client, long_run, finished)
+    assert body["status"] == "cancelled", body
+    page.wait_for_selector(f"{row}[data-status=cancelled] button[data-action=delete]")
+    page.click(f"{row} button[data-action=delete]")
+    page.wait_for_selector(row, state="detached")
+    assert client.get(f"/experiments/{long_run}").status_code == 404
 
 
 def test_with_a_token_the_dashboard_asks_once_and_sends_it(browser, settings, worker):
