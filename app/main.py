@@ -20,6 +20,7 @@ from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import openapi
+from app.broker import make_celery
 from app.db import DATABASE_UNAVAILABLE, make_engine, make_sessionmaker
 from app.errors import DomainError, describe_error
 from app.guard import RequestGuard
@@ -34,7 +35,6 @@ from app.services.model_cache import ModelCache
 from app.services.reconcile import reconcile_in_background
 from app.settings import Settings
 from app.web import router as web_router
-from worker.celery_app import make_celery
 
 log = logging.getLogger("corel.api")
 

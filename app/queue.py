@@ -6,8 +6,8 @@ import logging
 
 from celery import Celery, group
 
+from app.broker import TRAIN_GROUP_TASK, TRAIN_TASK
 from app.errors import ServiceUnavailable
-from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK
 
 log = logging.getLogger(__name__)
 

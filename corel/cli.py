@@ -2,8 +2,9 @@
 
 This module is the library's edge: unlike the rest of ``corel/`` it prints and
 reads ``COREL_*`` environment variables. Service commands (``serve``, ``db``,
-``worker``, and the HTTP clients) live in ``app.cli`` and are imported only
-when one of them runs, so the library commands work without the service extras.
+``worker``, and the HTTP clients) live in ``app.cli`` and join through the
+``corel.commands`` entry point group; ``corel/`` never imports ``app``, so the
+library commands work without the service extras.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from typing import Any
 
 from corel.spec import DATASETS, LOSSES, MODELS, ExperimentSpec
@@ -70,11 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="do not draw progress bars")
     train.set_defaults(func=_train)
 
-    try:
-        from app.cli import register  # the service commands, when the extras are installed
-    except ImportError:
-        pass
-    else:
+    # Other packages add commands through the "corel.commands" entry point group: a
+    # function that takes this parser's subparsers. The service registers serve, worker,
+    # db, reproduce and watch that way; without its extra installed, its entry point
+    # does not load and the library's commands stand alone.
+    for entry in entry_points(group="corel.commands"):
+        try:
+            register = entry.load()
+        except ImportError:
+            continue
         register(sub)
     return parser
 
