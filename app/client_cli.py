@@ -152,6 +152,15 @@ def cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def export(args: argparse.Namespace) -> int:
+    r = _request(args, "GET", f"/experiments/{args.experiment}/export", params={"format": args.format})
+    out = Path(args.out or f"experiment-{args.experiment}.{'onnx' if args.format == 'onnx' else 'pt'}")
+    out.write_bytes(r.content)
+    print(f"{out}: {len(r.content)} bytes ({args.format}; input: the preprocessed tensor, "
+          "outputs: embeddings and similarities; the preprocessing is in its metadata)")
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("embed", help="representations of inputs from a running service",
                        description="POST /embed: the 128-d final hidden layer of each input.")
@@ -175,4 +184,10 @@ def register(sub: Any) -> None:
     p.add_argument("--on", choices=("test", "validation"), help="split (default: test)")
     p.set_defaults(func=cluster)
 
-
+    p = sub.add_parser("export", help="download a trained model as one ONNX or TorchScript file",
+                       description="GET /experiments/{id}/export: the encoder and head in one "
+                       "self-contained file, with the preprocessing recorded in its metadata.")
+    add_client_options(p)
+    p.add_argument("--format", choices=("onnx", "torchscript"), default="onnx")
+    p.add_argument("--out", help="file to write (default: experiment-ID.onnx or .pt)")
+    p.set_defaults(func=export)

@@ -158,3 +158,33 @@ def checkpoint_download(experiment_id: int, session: SessionDep) -> Response:
     return Response(row.data, media_type="application/octet-stream",
                     headers={"content-disposition": f'attachment; filename="{name}"',
                              "x-checkpoint-sha256": row.sha256})
+
+
+EXPORTS = {"onnx": ("onnx", "application/onnx"), "torchscript": ("pt", "application/octet-stream")}
+
+
+@router.get(
+    "/{experiment_id:int}/export", response_class=Response,
+    responses={200: {"content": {"application/onnx": {}, "application/octet-stream": {}},
+                     "description": "The encoder and head in one file, the preprocessing in its metadata"}},
+    summary="The trained model as one ONNX or TorchScript file (input: the preprocessed tensor; "
+    "outputs: embeddings, similarities)",
+)
+def export_model(
+    experiment_id: int, session: SessionDep,
+    format_: Annotated[str, Query(alias="format", description="onnx or torchscript")] = "onnx",
+) -> Response:
+    if format_ not in EXPORTS:
+        raise InvalidInput(f"unknown format {format_!r}; allowed: {', '.join(EXPORTS)}")
+    clustering_service.succeeded_experiment(session, experiment_id, "an export")
+    blob = session.scalar(select(Checkpoint.data).where(
+        Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best"))
+    if blob is None:
+        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    from corel.export import export
+    from corel.training import checkpoint_from_bytes
+
+    suffix, media = EXPORTS[format_]
+    name = f"experiment-{experiment_id}.{suffix}"
+    return Response(export(checkpoint_from_bytes(blob), format_), media_type=media,
+                    headers={"content-disposition": f'attachment; filename="{name}"'})

@@ -1,0 +1,88 @@
+"""A trained model in one self-contained file: ONNX or TorchScript.
+
+The file holds the encoder and the head. Its input is the model's input tensor
+(float32, ``(N, *input_shape)``), that is the raw input after the preprocessing
+recorded in the checkpoint; its outputs are ``embeddings`` ``(N, dim)`` (the final
+hidden layer, as ``POST /embed`` returns it) and ``similarities`` ``(N, K)`` (their
+argmax is the predicted class). The metadata (ONNX ``metadata_props``, TorchScript's
+extra file ``corel.json``) records the preprocessing, the class names, the similarity
+and the spec, so that the file alone can be served.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from corel.losses import LossHead
+from corel.training import model_from_checkpoint
+
+__all__ = ["FORMATS", "export", "export_metadata"]
+
+FORMATS = ("onnx", "torchscript")
+SIMILARITY_OF_LOSS = {"cce": "dot", "center": "dot", "cosine": "cosine", "gaussian": "gaussian"}
+OPSET = 17
+
+
+class _EncoderAndHead(nn.Module):
+    def __init__(self, encoder: nn.Module, head: LossHead) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.encoder(x)
+        return h, self.head.similarities(h)
+
+
+def export_metadata(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """What the exported file records besides the weights."""
+    spec = json.loads(checkpoint["spec"])
+    return {
+        "format_version": 1,
+        "inputs": {"x": {"dtype": "float32", "shape": ["N", *map(int, checkpoint["input_shape"])]}},
+        "outputs": {"embeddings": ["N", int(spec["hidden"])],
+                    "similarities": ["N", int(checkpoint["num_classes"])]},
+        "preprocessing": json.loads(checkpoint["preprocessing"]),
+        "class_names": [str(c) for c in checkpoint["class_names"]],
+        "similarity": SIMILARITY_OF_LOSS[spec["loss"]],
+        "spec": spec,
+    }
+
+
+def export(checkpoint: dict[str, Any], fmt: str) -> bytes:
+    """The checkpoint's model as an ONNX or TorchScript file (bytes); float32, on the CPU."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    _, model = model_from_checkpoint(checkpoint, "cpu")
+    wrapped = _EncoderAndHead(model.encoder, model.head).float().eval()
+    meta = export_metadata(checkpoint)
+    example = torch.zeros(2, *(int(s) for s in checkpoint["input_shape"]))
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        # The tracer warns about the heads' shape checks, which hold for any batch size.
+        warnings.simplefilter("ignore")
+        if fmt == "torchscript":
+            with torch.no_grad():
+                traced = torch.jit.trace(wrapped, example, check_trace=False)
+            torch.jit.save(traced, buf, _extra_files={"corel.json": json.dumps(meta)})
+            return buf.getvalue()
+        try:
+            import onnx
+        except ImportError as exc:
+            raise ImportError("ONNX export needs the onnx package: pip install 'corel[export]'") from exc
+        with torch.no_grad():
+            torch.onnx.export(  # a file object works as well as a path
+                wrapped, (example,), buf, input_names=["x"],  # type: ignore[arg-type]
+                output_names=["embeddings", "similarities"],
+                dynamic_axes={"x": {0: "N"}, "embeddings": {0: "N"}, "similarities": {0: "N"}},
+                opset_version=OPSET, dynamo=False)
+    proto = onnx.load_from_string(buf.getvalue())
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = "corel", json.dumps(meta)
+    return bytes(proto.SerializeToString())
