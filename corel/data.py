@@ -688,17 +688,35 @@ def prepare_vectors(x: np.ndarray | torch.Tensor, preprocessing: Mapping[str, An
     out = arr.reshape(len(arr), d).astype(np.float32)
     if not np.isfinite(out).all():
         raise ValueError("x contains NaN or infinite values")
+    scale = preprocessing.get("standardize")
+    if scale is not None:  # features standardised in training: the same here
+        mean = np.asarray(scale["mean"], dtype=np.float64)
+        std = np.asarray(scale["std"], dtype=np.float64)
+        out = ((out - mean) / std).astype(np.float32)
     return torch.from_numpy(out)
+
+
+def _standardize_flag(path: Path) -> bool:
+    """Whether the .npz asks for standardised features (a boolean array ``standardize``)."""
+    with np.load(path, allow_pickle=False) as loaded:
+        return "standardize" in loaded.files and bool(np.asarray(loaded["standardize"]).any())
 
 
 def _load_npz(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Dataset:
     if not spec.dataset_path:
         raise ValueError("dataset 'npz' needs dataset_path: an .npz file with arrays x and y")
-    x, y, names = _read_npz(_resolve_user_path(spec.dataset_path, data_dir))
+    path = _resolve_user_path(spec.dataset_path, data_dir)
+    x, y, names = _read_npz(path)
     rng = np.random.default_rng(SPLIT_SEED)
     train_idx, val_idx, test_idx = _split_three(y, rng)
     train_idx = _subset(train_idx, spec.train_subset)
     preprocessing = _vector_preprocessing(tuple(x.shape[1:]))
+    if _standardize_flag(path):
+        # The training split's statistics only, recorded so that serving applies the same.
+        flat = x[train_idx].reshape(len(train_idx), -1).astype(np.float64)
+        std = flat.std(axis=0)
+        preprocessing["standardize"] = {"mean": flat.mean(axis=0).tolist(),
+                                        "std": np.where(std > 0, std, 1.0).tolist()}
     return Dataset(
         name="npz",
         modality="vector",
@@ -1150,6 +1168,54 @@ def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool) -
     )
 
 
+def _read_text_npz(path: Path) -> tuple[list[str], np.ndarray, list[str]]:
+    """(texts, y as 0..K-1, class names) of a text dataset's .npz (corel.tables' format)."""
+    if not path.is_file():
+        raise DatasetNotFoundError(f"text dataset file {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as loaded:
+            missing = [k for k in ("texts", "y", "class_names") if k not in loaded.files]
+            if missing:
+                raise ValueError(f"{path} lacks array(s) {', '.join(missing)}; upload a text "
+                                 "table (POST /datasets with kind=text)")
+            texts = [str(t) for t in loaded["texts"]]
+            y = np.asarray(loaded["y"], dtype=np.int64)
+            names = [str(n) for n in loaded["class_names"]]
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise ValueError(f"{path} is not a readable .npz file ({exc})") from exc
+    if len(texts) != len(y) or y.min(initial=0) < 0 or y.max(initial=0) >= len(names):
+        raise ValueError(f"{path}: texts, y and class_names do not agree")
+    _check_class_sizes(y, 3, names, str(path))
+    return texts, y, names
+
+
+def _load_text(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Dataset:
+    """A user's text table (labels may be strings), with AG News's word vectors and tokenizer."""
+    if not spec.dataset_path:
+        raise ValueError("dataset 'text' needs dataset_path: an uploaded text table "
+                         "(POST /datasets with kind=text)")
+    texts, y, names = _read_text_npz(_resolve_user_path(spec.dataset_path, data_dir))
+    wv = load_word_vectors(
+        _resolve_user_path(spec.word_vectors, data_dir) if spec.word_vectors else None
+    )
+    preprocessing = _text_preprocessing(wv, spec.model, DEFAULT_MAX_LEN)
+    train_idx, val_idx, test_idx = _split_three(y, np.random.default_rng(SPLIT_SEED))
+    train_idx = _subset(train_idx, spec.train_subset)
+
+    def embed(idx: np.ndarray) -> torch.Tensor:
+        return prepare_texts([texts[i] for i in idx], preprocessing, wv.source)
+
+    return Dataset(
+        name="text", modality="text",
+        x_train=embed(train_idx), y_train=torch.from_numpy(y[train_idx]),
+        x_val=embed(val_idx), y_val=torch.from_numpy(y[val_idx]),
+        x_test=embed(test_idx), y_test=torch.from_numpy(y[test_idx]),
+        class_names=names,
+        input_shape=tuple(int(s) for s in preprocessing["input_shape"]),
+        preprocessing=preprocessing,
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Registry and entry point
 
@@ -1161,6 +1227,7 @@ LOADERS: dict[str, Loader] = {
     "ag-news": _load_ag_news,
     "digits": _load_digits,
     "npz": _load_npz,
+    "text": _load_text,
 }
 
 

@@ -11,11 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz"]
+DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz", "text"]
 ModelName = Literal["ffnn", "cnn"]
 LossName = Literal["cce", "center", "cosine", "gaussian"]
 
-DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz")
+DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz", "text")
 MODELS: tuple[str, ...] = ("ffnn", "cnn")
 LOSSES: tuple[str, ...] = ("cce", "center", "cosine", "gaussian")
 
@@ -31,6 +31,7 @@ MODALITY: dict[str, str] = {
     "digits": "image",
     "ag-news": "text",
     "npz": "vector",
+    "text": "text",
 }
 
 
@@ -42,8 +43,9 @@ class ExperimentSpec(BaseModel):
     dataset: DatasetName = Field(description="Dataset name: " + ", ".join(DATASETS) + ".")
     dataset_path: str | None = Field(
         default=None,
-        description="File for `npz` (arrays x, y, optional class_names) or `ag-news` "
-        "(CSV class_index,title,description). For the others, a data directory override.",
+        description="File for `npz` (arrays x, y, optional class_names), `text` (an .npz "
+        "with texts, y, class_names, as corel.tables makes it) or `ag-news` (CSV "
+        "class_index,title,description). For the others, a data directory override.",
     )
     word_vectors: str | None = Field(
         default=None,

@@ -225,7 +225,7 @@ def _materialise_upload(session: Session, dataset_id: int, settings: Settings) -
     upload = session.get(DatasetUpload, dataset_id)
     if upload is None:
         raise ValueError(f"dataset {dataset_id} no longer exists")
-    suffix = ".npz" if upload.kind == "npz" else ".csv"
+    suffix = ".csv" if upload.kind == "ag-news" else ".npz"  # tables are stored as .npz
     path = settings.var_dir.resolve() / "cache" / f"dataset-{dataset_id}-{upload.sha256[:16]}{suffix}"
     if not path.exists():
         data = session.scalar(select(DatasetBlob.data).where(DatasetBlob.dataset_id == dataset_id))

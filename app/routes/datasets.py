@@ -1,4 +1,4 @@
-"""/datasets: upload a user's .npz or AG-News-style CSV, referenced by id in specs."""
+"""/datasets: upload a user's data (.npz, AG News's CSV, or a table), referenced by id in specs."""
 
 from __future__ import annotations
 
@@ -22,21 +22,34 @@ CHUNK = 1 << 20
 
 @router.post(
     "", status_code=status.HTTP_201_CREATED, response_model=DatasetRead, dependencies=[AuthDep],
-    summary="Upload an .npz (arrays x, y, optional class_names) or a CSV (class_index,title,description)",
+    summary="Upload an .npz (x, y), AG News's CSV, or a CSV/Parquet table with named columns "
+    "(features + label, or text + label)",
 )
 async def upload(
     session: SessionDep,
     settings: SettingsDep,
-    file: Annotated[UploadFile, File(description="the .npz or .csv file")],
-    kind: Annotated[str | None, Form(description="npz or ag-news; default: from the file name")] = None,
+    file: Annotated[UploadFile, File(description="the .npz, .csv or .parquet file")],
+    kind: Annotated[str | None, Form(
+        description="npz, ag-news, features (numeric columns + a label; trains as npz) or text "
+        "(a text column + a label; trains as text); default: from the file name and content")] = None,
+    label_column: Annotated[str | None, Form(
+        description="tables: the label column (default: one named label, class, target, y, "
+        "category or topic)")] = None,
+    text_column: Annotated[str | None, Form(
+        description="text tables: the text column (default: the one other column, or one named "
+        "text, body, content, ...)")] = None,
+    standardize: Annotated[bool, Form(
+        description="feature tables: standardise each feature with the training split's mean and "
+        "standard deviation (recorded, and applied again at serve time)")] = False,
 ):
     # app.guard.RequestGuard has refused a body that declares more (413, unread).
     limit = settings.max_upload_bytes
-    kind = datasets_service.guess_kind(file.filename or "", kind)
+    name = file.filename or ""
+    kind = datasets_service.guess_kind(name, kind)
     # Starlette has spooled the part to a temporary file: move it, chunk by chunk, to the
     # one file the checks read, and let the spooled copy go at once.
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"upload{datasets_service.KINDS[kind]}"
+        path = Path(tmp) / f"upload{datasets_service.suffix_for(name, kind)}"
         size = 0
         with path.open("wb") as out:
             while chunk := await file.read(CHUNK):
@@ -45,7 +58,8 @@ async def upload(
                     raise PayloadTooLarge(f"uploads are limited to {limit} bytes")
                 out.write(chunk)
         await file.close()
-        return datasets_service.create_upload(session, file.filename or "", kind, path)
+        options = datasets_service.TableOptions(label_column, text_column, standardize)
+        return datasets_service.create_upload(session, name, kind, path, options)
 
 
 @router.get("", response_model=Page[DatasetRead], summary="Uploaded datasets")

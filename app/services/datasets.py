@@ -1,55 +1,130 @@
 """Uploaded datasets: validated once on arrival, stored in the database so any
-worker on any machine can fetch them."""
+worker on any machine can fetch them.
+
+Kinds: ``npz`` (arrays x, y), ``ag-news`` (AG News's positional CSV), and tables with
+named columns, CSV or Parquet: ``features`` (numeric columns and a label; stored as the
+``npz`` it becomes, so it trains as ``"dataset": "npz"``) and ``text`` (a text column and
+a label; trains as ``"dataset": "text"``).
+"""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidInput, NotFound, check_id
 from app.models import DatasetBlob, DatasetUpload, utcnow
+from corel import tables
 from corel.data import validate_ag_news_csv, validate_npz
 
-KINDS = {"npz": ".npz", "ag-news": ".csv"}
+# The kinds an upload may be, and the kind (dataset name) it is stored and trained as.
+STORED_AS = {"npz": "npz", "ag-news": "ag-news", "features": "npz", "text": "text"}
+KINDS = tuple(STORED_AS)
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+SUFFIXES = {"npz": ".npz", "ag-news": ".csv"}
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """The form fields of a table upload."""
+
+    label_column: str | None = None
+    text_column: str | None = None
+    standardize: bool = False
 
 
 def guess_kind(filename: str, kind: str | None) -> str:
+    """The upload's kind: given, or from the name (``.npz``; ``.csv`` and ``.parquet``
+    are tables, told apart by their content later, except AG News's CSV)."""
     if kind is not None:
         if kind not in KINDS:
             raise InvalidInput(f"unknown dataset kind {kind!r}; allowed: {', '.join(KINDS)}")
         return kind
     suffix = Path(filename).suffix.lower()
-    for name, ext in KINDS.items():
-        if suffix == ext:
-            return name
+    if suffix == ".npz":
+        return "npz"
+    if suffix in TABLE_SUFFIXES:
+        return "table"
     raise InvalidInput(
-        f"cannot tell the kind of {filename!r}: name it *.npz or *.csv, or pass kind=npz|ag-news"
-    )
+        f"cannot tell the kind of {filename!r}: name it *.npz, *.csv or *.parquet, or pass "
+        f"kind={'|'.join(KINDS)}")
 
 
-def validate(kind: str, path: Path) -> dict:
-    """Run the library's own checks on the file; any problem is a 422 saying what is wrong."""
-    try:
-        return validate_npz(path) if kind == "npz" else validate_ag_news_csv(path)
-    except (ValueError, OSError) as exc:
-        # The library names the file it read; here that is a temporary path of the
-        # server's, which is nobody's business: name the upload instead.
-        reason = str(exc).replace(str(path), "the upload").replace(str(path.parent), "")
-        raise InvalidInput(f"the uploaded {kind} file is not usable: {reason}") from exc
+def suffix_for(filename: str, kind: str) -> str:
+    if kind in SUFFIXES:
+        return SUFFIXES[kind]
+    suffix = Path(filename).suffix.lower()
+    return suffix if suffix in TABLE_SUFFIXES else ".csv"
 
 
-def create_upload(session: Session, filename: str, kind: str, path: Path) -> DatasetUpload:
-    """Check the uploaded file where it lies, then store it: the only copy in memory is
-    the one the database column is written from."""
+def _looks_like_ag_news(path: Path) -> bool:
+    """AG News's CSV has no header: its first cell is a class index."""
+    with path.open("rb") as fh:
+        first = fh.readline(4096).decode("utf-8", errors="replace")
+    cell = first.split(",", 1)[0].strip().strip('"')
+    return cell.isdigit()
+
+
+def _reason(exc: Exception, path: Path) -> str:
+    # The library names the file it read; here that is a temporary path of the
+    # server's, which is nobody's business: name the upload instead.
+    return str(exc).replace(str(path), "the upload").replace(str(path.parent), "")
+
+
+def _table(path: Path, kind: str, options: TableOptions) -> tuple[str, bytes, dict[str, Any]]:
+    """A table upload as the .npz it trains from, with its summary."""
+    fmt = "parquet" if path.suffix in (".parquet", ".pq") else "csv"
+    table = tables.read_table(path, fmt)
+    if kind == "table":  # not given: all-numeric besides the label means features
+        label = options.label_column or next(
+            (n for n in table.column_names if n.strip().lower() in tables.LABEL_NAMES), None)
+        import pyarrow as pa
+
+        others = [table.schema.field(n).type for n in table.column_names if n != label]
+        kind = "features" if others and all(
+            pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+            for t in others) else "text"
+    if kind == "features":
+        arrays = tables.feature_table(table, options.label_column)
+        arrays["standardize"] = np.array([options.standardize])
+        extra = {"feature_columns": arrays["feature_names"], "num_features": int(arrays["x"].shape[1]),
+                 "standardize": options.standardize}
+    else:
+        arrays = tables.text_table(table, options.text_column, options.label_column)
+        extra = {"text_column": arrays["text_column"]}
+    names = arrays["class_names"]
+    summary = {"source": f"{kind} table ({fmt})", "n": len(arrays["y"]),
+               "label_column": arrays["label_column"], "num_classes": len(names),
+               "class_names": names,
+               "class_counts": np.bincount(arrays["y"], minlength=len(names)).tolist(), **extra}
+    return STORED_AS[kind], tables.to_npz(arrays), summary
+
+
+def create_upload(session: Session, filename: str, kind: str, path: Path,
+                  options: TableOptions | None = None) -> DatasetUpload:
+    """Check the uploaded file where it lies, then store it (a table as the .npz it
+    becomes); any problem is a 422 saying what is wrong."""
     if path.stat().st_size == 0:
         raise InvalidInput("the uploaded file is empty")
-    summary = validate(kind, path)
-    data = path.read_bytes()
+    if kind == "table" and path.suffix == ".csv" and _looks_like_ag_news(path):
+        kind = "ag-news"
+    try:
+        if kind in ("npz", "ag-news"):
+            summary = validate_npz(path) if kind == "npz" else validate_ag_news_csv(path)
+            stored, data = kind, path.read_bytes()
+        else:
+            stored, data, summary = _table(path, kind, options or TableOptions())
+    except (ValueError, OSError) as exc:
+        shown = kind if kind != "table" else "table"
+        raise InvalidInput(f"the uploaded {shown} file is not usable: {_reason(exc, path)}") from exc
     upload = DatasetUpload(
-        kind=kind,
-        filename=Path(filename).name[:255] or f"upload{KINDS[kind]}",
+        kind=stored,
+        filename=Path(filename).name[:255] or f"upload{SUFFIXES.get(stored, '.npz')}",
         size=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
         summary=summary,

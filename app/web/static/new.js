@@ -114,11 +114,14 @@ corel.pages.new = async function () {
     if (!file) return;
     const data = new FormData();
     data.append("file", file);
+    const up = document.getElementById("upload-form").elements;
+    for (const name of ["label_column", "text_column"]) if (up[name].value.trim()) data.append(name, up[name].value.trim());
+    if (up.standardize.checked) data.append("standardize", "true");
     out.textContent = "uploading…";
     try {
       const ds = await api("/datasets", { method: "POST", body: data });
       out.textContent = "dataset " + ds.id + " (" + ds.kind + ", " + ds.filename + ") is selected above";
-      form.elements.dataset.value = ds.kind === "npz" ? "npz" : "ag-news";
+      form.elements.dataset.value = ds.kind;  // npz (features become npz), text or ag-news
       form.elements.dataset_id.value = ds.id;
     } catch (e) { out.textContent = ""; flash(e.message); }
   });

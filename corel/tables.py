@@ -1,0 +1,163 @@
+"""Users' own tables: CSV or Parquet files with named columns (pyarrow reads them).
+
+* A **feature table** holds numeric feature columns and a label column; it becomes the
+  arrays of an ``npz`` dataset (``x``, ``y``, ``class_names``), optionally standardised
+  (with the training split's mean and standard deviation, recorded in the preprocessing
+  and applied again at serve time).
+* A **text table** holds a text column and a label column; it trains as ``"dataset":
+  "text"`` with the same word vectors and tokenizer as AG News.
+
+Labels may be strings or numbers; their sorted distinct values become the class names.
+Every problem is a ``ValueError`` that names the row and column, or the class (rows
+count from 1, the header not included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LABEL_NAMES", "TEXT_NAMES", "feature_table", "read_table", "text_table"]
+
+LABEL_NAMES = ("label", "labels", "class", "target", "y", "category", "topic")
+TEXT_NAMES = ("text", "body", "content", "document", "description", "sentence")
+MIN_PER_CLASS = 3  # one sample for each of the train, validation and test splits
+
+
+def read_table(path: str | Path, fmt: str | None = None) -> Any:
+    """A pyarrow Table from a CSV (header row, comma-separated) or Parquet file."""
+    try:
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - pyarrow comes with the text extra
+        raise ImportError("tables need pyarrow: pip install 'corel[text]'") from exc
+    p = Path(path)
+    fmt = fmt or ("parquet" if p.suffix.lower() in (".parquet", ".pq") else "csv")
+    try:
+        # Only an empty cell is missing: "n/a" or "NaN" is a value, and a bad one is named.
+        convert = pcsv.ConvertOptions(null_values=[""], strings_can_be_null=True)
+        table = pq.read_table(p) if fmt == "parquet" else pcsv.read_csv(p, convert_options=convert)
+    except (pa.ArrowException, OSError) as exc:  # every Arrow error, of whatever base
+        raise ValueError(f"not a readable {fmt} table: {exc}") from exc
+    if table.num_rows == 0:
+        raise ValueError("the table has no rows")
+    names = table.column_names
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"column name(s) {', '.join(map(repr, dup))} appear more than once")
+    return table
+
+
+def _pick(table: Any, given: str | None, candidates: Sequence[str], what: str,
+          exclude: Sequence[str] = ()) -> str:
+    names = [n for n in table.column_names if n not in exclude]
+    if given is not None:
+        if given not in table.column_names:
+            raise ValueError(f"no column {given!r} for the {what}; the columns are "
+                             f"{', '.join(map(repr, table.column_names))}")
+        return given
+    found = [n for n in names if n.strip().lower() in candidates]
+    if len(found) == 1:
+        return found[0]
+    raise ValueError(
+        f"cannot tell which column holds the {what} (columns: "
+        f"{', '.join(map(repr, table.column_names))}); name it with {what.replace(' ', '_')}_column"
+        if not found else
+        f"several columns could hold the {what} ({', '.join(map(repr, found))}); name one with "
+        f"{what.replace(' ', '_')}_column")
+
+
+def _labels(table: Any, column: str) -> tuple[np.ndarray, list[str]]:
+    values = table.column(column).to_pylist()
+    empty = [i for i, v in enumerate(values) if v is None or (isinstance(v, str) and not v.strip())]
+    if empty:
+        raise ValueError(f"column {column!r}, row {empty[0] + 1}: the label is empty")
+    names_of = [str(v).strip() for v in values]
+    # Numeric labels sort as numbers (2 before 10), others as text.
+    try:
+        order = sorted(set(names_of), key=float)
+    except ValueError:
+        order = sorted(set(names_of))
+    if len(order) < 2:
+        raise ValueError(f"column {column!r} holds one class ({order[0]!r}); at least 2 are needed")
+    index = {name: i for i, name in enumerate(order)}
+    y = np.fromiter((index[n] for n in names_of), dtype=np.int64, count=len(names_of))
+    counts = np.bincount(y, minlength=len(order))
+    small = [f"{order[c]!r} ({counts[c]})" for c in range(len(order)) if counts[c] < MIN_PER_CLASS]
+    if small:
+        raise ValueError(
+            f"column {column!r}: every class needs at least {MIN_PER_CLASS} rows (one for each "
+            f"split), but these have fewer: {', '.join(small)}; add rows or drop the class")
+    return y, order
+
+
+def _numeric(table: Any, column: str) -> np.ndarray:
+    import pyarrow as pa
+
+    col = table.column(column)
+    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
+        values = col.to_numpy(zero_copy_only=False)
+        if col.null_count:
+            row = next(i for i, v in enumerate(col.to_pylist()) if v is None)
+            raise ValueError(f"column {column!r}, row {row + 1}: the value is empty")
+        out = np.asarray(values, dtype=np.float64)
+    else:
+        out = np.empty(len(col), dtype=np.float64)
+        for i, v in enumerate(col.to_pylist()):
+            try:
+                out[i] = float(v)
+            except (TypeError, ValueError):
+                shown = "empty" if v is None or str(v).strip() == "" else f"{str(v)[:40]!r}, not a number"
+                raise ValueError(f"column {column!r}, row {i + 1}: the value is {shown}; "
+                                 "feature columns must be numeric") from None
+    bad = np.flatnonzero(~np.isfinite(out))
+    if bad.size:
+        raise ValueError(f"column {column!r}, row {int(bad[0]) + 1}: the value is not finite")
+    return out
+
+
+def feature_table(table: Any, label_column: str | None = None) -> dict[str, Any]:
+    """``{"x": float32 (N, D), "y": int64 (N,), "class_names", "feature_names"}``."""
+    label = _pick(table, label_column, LABEL_NAMES, "label")
+    features = [n for n in table.column_names if n != label]
+    if not features:
+        raise ValueError(f"the table has no feature column besides the label {label!r}")
+    y, names = _labels(table, label)
+    x = np.column_stack([_numeric(table, c) for c in features]).astype(np.float32)
+    return {"x": x, "y": y, "class_names": names, "feature_names": features, "label_column": label}
+
+
+def text_table(table: Any, text_column: str | None = None,
+               label_column: str | None = None) -> dict[str, Any]:
+    """``{"texts": list[str], "y": int64 (N,), "class_names"}``."""
+    label = _pick(table, label_column, LABEL_NAMES, "label")
+    rest = [n for n in table.column_names if n != label]
+    if text_column is None and len(rest) == 1:
+        text_column = rest[0]
+    text = _pick(table, text_column, TEXT_NAMES, "text", exclude=(label,))
+    if text == label:
+        raise ValueError(f"the text and the label cannot be the same column ({text!r})")
+    y, names = _labels(table, label)
+    texts = table.column(text).to_pylist()
+    for i, t in enumerate(texts):
+        if t is None or not str(t).strip():
+            raise ValueError(f"column {text!r}, row {i + 1}: the text is empty")
+    return {"texts": [str(t) for t in texts], "y": y, "class_names": names,
+            "text_column": text, "label_column": label}
+
+
+def to_npz(arrays: dict[str, Any]) -> bytes:
+    """The .npz a dataset loader reads: ``x, y, class_names[, standardize]`` (features) or
+    ``texts, y, class_names`` (texts); strings as fixed-width unicode, no pickles."""
+    import io
+
+    buf = io.BytesIO()
+    out: dict[str, Any] = {k: np.asarray(v) if k != "texts" else np.asarray(v, dtype=np.str_)
+                           for k, v in arrays.items() if k in ("x", "y", "texts", "standardize")}
+    out["class_names"] = np.asarray(arrays["class_names"], dtype=np.str_)
+    np.savez(buf, **out)
+    return buf.getvalue()

@@ -1,0 +1,125 @@
+"""Users' own tables through POST /datasets: a CSV feature table (standardised) and a
+Parquet text table with string labels, each trained by a real worker and then served
+by /embed and /predict; and bad variants of each, refused with a 422 naming the problem."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from sklearn.datasets import load_digits
+
+from corel.training import checkpoint_from_bytes, model_from_checkpoint
+from tests.app.conftest import finished, wait_for
+from tests.conftest import assert_rows_close
+
+FAST = {"lr": 0.003, "batch_size": 64, "epochs": 3}
+
+
+def _csv(rows: list[list], header: list[str]) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(header)
+    writer.writerows(rows)
+    return out.getvalue().encode()
+
+
+def _upload(client, name: str, data: bytes, **fields):
+    return client.post("/datasets", files={"file": (name, data)},
+                       data={k: str(v).lower() if isinstance(v, bool) else v for k, v in fields.items()})
+
+
+@pytest.fixture(scope="module")
+def digits_table() -> tuple[np.ndarray, np.ndarray, bytes]:
+    d = load_digits()
+    x, y = d.data[:600] * 3.0 + 5.0, d.target[:600]  # off-centre, so that standardising matters
+    header = [f"px{i}" for i in range(64)] + ["digit"]
+    rows = [[*map(float, row), f"digit {label}"] for row, label in zip(x, y, strict=True)]
+    return x.astype(np.float32), y, _csv(rows, header)
+
+
+def test_a_feature_table_trains_standardised_and_serves_raw_rows(client, worker, digits_table):
+    x, y, data = digits_table
+    r = _upload(client, "features.csv", data, label_column="digit", standardize=True)
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    assert ds["kind"] == "npz" and ds["summary"]["num_features"] == 64
+    assert ds["summary"]["class_names"] == [f"digit {d}" for d in range(10)]
+    eid = client.post("/experiments", json={"dataset": "npz", "dataset_id": ds["id"], **FAST}).json()["id"]
+    body = wait_for(client, eid, finished)
+    assert body["status"] == "succeeded" and body["test_accuracy"] > 0.8, body
+    ckpt = checkpoint_from_bytes(client.get(f"/experiments/{eid}/checkpoint").content)
+    scale = __import__("json").loads(ckpt["preprocessing"])["standardize"]
+    # The statistics of the training split, not of the whole table.
+    assert not np.allclose(scale["mean"], x.mean(axis=0), atol=1e-6)
+    assert np.allclose(scale["mean"], x.mean(axis=0), atol=1.0)
+    served = client.post("/embed", json={"experiment_id": eid, "arrays": x[:20].tolist()}).json()
+    _, model = model_from_checkpoint(ckpt)
+    standardised = (x[:20] - np.asarray(scale["mean"])) / np.asarray(scale["std"])
+    with torch.no_grad():
+        ours = model.encoder(torch.from_numpy(standardised.astype(np.float32))).numpy()
+    assert_rows_close(served["embeddings"], ours)
+    predicted = client.post("/predict", json={"experiment_id": eid, "arrays": x[:50].tolist()}).json()
+    hits = sum(p["class_name"] == f"digit {t}" for p, t in zip(predicted["predictions"], y[:50], strict=True))
+    assert hits >= 40, hits
+
+
+@pytest.fixture(scope="module")
+def news(shared_datasets) -> tuple[list[str], list[str]]:
+    names = ["World", "Sports", "Business", "Sci/Tech"]
+    with open(shared_datasets / "ag_news" / "test.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))[:800]
+    return [f"{r[1]} {r[2]}" for r in rows], [names[int(r[0]) - 1] for r in rows]
+
+
+def test_a_parquet_text_table_with_string_labels_trains_and_predicts(client, worker, news):
+    texts, labels = news
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"headline": texts, "topic": labels}), buf)
+    r = _upload(client, "news.parquet", buf.getvalue())  # kind and columns guessed
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    assert ds["kind"] == "text" and ds["summary"]["text_column"] == "headline"
+    assert ds["summary"]["class_names"] == sorted(set(labels))
+    eid = client.post("/experiments", json={"dataset": "text", "dataset_id": ds["id"],
+                                            **FAST, "epochs": 8}).json()["id"]
+    body = wait_for(client, eid, finished)
+    assert body["status"] == "succeeded", body
+    assert body["test_accuracy"] > 0.5, body  # 4 classes: chance is 0.25
+    predicted = client.post("/predict", json={
+        "experiment_id": eid, "texts": ["Stocks fell as the central bank raised interest rates",
+                                        "The striker scored twice in the cup final"]}).json()
+    assert predicted["class_names"] == sorted(set(labels))
+    assert {p["class_name"] for p in predicted["predictions"]} <= set(labels)
+    # A text model takes texts, not arrays.
+    r = client.post("/embed", json={"experiment_id": eid, "arrays": [[1.0, 2.0]]})
+    assert r.status_code == 422 and "send texts" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(("name", "table", "fields", "words"), [
+    ("missing-column.csv", ([[1, 2, "a"]] * 9, ["f1", "f2", "label"]), {"label_column": "class"},
+     "no column 'class' for the label; the columns are 'f1', 'f2', 'label'"),
+    ("not-numeric.csv", ([[1, 2, "a"]] * 4 + [[1, "n/a", "b"]] + [[3, 4, "b"]] * 4, ["f1", "f2", "label"]),
+     {"kind": "features"}, "column 'f2', row 5: the value is 'n/a', not a number"),
+    ("small-class.csv", ([[1, 2, "a"]] * 6 + [[1, 2, "rare"]] * 2, ["f1", "f2", "label"]), {},
+     "every class needs at least 3 rows (one for each split), but these have fewer: 'rare' (2)"),
+    ("empty-text.csv", ([["hello there", "x"]] * 3 + [["", "y"]] + [["fine", "y"]] * 3, ["text", "label"]),
+     {"kind": "text"}, "column 'text', row 4: the text is empty"),
+    ("no-label.csv", ([[1, 2]] * 9, ["f1", "f2"]), {}, "cannot tell which column holds the label"),
+])
+def test_bad_tables_are_refused_naming_the_problem(client, name, table, fields, words):
+    rows, header = table
+    r = _upload(client, name, _csv(rows, header), **fields)
+    assert r.status_code == 422, r.text
+    assert words in r.json()["detail"], r.json()["detail"]
+    assert "/tmp" not in r.json()["detail"]
+
+
+def test_a_corrupt_parquet_is_a_422(client):
+    r = _upload(client, "broken.parquet", b"PAR1 this is not parquet at all PAR1")
+    assert r.status_code == 422 and "not a readable parquet table" in r.json()["detail"], r.text
