@@ -375,11 +375,12 @@ def _load_fashion_mnist(spec: ExperimentSpec, data_dir: Path | None, download: b
 # Images: serve-time preprocessing, digits
 
 
-def _image_preprocessing(name: str, hw: tuple[int, ...], pixel_max: float) -> dict[str, Any]:
+def _image_preprocessing(name: str, hw: tuple[int, ...], pixel_max: float,
+                         channels: int = 1) -> dict[str, Any]:
     return {
         "modality": "image",
         "dataset": name,
-        "input_shape": [1, *hw],
+        "input_shape": [channels, *hw],
         "layout": "NCHW",
         "pixel_max": pixel_max,
         "transform": "x / pixel_max (raw pixel values as stored in the dataset files)",
@@ -407,22 +408,24 @@ def _check_preprocessing(
 def prepare_images(
     images: np.ndarray | torch.Tensor, preprocessing: Mapping[str, Any]
 ) -> torch.Tensor:
-    """Raw images -> model input, exactly as in training: float32 (N, 1, H, W) = raw / pixel_max.
+    """Raw images -> model input, exactly as in training: float32 (N, C, H, W) = raw / pixel_max.
 
-    ``images``: (N, H, W) or (N, 1, H, W), uint8 or float, with raw pixel values as the
-    dataset stores them (0..255 for MNIST and Fashion-MNIST, 0..16 for digits).
+    ``images``: (N, C, H, W), or (N, H, W) for one channel, uint8 or float, with raw pixel
+    values as the dataset stores them (0..255 for MNIST, Fashion-MNIST and image folders,
+    0..16 for digits).
     """
     _check_preprocessing(preprocessing, "image", ("input_shape", "pixel_max"))
     shape = tuple(int(s) for s in preprocessing["input_shape"])
     pixel_max = float(preprocessing["pixel_max"])
     arr = images.detach().cpu().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
-    if arr.ndim == len(shape):
+    if arr.ndim == len(shape) and shape[0] == 1:
         arr = arr[:, None]
     if arr.ndim != len(shape) + 1 or tuple(arr.shape[1:]) != shape:
         hw = " x ".join(str(s) for s in shape[1:])
+        one = f"(N, {', '.join(map(str, shape[1:]))}) or " if shape[0] == 1 else ""
         raise ValueError(
-            f"images must have shape (N, {', '.join(map(str, shape[1:]))}) or "
-            f"(N, {', '.join(map(str, shape))}) ({hw} pixels, one channel); got {arr.shape}. "
+            f"images must have shape {one}(N, {', '.join(map(str, shape))}) ({hw} pixels, "
+            f"{shape[0]} channel{'s' if shape[0] > 1 else ''}); got {arr.shape}. "
             "A single image needs a batch dimension: images[None]."
         )
     if arr.dtype.kind not in "uif":
@@ -1168,6 +1171,27 @@ def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool) -
     )
 
 
+def _load_images(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Dataset:
+    """A user's image folder (corel.image_folders' .npz: x uint8 (N, C, H, W), y, class_names)."""
+    if not spec.dataset_path:
+        raise ValueError("dataset 'images' needs dataset_path: an uploaded image folder "
+                         "(POST /datasets with a .zip or .tar.gz of class_name/*.png)")
+    x, y, names = _read_npz(_resolve_user_path(spec.dataset_path, data_dir))
+    if x.ndim != 4 or x.dtype != np.uint8:
+        raise ValueError(f"an image dataset holds uint8 images (N, C, H, W); got {x.dtype} {x.shape}")
+    channels, height, width = (int(s) for s in x.shape[1:])
+    preprocessing = _image_preprocessing("images", (height, width), 255.0, channels)
+    train_idx, val_idx, test_idx = _split_three(y, np.random.default_rng(SPLIT_SEED))
+    train_idx = _subset(train_idx, spec.train_subset)
+    return Dataset(
+        name="images", modality="image",
+        x_train=prepare_images(x[train_idx], preprocessing), y_train=torch.from_numpy(y[train_idx]),
+        x_val=prepare_images(x[val_idx], preprocessing), y_val=torch.from_numpy(y[val_idx]),
+        x_test=prepare_images(x[test_idx], preprocessing), y_test=torch.from_numpy(y[test_idx]),
+        class_names=names, input_shape=(channels, height, width), preprocessing=preprocessing,
+    )
+
+
 def _read_text_npz(path: Path) -> tuple[list[str], np.ndarray, list[str]]:
     """(texts, y as 0..K-1, class names) of a text dataset's .npz (corel.tables' format)."""
     if not path.is_file():
@@ -1228,6 +1252,7 @@ LOADERS: dict[str, Loader] = {
     "digits": _load_digits,
     "npz": _load_npz,
     "text": _load_text,
+    "images": _load_images,
 }
 
 

@@ -11,11 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz", "text"]
+DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images"]
 ModelName = Literal["ffnn", "cnn"]
 LossName = Literal["cce", "center", "cosine", "gaussian"]
 
-DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz", "text")
+DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images")
 MODELS: tuple[str, ...] = ("ffnn", "cnn")
 LOSSES: tuple[str, ...] = ("cce", "center", "cosine", "gaussian")
 
@@ -32,6 +32,7 @@ MODALITY: dict[str, str] = {
     "ag-news": "text",
     "npz": "vector",
     "text": "text",
+    "images": "image",
 }
 
 

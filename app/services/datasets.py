@@ -4,7 +4,8 @@ worker on any machine can fetch them.
 Kinds: ``npz`` (arrays x, y), ``ag-news`` (AG News's positional CSV), and tables with
 named columns, CSV or Parquet: ``features`` (numeric columns and a label; stored as the
 ``npz`` it becomes, so it trains as ``"dataset": "npz"``) and ``text`` (a text column and
-a label; trains as ``"dataset": "text"``).
+a label; trains as ``"dataset": "text"``); and image folders, a .zip or .tar.gz of
+``class_name/*.png|jpg`` (``images``; stored as the .npz of its resized pixels).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from app.errors import InvalidInput, NotFound, check_id
 from app.models import DatasetBlob, DatasetUpload, utcnow
 from corel import tables
 from corel.data import validate_ag_news_csv, validate_npz
+from corel.image_folders import read_image_folder
 
 # The kinds an upload may be, and the kind (dataset name) it is stored and trained as.
-STORED_AS = {"npz": "npz", "ag-news": "ag-news", "features": "npz", "text": "text"}
+STORED_AS = {"npz": "npz", "ag-news": "ag-news", "features": "npz", "text": "text",
+             "images": "images"}
 KINDS = tuple(STORED_AS)
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz", ".tar")
 SUFFIXES = {"npz": ".npz", "ag-news": ".csv"}
 
 
@@ -50,14 +54,18 @@ def guess_kind(filename: str, kind: str | None) -> str:
         return "npz"
     if suffix in TABLE_SUFFIXES:
         return "table"
+    if filename.lower().endswith(ARCHIVE_SUFFIXES):
+        return "images"
     raise InvalidInput(
-        f"cannot tell the kind of {filename!r}: name it *.npz, *.csv or *.parquet, or pass "
-        f"kind={'|'.join(KINDS)}")
+        f"cannot tell the kind of {filename!r}: name it *.npz, *.csv, *.parquet, *.zip or "
+        f"*.tar.gz, or pass kind={'|'.join(KINDS)}")
 
 
 def suffix_for(filename: str, kind: str) -> str:
     if kind in SUFFIXES:
         return SUFFIXES[kind]
+    if kind == "images":
+        return ".archive"
     suffix = Path(filename).suffix.lower()
     return suffix if suffix in TABLE_SUFFIXES else ".csv"
 
@@ -105,6 +113,16 @@ def _table(path: Path, kind: str, options: TableOptions) -> tuple[str, bytes, di
     return STORED_AS[kind], tables.to_npz(arrays), summary
 
 
+def _images(path: Path) -> tuple[str, bytes, dict[str, Any]]:
+    folder = read_image_folder(path)
+    names = folder["class_names"]
+    summary = {"source": "image folder", "n": len(folder["y"]), "num_classes": len(names),
+               "class_names": names,
+               "class_counts": np.bincount(folder["y"], minlength=len(names)).tolist(),
+               "channels": folder["channels"], "size": list(folder["size"])}
+    return "images", tables.to_npz(folder), summary
+
+
 def create_upload(session: Session, filename: str, kind: str, path: Path,
                   options: TableOptions | None = None) -> DatasetUpload:
     """Check the uploaded file where it lies, then store it (a table as the .npz it
@@ -117,6 +135,8 @@ def create_upload(session: Session, filename: str, kind: str, path: Path,
         if kind in ("npz", "ag-news"):
             summary = validate_npz(path) if kind == "npz" else validate_ag_news_csv(path)
             stored, data = kind, path.read_bytes()
+        elif kind == "images":
+            stored, data, summary = _images(path)
         else:
             stored, data, summary = _table(path, kind, options or TableOptions())
     except (ValueError, OSError) as exc:

@@ -68,15 +68,17 @@ def decode_binary(binary: BinaryArray, raw: bytes | None = None) -> np.ndarray:
 
 
 def _decode_image(data: bytes, index: int, loaded: LoadedModel) -> np.ndarray:
-    _, height, width = (int(s) for s in loaded.preprocessing["input_shape"])
+    channels, height, width = (int(s) for s in loaded.preprocessing["input_shape"])
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.format not in ("PNG", "JPEG"):
                 raise InvalidInput(f"input {index}: {img.format} images are not accepted; send PNG or JPEG")
-            gray = img.convert("L")
-            if gray.size != (width, height):
-                gray = gray.resize((width, height), Image.Resampling.BILINEAR)
-            pixels = np.asarray(gray, dtype=np.float32)
+            converted = img.convert("L" if channels == 1 else "RGB")
+            if converted.size != (width, height):
+                converted = converted.resize((width, height), Image.Resampling.BILINEAR)
+            pixels = np.asarray(converted, dtype=np.float32)
+            if channels > 1:  # (H, W, C) -> (C, H, W), as the model takes it
+                pixels = pixels.transpose(2, 0, 1)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise InvalidInput(f"input {index}: not a decodable PNG or JPEG image ({exc})") from exc
     # 8-bit grey levels onto the dataset's own pixel scale (255 for (Fashion-)MNIST, 16 for digits).
