@@ -28,7 +28,7 @@ from app.logging import configure_logging
 from app.metrics import ApiMetrics, RequestMetrics, RouteTemplates
 from app.metrics import router as metrics_router
 from app.queue import TaskQueue
-from app.routes import analysis, datasets, events, experiments, inference, sweeps
+from app.routes import analysis, datasets, embedding_jobs, events, experiments, inference, sweeps
 from app.services.events import EventHub
 from app.services.inference import InferenceRunner
 from app.services.model_cache import ModelCache
@@ -239,6 +239,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(datasets.router)
     app.include_router(sweeps.router)
     app.include_router(events.router)
+    app.include_router(embedding_jobs.router)
     app.include_router(web_router)  # the dashboard: / and /ui/...
     app.include_router(metrics_router)
     openapi.install(app, token_routes=settings.api_token is not None)

@@ -189,3 +189,36 @@ class Figure(Base):
     name: Mapped[str] = mapped_column(String(64))
     png: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class EmbeddingJob(Base):
+    """Every row of an uploaded dataset embedded by a trained experiment, on a worker."""
+
+    __tablename__ = "embedding_jobs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="RESTRICT"), index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    n_total: Mapped[int] = mapped_column(Integer, default=0)
+    n_done: Mapped[int] = mapped_column(Integer, default=0)
+    dim: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class EmbeddingResult(Base):
+    """A finished job's representations (float32, row-major n x dim) and labels (int64)."""
+
+    __tablename__ = "embedding_results"
+
+    job_id: Mapped[int] = mapped_column(
+        ForeignKey("embedding_jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    representations: Mapped[bytes] = mapped_column(LargeBinary)
+    labels: Mapped[bytes] = mapped_column(LargeBinary)

@@ -6,7 +6,7 @@ import logging
 
 from celery import Celery, group
 
-from app.broker import TRAIN_GROUP_TASK, TRAIN_TASK
+from app.broker import EMBED_TASK, TRAIN_GROUP_TASK, TRAIN_TASK
 from app.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,16 @@ class TaskQueue:
             raise ServiceUnavailable(
                 f"experiment {experiment_id} was stored but could not be queued: the broker "
                 f"is unreachable ({type(exc).__name__}); it is marked failed"
+            ) from exc
+
+    def enqueue_embedding(self, job_id: int) -> None:
+        try:
+            self.celery.send_task(EMBED_TASK, args=[job_id], retry=False)
+        except Exception as exc:
+            log.exception("could not queue embedding job %s", job_id)
+            raise ServiceUnavailable(
+                f"embedding job {job_id} was stored but could not be queued: the broker is "
+                f"unreachable ({type(exc).__name__}); it is marked failed"
             ) from exc
 
     def enqueue_groups(self, groups: list[list[int]]) -> None:

@@ -226,3 +226,26 @@ class SweepRead(SweepSummary):
 
     vectorize: bool
     experiment_ids: list[int]
+
+
+class EmbeddingJobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dataset_id: int = Field(description="An uploaded dataset (POST /datasets): every row is embedded.")
+
+
+class EmbeddingJobRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    experiment_id: int
+    dataset_id: int
+    status: Status
+    n_total: int
+    n_done: int
+    dim: int | None
+    error: str | None
+    cancel_requested: bool
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None

@@ -12,11 +12,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.broker import EMBED_TASK
 from app.db import make_engine, make_sessionmaker
 from app.logging import configure_logging
 from app.services.reconcile import reconcile
 from app.settings import Settings
-from worker import runner
+from worker import embedding, runner
 from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery
 from worker.metrics import METRICS
 
@@ -47,6 +48,13 @@ def train_group(experiment_ids: list[int]) -> dict[int, str]:
     ids = [int(i) for i in experiment_ids]
     return runner.with_retries(lambda: runner.train_group(ids, _factory(), _settings()),
                                _settings(), f"experiments {ids}")
+
+
+@celery.task(name=EMBED_TASK, acks_late=True, reject_on_worker_lost=True)
+def embed_dataset(job_id: int) -> str:
+    jid = int(job_id)
+    return runner.with_retries(lambda: embedding.embed_dataset(jid, _factory(), _settings()),
+                               _settings(), f"embedding job {jid}")
 
 
 def _send(experiment_id: int) -> None:

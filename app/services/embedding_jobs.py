@@ -1,0 +1,72 @@
+"""Batch embedding jobs: every row of an uploaded dataset through a trained encoder, on a
+worker (not in the API), stored, and downloaded in the latent space's formats."""
+
+from __future__ import annotations
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import MAX_ID, Conflict, InvalidInput, NotFound, check_id
+from app.models import FINISHED, DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
+from app.services.clustering import succeeded_experiment
+from corel.spec import MODALITY
+
+# Upload kinds whose rows a job can read, and the modality each feeds.
+EMBEDDABLE = {"npz": ("vector", "image"), "images": ("image",), "text": ("text",)}
+
+
+def create_job(session: Session, experiment_id: int, dataset_id: int) -> EmbeddingJob:
+    exp = succeeded_experiment(session, experiment_id, "a batch embedding job")
+    upload = session.get(DatasetUpload, dataset_id) if 1 <= dataset_id <= MAX_ID else None
+    if upload is None:
+        raise InvalidInput(f"dataset_id {dataset_id} does not exist; upload with POST /datasets")
+    modality = MODALITY[exp.dataset]
+    allowed = EMBEDDABLE.get(upload.kind, ())
+    if modality not in allowed:
+        raise InvalidInput(
+            f"dataset {dataset_id} is a {upload.kind!r} upload, which cannot feed experiment "
+            f"{experiment_id}'s {modality} inputs; embed an upload of a kind that matches "
+            f"({', '.join(k for k, m in EMBEDDABLE.items() if modality in m)})")
+    job = EmbeddingJob(experiment_id=experiment_id, dataset_id=dataset_id, status="queued",
+                       n_total=int(upload.summary.get("n", 0)), n_done=0, cancel_requested=False,
+                       created_at=utcnow())
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get_job(session: Session, job_id: int) -> EmbeddingJob:
+    check_id("embedding job", job_id)
+    job = session.get(EmbeddingJob, job_id)
+    if job is None:
+        raise NotFound(f"embedding job {job_id} does not exist")
+    return job
+
+
+def cancel_job(session: Session, job_id: int) -> EmbeddingJob:
+    """Queued: cancelled at once. Running: flagged; the worker stops between batches."""
+    job = get_job(session, job_id)
+    if job.status in FINISHED:
+        raise Conflict(f"embedding job {job_id} is already {job.status}; nothing to cancel")
+    job.cancel_requested = True
+    if job.status == "queued":
+        job.status, job.finished_at = "cancelled", utcnow()
+    session.flush()
+    return job
+
+
+def mark_unqueued(session: Session, job_id: int, reason: str) -> None:
+    job = get_job(session, job_id)
+    job.status, job.error, job.finished_at = "failed", reason, utcnow()
+    session.flush()
+
+
+def load_result(session: Session, job_id: int) -> tuple[np.ndarray, np.ndarray]:
+    job = get_job(session, job_id)
+    if job.status != "succeeded":
+        raise Conflict(f"embedding job {job_id} is {job.status}; its result needs a succeeded job",
+                       status=job.status)
+    row = session.scalars(select(EmbeddingResult).where(EmbeddingResult.job_id == job_id)).one()
+    reps = np.frombuffer(row.representations, dtype=np.float32).reshape(job.n_total, -1)
+    return reps, np.frombuffer(row.labels, dtype=np.int64)

@@ -1,0 +1,97 @@
+"""Batch embedding jobs on a worker: every row of an uploaded dataset through the
+experiment's best checkpoint, in batches, with progress and cancellation between them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import session_scope
+from app.models import FINISHED, Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
+from app.settings import Settings
+from corel.data import prepare_images, prepare_texts, prepare_vectors
+from corel.training import checkpoint_from_bytes, model_from_checkpoint
+from worker.runner import _materialise_upload
+
+log = logging.getLogger("corel.worker")
+BATCH = 4096  # rows per forward pass, and between two progress commits
+
+
+def _rows(path: Any, kind: str) -> tuple[Any, np.ndarray]:
+    """The upload's inputs (array or texts) and labels, every row, in file order."""
+    with np.load(path, allow_pickle=False) as loaded:
+        y = np.asarray(loaded["y"]).reshape(-1)
+        if kind == "text":
+            return [str(t) for t in loaded["texts"]], y
+        return np.asarray(loaded["x"]), y
+
+
+def _labels(y: np.ndarray) -> np.ndarray:
+    """Labels as stored: integers as they are; strings (or anything else) by sorted value."""
+    if y.dtype.kind in "iub":
+        return y.astype(np.int64)
+    return np.unique(y, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def _set(factory: sessionmaker[Session], job_id: int, **values: Any) -> None:
+    with session_scope(factory) as session:
+        session.execute(update(EmbeddingJob).where(EmbeddingJob.id == job_id).values(**values))
+
+
+def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
+    with session_scope(factory) as session:
+        job = session.get(EmbeddingJob, job_id)
+        if job is None:
+            return "gone"
+        if job.status in FINISHED:
+            return job.status
+        if job.cancel_requested:
+            job.status, job.finished_at = "cancelled", utcnow()
+            return "cancelled"
+        job.status, job.started_at = "running", job.started_at or utcnow()
+        blob = session.scalar(select(Checkpoint.data).where(
+            Checkpoint.experiment_id == job.experiment_id, Checkpoint.kind == "best"))
+        kind = session.scalar(select(DatasetUpload.kind).where(DatasetUpload.id == job.dataset_id))
+        path = _materialise_upload(session, job.dataset_id, settings)
+    try:
+        if blob is None or kind is None:
+            raise ValueError("the experiment's checkpoint or the dataset no longer exists")
+        ckpt = checkpoint_from_bytes(blob)
+        spec, model = model_from_checkpoint(ckpt, settings.device)
+        preprocessing = json.loads(ckpt["preprocessing"])
+        prepare = {"image": prepare_images, "vector": prepare_vectors,
+                   "text": prepare_texts}[spec.modality]
+        inputs, y = _rows(path, kind)
+        n = len(inputs)
+        _set(factory, job_id, n_total=n)
+        parts = []
+        for start in range(0, n, BATCH):
+            x = prepare(inputs[start:start + BATCH], preprocessing)  # type: ignore[operator]
+            with torch.inference_mode():
+                device = next(model.parameters()).device
+                parts.append(model.encoder(x.to(device, model.head.W.dtype)).float().cpu().numpy())
+            with session_scope(factory) as session:
+                session.execute(update(EmbeddingJob).where(EmbeddingJob.id == job_id)
+                                .values(n_done=min(n, start + BATCH)))
+                if session.scalar(select(EmbeddingJob.cancel_requested).where(EmbeddingJob.id == job_id)):
+                    session.execute(update(EmbeddingJob).where(EmbeddingJob.id == job_id)
+                                    .values(status="cancelled", finished_at=utcnow()))
+                    return "cancelled"
+        reps = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, spec.hidden), np.float32))
+    except (ValueError, KeyError) as exc:
+        log.warning("embedding job failed", extra={"job": job_id, "error": str(exc)})
+        _set(factory, job_id, status="failed", error=str(exc), finished_at=utcnow())
+        return "failed"
+    with session_scope(factory) as session:
+        session.merge(EmbeddingResult(job_id=job_id, representations=reps.astype(np.float32).tobytes(),
+                                      labels=_labels(y).tobytes()))
+        session.execute(update(EmbeddingJob).where(EmbeddingJob.id == job_id).values(
+            status="succeeded", n_done=n, dim=int(reps.shape[1]), finished_at=utcnow()))
+    log.info("embedding job done", extra={"job": job_id, "rows": n})
+    return "succeeded"
