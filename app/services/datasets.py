@@ -20,9 +20,8 @@ from sqlalchemy.orm import Session
 
 from app.errors import InvalidInput, NotFound, check_id
 from app.models import DatasetBlob, DatasetUpload, utcnow
-from corel import tables
-from corel.data import validate_ag_news_csv, validate_npz
-from corel.image_folders import read_image_folder
+from corel.data import tables, validate_ag_news_csv, validate_npz
+from corel.data.image_folders import read_image_folder
 
 # The kinds an upload may be, and the kind (dataset name) it is stored and trained as.
 STORED_AS = {"npz": "npz", "ag-news": "ag-news", "features": "npz", "text": "text",

@@ -92,7 +92,7 @@ def test_idx_rejects_corrupt_files(tmp_path, content, message):
 
 
 def test_corrupt_idx_file_fails_load(tmp_path):
-    for stem in data._IDX_FILES.values():
+    for stem in data.idx._IDX_FILES.values():
         data.write_idx(tmp_path / stem, np.zeros((2, 28, 28) if "images" in stem else 2, np.uint8))
     (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01\x00\x00\x00\x09")
     with pytest.raises(ValueError, match="header announces shape"):
@@ -461,7 +461,7 @@ def test_ag_news_with_a_tiny_glove_file(tmp_path):
 def test_prepare_texts_rejects_bad_input(tmp_path):
     vectors = write_glove(tmp_path / "tiny.txt", TINY_GLOVE)
     wv = data.load_word_vectors(vectors)
-    pre = data._text_preprocessing(wv, "ffnn", 64)
+    pre = data.text._text_preprocessing(wv, "ffnn", 64)
     with pytest.raises(ValueError, match="not one string"):
         data.prepare_texts("the cat", pre)
     with pytest.raises(ValueError, match="must be strings"):

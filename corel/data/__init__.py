@@ -1,0 +1,106 @@
+"""Datasets: loading, fixed splits, and the serve-time preprocessing that matches training.
+
+Every loader returns a :class:`Dataset` whose ``preprocessing`` dict (JSON-able) holds
+everything needed to turn raw inputs into model inputs at serve time;
+:func:`prepare_images`, :func:`prepare_texts` and :func:`prepare_vectors` read it, and the
+loaders build their own tensors through the same functions, so serving reproduces training
+exactly.
+
+Splits are fixed: they are drawn with the constant :data:`SPLIT_SEED`, not ``spec.seed``, so
+every experiment on a dataset sees the same validation and test sets. They are stratified:
+each class gets its share (largest-remainder rounding) and at least one sample in every split.
+
+One module per source (``idx``, ``digits``, ``npz``, ``text``, ``ag_news``), the splits
+and the preprocessing in their own; this module holds the registry of loaders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+# The loaders, and the public names importable from corel.data as before it was split.
+from corel.data.ag_news import _load_ag_news, validate_ag_news_csv
+from corel.data.base import (
+    AG_NEWS_VAL_FRACTION,
+    DEFAULT_MAX_LEN,
+    DTYPES,
+    MNIST_VAL_SIZE,
+    SPLIT_SEED,
+    TEST_FRACTION,
+    VAL_FRACTION,
+    Dataset,
+    DatasetNotFoundError,
+    PathLike,
+    check_dtype,
+)
+from corel.data.digits import _load_digits
+from corel.data.idx import (
+    FASHION_MNIST_CLASSES,
+    _load_fashion_mnist,
+    _load_mnist,
+    read_idx,
+    write_idx,
+)
+from corel.data.npz import _load_images, _load_npz, validate_npz
+from corel.data.preprocessing import prepare_images, prepare_vectors
+from corel.data.text import (
+    DEFAULT_WORD_VECTORS,
+    TOKEN_PATTERN,
+    TOKENIZER_VERSION,
+    WordVectors,
+    _load_text,
+    clean_text,
+    load_word_vectors,
+    prepare_texts,
+    tokenize,
+)
+from corel.spec import ExperimentSpec
+
+__all__ = [
+    "AG_NEWS_VAL_FRACTION", "DEFAULT_MAX_LEN", "DEFAULT_WORD_VECTORS", "DTYPES",
+    "FASHION_MNIST_CLASSES", "LOADERS", "MNIST_VAL_SIZE", "SPLIT_SEED", "TEST_FRACTION",
+    "TOKENIZER_VERSION", "TOKEN_PATTERN", "VAL_FRACTION", "Dataset", "DatasetNotFoundError",
+    "PathLike", "WordVectors", "available_datasets", "check_dtype", "clean_text",
+    "load_dataset", "load_word_vectors", "prepare_images", "prepare_texts", "prepare_vectors",
+    "read_idx", "tokenize", "validate_ag_news_csv", "validate_npz", "write_idx",
+]
+
+Loader = Callable[[ExperimentSpec, Path | None, bool], Dataset]
+
+LOADERS: dict[str, Loader] = {
+    "fashion-mnist": _load_fashion_mnist,
+    "mnist": _load_mnist,
+    "ag-news": _load_ag_news,
+    "digits": _load_digits,
+    "npz": _load_npz,
+    "text": _load_text,
+    "images": _load_images,
+}
+
+
+def available_datasets() -> list[str]:
+    """Names :func:`load_dataset` accepts in ``spec.dataset``."""
+    return list(LOADERS)
+
+
+def load_dataset(
+    spec: ExperimentSpec, data_dir: PathLike | None = None, *, download: bool = False
+) -> Dataset:
+    """Load ``spec.dataset`` with its fixed split; keep the first ``spec.train_subset`` of train.
+
+    ``data_dir`` is where to look first (and where ``download=True`` puts MNIST or
+    Fashion-MNIST, fetched with torchvision). Raises DatasetNotFoundError naming every place
+    looked, ValueError for malformed data.
+    """
+    if not isinstance(spec, ExperimentSpec):
+        raise ValueError(f"load_dataset needs an ExperimentSpec, got {type(spec).__name__}")
+    loader = LOADERS.get(spec.dataset)
+    if loader is None:
+        raise ValueError(
+            f"unknown dataset {spec.dataset!r}; available: {', '.join(available_datasets())}"
+        )
+    root = Path(data_dir).expanduser() if data_dir is not None else None
+    if download and root is None:
+        raise ValueError("download=True needs data_dir: the folder to download into")
+    return loader(spec, root, download)

@@ -1,0 +1,86 @@
+"""Fixed, stratified splits: drawn with SPLIT_SEED, each class its share in every split."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from corel.data.base import TEST_FRACTION, VAL_FRACTION
+
+
+def _check_class_sizes(y: np.ndarray, minimum: int, names: Sequence[str], where: str) -> None:
+    """Every class 0..len(names)-1 must have ``minimum`` samples, so that each split gets one."""
+    counts = np.bincount(y, minlength=len(names))
+    small = [f"{names[c]!r} ({counts[c]})" for c in range(len(names)) if counts[c] < minimum]
+    if small:
+        raise ValueError(
+            f"{where}: too few samples to split: every class needs at least {minimum} (one for "
+            f"each split), but these have fewer: {', '.join(small)}; add samples or drop the class"
+        )
+
+
+def _stratified_take(
+    y: np.ndarray, total: int, *, keep: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split positions 0..len(y)-1 into (rest, taken) with ``len(taken) == total``.
+
+    Each class gives ``total`` in proportion to its size (largest remainder), at least one,
+    and keeps at least ``keep``. Both parts come back shuffled.
+    """
+    _, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    quota = counts * (total / len(y))
+    alloc = np.clip(np.floor(quota).astype(np.int64), 1, counts - keep)
+    order = np.argsort(-(quota - np.floor(quota)), kind="stable")
+    diff = total - int(alloc.sum())
+    while diff:
+        changed = False
+        for c in order if diff > 0 else order[::-1]:
+            if diff > 0 and alloc[c] < counts[c] - keep:
+                alloc[c] += 1
+                diff -= 1
+                changed = True
+            elif diff < 0 and alloc[c] > 1:
+                alloc[c] -= 1
+                diff += 1
+                changed = True
+            if not diff:
+                break
+        if not changed:
+            raise ValueError(
+                f"cannot take {total} of {len(y)} samples while keeping every one of the "
+                f"{len(counts)} classes on both sides; the dataset is too small"
+            )
+    groups = np.split(np.argsort(inverse, kind="stable"), np.cumsum(counts)[:-1])
+    taken, rest = [], []
+    for members, n in zip(groups, alloc, strict=True):
+        members = rng.permutation(members)
+        taken.append(members[:n])
+        rest.append(members[n:])
+    return rng.permutation(np.concatenate(rest)), rng.permutation(np.concatenate(taken))
+
+
+def _split_three(y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Stratified 70/15/15 train/validation/test positions; needs 3 samples per class."""
+    k = len(np.unique(y))
+    n_test = max(k, round(TEST_FRACTION * len(y)))
+    n_val = max(k, round(VAL_FRACTION * len(y)))
+    rest, test = _stratified_take(y, n_test, keep=2, rng=rng)
+    train_pos, val_pos = _stratified_take(y[rest], n_val, keep=1, rng=rng)
+    return rest[train_pos], rest[val_pos], test
+
+
+def _subset(train_idx: np.ndarray, n: int | None) -> np.ndarray:
+    return train_idx if n is None else train_idx[:n]
+
+
+def _resolve_user_path(path: str, data_dir: Path | None) -> Path:
+    """A path from the spec; a relative one that does not exist is tried under data_dir."""
+    p = Path(path).expanduser()
+    if not p.is_absolute() and not p.exists() and data_dir is not None:
+        under = data_dir / p
+        if under.exists():
+            return under
+    return p
