@@ -8,7 +8,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from app.models import as_utc
-from corel.spec import ExperimentSpec
+from corel.spec import UPLOADED, ExperimentSpec
 
 T = TypeVar("T")
 
@@ -29,7 +29,8 @@ class ExperimentCreate(ExperimentSpec):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     dataset_id: int | None = Field(
-        default=None, description="Id of an uploaded dataset (POST /datasets); required for npz."
+        default=None,
+        description="Id of an uploaded dataset (POST /datasets); required for npz, text and images."
     )
 
     @model_validator(mode="before")
@@ -42,12 +43,13 @@ class ExperimentCreate(ExperimentSpec):
                         f"{key} is not accepted over HTTP; upload the file with POST /datasets "
                         "and pass its id as dataset_id"
                     )
-            if data.get("dataset") in ("npz",) and data.get("dataset_id") is None:
+            if data.get("dataset") in UPLOADED and data.get("dataset_id") is None:
                 raise ValueError(
-                    "dataset 'npz' needs dataset_id: upload an .npz with POST /datasets first"
+                    f"dataset {data.get('dataset')!r} needs dataset_id: upload it with POST "
+                    "/datasets first"
                 )
-            if data.get("dataset") == "npz":
-                # ExperimentSpec requires a path for npz; the worker resolves the upload.
+            if data.get("dataset") in UPLOADED:
+                # ExperimentSpec requires a path for uploads; the worker resolves the upload.
                 data = {**data, "dataset_path": f"upload:{data.get('dataset_id')}"}
         return data
 

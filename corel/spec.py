@@ -17,6 +17,8 @@ LossName = Literal["cce", "center", "cosine", "gaussian"]
 
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images")
 MODELS: tuple[str, ...] = ("ffnn", "cnn")
+# Datasets a user uploads (POST /datasets): split at random unless the upload names its splits.
+UPLOADED: tuple[str, ...] = ("npz", "text", "images")
 LOSSES: tuple[str, ...] = ("cce", "center", "cosine", "gaussian")
 
 # Which models make sense for which input modality.
@@ -75,11 +77,28 @@ class ExperimentSpec(BaseModel):
     batch_size: int = Field(default=128, gt=0, le=65_536)
     lr: float = Field(default=1e-4, gt=0.0, le=1.0)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    val_fraction: float | None = Field(
+        default=None, gt=0.0, lt=1.0,
+        description="Uploaded datasets (npz, text, images): the share of rows held out for "
+        "validation, stratified and seeded; default 0.15. The others keep the paper's split.",
+    )
+    test_fraction: float | None = Field(
+        default=None, gt=0.0, lt=1.0,
+        description="Uploaded datasets: the share of rows held out for test; default 0.15.",
+    )
 
     @model_validator(mode="after")
     def _check_combination(self) -> ExperimentSpec:
-        if self.dataset == "npz" and not self.dataset_path:
-            raise ValueError("dataset 'npz' needs dataset_path: an .npz file with arrays x and y")
+        if self.dataset in UPLOADED and not self.dataset_path:
+            raise ValueError(f"dataset {self.dataset!r} needs dataset_path: an uploaded dataset")
+        if (self.val_fraction or self.test_fraction) and self.dataset not in UPLOADED:
+            raise ValueError(
+                f"val_fraction and test_fraction apply to uploaded datasets ({', '.join(UPLOADED)}); "
+                f"{self.dataset!r} keeps its fixed split")
+        held_out = (self.val_fraction or 0.15) + (self.test_fraction or 0.15)
+        if held_out > 0.9:
+            raise ValueError(f"val_fraction + test_fraction is {held_out:g}; it must leave at least "
+                             "0.1 of the rows for training")
         allowed = MODELS_BY_MODALITY[MODALITY[self.dataset]]
         if self.model not in allowed:
             raise ValueError(

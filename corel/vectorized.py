@@ -49,7 +49,7 @@ from corel import losses, similarity
 from corel.data import Dataset, load_dataset
 from corel.losses import _check_labels
 from corel.models import FFNN, Classifier
-from corel.spec import ExperimentSpec
+from corel.spec import UPLOADED, ExperimentSpec
 from corel.training import (
     CHECKPOINT_FORMAT,
     EVAL_BATCH,
@@ -79,13 +79,13 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     """Specs with equal keys can be trained as one :class:`StackedRun`; None: train it alone.
 
     The key is every spec field except lam, gamma and alpha (and the file locations
-    dataset_path and word_vectors, except for ``npz`` data whose path names the data).
+    dataset_path and word_vectors, except for uploaded data whose path names the data).
     Text specs are not vectorized: their models use dropout.
     """
     if spec.modality == "text":
         return None
     exclude = set(LOSS_PARAMETERS) | set(_LOCATIONS)
-    if spec.dataset == "npz":
+    if spec.dataset in UPLOADED:
         exclude.discard("dataset_path")
     return tuple(spec.model_dump(exclude=exclude).items())
 

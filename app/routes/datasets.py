@@ -38,6 +38,9 @@ async def upload(
     text_column: Annotated[str | None, Form(
         description="text tables: the text column (default: the one other column, or one named "
         "text, body, content, ...)")] = None,
+    split_column: Annotated[str | None, Form(
+        description="tables: a column that names each row's split (train, validation or test); "
+        "default: a seeded, stratified split")] = None,
     standardize: Annotated[bool, Form(
         description="feature tables: standardise each feature with the training split's mean and "
         "standard deviation (recorded, and applied again at serve time)")] = False,
@@ -58,7 +61,7 @@ async def upload(
                     raise PayloadTooLarge(f"uploads are limited to {limit} bytes")
                 out.write(chunk)
         await file.close()
-        options = datasets_service.TableOptions(label_column, text_column, standardize)
+        options = datasets_service.TableOptions(label_column, text_column, standardize, split_column)
         return datasets_service.create_upload(session, name, kind, path, options)
 
 

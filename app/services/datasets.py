@@ -39,6 +39,7 @@ class TableOptions:
     label_column: str | None = None
     text_column: str | None = None
     standardize: bool = False
+    split_column: str | None = None
 
 
 def guess_kind(filename: str, kind: str | None) -> str:
@@ -92,23 +93,30 @@ def _table(path: Path, kind: str, options: TableOptions) -> tuple[str, bytes, di
             (n for n in table.column_names if n.strip().lower() in tables.LABEL_NAMES), None)
         import pyarrow as pa
 
-        others = [table.schema.field(n).type for n in table.column_names if n != label]
+        others = [table.schema.field(n).type for n in table.column_names
+                  if n not in (label, options.split_column)]
         kind = "features" if others and all(
             pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
             for t in others) else "text"
     if kind == "features":
-        arrays = tables.feature_table(table, options.label_column)
+        arrays = tables.feature_table(table, options.label_column, options.split_column)
         arrays["standardize"] = np.array([options.standardize])
         extra = {"feature_columns": arrays["feature_names"], "num_features": int(arrays["x"].shape[1]),
                  "standardize": options.standardize}
     else:
-        arrays = tables.text_table(table, options.text_column, options.label_column)
+        arrays = tables.text_table(table, options.text_column, options.label_column,
+                                   options.split_column)
         extra = {"text_column": arrays["text_column"]}
     names = arrays["class_names"]
     summary = {"source": f"{kind} table ({fmt})", "n": len(arrays["y"]),
                "label_column": arrays["label_column"], "num_classes": len(names),
                "class_names": names,
                "class_counts": np.bincount(arrays["y"], minlength=len(names)).tolist(), **extra}
+    if "split" in arrays:
+        summary["split_column"] = options.split_column
+        summary["split_counts"] = dict(zip(("train", "validation", "test"),
+                                           np.bincount(arrays["split"], minlength=3).tolist(),
+                                           strict=True))
     return STORED_AS[kind], tables.to_npz(arrays), summary
 
 

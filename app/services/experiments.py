@@ -29,6 +29,11 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
                 f"dataset_id {body.dataset_id} is a {upload.kind!r} upload but the spec's dataset "
                 f"is {body.dataset!r}"
             )
+        if upload.summary.get("split_column") and (body.val_fraction or body.test_fraction):
+            raise InvalidInput(
+                f"dataset_id {body.dataset_id} names its own splits (column "
+                f"{upload.summary['split_column']!r}); leave val_fraction and test_fraction unset"
+            )
     spec = body.to_spec()
     now = utcnow()
     exp = Experiment(

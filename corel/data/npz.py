@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from corel.data.base import SPLIT_SEED, Dataset, DatasetNotFoundError, PathLike
+from corel.data.base import Dataset, DatasetNotFoundError, PathLike
 from corel.data.preprocessing import (
     _image_preprocessing,
     _vector_preprocessing,
     prepare_images,
     prepare_vectors,
 )
-from corel.data.splits import _check_class_sizes, _resolve_user_path, _split_three, _subset
+from corel.data.splits import _check_class_sizes, _resolve_user_path, _subset, split_rows
 from corel.spec import ExperimentSpec
 
 
@@ -136,6 +136,12 @@ def validate_npz(path: PathLike) -> dict[str, Any]:
     }
 
 
+def stored_split(path: Path) -> np.ndarray | None:
+    """The user's own splits of an uploaded dataset (codes 0/1/2 in an array ``split``), if any."""
+    with np.load(path, allow_pickle=False) as loaded:
+        return np.asarray(loaded["split"]) if "split" in loaded.files else None
+
+
 def _standardize_flag(path: Path) -> bool:
     """Whether the .npz asks for standardised features (a boolean array ``standardize``)."""
     with np.load(path, allow_pickle=False) as loaded:
@@ -147,8 +153,8 @@ def _load_npz(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Da
         raise ValueError("dataset 'npz' needs dataset_path: an .npz file with arrays x and y")
     path = _resolve_user_path(spec.dataset_path, data_dir)
     x, y, names = _read_npz(path)
-    rng = np.random.default_rng(SPLIT_SEED)
-    train_idx, val_idx, test_idx = _split_three(y, rng)
+    train_idx, val_idx, test_idx = split_rows(y, names, stored_split(path), spec.val_fraction,
+                                              spec.test_fraction)
     train_idx = _subset(train_idx, spec.train_subset)
     preprocessing = _vector_preprocessing(tuple(x.shape[1:]))
     if _standardize_flag(path):
@@ -177,12 +183,14 @@ def _load_images(spec: ExperimentSpec, data_dir: Path | None, download: bool) ->
     if not spec.dataset_path:
         raise ValueError("dataset 'images' needs dataset_path: an uploaded image folder "
                          "(POST /datasets with a .zip or .tar.gz of class_name/*.png)")
-    x, y, names = _read_npz(_resolve_user_path(spec.dataset_path, data_dir))
+    path = _resolve_user_path(spec.dataset_path, data_dir)
+    x, y, names = _read_npz(path)
     if x.ndim != 4 or x.dtype != np.uint8:
         raise ValueError(f"an image dataset holds uint8 images (N, C, H, W); got {x.dtype} {x.shape}")
     channels, height, width = (int(s) for s in x.shape[1:])
     preprocessing = _image_preprocessing("images", (height, width), 255.0, channels)
-    train_idx, val_idx, test_idx = _split_three(y, np.random.default_rng(SPLIT_SEED))
+    train_idx, val_idx, test_idx = split_rows(y, names, stored_split(path), spec.val_fraction,
+                                              spec.test_fraction)
     train_idx = _subset(train_idx, spec.train_subset)
     return Dataset(
         name="images", modality="image",

