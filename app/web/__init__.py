@@ -16,6 +16,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.errors import NotFound
+from corel.spec import DATASETS
 
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
@@ -51,7 +52,8 @@ def _page_route(template: str, title: str) -> Callable[[Request], HTMLResponse]:
     def page(request: Request) -> HTMLResponse:
         params = dict(request.path_params)
         return templates.TemplateResponse(request, template, {
-            "title": title.format(**params), "nav": NAV, "path": request.url.path, **params})
+            "title": title.format(**params), "nav": NAV, "path": request.url.path,
+            "datasets": DATASETS, **params})
 
     return page
 

@@ -3,7 +3,7 @@
 
 corel.pages.playground = async function () {
   const { api, el, lossLabel, flash } = corel;
-  const TEXT_DATASETS = ["ag-news"];
+  const TEXT_DATASETS = ["ag-news", "text"];
   const select = document.getElementById("experiment");
   const exps = (await api("/experiments?status=succeeded&limit=100")).items;
   const wanted = Number(corel.query().get("experiment_id") || 0);
