@@ -79,7 +79,8 @@ def _error_codes(path: str, method: str, token_routes: bool) -> set[str]:
     if "{" in path or path in ("/embed", "/predict", "/experiments/compare"):
         codes.add("404")
     if (method == "delete" or path in ("/embed", "/predict")
-            or path.endswith(("/cancel", ".png", "/clustering"))):
+            or path.endswith(("/cancel", ".png", "/clustering", "/checkpoint", "/export",
+                              "/latent", "/latent/scatter", "/embeddings", "/result"))):
         codes.add("409")
     return codes
 
