@@ -77,11 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     # db, reproduce and watch that way; without its extra installed, its entry point
     # does not load and the library's commands stand alone.
     for entry in entry_points(group="corel.commands"):
-        try:
-            register = entry.load()
+        try:  # loading it, or registering, may import what a missing extra holds
+            entry.load()(sub)
         except ImportError:
             continue
-        register(sub)
     return parser
 
 
