@@ -6,18 +6,17 @@ This router is included before the experiments router, so that
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
-from sqlalchemy import select
 
 import app.services.clustering as clustering_service
 import app.services.compare as compare_service
 import app.services.figures as figures_service
 from app.deps import SessionDep
-from app.errors import Conflict, InvalidInput
-from app.models import Checkpoint
+from app.errors import InvalidInput
 
 router = APIRouter(prefix="/experiments", tags=["analysis"])
 
@@ -148,16 +147,11 @@ def latent_download(
 )
 def checkpoint_download(experiment_id: int, session: SessionDep) -> Response:
     clustering_service.succeeded_experiment(session, experiment_id, "the checkpoint download")
-    row = session.execute(
-        select(Checkpoint.data, Checkpoint.sha256).where(
-            Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best")
-    ).one_or_none()
-    if row is None:
-        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    data = clustering_service.best_checkpoint(session, experiment_id)
     name = f"experiment-{experiment_id}-best.pt"
-    return Response(row.data, media_type="application/octet-stream",
+    return Response(data, media_type="application/octet-stream",
                     headers={"content-disposition": f'attachment; filename="{name}"',
-                             "x-checkpoint-sha256": row.sha256})
+                             "x-checkpoint-sha256": hashlib.sha256(data).hexdigest()})
 
 
 EXPORTS = {"onnx": ("onnx", "application/onnx"), "torchscript": ("pt", "application/octet-stream")}
@@ -177,10 +171,7 @@ def export_model(
     if format_ not in EXPORTS:
         raise InvalidInput(f"unknown format {format_!r}; allowed: {', '.join(EXPORTS)}")
     clustering_service.succeeded_experiment(session, experiment_id, "an export")
-    blob = session.scalar(select(Checkpoint.data).where(
-        Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best"))
-    if blob is None:
-        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    blob = clustering_service.best_checkpoint(session, experiment_id)
     from corel.export import export
     from corel.training import checkpoint_from_bytes
 

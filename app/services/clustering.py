@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput
-from app.models import Base, ClusteringResult, Experiment, LatentSpace
+from app.models import Base, Checkpoint, ClusteringResult, Experiment, LatentSpace
 from app.services.experiments import get_experiment
 from corel.clustering import ALGORITHMS, METRICS, cluster, default_metric
 
@@ -55,6 +55,15 @@ def succeeded_experiment(session: Session, experiment_id: int, needs: str) -> Ex
             status=exp.status,
         )
     return exp
+
+
+def best_checkpoint(session: Session, experiment_id: int, column: Any = None) -> Any:
+    """A column (default: the bytes) of the experiment's best checkpoint, or Conflict."""
+    value = session.scalar(select(Checkpoint.data if column is None else column).where(
+        Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best"))
+    if value is None:
+        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    return value
 
 
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.errors import InvalidInput, NotFound, check_id
+from app.errors import MAX_ID, InvalidInput, NotFound, check_id
 from app.models import DatasetBlob, DatasetUpload, utcnow
 from corel.data import tables, validate_ag_news_csv, validate_npz
 from corel.data.image_folders import read_image_folder
@@ -160,6 +160,14 @@ def create_upload(session: Session, filename: str, kind: str, path: Path,
     upload.blob = DatasetBlob(data=data)
     session.add(upload)
     session.flush()
+    return upload
+
+
+def referenced_upload(session: Session, dataset_id: int) -> DatasetUpload:
+    """The upload a request body names by ``dataset_id``: a 422 (not a 404) if there is none."""
+    upload = session.get(DatasetUpload, dataset_id) if 1 <= dataset_id <= MAX_ID else None
+    if upload is None:
+        raise InvalidInput(f"dataset_id {dataset_id} does not exist; upload with POST /datasets")
     return upload
 
 

@@ -7,9 +7,10 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import MAX_ID, Conflict, InvalidInput, NotFound, check_id
-from app.models import FINISHED, DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
+from app.errors import Conflict, InvalidInput, NotFound, check_id
+from app.models import FINISHED, EmbeddingJob, EmbeddingResult, utcnow
 from app.services.clustering import succeeded_experiment
+from app.services.datasets import referenced_upload
 from corel.spec import MODALITY
 
 # Upload kinds whose rows a job can read, and the modality each feeds.
@@ -18,9 +19,7 @@ EMBEDDABLE = {"npz": ("vector", "image"), "images": ("image",), "text": ("text",
 
 def create_job(session: Session, experiment_id: int, dataset_id: int) -> EmbeddingJob:
     exp = succeeded_experiment(session, experiment_id, "a batch embedding job")
-    upload = session.get(DatasetUpload, dataset_id) if 1 <= dataset_id <= MAX_ID else None
-    if upload is None:
-        raise InvalidInput(f"dataset_id {dataset_id} does not exist; upload with POST /datasets")
+    upload = referenced_upload(session, dataset_id)
     modality = MODALITY[exp.dataset]
     allowed = EMBEDDABLE.get(upload.kind, ())
     if modality not in allowed:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.errors import MAX_ID, Conflict, InvalidInput, NotFound, check_id
-from app.models import FINISHED, DatasetUpload, EpochMetric, Experiment, utcnow
+from app.errors import Conflict, InvalidInput, NotFound, check_id
+from app.models import FINISHED, EpochMetric, Experiment, utcnow
 from app.schemas import ExperimentCreate
+from app.services.datasets import referenced_upload
 from app.services.events import publish
 
 
@@ -21,9 +22,7 @@ def get_experiment(session: Session, experiment_id: int) -> Experiment:
 
 def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
     if body.dataset_id is not None:
-        upload = session.get(DatasetUpload, body.dataset_id) if 1 <= body.dataset_id <= MAX_ID else None
-        if upload is None:
-            raise InvalidInput(f"dataset_id {body.dataset_id} does not exist; upload with POST /datasets")
+        upload = referenced_upload(session, body.dataset_id)
         if upload.kind != body.dataset:
             raise InvalidInput(
                 f"dataset_id {body.dataset_id} is a {upload.kind!r} upload but the spec's dataset "

@@ -22,7 +22,7 @@ from threadpoolctl import threadpool_limits
 
 from app.errors import Conflict
 from app.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
-from app.services.clustering import load_latent, store_once, succeeded_experiment
+from app.services.clustering import best_checkpoint, load_latent, store_once, succeeded_experiment
 from app.services.experiments import get_experiment
 from app.services.model_cache import SIMILARITY_OF_LOSS
 from corel.training import checkpoint_from_bytes
@@ -83,12 +83,7 @@ def latent_png(session: Session, experiment_id: int) -> bytes:
     if cached is not None:
         return cached
     reps, labels = load_latent(session, experiment_id, "test")
-    blob = session.scalar(
-        select(Checkpoint.data).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best")
-    )
-    if blob is None:
-        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
-    ckpt = checkpoint_from_bytes(blob)
+    ckpt = checkpoint_from_bytes(best_checkpoint(session, experiment_id))
     W = ckpt["model"]["head.W"].detach().cpu().double().numpy()
     class_names = [str(c) for c in ckpt["class_names"]]
     png = draw_latent(
@@ -151,6 +146,14 @@ def latent_projection(
     direction at the rows' median norm, so that the stars do not sit in one heap at
     the origin.
     """
+    projected, w2, ratio, _ = _project(reps, W, similarity)
+    return projected, w2, ratio
+
+
+def _project(
+    reps: np.ndarray, W: np.ndarray, similarity: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """:func:`latent_projection`, and the transform it applied to the rows."""
     if similarity not in W_NOTE:
         raise ValueError(f"unknown similarity {similarity!r}; expected one of {sorted(W_NOTE)}")
     x = reps.astype(np.float64)
@@ -160,7 +163,9 @@ def latent_projection(
     elif similarity == "dot":
         w = _unit_rows(w) * float(np.median(np.linalg.norm(x, axis=1)))
     mean, components, ratio = pca_2d(x)
-    return (x - mean) @ components.T, (w - mean) @ components.T, ratio
+    transform = {"normalize": similarity == "cosine", "mean": mean.tolist(),
+                 "components": components.tolist()}
+    return (x - mean) @ components.T, (w - mean) @ components.T, ratio, transform
 
 
 def draw_latent(
@@ -295,29 +300,20 @@ def latent_scatter(session: Session, experiment_id: int, max_points: int) -> dic
     next page that asks.
     """
     exp = succeeded_experiment(session, experiment_id, "the latent-space scatter")
-    digest = session.scalar(
-        select(Checkpoint.sha256).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best"))
-    if digest is None:
-        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    digest = best_checkpoint(session, experiment_id, Checkpoint.sha256)
     key = (experiment_id, digest, max_points)
     with _SCATTERS_LOCK:
         if key in _SCATTERS:
             _SCATTERS.move_to_end(key)
             return _SCATTERS[key]
     reps, labels = load_latent(session, experiment_id, "test")
-    blob = session.scalar(
-        select(Checkpoint.data).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best"))
-    if blob is None:  # deleted in between
-        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
-    ckpt = checkpoint_from_bytes(blob)
+    ckpt = checkpoint_from_bytes(best_checkpoint(session, experiment_id))
     W = ckpt["model"]["head.W"].detach().cpu().double().numpy()
     similarity = SIMILARITY_OF_LOSS[exp.loss]
     # One BLAS thread: the API serves many requests at once on few cores, and a
     # multi-threaded SVD fighting them for the CPU took 10x longer (110 ms against 12).
     with threadpool_limits(1):
-        projected, w2, ratio = latent_projection(reps, W, similarity)
-        x = _unit_rows(reps.astype(np.float64)) if similarity == "cosine" else reps.astype(np.float64)
-        mean, components, _ = pca_2d(x)
+        projected, w2, ratio, transform = _project(reps, W, similarity)
     shown = np.arange(len(reps))
     if len(reps) > max_points:
         shown = np.sort(np.random.default_rng(int(exp.spec["seed"])).choice(
@@ -333,8 +329,7 @@ def latent_scatter(session: Session, experiment_id: int, max_points: int) -> dic
         "class_vectors": np.round(w2, 5).tolist(),
         "class_vectors_note": W_NOTE[similarity],
         "explained_variance": [float(r) for r in ratio],
-        "transform": {"normalize": similarity == "cosine", "mean": mean.tolist(),
-                      "components": components.tolist()},
+        "transform": transform,
     }
     with _SCATTERS_LOCK:
         _SCATTERS[key] = out

@@ -20,6 +20,7 @@ from corel.spec import DATASETS
 
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
+STATIC_FILES = {p.name: p for p in STATIC.iterdir() if p.is_file()}
 templates = Jinja2Templates(directory=HERE / "templates")
 
 router = APIRouter(include_in_schema=False)
@@ -70,9 +71,8 @@ def plotly_js() -> Response:
 
 @router.get("/ui/static/{name}")
 def static(name: str) -> Response:
-    # A flat folder: the name is looked up, never joined into a path.
-    files = {p.name: p for p in STATIC.iterdir() if p.is_file()}
-    if name not in files:
+    # A flat folder, listed once: the name is looked up, never joined into a path.
+    if name not in STATIC_FILES:
         raise NotFound(f"no dashboard file {name!r}")
     media = "text/javascript" if name.endswith(".js") else "text/css"
-    return FileResponse(files[name], media_type=media, headers={"cache-control": "no-cache"})
+    return FileResponse(STATIC_FILES[name], media_type=media, headers={"cache-control": "no-cache"})
