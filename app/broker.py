@@ -9,7 +9,9 @@ imports ``app`` (these names, the settings, the ORM), and ``app`` never imports
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from datetime import datetime
 
 from celery import Celery
 from kombu import Queue
@@ -19,6 +21,8 @@ from app.settings import Settings
 TRAIN_TASK = "corel.train_experiment"
 TRAIN_GROUP_TASK = "corel.train_group"
 EMBED_TASK = "corel.embed_dataset"
+
+log = logging.getLogger("corel.broker")
 
 
 def make_celery(settings: Settings, publisher: bool = False, include: Sequence[str] = ()) -> Celery:
@@ -42,6 +46,9 @@ def make_celery(settings: Settings, publisher: bool = False, include: Sequence[s
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        # Our logging writes JSON lines to stdout; Celery's redirect would log each of
+        # them a second time as a WARNING of its own.
+        worker_redirect_stdouts=False,
         task_serializer="json",
         accept_content=["json"],
     )
@@ -62,3 +69,44 @@ def make_celery(settings: Settings, publisher: bool = False, include: Sequence[s
     app.conf.corel_settings = settings
     return app
 
+
+
+def memory_key(settings: Settings) -> str:
+    return f"corel.broker-memory.{settings.queue}"
+
+
+def broker_memory_since(settings: Settings) -> datetime | None:
+    """Since when the broker has remembered what it was sent, as far as anyone can tell.
+
+    A Redis broker that is flushed (``FLUSHALL``), or restarted without persistence,
+    forgets every message it held, and nothing tells the senders. So a marker is kept
+    beside the queue: written with the time of the first look that finds it missing, it
+    disappears with the messages. Every message sent before the marker's time may be
+    gone; the reconciler sends those rows again at once, whatever their back-off. Kept
+    by a restart with an append-only file, as the messages are.
+
+    None for the other transports (the embedded SQLite broker keeps its messages in a
+    file), and when the broker does not answer (its sends fail then, and are not
+    counted as sent).
+    """
+    url = settings.celery_broker_url
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    import redis
+
+    from app.models import as_utc, utcnow
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0)
+        try:
+            key = memory_key(settings)
+            client.set(key, utcnow().isoformat(), nx=True)
+            value = client.get(key)
+        finally:
+            client.close()
+    except redis.RedisError as exc:
+        log.info("broker memory unknown", extra={"error": type(exc).__name__})
+        return None
+    if not value:
+        return None
+    return as_utc(datetime.fromisoformat(value.decode() if isinstance(value, bytes) else str(value)))

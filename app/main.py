@@ -20,7 +20,7 @@ from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import openapi
-from app.broker import make_celery
+from app.broker import broker_memory_since, make_celery
 from app.db import DATABASE_UNAVAILABLE, make_engine, make_sessionmaker
 from app.errors import DomainError, describe_error
 from app.guard import RequestGuard
@@ -127,7 +127,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.queue = TaskQueue(make_celery(settings, publisher=True))
         # Runs the broker lost while nothing was watching (every worker also does this).
-        reconcile_in_background(app.state.sessionmaker, settings, app.state.queue.enqueue_training)
+        reconcile_in_background(app.state.sessionmaker, settings, app.state.queue.send,
+                                lambda: broker_memory_since(settings))
         app.state.model_cache = ModelCache(settings.model_cache_size)
         app.state.inference = InferenceRunner(settings.api_batch_threads)
         app.state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")

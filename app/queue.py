@@ -1,4 +1,4 @@
-"""Sending training tasks to the broker."""
+"""Sending tasks to the broker."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import logging
 from celery import Celery, group
 
 from app.broker import EMBED_TASK, TRAIN_GROUP_TASK, TRAIN_TASK
-from app.errors import ServiceUnavailable
+
+
+class BrokerUnavailable(Exception):
+    """The broker did not take a message (unreachable, or refused it)."""
+
 
 log = logging.getLogger(__name__)
 
@@ -16,25 +20,20 @@ class TaskQueue:
     def __init__(self, celery: Celery) -> None:
         self.celery = celery
 
-    def enqueue_training(self, experiment_id: int) -> None:
+    def send(self, task: str, row_id: int) -> None:
+        """One task for one row (what the reconciler sends again)."""
         try:
-            self.celery.send_task(TRAIN_TASK, args=[experiment_id], retry=False)
+            self.celery.send_task(task, args=[row_id], retry=False)
         except Exception as exc:  # kombu raises several kinds of connection errors
-            log.exception("could not queue experiment %s", experiment_id)
-            raise ServiceUnavailable(
-                f"experiment {experiment_id} was stored but could not be queued: the broker "
-                f"is unreachable ({type(exc).__name__}); it is marked failed"
-            ) from exc
+            log.warning("could not send a task", extra={"task": task, "id": row_id,
+                                                         "error": type(exc).__name__})
+            raise BrokerUnavailable(type(exc).__name__) from exc
+
+    def enqueue_training(self, experiment_id: int) -> None:
+        self.send(TRAIN_TASK, experiment_id)
 
     def enqueue_embedding(self, job_id: int) -> None:
-        try:
-            self.celery.send_task(EMBED_TASK, args=[job_id], retry=False)
-        except Exception as exc:
-            log.exception("could not queue embedding job %s", job_id)
-            raise ServiceUnavailable(
-                f"embedding job {job_id} was stored but could not be queued: the broker is "
-                f"unreachable ({type(exc).__name__}); it is marked failed"
-            ) from exc
+        self.send(EMBED_TASK, job_id)
 
     def enqueue_groups(self, groups: list[list[int]]) -> None:
         """One task per group (a stacked, vectorized run) or per lone experiment, sent as
@@ -47,11 +46,8 @@ class TaskQueue:
         try:
             group(signatures).apply_async(retry=False)
         except Exception as exc:
-            log.exception("could not queue a sweep")
-            raise ServiceUnavailable(
-                f"the sweep was stored but could not be queued: the broker is unreachable "
-                f"({type(exc).__name__}); its experiments are marked failed"
-            ) from exc
+            log.warning("could not send a sweep", extra={"error": type(exc).__name__})
+            raise BrokerUnavailable(type(exc).__name__) from exc
 
     def ping(self) -> None:
         with self.celery.connection_for_write() as conn:

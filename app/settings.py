@@ -6,7 +6,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 SUPPORTED_DB = ("sqlite", "postgresql")
@@ -58,9 +58,13 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     # The database is the source of truth for what must run; the broker only wakes
     # workers up. A queued row not claimed this long after its task was sent is sent
-    # again (then after twice as long, ... up to requeue_max_seconds).
-    requeue_after_seconds: float = Field(default=120.0, gt=0)
-    requeue_max_seconds: float = Field(default=3600.0, gt=0)
+    # again (then after twice as long, ... up to requeue_max_seconds). Both default to
+    # the lease (one lease, then at most two), so that once the broker and the database
+    # are back a lost run waits no longer than a dead worker's run does.
+    requeue_after_seconds: float = Field(
+        default=0.0, ge=0, description="Default (0): COREL_LEASE_SECONDS.")
+    requeue_max_seconds: float = Field(
+        default=0.0, ge=0, description="Default (0): twice COREL_LEASE_SECONDS.")
     # A task that meets a database or broker error waits and tries again (pauses
     # doubling up to retry_max_pause) for this long before it gives the run back.
     transient_retry_seconds: float = Field(default=900.0, ge=0)
@@ -87,6 +91,13 @@ class Settings(BaseSettings):
         description="Threads that share a request of 256 inputs or more, one slice each, "
         "off the event loop (default: all cores).",
     )
+    worker_torch_threads: int = Field(
+        default=0, ge=0,
+        description="Torch threads of each worker process; 0: torch's default (one per core). "
+        "Several workers on one host should share its cores (cores / workers each): two "
+        "workers on two cores that each use both trained 14x slower than with one thread "
+        "each (bench/fault_soak.py's digits runs, 1.89 against 0.13 s an epoch).",
+    )
     worker_metrics_port: int = Field(
         default=0, ge=0, le=65535,
         description="Port on which a worker serves its Prometheus metrics (all interfaces); "
@@ -96,6 +107,18 @@ class Settings(BaseSettings):
     auto_migrate: bool = Field(
         default=False, description="Apply migrations when the API starts (the embedded default)."
     )
+
+    @model_validator(mode="after")
+    def _requeue_from_lease(self) -> Settings:
+        if not self.requeue_after_seconds:
+            self.requeue_after_seconds = self.lease_seconds
+        if not self.requeue_max_seconds:
+            self.requeue_max_seconds = max(2 * self.lease_seconds, self.requeue_after_seconds)
+        if self.requeue_max_seconds < self.requeue_after_seconds:
+            raise ValueError(
+                f"COREL_REQUEUE_MAX_SECONDS ({self.requeue_max_seconds:g}) must be at least "
+                f"COREL_REQUEUE_AFTER_SECONDS ({self.requeue_after_seconds:g})")
+        return self
 
     @field_validator("database_url")
     @classmethod

@@ -13,11 +13,11 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import session_scope
-from app.models import FINISHED, Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
+from app.models import Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
 from app.settings import Settings
 from corel.data import prepare_images, prepare_texts, prepare_vectors
 from corel.training import checkpoint_from_bytes, model_from_checkpoint
-from worker.runner import _materialise_upload
+from worker.runner import LostLease, claim, materialise_upload, owned, updated
 
 log = logging.getLogger("corel.worker")
 BATCH = 4096  # rows per forward pass, and between two progress commits
@@ -39,26 +39,31 @@ def _labels(y: np.ndarray) -> np.ndarray:
     return np.unique(y, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
-def _set(factory: sessionmaker[Session], job_id: int, **values: Any) -> None:
+def _finish(factory: sessionmaker[Session], job_id: int, **values: Any) -> bool:
+    """End the job as this worker's (False when another worker has taken it over)."""
     with session_scope(factory) as session:
-        session.execute(update(EmbeddingJob).where(EmbeddingJob.id == job_id).values(**values))
+        return bool(updated(session, update(EmbeddingJob).where(owned(job_id, EmbeddingJob))
+                            .values(finished_at=utcnow(), **values)))
 
 
 def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
+    """Claim the job (as a training run is claimed: one conditional UPDATE, with a lease
+    kept fresh between batches), embed every row, store the result; returns the status."""
     with session_scope(factory) as session:
         job = session.get(EmbeddingJob, job_id)
         if job is None:
             return "gone"
-        if job.status in FINISHED:
-            return job.status
+        if not claim(session, job_id, settings, EmbeddingJob):
+            log.info("not claimed (finished, or running elsewhere)", extra={"job": job_id})
+            return "skipped"
+        session.refresh(job)
         if job.cancel_requested:
             job.status, job.finished_at = "cancelled", utcnow()
             return "cancelled"
-        job.status, job.started_at = "running", job.started_at or utcnow()
         blob = session.scalar(select(Checkpoint.data).where(
             Checkpoint.experiment_id == job.experiment_id, Checkpoint.kind == "best"))
         kind = session.scalar(select(DatasetUpload.kind).where(DatasetUpload.id == job.dataset_id))
-        path = _materialise_upload(session, job.dataset_id, settings)
+        path = materialise_upload(session, job.dataset_id, settings)
     try:
         if blob is None or kind is None:
             raise ValueError("the experiment's checkpoint or the dataset no longer exists")
@@ -69,7 +74,6 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
                    "text": prepare_texts}[spec.modality]
         inputs, y = _rows(path, kind)
         n = len(inputs)
-        _set(factory, job_id, n_total=n)
         parts = []
         for start in range(0, n, BATCH):
             x = prepare(inputs[start:start + BATCH], preprocessing)  # type: ignore[operator]
@@ -77,21 +81,28 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
                 device = next(model.parameters()).device
                 parts.append(model.encoder(x.to(device, model.head.W.dtype)).float().cpu().numpy())
             with session_scope(factory) as session:
-                session.execute(update(EmbeddingJob).where(EmbeddingJob.id == job_id)
-                                .values(n_done=min(n, start + BATCH)))
-                if session.scalar(select(EmbeddingJob.cancel_requested).where(EmbeddingJob.id == job_id)):
-                    session.execute(update(EmbeddingJob).where(EmbeddingJob.id == job_id)
-                                    .values(status="cancelled", finished_at=utcnow()))
-                    return "cancelled"
+                # Progress and the heartbeat in one statement, only while the job is ours.
+                if not updated(session, update(EmbeddingJob).where(owned(job_id, EmbeddingJob))
+                               .values(n_total=n, n_done=min(n, start + BATCH), heartbeat_at=utcnow())):
+                    raise LostLease(f"embedding job {job_id} is no longer ours")
+                cancel = session.scalar(select(EmbeddingJob.cancel_requested).where(EmbeddingJob.id == job_id))
+            if cancel:
+                _finish(factory, job_id, status="cancelled")
+                return "cancelled"
         reps = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, spec.hidden), np.float32))
+    except LostLease:
+        log.warning("lost the lease; another worker continues", extra={"job": job_id})
+        return "lost"
     except (ValueError, KeyError) as exc:
         log.warning("embedding job failed", extra={"job": job_id, "error": str(exc)})
-        _set(factory, job_id, status="failed", error=str(exc), finished_at=utcnow())
+        _finish(factory, job_id, status="failed", error=str(exc))
         return "failed"
     with session_scope(factory) as session:
+        if not updated(session, update(EmbeddingJob).where(owned(job_id, EmbeddingJob)).values(
+                status="succeeded", n_total=n, n_done=n, dim=int(reps.shape[1]), finished_at=utcnow())):
+            log.warning("lost the lease before storing; another worker continues", extra={"job": job_id})
+            return "lost"
         session.merge(EmbeddingResult(job_id=job_id, representations=reps.astype(np.float32).tobytes(),
                                       labels=_labels(y).tobytes()))
-        session.execute(update(EmbeddingJob).where(EmbeddingJob.id == job_id).values(
-            status="succeeded", n_done=n, dim=int(reps.shape[1]), finished_at=utcnow()))
     log.info("embedding job done", extra={"job": job_id, "rows": n})
     return "succeeded"

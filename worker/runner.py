@@ -32,6 +32,7 @@ from app.models import (
     Checkpoint,
     DatasetBlob,
     DatasetUpload,
+    EmbeddingJob,
     EpochMetric,
     Experiment,
     LatentSpace,
@@ -110,26 +111,29 @@ def with_retries(attempt: Callable[[], T], settings: Settings, what: str) -> T:
             pause = min(pause * 2, settings.retry_max_pause)
 
 
-def _updated(session: Session, stmt: Any) -> int:
+def updated(session: Session, stmt: Any) -> int:
     """Execute an UPDATE and return how many rows it changed."""
     result = session.execute(stmt.execution_options(synchronize_session=False))
     return int(cast(CursorResult[Any], result).rowcount)
 
 
-def claim(session: Session, experiment_id: int, settings: Settings) -> bool:
+def claim(session: Session, experiment_id: int, settings: Settings,
+          model: type[Experiment] | type[EmbeddingJob] = Experiment) -> bool:
+    """Take the row (an experiment, or a batch embedding job) for this worker: one
+    conditional UPDATE, so of two deliveries of the same message only one trains."""
     now = utcnow()
-    claimed = bool(_updated(session,
-        update(Experiment)
+    claimed = bool(updated(session,
+        update(model)
         .where(
-            Experiment.id == experiment_id,
+            model.id == experiment_id,
             or_(
-                Experiment.status == "queued",
+                model.status == "queued",
                 and_(
-                    Experiment.status == "running",
+                    model.status == "running",
                     or_(
-                        lease_expired(settings, now),
+                        lease_expired(settings, now, model),
                         # ours: this process is trying again after a transient error
-                        Experiment.worker == WORKER_ID,
+                        model.worker == WORKER_ID,
                     ),
                 ),
             ),
@@ -138,19 +142,18 @@ def claim(session: Session, experiment_id: int, settings: Settings) -> bool:
             status="running",
             worker=WORKER_ID,
             heartbeat_at=now,
-            attempts=Experiment.attempts + 1,
-            started_at=func.coalesce(Experiment.started_at, now),
+            attempts=model.attempts + 1,
+            started_at=func.coalesce(model.started_at, now),
         )
     ))
-    if claimed:
+    if claimed and model is Experiment:
         publish(session, [experiment_id])  # sent to the API's streams when this commits
     return claimed
 
 
-def _owned(experiment_id: int) -> ColumnElement[bool]:
-    return and_(
-        Experiment.id == experiment_id, Experiment.worker == WORKER_ID, Experiment.status == "running"
-    )
+def owned(row_id: int, model: type[Experiment] | type[EmbeddingJob] = Experiment) -> ColumnElement[bool]:
+    """The row is still this worker's: running, and claimed by this process."""
+    return and_(model.id == row_id, model.worker == WORKER_ID, model.status == "running")
 
 
 def _upsert_checkpoint(session: Session, experiment_id: int, kind: str, epoch: int, blob: bytes) -> None:
@@ -176,9 +179,9 @@ class DatabaseRecorder(Callback):
         self.cancelled = False
 
     def _beat(self, session: Session, **values: Any) -> None:
-        changed = _updated(
+        changed = updated(
             session,
-            update(Experiment).where(_owned(self.experiment_id)).values(heartbeat_at=utcnow(), **values),
+            update(Experiment).where(owned(self.experiment_id)).values(heartbeat_at=utcnow(), **values),
         )
         if not changed:
             raise LostLease(f"experiment {self.experiment_id} is no longer ours")
@@ -220,7 +223,7 @@ class DatabaseRecorder(Callback):
         return self.cancelled
 
 
-def _materialise_upload(session: Session, dataset_id: int, settings: Settings) -> Path:
+def materialise_upload(session: Session, dataset_id: int, settings: Settings) -> Path:
     """Uploads live in the database; a worker keeps a local copy to read from."""
     upload = session.get(DatasetUpload, dataset_id)
     if upload is None:
@@ -238,7 +241,7 @@ def _materialise_upload(session: Session, dataset_id: int, settings: Settings) -
 
 def _finish(factory: sessionmaker[Session], experiment_id: int, **values: Any) -> None:
     with session_scope(factory) as session:
-        done = _updated(session, update(Experiment).where(_owned(experiment_id))
+        done = updated(session, update(Experiment).where(owned(experiment_id))
                         .values(finished_at=utcnow(), **values))
         publish(session, [experiment_id])
     if done:
@@ -281,7 +284,7 @@ def _claim_and_prepare(
         return "cancelled"
     spec_data = dict(exp.spec)
     if exp.dataset_id is not None:
-        spec_data["dataset_path"] = str(_materialise_upload(session, exp.dataset_id, settings))
+        spec_data["dataset_path"] = str(materialise_upload(session, exp.dataset_id, settings))
     resume = session.scalar(
         select(Checkpoint.data).where(
             Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "resume"
@@ -315,10 +318,10 @@ def _store_results(factory: sessionmaker[Session], experiment_id: int, result: F
                 session.delete(old)
                 session.flush()
             session.add(_latent(result.model, x, y, experiment_id, split))
-        done = _updated(
+        done = updated(
             session,
             update(Experiment)
-            .where(_owned(experiment_id))
+            .where(owned(experiment_id))
             .values(status="succeeded", finished_at=utcnow(), best_epoch=result.best_epoch,
                     best_val_accuracy=result.best_val_accuracy, test_accuracy=result.test_accuracy),
         )
@@ -386,7 +389,7 @@ class GroupRecorder(GroupCallback):
         if time.monotonic() - self.last_beat < self.heartbeat_every:
             return False
         with session_scope(self.factory) as session:
-            _updated(session, update(Experiment)
+            updated(session, update(Experiment)
                      .where(Experiment.id.in_(self.active), Experiment.worker == WORKER_ID,
                             Experiment.status == "running")
                      .values(heartbeat_at=utcnow()))
@@ -405,16 +408,16 @@ class GroupRecorder(GroupCallback):
                     continue
                 m, run = metrics[i], group.member_run(i)
                 if experiment_id in cancelled:
-                    _updated(session, update(Experiment).where(_owned(experiment_id))
+                    updated(session, update(Experiment).where(owned(experiment_id))
                              .values(status="cancelled", finished_at=utcnow()))
                     ended.append("cancelled")
                     self.active.discard(experiment_id)
                     continue
-                owned = _updated(session, update(Experiment).where(_owned(experiment_id)).values(
+                mine = updated(session, update(Experiment).where(owned(experiment_id)).values(
                     heartbeat_at=utcnow(), current_epoch=m.epoch, best_epoch=run.best_epoch,
                     best_val_accuracy=run.best_val_accuracy, test_accuracy=run.test_accuracy,
                     train_seconds=Experiment.train_seconds + m.seconds))
-                if not owned:
+                if not mine:
                     self.active.discard(experiment_id)  # taken over elsewhere
                     continue
                 session.add(EpochMetric(experiment_id=experiment_id, **m.to_dict()))
@@ -425,7 +428,7 @@ class GroupRecorder(GroupCallback):
                     self.chance = chance_accuracy(group.data.y_val)
                 verdict = not_learning(run.history, self.chance, run.spec, self.chance_epochs)
                 if verdict is not None:  # this member has failed; the others go on
-                    _updated(session, update(Experiment).where(_owned(experiment_id)).values(
+                    updated(session, update(Experiment).where(owned(experiment_id)).values(
                         status="failed", finished_at=utcnow(),
                         error=f"{NotLearningError.__name__}: {verdict}"))
                     ended.append("failed")

@@ -7,12 +7,12 @@ import threading
 from functools import cache
 from typing import Any
 
-from celery.signals import task_postrun, worker_ready, worker_shutting_down
+from celery.signals import task_postrun, worker_process_init, worker_ready, worker_shutting_down
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.broker import EMBED_TASK
+from app.broker import EMBED_TASK, broker_memory_since
 from app.db import make_engine, make_sessionmaker
 from app.logging import configure_logging
 from app.services.reconcile import reconcile
@@ -57,8 +57,8 @@ def embed_dataset(job_id: int) -> str:
                                _settings(), f"embedding job {jid}")
 
 
-def _send(experiment_id: int) -> None:
-    celery.send_task(TRAIN_TASK, args=[experiment_id])
+def _send(task: str, row_id: int) -> None:
+    celery.send_task(task, args=[row_id])
 
 
 def _reconcile_forever() -> None:
@@ -66,7 +66,7 @@ def _reconcile_forever() -> None:
     interval = max(min(settings.lease_seconds, settings.requeue_after_seconds) / 2, 0.5)
     while not _stop.is_set():
         try:
-            reconcile(_factory(), settings, _send)
+            reconcile(_factory(), settings, _send, broker_memory_since(settings))
         except Exception as exc:
             # The database or broker is away; the next round tries again.
             log.warning("could not reconcile runs", extra={"error": type(exc).__name__})
@@ -95,9 +95,20 @@ def _forget_delivered_messages(**_: Any) -> None:
         log.warning("could not clear delivered broker messages", extra={"error": type(exc).__name__})
 
 
+@worker_process_init.connect
+def _threads(**_: Any) -> None:
+    """The torch threads the settings give each worker process (prefork's children too)."""
+    threads = _settings().worker_torch_threads
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 @worker_ready.connect
 def _on_ready(**_: Any) -> None:
     configure_logging(_settings().log_level)
+    _threads()
     threading.Thread(target=_reconcile_forever, name="corel-reconcile", daemon=True).start()
     port = _settings().worker_metrics_port
     if port:

@@ -8,10 +8,12 @@ from fastapi import APIRouter, Query, Response, status
 
 import app.services.embedding_jobs as jobs_service
 from app.deps import AuthDep, QueueDep, SessionDep
-from app.errors import InvalidInput, ServiceUnavailable
+from app.errors import InvalidInput
+from app.models import EmbeddingJob
 from app.routes.analysis import LATENT_FORMATS
 from app.schemas import EmbeddingJobCreate, EmbeddingJobRead
 from app.services.figures import latent_file
+from app.services.submission import commit_and_send
 
 router = APIRouter(tags=["embedding jobs"])
 
@@ -23,15 +25,12 @@ router = APIRouter(tags=["embedding jobs"])
 )
 def create(experiment_id: int, body: EmbeddingJobCreate, session: SessionDep, queue: QueueDep):
     job = jobs_service.create_job(session, experiment_id, body.dataset_id)
-    # Committed before sending, as for an experiment: the worker must find the row.
-    session.commit()
-    try:
-        queue.enqueue_embedding(job.id)
-    except ServiceUnavailable as exc:
-        jobs_service.mark_unqueued(session, job.id, exc.detail)
-        session.commit()
-        raise
-    return job
+    # Committed before sending, as for an experiment: the worker must find the row. The
+    # answer is read before, so that it needs no database once the row is committed.
+    answer = EmbeddingJobRead.model_validate(job)
+    commit_and_send(session, EmbeddingJob, [answer.id], lambda: queue.enqueue_embedding(answer.id),
+                    "the embedding job")
+    return answer
 
 
 @router.get("/embeddings/{job_id:int}", response_model=EmbeddingJobRead,

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Query, Request, status
 
 import app.services.experiments as experiments_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
-from app.errors import MAX_ID, MAX_OFFSET, InvalidInput, ServiceUnavailable
-from app.models import STATUSES
+from app.errors import MAX_ID, MAX_OFFSET, InvalidInput
+from app.models import STATUSES, Experiment
 from app.schemas import (
     EpochMetricRead,
     ExperimentCreate,
@@ -18,6 +18,7 @@ from app.schemas import (
     MetricsRead,
     Page,
 )
+from app.services.submission import commit_and_send
 from corel.spec import DATASETS, LOSSES
 
 router = APIRouter(prefix="/experiments", tags=["experiments"])
@@ -30,18 +31,13 @@ router = APIRouter(prefix="/experiments", tags=["experiments"])
 )
 def create(body: ExperimentCreate, session: SessionDep, queue: QueueDep):
     exp = experiments_service.create_experiment(session, body)
-    # The task carries only the id. It is sent once the row is committed, so that a
-    # fast worker never looks for a row that is not there yet; this is the one
-    # route that commits before returning, because whether sending works decides
-    # the answer.
-    session.commit()
-    try:
-        queue.enqueue_training(exp.id)
-    except ServiceUnavailable as exc:
-        experiments_service.mark_unqueued(session, exp.id, exc.detail)
-        session.commit()
-        raise
-    return ExperimentQueued(id=exp.id, status="queued")
+    # The task carries only the id, sent once the row is committed; this is the one
+    # route that commits before returning, because whether sending works decides the
+    # answer (app/services/submission.py).
+    experiment_id = exp.id
+    commit_and_send(session, Experiment, [experiment_id],
+                    lambda: queue.enqueue_training(experiment_id), "the experiment")
+    return ExperimentQueued(id=experiment_id, status="queued")
 
 
 @router.get("", response_model=Page[ExperimentRead], summary="List experiments, newest first")

@@ -6,12 +6,13 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response, status
 
-import app.services.experiments as experiments_service
 import app.services.sweeps as sweeps_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
-from app.errors import MAX_OFFSET, InvalidInput, ServiceUnavailable
+from app.errors import MAX_OFFSET, InvalidInput
+from app.models import Experiment
 from app.schemas import Page, SweepCreate, SweepQueued, SweepRead, SweepSummary
 from app.services import sweep_render
+from app.services.submission import commit_and_send
 from corel.report import PAPER_TABLE1
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
@@ -22,16 +23,10 @@ router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: SettingsDep):
     sweep, groups = sweeps_service.create_sweep(session, body, settings.max_sweep_size)
     # Committed before sending, as for a single experiment: workers must find the rows.
-    session.commit()
-    try:
-        queue.enqueue_groups(groups)
-    except ServiceUnavailable as exc:
-        for ids in groups:
-            for experiment_id in ids:
-                experiments_service.mark_unqueued(session, experiment_id, exc.detail)
-        session.commit()
-        raise
-    return SweepQueued(id=sweep.id, size=sweep.size, groups=len(groups))
+    answer = SweepQueued(id=sweep.id, size=sweep.size, groups=len(groups))
+    commit_and_send(session, Experiment, [i for ids in groups for i in ids],
+                    lambda: queue.enqueue_groups(groups), "the sweep", sweep_id=answer.id)
+    return answer
 
 
 @router.get("", response_model=Page[SweepSummary], summary="List sweeps, newest first")

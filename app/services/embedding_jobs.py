@@ -27,9 +27,11 @@ def create_job(session: Session, experiment_id: int, dataset_id: int) -> Embeddi
             f"dataset {dataset_id} is a {upload.kind!r} upload, which cannot feed experiment "
             f"{experiment_id}'s {modality} inputs; embed an upload of a kind that matches "
             f"({', '.join(k for k, m in EMBEDDABLE.items() if modality in m)})")
+    now = utcnow()
+    # The route sends its task right after the commit.
     job = EmbeddingJob(experiment_id=experiment_id, dataset_id=dataset_id, status="queued",
                        n_total=int(upload.summary.get("n", 0)), n_done=0, cancel_requested=False,
-                       created_at=utcnow())
+                       created_at=now, attempts=0, enqueued_at=now, enqueues=1)
     session.add(job)
     session.flush()
     return job
@@ -53,12 +55,6 @@ def cancel_job(session: Session, job_id: int) -> EmbeddingJob:
         job.status, job.finished_at = "cancelled", utcnow()
     session.flush()
     return job
-
-
-def mark_unqueued(session: Session, job_id: int, reason: str) -> None:
-    job = get_job(session, job_id)
-    job.status, job.error, job.finished_at = "failed", reason, utcnow()
-    session.flush()
 
 
 def load_result(session: Session, job_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -56,13 +56,6 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
     return exp
 
 
-def mark_unqueued(session: Session, experiment_id: int, reason: str) -> None:
-    exp = get_experiment(session, experiment_id)
-    exp.status, exp.error, exp.finished_at = "failed", reason, utcnow()
-    publish(session, [experiment_id])
-    session.flush()
-
-
 def list_experiments(
     session: Session,
     *,

@@ -1,7 +1,11 @@
 """The reconciler: the database says what must run; the broker only wakes workers up.
 
-Kept free of torch and Celery so that the API (at start-up) and every worker (in a
-loop) can run it. ``send`` is whatever queues one experiment id.
+Kept free of torch so that the API (at start-up) and every worker (in a loop) can run
+it. ``send(task, id)`` is whatever queues one task for one row.
+
+Both kinds of job that a worker runs from a message are covered: training runs
+(``experiments``; a stacked group's members are sent again one by one) and batch
+embedding jobs (``embedding_jobs``).
 """
 
 from __future__ import annotations
@@ -9,95 +13,136 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.broker import EMBED_TASK, TRAIN_TASK
 from app.db import session_scope
-from app.models import Experiment, as_utc, utcnow
+from app.models import EmbeddingJob, Experiment, as_utc, utcnow
 from app.settings import Settings
 
 log = logging.getLogger("corel.reconcile")
 
+Send = Callable[[str, int], None]
+Job = type[Experiment] | type[EmbeddingJob]
 
-def lease_expired(settings: Settings, now: datetime) -> ColumnElement[bool]:
+
+@dataclass(frozen=True)
+class JobKind:
+    """A table of jobs that a worker claims with a lease, and the task that runs one."""
+
+    name: str
+    model: Job
+    task: str
+
+
+JOB_KINDS = (JobKind("experiment", Experiment, TRAIN_TASK),
+             JobKind("embedding job", EmbeddingJob, EMBED_TASK))
+
+
+def lease_expired(settings: Settings, now: datetime, model: Job = Experiment) -> ColumnElement[bool]:
     """A running row whose worker has not reported for ``lease_seconds``: presumed dead."""
     stale = now - timedelta(seconds=settings.lease_seconds)
-    return or_(Experiment.heartbeat_at.is_(None), Experiment.heartbeat_at < stale)
+    return or_(model.heartbeat_at.is_(None), model.heartbeat_at < stale)
 
 
 def requeue_delay(settings: Settings, sends: int) -> float:
-    """Seconds after its last send before a still-queued row is sent again: doubling with
-    every send, from ``requeue_after_seconds`` up to ``requeue_max_seconds``."""
+    """Seconds after its last send before a still-unclaimed row is sent again: doubling
+    with every send, from ``requeue_after_seconds`` (default: the lease) up to
+    ``requeue_max_seconds`` (default: two leases)."""
     return float(min(settings.requeue_after_seconds * 2 ** max(sends - 1, 0),
                      settings.requeue_max_seconds))
 
 
-def reconcile(
-    factory: sessionmaker[Session], settings: Settings, send: Callable[[int], None]
+def due(
+    session: Session, kind: JobKind, settings: Settings, now: datetime,
+    broker_since: datetime | None = None,
 ) -> list[int]:
-    """The database says what must run; send again what the broker may have lost.
+    """The rows of ``kind`` to send again now.
 
     * ``running`` rows whose worker stopped reporting for ``lease_seconds`` (it died):
       at once, then again after :func:`requeue_delay` while no worker has claimed them;
-    * ``queued`` rows whose last send is older than :func:`requeue_delay` (the broker
-      restarted without its queue, or the send was lost).
+    * ``queued`` rows whose last send is older than :func:`requeue_delay` (the send was
+      lost, or the message waits behind other work);
+    * either, at once, when their last send is older than ``broker_since``: the moment
+      from which the broker is known to remember what it is sent (a Redis flushed, or
+      restarted without persistence, forgot every message sent before). The sends that
+      went into the broker before it forgot do not count towards the delay.
+    """
+    model = kind.model
+    dead = session.execute(select(model.id, model.enqueued_at, model.enqueues, model.heartbeat_at)
+                           .where(model.status == "running", lease_expired(settings, now, model))).all()
+    queued = session.execute(select(model.id, model.enqueued_at, model.enqueues, model.created_at)
+                             .where(model.status == "queued")).all()
 
-    Idempotent: a duplicate delivery finds the row claimed or finished and does nothing,
-    and the doubling delay keeps the duplicates of a row that is only waiting its turn
-    to a handful (a dead worker's row used to be sent every round: 16 copies in 20
-    minutes). Runs in every worker and at the API's start.
+    def forgotten(last: datetime | None) -> bool:
+        return broker_since is not None and (last is None or as_utc(last) < broker_since)
+
+    def waited(last: datetime | None, sends: int) -> bool:
+        return (last is None or forgotten(last)
+                or (now - as_utc(last)).total_seconds() >= requeue_delay(settings, sends))
+
+    out: list[int] = []
+    for row_id, enqueued_at, sends, heartbeat_at in dead:
+        # At once when not sent since its worker last reported; then with the same delay
+        # as a queued row, not every round (the copies would queue up behind other work).
+        fresh = enqueued_at is None or heartbeat_at is None or as_utc(enqueued_at) < as_utc(heartbeat_at)
+        if fresh or waited(enqueued_at, sends):
+            out.append(row_id)
+    for row_id, enqueued_at, sends, created_at in queued:
+        if waited(enqueued_at or created_at, sends):
+            out.append(row_id)
+    return out
+
+
+def reconcile(
+    factory: sessionmaker[Session], settings: Settings, send: Send,
+    broker_since: datetime | None = None,
+) -> list[tuple[str, int]]:
+    """Send again what the broker may have lost (see :func:`due`); returns what was sent
+    as ``(task, id)`` pairs.
+
+    Idempotent: a duplicate delivery finds the row claimed or finished and does nothing.
+    A send that fails is not recorded, so the next round tries it again at once. Runs in
+    every worker (every ``lease / 2`` seconds at most) and at the API's start.
     """
     now = utcnow()
     with session_scope(factory) as session:
-        dead = session.execute(select(
-            Experiment.id, Experiment.enqueued_at, Experiment.enqueues, Experiment.heartbeat_at,
-        ).where(Experiment.status == "running", lease_expired(settings, now))).all()
-        queued = session.execute(select(
-            Experiment.id, Experiment.enqueued_at, Experiment.enqueues, Experiment.created_at,
-        ).where(Experiment.status == "queued")).all()
-
-    def waited(last: datetime | None, sends: int) -> bool:
-        return last is None or (now - as_utc(last)).total_seconds() >= requeue_delay(settings, sends)
-
-    due: list[int] = []
-    for experiment_id, enqueued_at, sends, heartbeat_at in dead:
-        # At once when not sent since its worker last reported; then with the same
-        # doubling delay as a queued row, not every round (the copies queue up behind
-        # the other work, and each one would wait there).
-        fresh = enqueued_at is None or heartbeat_at is None or as_utc(enqueued_at) < as_utc(heartbeat_at)
-        if fresh or waited(enqueued_at, sends):
-            due.append(experiment_id)
-    for experiment_id, enqueued_at, sends, created_at in queued:
-        if waited(enqueued_at or created_at, sends):
-            due.append(experiment_id)
-    sent: list[int] = []
+        plan = [(kind, row_id) for kind in JOB_KINDS
+                for row_id in due(session, kind, settings, now, broker_since)]
+    sent: list[tuple[JobKind, int]] = []
     try:
-        for experiment_id in due:
-            log.warning("sending a run again", extra={"experiment": experiment_id})
-            send(experiment_id)
-            sent.append(experiment_id)
+        for kind, row_id in plan:
+            log.warning("sending a job again", extra={"job": kind.name, "id": row_id})
+            send(kind.task, row_id)
+            sent.append((kind, row_id))
     finally:
         if sent:
             with session_scope(factory) as session:
-                session.execute(update(Experiment).where(Experiment.id.in_(sent)).values(
-                    enqueued_at=utcnow(), enqueues=Experiment.enqueues + 1))
-    return sent
+                for kind in JOB_KINDS:
+                    ids = [row_id for k, row_id in sent if k is kind]
+                    if ids:
+                        session.execute(update(kind.model).where(kind.model.id.in_(ids)).values(
+                            enqueued_at=utcnow(), enqueues=kind.model.enqueues + 1))
+    return [(kind.task, row_id) for kind, row_id in sent]
 
 
 def reconcile_in_background(
-    factory: sessionmaker[Session], settings: Settings, send: Callable[[int], None]
+    factory: sessionmaker[Session], settings: Settings, send: Send,
+    broker_since: Callable[[], datetime | None] = lambda: None,
 ) -> threading.Thread:
     """One :func:`reconcile` pass in a daemon thread (the API's start must not wait on it)."""
 
     def run() -> None:
         try:
-            sent = reconcile(factory, settings, send)
+            sent = reconcile(factory, settings, send, broker_since())
             if sent:
-                log.info("sent runs again at start-up", extra={"experiments": sent})
+                log.info("sent jobs again at start-up", extra={"jobs": sent})
         except Exception as exc:
-            log.warning("could not reconcile runs at start-up", extra={"error": type(exc).__name__})
+            log.warning("could not reconcile jobs at start-up", extra={"error": type(exc).__name__})
 
     thread = threading.Thread(target=run, name="corel-reconcile", daemon=True)
     thread.start()

@@ -109,3 +109,38 @@ def test_bad_jobs_are_refused(client, model, worker):
     assert client.get("/embeddings/2000000000").status_code == 404
     r = client.post(f"/experiments/{model}/embeddings", json={"dataset_id": "1"})
     assert r.status_code == 422
+
+
+def test_a_job_whose_message_was_lost_or_whose_worker_died_is_sent_again(client, settings, model, worker):
+    """Embedding jobs have a training run's guarantees: one never sent (its message lost),
+    and one claimed by a worker that died, are both sent again by the running worker's
+    reconciler once their delay (one lease here) has passed, claimed, and finished."""
+    from datetime import timedelta
+
+    from app.db import make_engine, make_sessionmaker, session_scope
+    from app.models import EmbeddingJob, utcnow
+
+    d = load_digits()
+    up = client.post("/datasets", files={"file": ("few.npz", _npz(x=d.data[:300].astype(np.float32),
+                                                                   y=d.target[:300]))}).json()
+    factory = make_sessionmaker(make_engine(settings.db_url))
+    long_ago = utcnow() - timedelta(hours=1)
+    with session_scope(factory) as session:
+        lost = EmbeddingJob(experiment_id=model, dataset_id=up["id"], status="queued", n_total=300,
+                            n_done=0, cancel_requested=False, created_at=long_ago, attempts=0,
+                            enqueued_at=long_ago, enqueues=1)
+        dead = EmbeddingJob(experiment_id=model, dataset_id=up["id"], status="running", n_total=300,
+                            n_done=0, cancel_requested=False, created_at=long_ago, attempts=1,
+                            worker="a-host-that-died:1:0", heartbeat_at=long_ago,
+                            started_at=long_ago, enqueued_at=long_ago, enqueues=1)
+        session.add_all([lost, dead])
+        session.flush()
+        ids = [lost.id, dead.id]
+    for job_id in ids:
+        job = _wait_job(client, job_id, timeout=60)
+        assert job["status"] == "succeeded" and job["n_done"] == 300, job
+    with session_scope(factory) as session:
+        rows = session.query(EmbeddingJob).filter(EmbeddingJob.id.in_(ids)).order_by(EmbeddingJob.id).all()
+        assert all(r.enqueues >= 2 for r in rows)  # sent again by the reconciler
+        # Claimed once each: the lost one for the first time, the dead one taken over.
+        assert [r.attempts for r in rows] == [1, 2] and rows[1].worker != "a-host-that-died:1:0"

@@ -199,3 +199,65 @@ def test_submitting_while_the_broker_is_down_is_a_quick_503(private, service) ->
         assert r.headers["retry-after"] and seconds < 1.5, seconds
     finally:
         rd.start()
+
+
+def test_a_refused_send_withdraws_the_row_or_keeps_it_queued(private, service) -> None:
+    """A 503 leaves no row; a row that cannot be withdrawn (claimed meanwhile, or the
+    database went away too) stays, and the request counts as accepted."""
+    from sqlalchemy import delete, select, update
+
+    from app.db import make_engine, make_sessionmaker, session_scope
+    from app.errors import ServiceUnavailable
+    from app.models import Experiment
+    from app.queue import BrokerUnavailable
+    from app.schemas import ExperimentCreate
+    from app.services.experiments import create_experiment
+    from app.services.submission import commit_and_send
+
+    pg, _ = private
+    settings, _, _ = service
+    engine = make_engine(settings.db_url)
+    factory = make_sessionmaker(engine)
+
+    def submit(send) -> int:
+        with factory() as session:
+            experiment_id = create_experiment(session, ExperimentCreate(dataset="digits", epochs=1)).id
+            commit_and_send(session, Experiment, [experiment_id], lambda: send(experiment_id),
+                            "the experiment")
+            return experiment_id
+
+    def refused() -> None:
+        raise BrokerUnavailable("ConnectionError")
+
+    def status(experiment_id: int) -> str | None:
+        with session_scope(factory) as session:
+            return session.scalar(select(Experiment.status).where(Experiment.id == experiment_id))
+
+    with factory() as session:
+        experiment_id = create_experiment(session, ExperimentCreate(dataset="digits", epochs=1)).id
+        with pytest.raises(ServiceUnavailable, match="nothing was stored"):
+            commit_and_send(session, Experiment, [experiment_id], refused, "the experiment")
+    assert status(experiment_id) is None
+
+    def claimed_meanwhile(experiment_id: int) -> None:  # the reconciler sent it, a worker took it
+        with session_scope(factory) as other:
+            other.execute(update(Experiment).where(Experiment.id == experiment_id)
+                          .values(status="running", attempts=1))
+        refused()
+
+    claimed_id = submit(claimed_meanwhile)
+    assert status(claimed_id) == "running"
+
+    def database_gone_too(experiment_id: int) -> None:
+        pg.stop()
+        refused()
+
+    try:
+        kept_id = submit(database_gone_too)
+    finally:
+        pg.start()
+    engine.dispose()
+    assert status(kept_id) == "queued"  # the reconciler sends it
+    with session_scope(factory) as session:
+        session.execute(delete(Experiment).where(Experiment.id.in_([claimed_id, kept_id])))
+    engine.dispose()

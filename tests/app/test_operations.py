@@ -37,13 +37,24 @@ def test_ready_is_503_when_the_broker_is_down(settings):
     assert r.json()["database"] == "ok" and r.json()["broker"].startswith("unreachable")
 
 
-def test_submit_when_the_broker_is_down_is_503_and_marked_failed(settings):
+def test_submit_when_the_broker_is_down_is_503_and_leaves_no_row(settings, client):
+    """A 503 tells the client to submit again: the refused request must leave nothing
+    behind (it used to leave a `failed` row per refused run)."""
+    def count() -> int:
+        return client.get("/experiments", params={"limit": 1}).json()["total"]
+
+    sweeps_before = client.get("/sweeps", params={"limit": 1}).json()["total"]
+    before = count()
     down = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
     with TestClient(create_app(down)) as c:
         r = c.post("/experiments", json={"dataset": "digits", "epochs": 1})
-        assert r.status_code == 503 and "could not be queued" in r.json()["detail"]
-        failed = c.get("/experiments", params={"status": "failed"}).json()["items"]
-        assert any("could not be queued" in (e["error"] or "") for e in failed)
+        assert r.status_code == 503, r.text
+        assert "could not be queued" in r.json()["detail"] and "nothing was stored" in r.json()["detail"]
+        r = c.post("/sweeps", json={"base": {"dataset": "digits", "epochs": 1},
+                                    "grid": {"lam": [0.2, 0.4], "seed": [0, 1]}})
+        assert r.status_code == 503 and "nothing was stored" in r.json()["detail"], r.text
+    assert count() == before
+    assert client.get("/sweeps", params={"limit": 1}).json()["total"] == sweeps_before
 
 
 def test_token_guards_mutating_endpoints(settings):

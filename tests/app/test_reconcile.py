@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
+from app.broker import TRAIN_TASK
 from app.db import make_engine, make_sessionmaker, session_scope
 from app.migrate import upgrade
 from app.models import Experiment, utcnow
@@ -36,15 +37,23 @@ def test_lost_runs_are_sent_again_on_sqlite(tmp_path):
         session.execute(update(Experiment).where(Experiment.id == fresh)
                         .values(enqueued_at=utcnow(), enqueues=1))
     sent: list[int] = []
-    assert sorted(reconcile(factory, settings, sent.append)) == [stale_queued, dead_running]
+
+    def send(task: str, experiment_id: int) -> None:
+        assert task == TRAIN_TASK
+        sent.append(experiment_id)
+
+    def rounds() -> list[int]:
+        return sorted(i for _, i in reconcile(factory, settings, send))
+
+    assert rounds() == [stale_queued, dead_running]
     assert sorted(sent) == [stale_queued, dead_running]
     # Both were sent just now: not again in the next round, though the worker is still dead.
-    assert reconcile(factory, settings, sent.append) == []
+    assert rounds() == []
     # Once the delay has passed (the copy is still waiting its turn), again.
     with session_scope(factory) as session:
         session.execute(update(Experiment).where(Experiment.id.in_([stale_queued, dead_running]))
                         .values(enqueued_at=hour_ago))
-    assert sorted(reconcile(factory, settings, sent.append)) == [stale_queued, dead_running]
+    assert rounds() == [stale_queued, dead_running]
     # Sent, claimed by a worker that reported after the send, then died: sent at once
     # when its lease has run out, whatever the delay.
     lease = settings.lease_seconds
@@ -52,4 +61,4 @@ def test_lost_runs_are_sent_again_on_sqlite(tmp_path):
         session.execute(update(Experiment).where(Experiment.id == dead_running).values(
             enqueued_at=utcnow() - timedelta(seconds=lease + 10),
             heartbeat_at=utcnow() - timedelta(seconds=lease + 1), enqueues=5))
-    assert reconcile(factory, settings, sent.append) == [dead_running]
+    assert rounds() == [dead_running]
