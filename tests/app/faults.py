@@ -106,9 +106,12 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    """redis-server on a free port that keeps nothing on disk."""
+    """redis-server on a free port that keeps nothing on disk, or, with ``appendonly``,
+    an append-only file in its own directory (as docker-compose.yml runs it), so that a
+    restart keeps the queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, appendonly: bool = False) -> None:
+        self.appendonly = appendonly
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="corel-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -121,7 +124,7 @@ class PrivateRedis:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir)],
+             "--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.dir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
         deadline = time.monotonic() + 20

@@ -1,0 +1,67 @@
+"""The randomized fault soak: every accepted run finishes soon after the faults stop.
+
+24 digits runs of 100 epochs are submitted over two minutes to the API (``corel serve``) on
+a PostgreSQL cluster and a Redis server of the soak's own (append-only file on, as in
+docker-compose.yml), with two ``corel worker`` processes, lease 10 s, heartbeat 2 s. For
+240 s, every 10-25 s one fault is dealt from a shuffled deck of six kinds: worker SIGKILL,
+API SIGKILL, PostgreSQL stop, PostgreSQL freeze (SIGSTOP), Redis restart, Redis FLUSHALL.
+Then no faults: every accepted run must have succeeded within 120 s of the last fault, each
+epoch recorded once, with the figures of the same spec trained once without interruption.
+The engine is ``tests/app/soak.py``; a shorter soak runs in ``make test``.
+
+Run from the repository's root: ``.venv/bin/python bench/fault_soak.py --seeds 7 11 23``.
+Exit status 1 when a seed fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.app.soak import SoakConfig, run_soak  # noqa: E402
+
+
+def main() -> int:
+    # Stopped by SIGTERM, the soak still stops its PostgreSQL, Redis and processes.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[7, 11, 23])
+    parser.add_argument("--runs", type=int, default=24)
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--fault-seconds", type=float, default=240.0)
+    parser.add_argument("--submit-seconds", type=float, default=120.0)
+    parser.add_argument("--deadline", type=float, default=120.0)
+    parser.add_argument("--wait", type=float, default=300.0,
+                        help="how long to watch after the last fault before giving up")
+    parser.add_argument("--logs", type=Path, help="keep the processes' logs here")
+    parser.add_argument("--worker-threads", type=int, default=1,
+                        help="COREL_WORKER_TORCH_THREADS of each worker (0: torch's default, "
+                        "one per core, as the soak in issue 19 ran)")
+    args = parser.parse_args()
+    failed = 0
+    for seed in args.seeds:
+        with tempfile.TemporaryDirectory(prefix="corel-soak-") as tmp:
+            logdir = args.logs / f"seed-{seed}" if args.logs else None
+            config = SoakConfig(seed=seed, runs=args.runs, epochs=args.epochs,
+                                fault_seconds=args.fault_seconds, submit_seconds=args.submit_seconds,
+                                deadline=args.deadline, wait=args.wait, logdir=logdir,
+                                worker_threads=args.worker_threads or None)
+            print(f"seed {seed}: {config.runs} runs x {config.epochs} epochs, faults for "
+                  f"{config.fault_seconds:.0f} s", flush=True)
+            started = time.monotonic()
+            report = run_soak(config, Path(tmp))
+            print(report.summary())
+            print(f"  wall time {time.monotonic() - started:.0f} s", flush=True)
+            failed += not report.ok
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,402 @@
+"""A randomized fault soak: runs submitted to the real service while its processes and its
+PostgreSQL and Redis are killed, stopped, frozen, restarted and flushed.
+
+Used by ``bench/fault_soak.py`` (the full soak) and ``tests/app/test_fault_soak.py`` (a
+short one in ``make test``). Everything runs on this machine: a PostgreSQL cluster and a
+Redis server of the soak's own (tests/app/faults.py, stopped by pid or data directory,
+never the shared ones), the API as ``corel serve --no-worker`` and the workers as
+``corel worker`` processes, each in a process group of its own so that a SIGKILL takes the
+whole process as a crash would. A killed API or worker is started again after a pause, as a
+supervisor (compose's ``restart:``, systemd, Kubernetes) would.
+
+The six kinds of fault are dealt from a shuffled deck, one every ``fault_gap`` seconds, for
+``fault_seconds``; then the soak waits for every accepted run to finish and checks:
+
+* every accepted run ended ``succeeded`` within ``deadline`` seconds of the last fault;
+* each of its epochs is recorded once (1..epochs, no gap, no repeat);
+* its figures equal those of the same spec trained once, uninterrupted, in this process
+  (with the workers' number of torch threads);
+* no row exists that the client was not told about: every row in the database is an
+  accepted submission.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+
+from app.migrate import upgrade
+from app.settings import Settings
+from tests.app.faults import PrivatePostgres, PrivateRedis, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+FAULTS = ("worker-kill", "api-kill", "postgres-stop", "postgres-freeze", "redis-restart",
+          "redis-flush")
+LOSSES = ("cce", "center", "cosine", "gaussian")
+
+
+@dataclass
+class SoakConfig:
+    seed: int = 7
+    runs: int = 24
+    epochs: int = 100
+    # Small batches and a wider layer: about 15 s a run here, so that the queue stays deep
+    # through the faults and work is left when they stop.
+    batch_size: int = 4
+    hidden: int = 256
+    submit_seconds: float = 120.0
+    fault_seconds: float = 240.0
+    fault_gap: tuple[float, float] = (10.0, 25.0)
+    outage: tuple[float, float] = (2.0, 8.0)  # how long a stopped or frozen service stays so
+    deadline: float = 120.0  # every accepted run finished this long after the last fault
+    wait: float = 300.0  # how long to watch after the last fault before giving up
+    workers: int = 2
+    lease_seconds: float = 10.0
+    heartbeat_seconds: float = 2.0
+    redis_aof: bool = True  # as docker-compose.yml runs it
+    # Torch threads per worker (COREL_WORKER_TORCH_THREADS): two workers share two cores
+    # here. None: torch's default in each (one per core), 14x slower here.
+    worker_threads: int | None = 1
+    unique_specs: int = 8  # runs cycle through this many specs (the references' cost)
+    # The faults in this order instead of shuffled decks (a test that must meet each kind
+    # while work is queued); the soak stops dealing when it runs out.
+    deck: tuple[str, ...] | None = None
+    logdir: Path | None = None
+
+
+@dataclass
+class SoakReport:
+    config: SoakConfig
+    accepted: list[int] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # answers that told the client to retry
+    faults: list[tuple[float, str]] = field(default_factory=list)
+    statuses: dict[int, str] = field(default_factory=dict)
+    unfinished: dict[int, str] = field(default_factory=dict)
+    stray_rows: list[int] = field(default_factory=list)
+    duplicated_epochs: int = 0
+    missing_epochs: int = 0
+    unequal: list[int] = field(default_factory=list)
+    last_fault_at: float = 0.0
+    all_finished_after: float | None = None  # seconds after the last fault
+    redis_state: dict[str, Any] = field(default_factory=dict)
+    logdir: Path | None = None
+
+    @property
+    def succeeded(self) -> int:
+        return sum(1 for s in self.statuses.values() if s == "succeeded")
+
+    @property
+    def ok(self) -> bool:
+        return (len(self.accepted) == self.config.runs and self.succeeded == len(self.accepted)
+                and self.all_finished_after is not None
+                and self.all_finished_after <= self.config.deadline
+                and not self.stray_rows and not self.duplicated_epochs
+                and not self.missing_epochs and not self.unequal)
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for _, kind in self.faults:
+            counts[kind] = counts.get(kind, 0) + 1
+        after = ("never" if self.all_finished_after is None
+                 else f"{self.all_finished_after:.1f} s after the last fault")
+        lines = [
+            f"seed {self.config.seed}: {len(self.accepted)} accepted, {self.succeeded} succeeded, "
+            f"{len(self.unfinished)} unfinished, {len(self.stray_rows)} stray rows; "
+            f"all finished {after} (deadline {self.config.deadline:.0f} s)",
+            f"  faults ({len(self.faults)}): " + ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())),
+            f"  epochs recorded twice: {self.duplicated_epochs}; missing: {self.missing_epochs}; "
+            f"runs whose figures differ from an uninterrupted run: {len(self.unequal)}",
+            f"  submissions answered 'retry': {len(self.refused)}",
+        ]
+        reasons: dict[str, int] = {}
+        for answer in self.refused:
+            reason = answer.split(": ", 1)[1][:90]
+            reasons[reason] = reasons.get(reason, 0) + 1
+        lines += [f"    {n} x {reason}" for reason, n in sorted(reasons.items())]
+        if self.unfinished:
+            lines.append("  unfinished: " + ", ".join(f"{i} {s}" for i, s in sorted(self.unfinished.items())))
+        if self.stray_rows:
+            lines.append(f"  rows nobody was told about: {self.stray_rows}")
+        if self.unequal:
+            lines.append(f"  figures differ: {self.unequal}")
+        if self.redis_state:
+            lines.append(f"  redis at the end: {self.redis_state}")
+        lines.append(f"  verdict: {'PASS' if self.ok else 'FAIL'}")
+        return "\n".join(lines)
+
+
+def spec_of(config: SoakConfig, index: int) -> dict[str, Any]:
+    """The run's spec: the runs cycle through ``unique_specs`` specs (loss and seed)."""
+    k = index % config.unique_specs
+    return {"dataset": "digits", "epochs": config.epochs, "batch_size": config.batch_size,
+            "hidden": config.hidden, "lr": 1e-3, "loss": LOSSES[k % len(LOSSES)], "lam": 0.8,
+            "seed": k // len(LOSSES)}
+
+
+class Cluster:
+    """The service's processes over the soak's own PostgreSQL and Redis."""
+
+    def __init__(self, config: SoakConfig, root: Path) -> None:
+        self.config = config
+        self.root = root
+        self.logdir = config.logdir or root / "logs"
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.pg = PrivatePostgres()
+        self.redis = PrivateRedis(appendonly=config.redis_aof)
+        self.settings = Settings(
+            database_url=self.pg.url(), broker_url=self.redis.url, var_dir=root / "var",
+            queue=f"corel-soak-{uuid.uuid4().hex[:8]}", lease_seconds=config.lease_seconds,
+            heartbeat_seconds=config.heartbeat_seconds, log_level="INFO")
+        upgrade(self.settings)
+        self.port = free_port()
+        self.api: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes] | None] = [None] * config.workers
+        self.started = 0
+        self.lock = threading.Lock()
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
+        s = self.settings
+        env.update({
+            "COREL_DATABASE_URL": s.database_url, "COREL_BROKER_URL": s.broker_url,
+            "COREL_VAR_DIR": str(s.var_dir), "COREL_QUEUE": s.queue,
+            "COREL_LEASE_SECONDS": str(s.lease_seconds),
+            "COREL_HEARTBEAT_SECONDS": str(s.heartbeat_seconds),
+            "COREL_LOG_LEVEL": "INFO", "PYTHONPATH": str(REPO),
+        })
+        if self.config.worker_threads:
+            env["COREL_WORKER_TORCH_THREADS"] = str(self.config.worker_threads)
+        return env
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        self.started += 1
+        log = open(self.logdir / f"{self.started:03d}-{name}.log", "wb")  # noqa: SIM115
+        return subprocess.Popen([sys.executable, "-m", "corel.cli", *args], env=self.env(),
+                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True)
+
+    def start_api(self) -> None:
+        self.api = self._spawn("api", ["serve", "--no-worker", "--port", str(self.port)])
+
+    def start_worker(self, i: int) -> None:
+        self.workers[i] = self._spawn(f"worker{i}", ["worker"])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_api(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("the API did not start")
+
+    @staticmethod
+    def kill(proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+    @staticmethod
+    def terminate(proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+    def close(self) -> None:
+        self.terminate(self.api)
+        for proc in self.workers:
+            self.terminate(proc)
+        self.pg.close()
+        self.redis.close()
+
+
+def _fault(cluster: Cluster, kind: str, rng: random.Random) -> None:
+    """Inject one fault and, for outages, end it after a random pause."""
+    config = cluster.config
+    pause = rng.uniform(*config.outage)
+    if kind == "worker-kill":
+        i = rng.randrange(config.workers)
+        cluster.kill(cluster.workers[i])
+        time.sleep(min(pause, 3.0))
+        cluster.start_worker(i)
+    elif kind == "api-kill":
+        cluster.kill(cluster.api)
+        time.sleep(min(pause, 3.0))
+        cluster.start_api()
+    elif kind == "postgres-stop":
+        cluster.pg.stop()
+        time.sleep(pause)
+        cluster.pg.start()
+    elif kind == "postgres-freeze":
+        cluster.pg.freeze()
+        time.sleep(pause)
+        cluster.pg.thaw()
+    elif kind == "redis-restart":
+        cluster.redis.stop()
+        time.sleep(min(pause, 3.0))
+        cluster.redis.start()
+    elif kind == "redis-flush":
+        cluster.redis.flush()
+    else:
+        raise ValueError(f"unknown fault {kind!r}")
+
+
+def _submit(cluster: Cluster, report: SoakReport, stop_at: float) -> None:
+    """Submit ``runs`` runs evenly over ``submit_seconds``, each retried until accepted."""
+    config = cluster.config
+    started = time.monotonic()
+    with httpx.Client(timeout=15) as http:
+        for index in range(config.runs):
+            time.sleep(max(0.0, started + index * config.submit_seconds / config.runs - time.monotonic()))
+            body = spec_of(config, index)
+            while time.monotonic() < stop_at:
+                try:
+                    r = http.post(f"{cluster.url}/experiments", json=body)
+                except httpx.HTTPError as exc:  # the API is down: a client tries again
+                    report.refused.append(f"run {index}: {type(exc).__name__}")
+                    time.sleep(1.0)
+                    continue
+                if r.status_code == 202:
+                    report.accepted.append(int(r.json()["id"]))
+                    break
+                report.refused.append(f"run {index}: {r.status_code} {r.text[:300]}")
+                time.sleep(1.0)
+
+
+def _rows(cluster: Cluster) -> dict[int, tuple[str, int, str | None]]:
+    with psycopg.connect(cluster.pg.url(), connect_timeout=5) as conn:
+        return {int(i): (s, int(e), err) for i, s, e, err in conn.execute(
+            "SELECT id, status, current_epoch, error FROM experiments").fetchall()}
+
+
+def _metrics(cluster: Cluster) -> dict[int, list[tuple[int, float, float]]]:
+    out: dict[int, list[tuple[int, float, float]]] = {}
+    with psycopg.connect(cluster.pg.url(), connect_timeout=5) as conn:
+        for eid, epoch, loss, val in conn.execute(
+                "SELECT experiment_id, epoch, train_loss, val_accuracy FROM epoch_metrics "
+                "ORDER BY experiment_id, epoch").fetchall():
+            out.setdefault(int(eid), []).append((int(epoch), float(loss), float(val)))
+    return out
+
+
+def _references(config: SoakConfig, specs: dict[int, dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Each distinct spec trained once, uninterrupted, in this process, on the workers'
+    number of threads."""
+    import torch
+
+    from corel.spec import ExperimentSpec
+    from corel.training import fit
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.worker_threads or threads)
+    try:
+        out: dict[str, list[tuple[float, float]]] = {}
+        for spec in specs.values():
+            key = json.dumps(spec, sort_keys=True)
+            if key not in out:
+                result = fit(ExperimentSpec(**spec))
+                out[key] = [(m.train_loss, m.val_accuracy) for m in result.history]
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_soak(config: SoakConfig, root: Path) -> SoakReport:
+    rng = random.Random(config.seed)
+    report = SoakReport(config)
+    cluster = Cluster(config, root)
+    report.logdir = cluster.logdir
+    try:
+        cluster.start_api()
+        for i in range(config.workers):
+            cluster.start_worker(i)
+        cluster.wait_api()
+        began = time.monotonic()
+        submitter = threading.Thread(
+            target=_submit, args=(cluster, report, began + config.fault_seconds + config.wait),
+            daemon=True)
+        submitter.start()
+        deck: list[str] = list(reversed(config.deck or ()))
+        while True:
+            time.sleep(rng.uniform(*config.fault_gap))
+            if time.monotonic() - began > config.fault_seconds:
+                break
+            if not deck:
+                if config.deck is not None:
+                    break
+                deck = list(FAULTS)
+                rng.shuffle(deck)
+            kind = deck.pop()
+            report.faults.append((round(time.monotonic() - began, 1), kind))
+            print(f"  [{time.monotonic() - began:6.1f} s] {kind}", flush=True)
+            _fault(cluster, kind, rng)
+        report.last_fault_at = time.monotonic()
+        submitter.join()
+        # Watch until every accepted run has finished, or give up.
+        while time.monotonic() - report.last_fault_at < config.wait:
+            rows = _rows(cluster)
+            if all(rows.get(i, ("?",))[0] in ("succeeded", "failed", "cancelled") for i in report.accepted):
+                report.all_finished_after = time.monotonic() - report.last_fault_at
+                break
+            time.sleep(1.0)
+        rows = _rows(cluster)
+        report.statuses = {i: rows[i][0] if i in rows else "missing" for i in report.accepted}
+        report.unfinished = {i: f"{rows[i][0]} at epoch {rows[i][1]}" if i in rows else "missing"
+                             for i in report.accepted if report.statuses[i] != "succeeded"}
+        for i, (_, _, error) in rows.items():
+            if i in report.unfinished and error:
+                report.unfinished[i] += f" ({error[:120]})"
+        report.stray_rows = sorted(set(rows) - set(report.accepted))
+        try:
+            client = redis.Redis.from_url(cluster.redis.url, socket_connect_timeout=2)
+            report.redis_state = {
+                "queue_length": client.llen(cluster.settings.queue),
+                "unacked": client.hlen("unacked"),
+                "binding": bool(client.exists(f"_kombu.binding.{cluster.settings.queue}")),
+            }
+        except redis.RedisError as exc:
+            report.redis_state = {"error": type(exc).__name__}
+        metrics = _metrics(cluster)
+    finally:
+        cluster.close()
+    # Compare after the cluster is gone: the references need the cores.
+    specs = {}
+    with_ids = dict(zip(report.accepted, range(config.runs), strict=False))
+    for eid in report.accepted:
+        epochs = [m[0] for m in metrics.get(eid, [])]
+        report.duplicated_epochs += len(epochs) - len(set(epochs))
+        if report.statuses.get(eid) == "succeeded":
+            report.missing_epochs += len(set(range(1, config.epochs + 1)) - set(epochs))
+            specs[eid] = spec_of(config, with_ids[eid])
+    references = _references(config, specs)
+    for eid, spec in specs.items():
+        want = references[json.dumps(spec, sort_keys=True)]
+        got = [(loss, val) for _, loss, val in metrics[eid]]
+        if got != want:
+            report.unequal.append(eid)
+    return report

@@ -1,0 +1,32 @@
+"""The short fault soak in `make test`: 12 runs, 8 faults (each of the six kinds at least
+once, a Redis FLUSHALL first, while the queue is deep), and every accepted run must have
+succeeded one minute after the last fault, each epoch recorded once, with the figures of an
+uninterrupted run, and no row left behind by a refused submission. The full soak (24 runs,
+240 s of faults, three seeds) is ``bench/fault_soak.py``; the engine is tests/app/soak.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from tests.app.faults import postgres_bin
+from tests.app.soak import SoakConfig, run_soak
+from tests.conftest import require
+
+DECK = ("redis-flush", "worker-kill", "postgres-stop", "redis-restart", "api-kill",
+        "postgres-freeze", "redis-flush", "worker-kill")
+
+
+def test_every_accepted_run_finishes_within_a_minute_of_the_last_fault(tmp_path):
+    require(postgres_bin() is not None, "PostgreSQL's initdb and pg_ctl (postgresql package)")
+    require(shutil.which("redis-server") is not None, "redis-server (redis-server package)")
+    config = SoakConfig(seed=3, runs=12, epochs=60, submit_seconds=8.0, fault_seconds=150.0,
+                        fault_gap=(6.0, 10.0), outage=(2.0, 5.0), deadline=60.0, wait=90.0,
+                        unique_specs=4, deck=DECK, logdir=tmp_path / "logs")
+    report = run_soak(config, tmp_path)
+    print(report.summary())
+    assert [kind for _, kind in report.faults] == list(DECK)
+    logs = ""
+    if not report.ok:
+        logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(config.logdir.glob("*worker*.log")))
+    assert report.ok, report.summary() + "\n" + logs
