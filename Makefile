@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make serve` installs the service alone; `make test` adds the test toolchain on top.
+SERVICE_STAMP := $(VENV)/.installed-service
 
 .PHONY: test serve install lint clean
 
@@ -12,8 +14,12 @@ $(BIN)/python:
 
 # torch/torchvision first, pinned to the releases this machine's pip cache holds,
 # so the resolver does not go looking for a newer multi-GB wheel.
-$(STAMP): pyproject.toml | $(BIN)/python
+$(SERVICE_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "torch==2.14.1" "torchvision==0.29.1" || $(BIN)/pip install --quiet torch torchvision
+	$(BIN)/pip install --quiet -e ".[service]"
+	touch $(SERVICE_STAMP)
+
+$(STAMP): pyproject.toml $(SERVICE_STAMP)
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
@@ -34,7 +40,7 @@ test: $(STAMP)
 	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/corel
 	$(BIN)/python -m pytest -q
 
-serve: $(STAMP)
+serve: $(SERVICE_STAMP)
 	$(BIN)/corel serve
 
 clean:

@@ -28,8 +28,10 @@ def register(sub: Any) -> None:
         "COREL_VAR_DIR (default ./var); migrations are applied and one Celery worker is "
         "started beside the API, so nothing else needs to run.",
     )
-    serve.add_argument("--host", default=os.environ.get("COREL_HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("COREL_PORT", "8000")))
+    serve.add_argument("--host", default=os.environ.get("COREL_HOST", "127.0.0.1"),
+                       help="address to listen on (default: $COREL_HOST, else 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=int(os.environ.get("COREL_PORT", "8000")),
+                       help="port to listen on (default: $COREL_PORT, else 8000)")
     serve.add_argument("--no-worker", action="store_true", help="do not start the embedded worker")
     serve.set_defaults(func=_serve)
 
@@ -118,14 +120,31 @@ def _db_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _exit_on_sigterm() -> None:
-    """SIGTERM raises SystemExit, so that ``finally`` blocks stop what this process started.
+def _exit_on_sigterm(code: int | None = None) -> None:
+    """SIGTERM raises SystemExit (``code``, else 128 + 15), so that ``finally`` blocks stop
+    what this process started.
 
     Python's default SIGTERM action ends the process at once. uvicorn restores the
     handler it found and raises the signal again after its own shutdown, so without
     this, `corel serve` stopped by SIGTERM left its embedded worker running.
     """
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum if code is None else code))
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (taken, or not an address of this host), or
+    None. Checked before anything starts, so that the answer is one line, not a traceback
+    after "the dashboard is at ..."."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return (exc.strerror or str(exc)).lower()
+    return None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -135,6 +154,12 @@ def _serve(args: argparse.Namespace) -> int:
     from app.migrate import upgrade
     from app.settings import get_settings
 
+    problem = _cannot_listen(args.host, args.port)
+    if problem:
+        print(f"corel: cannot listen on {args.host}:{args.port}: {problem}; choose another port "
+              "with --port N or COREL_PORT=N (or another address with --host, COREL_HOST)",
+              file=sys.stderr)
+        return 1
     settings = get_settings()
     import torch
 
@@ -143,7 +168,7 @@ def _serve(args: argparse.Namespace) -> int:
     if embedded or settings.is_sqlite:
         upgrade(settings)
     worker = None
-    _exit_on_sigterm()
+    _exit_on_sigterm(0)  # stopping a server is no failure (make serve said "Error 143")
     if embedded and not args.no_worker:
         worker = subprocess.Popen(worker_command())
     try:
@@ -151,8 +176,9 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         # Open event streams would hold a graceful shutdown up for as long as their
         # clients stay; they are cut after a few seconds and resume from Last-Event-ID.
+        # No access log: the API logs each request itself (corel.api), once.
         uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None,
-                    timeout_graceful_shutdown=5)
+                    timeout_graceful_shutdown=5, access_log=False)
     finally:
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)

@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
             entry.load()(sub)
         except ImportError:
             continue
+    if "serve" not in sub.choices:
+        parser.epilog = (
+            "The service's commands (serve, worker, db, reproduce, watch, ...) come with its "
+            "extra, which is not installed here: pip install 'corel[service]' (from a checkout: "
+            "pip install '.[service]').")
     return parser
 
 

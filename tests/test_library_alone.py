@@ -100,3 +100,17 @@ def test_text_without_its_extra_names_the_extra(library_alone, tmp_path):
     done = run_alone(library_alone, code, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "pip install 'corel[text]'" in done.stdout, done.stdout
+
+
+def test_the_cli_alone_names_the_service_extra(library_alone, tmp_path):
+    code = "from corel.cli import build_parser\nprint(build_parser().format_help())\n"
+    done = run_alone(library_alone, code, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "train" in done.stdout and "pip install 'corel[service]'" in done.stdout, done.stdout
+
+
+def test_the_cli_with_the_service_does_not_ask_for_it():
+    from corel.cli import build_parser
+
+    text = build_parser().format_help()
+    assert "serve" in text and "corel[service]" not in text

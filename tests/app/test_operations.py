@@ -183,7 +183,14 @@ def test_embedded_default_end_to_end(tmp_path):
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
         assert children, "the embedded worker is not a child of `corel serve`"
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=45)
+        # A clean stop, not a failure (`make serve` used to end in "Error 143").
+        assert proc.wait(timeout=45) == 0
+        # One log line per request (uvicorn's access log repeated each one), and the
+        # worker's lines once each (Celery logged them again as WARNING).
+        text = (tmp_path / "serve.log").read_text()
+        posts = [line for line in text.splitlines() if '"POST' in line or '"method": "POST"' in line]
+        assert len(posts) == 1, posts
+        assert "WARNING/MainProcess] {" not in text, text[-2000:]
         deadline = time.monotonic() + 45
         while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in children):
             assert time.monotonic() < deadline, "the embedded worker outlived `corel serve`"
@@ -199,3 +206,25 @@ def _state(pid: str) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, IndexError):
         return "Z"
+
+
+def test_a_busy_port_is_one_clear_line(tmp_path):
+    """`corel serve` on a port that is taken says so in one line naming the setting,
+    before it starts anything (it used to print the dashboard's address, then a traceback)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
+        env["COREL_VAR_DIR"] = str(tmp_path / "var")
+        env["COREL_PORT"] = str(port)
+        done = subprocess.run([sys.executable, "-m", "corel.cli", "serve"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0] and "COREL_PORT" in lines[0]
+    assert not (tmp_path / "var").exists()  # nothing was started or written
+    help_text = subprocess.run([sys.executable, "-m", "corel.cli", "serve", "--help"],
+                               capture_output=True, text=True, timeout=60).stdout
+    assert "COREL_PORT" in " ".join(help_text.split()) and "8000" in help_text
