@@ -60,6 +60,12 @@ class ServiceUnavailable(DomainError):
 
 def describe_error(err: Mapping[str, Any], whole: str = "body") -> str:
     """One pydantic error as "field: message" (``whole`` names an error of the whole object)."""
+    if err.get("type") == "json_invalid":  # its loc is ("body", <character offset>)
+        offset = next((p for p in err.get("loc", ()) if isinstance(p, int)), None)
+        why = (err.get("ctx") or {}).get("error", "")
+        at = f" at character {offset}" if offset is not None else ""
+        return (f"the body is not valid JSON{at}" + (f" ({why})" if why else "")
+                + "; send a JSON object such as {\"dataset\": \"digits\"}")
     where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or whole
     return f"{where}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}"
 

@@ -153,6 +153,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description="Clustering-oriented representation learning (COREL): train, embed, cluster.",
         lifespan=lifespan,
+        # Served by app/web from local files, not from a CDN (a blank page offline).
+        docs_url=None, redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics = ApiMetrics(settings)

@@ -88,16 +88,11 @@ def _table(path: Path, kind: str, options: TableOptions) -> tuple[str, bytes, di
     """A table upload as the .npz it trains from, with its summary."""
     fmt = "parquet" if path.suffix in (".parquet", ".pq") else "csv"
     table = tables.read_table(path, fmt)
-    if kind == "table":  # not given: all-numeric besides the label means features
+    if kind == "table":  # not given: numbers besides the label (typos aside) mean features
         label = options.label_column or next(
             (n for n in table.column_names if n.strip().lower() in tables.LABEL_NAMES), None)
-        import pyarrow as pa
-
-        others = [table.schema.field(n).type for n in table.column_names
-                  if n not in (label, options.split_column)]
-        kind = "features" if others and all(
-            pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-            for t in others) else "text"
+        others = [n for n in table.column_names if n not in (label, options.split_column)]
+        kind = "features" if others and all(tables.looks_numeric(table, n) for n in others) else "text"
     if kind == "features":
         arrays = tables.feature_table(table, options.label_column, options.split_column)
         arrays["standardize"] = np.array([options.standardize])

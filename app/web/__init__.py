@@ -3,7 +3,9 @@
 Every page is a Jinja2 template with no data in it; its script reads the JSON API
 (with the bearer token the user typed, when the service has one), so the pages follow
 the same rules as any other client and answer at once however large the database.
-plotly.js comes from the ``plotly`` package, so nothing is fetched from a CDN.
+plotly.js comes from the ``plotly`` package, and the API's documentation pages (``/docs``,
+Swagger UI; ``/redoc``) take their scripts from the ``fastapi-offline`` package, so nothing is
+fetched from a CDN.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import APIRouter, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -29,6 +32,17 @@ router = APIRouter(include_in_schema=False)
 NAV = (("/", "Experiments"), ("/ui/new", "New experiment"), ("/ui/sweeps", "Sweeps"),
        ("/ui/compare", "Compare"), ("/ui/playground", "Playground"))
 CACHE = {"cache-control": "public, max-age=3600"}
+
+
+def _docs_files() -> dict[str, Path]:
+    import fastapi_offline
+
+    folder = Path(fastapi_offline.__file__).parent / "static"
+    return {p.name: p for p in folder.iterdir() if p.is_file()}
+
+
+DOCS_FILES = _docs_files()
+DOCS_MEDIA = {".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 
 
 def _plotly_js() -> Path:
@@ -76,3 +90,27 @@ def static(name: str) -> Response:
         raise NotFound(f"no dashboard file {name!r}")
     media = "text/javascript" if name.endswith(".js") else "text/css"
     return FileResponse(STATIC_FILES[name], media_type=media, headers={"cache-control": "no-cache"})
+
+
+@router.get("/docs")
+def swagger_ui(request: Request) -> HTMLResponse:
+    return get_swagger_ui_html(
+        openapi_url="/openapi.json", title="corel: API (Swagger UI)",
+        swagger_js_url="/ui/static/docs/swagger-ui-bundle.js",
+        swagger_css_url="/ui/static/docs/swagger-ui.css",
+        swagger_favicon_url="/ui/static/docs/favicon.png")
+
+
+@router.get("/redoc")
+def redoc(request: Request) -> HTMLResponse:
+    return get_redoc_html(openapi_url="/openapi.json", title="corel: API (ReDoc)",
+                          redoc_js_url="/ui/static/docs/redoc.standalone.js",
+                          redoc_favicon_url="/ui/static/docs/favicon.png", with_google_fonts=False)
+
+
+@router.get("/ui/static/docs/{name}")
+def docs_static(name: str) -> Response:
+    if name not in DOCS_FILES:
+        raise NotFound(f"no documentation file {name!r}")
+    return FileResponse(DOCS_FILES[name], media_type=DOCS_MEDIA.get(Path(name).suffix, "text/plain"),
+                        headers=CACHE)

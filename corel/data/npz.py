@@ -22,6 +22,14 @@ from corel.data.splits import _check_class_sizes, _resolve_user_path, _subset, s
 from corel.spec import ExperimentSpec
 
 
+def _looks_like_text(head: bytes) -> bool:
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c in "\r\n\t" for c in text)
+
+
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Validated (x, y as 0..K-1, class names) from an .npz file."""
     if not path.is_file():
@@ -29,6 +37,13 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
             f"npz file {path} does not exist; dataset_path must name an .npz file with arrays "
             "x (N, ...) and y (N,), as written by numpy.savez(path, x=x, y=y)"
         )
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if not head.startswith((b"PK\x03\x04", b"\x93NUMPY")):
+        looks = "text (a CSV? upload it as a table)" if _looks_like_text(head) else "something else"
+        raise ValueError(
+            f"{path.name} is not an .npz file: an .npz is the zip archive numpy.savez(path, x=x, "
+            f"y=y) writes, and this file looks like {looks}")
     try:
         loaded = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:

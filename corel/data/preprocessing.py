@@ -58,10 +58,16 @@ def prepare_images(
     if arr.ndim != len(shape) + 1 or tuple(arr.shape[1:]) != shape:
         hw = " x ".join(str(s) for s in shape[1:])
         one = f"(N, {', '.join(map(str, shape[1:]))}) or " if shape[0] == 1 else ""
+        got = tuple(int(s) for s in arr.shape)
+        if got == shape or (shape[0] == 1 and got == shape[1:]):
+            why = "one image without its batch dimension: send images[None]"
+        elif arr.ndim >= 2 and got[-2:] != shape[-2:]:
+            why = f"the images are {got[-2]} x {got[-1]} pixels, the model takes {hw}"
+        else:
+            why = f"got shape {got}"
         raise ValueError(
             f"images must have shape {one}(N, {', '.join(map(str, shape))}) ({hw} pixels, "
-            f"{'one channel' if shape[0] == 1 else f'{shape[0]} channels'}); got {arr.shape}. "
-            "A single image needs a batch dimension: images[None]."
+            f"{'one channel' if shape[0] == 1 else f'{shape[0]} channels'}); {why}"
         )
     if arr.dtype.kind not in "uif":
         raise ValueError(f"images must be a uint8 or float array, got dtype {arr.dtype}")

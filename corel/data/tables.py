@@ -122,6 +122,25 @@ def _numeric(table: Any, column: str) -> np.ndarray:
     return out
 
 
+def looks_numeric(table: Any, column: str, share: float = 0.9) -> bool:
+    """A numeric column, or one whose non-empty values are numbers but for a few typos
+    (at least ``share`` of them): a feature column to be diagnosed cell by cell, not text."""
+    import pyarrow as pa
+
+    col = table.column(column)
+    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
+        return True
+    values = [v for v in col.to_pylist() if v is not None and str(v).strip()]
+    numbers = 0
+    for v in values:
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            continue
+        numbers += 1
+    return bool(values) and numbers >= share * len(values)
+
+
 def _split_of(table: Any, split_column: str | None) -> dict[str, Any]:
     if split_column is None:
         return {}

@@ -290,3 +290,29 @@ def test_with_a_token_the_dashboard_asks_once_and_sends_it(browser, settings, wo
         page.wait_for_selector("#sweeps tbody tr")
         assert not page.locator("#token-dialog[open]").count()
         context.close()
+
+
+def test_the_api_docs_render_offline(page, live):
+    """/docs and /redoc load their scripts and styles from the service itself: with every
+    request to another host refused (as offline), both render the API (they were blank).
+    Only an image may come from elsewhere (ReDoc's footer logo; offline it is not shown)."""
+    host = live.split("//", 1)[1]
+    elsewhere: list[str] = []
+
+    def only_here(route: Any) -> None:
+        if route.request.url.split("//", 1)[1].startswith(host):
+            route.continue_()
+        else:
+            if route.request.resource_type != "image":  # ReDoc's "powered by" logo, say
+                elsewhere.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_here)
+    page.goto("/docs")
+    page.wait_for_selector(".swagger-ui .info .title", timeout=20_000)
+    assert "corel" in page.inner_text(".swagger-ui .info .title")
+    page.wait_for_selector("#operations-experiments-create_experiments_post", timeout=20_000)
+    page.goto("/redoc")
+    page.wait_for_selector("h1", timeout=20_000)
+    assert "corel" in page.inner_text("h1")
+    assert not elsewhere, elsewhere

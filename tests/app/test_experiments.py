@@ -162,6 +162,12 @@ def test_unknown_dataset_id_is_422(client):
 def test_non_json_body_is_422(client):
     r = client.post("/experiments", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422
+    # It said "1: JSON decode error".
+    r = client.post("/experiments", content=b'{"dataset": "digits",',
+                    headers={"content-type": "application/json"})
+    detail = r.json()["detail"]
+    assert r.status_code == 422 and detail.startswith("the body is not valid JSON at character 21")
+    assert "JSON decode error" not in detail
 
 
 @pytest.mark.parametrize(

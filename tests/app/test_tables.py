@@ -106,6 +106,10 @@ def test_a_parquet_text_table_with_string_labels_trains_and_predicts(client, wor
      "no column 'class' for the label; the columns are 'f1', 'f2', 'label'"),
     ("not-numeric.csv", ([[1, 2, "a"]] * 4 + [[1, "n/a", "b"]] + [[3, 4, "b"]] * 4, ["f1", "f2", "label"]),
      {"kind": "features"}, "column 'f2', row 5: the value is 'n/a', not a number"),
+    # One typo in a numeric column: diagnosed as such, with no kind given (it was taken
+    # for a text table: "cannot tell which column holds the text").
+    ("typo.csv", ([[1, 2, "a"]] * 10 + [[1, "l.5", "b"]] + [[3, 4, "b"]] * 9, ["f1", "f2", "label"]),
+     {}, "column 'f2', row 11: the value is 'l.5', not a number"),
     ("small-class.csv", ([[1, 2, "a"]] * 6 + [[1, 2, "rare"]] * 2, ["f1", "f2", "label"]), {},
      "every class needs at least 3 rows (one for each split), but these have fewer: 'rare' (2)"),
     ("empty-text.csv", ([["hello there", "x"]] * 3 + [["", "y"]] + [["fine", "y"]] * 3, ["text", "label"]),

@@ -165,6 +165,23 @@ def test_prepare_images_rejects_bad_input(fashion, images, message):
         data.prepare_images(images, fashion.preprocessing)
 
 
+def test_a_wrong_image_size_is_named_as_such(fashion):
+    """It used to say "a single image needs a batch dimension" for any wrong shape."""
+    with pytest.raises(ValueError) as info:
+        data.prepare_images(np.zeros((2, 8, 8), np.uint8), fashion.preprocessing)
+    assert "8 x 8 pixels, the model takes 28 x 28" in str(info.value)
+    assert "batch dimension" not in str(info.value)
+
+
+def test_a_text_file_named_npz_is_called_text(tmp_path):
+    path = tmp_path / "mine.npz"
+    path.write_text("x,y\n1,2\n")
+    with pytest.raises(ValueError) as info:
+        data.load_dataset(ExperimentSpec(dataset="npz", dataset_path=str(path)))
+    assert "mine.npz is not an .npz file" in str(info.value) and "looks like text" in str(info.value)
+    assert "allow_pickle" not in str(info.value)
+
+
 def test_prepare_images_rejects_text_preprocessing():
     with pytest.raises(ValueError, match="prepare_texts"):
         data.prepare_images(np.zeros((1, 28, 28)), {"modality": "text"})
