@@ -40,8 +40,12 @@ test: $(STAMP)
 	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/corel
 	$(BIN)/python -m pytest -q
 
+# MNIST and AG News's test split, where a checkout has ../shared/datasets beside it (unless
+# COREL_DATA_DIR says otherwise).
+SHARED_DATA := $(wildcard $(CURDIR)/../shared/datasets)
+
 serve: $(SERVICE_STAMP)
-	$(BIN)/corel serve
+	COREL_DATA_DIR="$${COREL_DATA_DIR:-$(SHARED_DATA)}" $(BIN)/corel serve
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -107,6 +107,22 @@ class Page(BaseModel, Generic[T]):
     offset: int
 
 
+class BuiltinDatasetRead(BaseModel):
+    """A built-in dataset on this server: ``present`` (with the folder or file training
+    reads, if any), or ``unavailable`` (with why, and the setting to change)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    dataset: Literal["mnist", "fashion-mnist", "ag-news", "digits"]
+    status: Literal["present", "unavailable"]
+    where: str | None
+    why: str | None
+
+
+class BuiltinDatasets(BaseModel):
+    items: list[BuiltinDatasetRead]
+
+
 class DatasetRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 

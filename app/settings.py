@@ -25,8 +25,12 @@ class Settings(BaseSettings):
     broker_url: str = Field(
         default="", description="Celery broker URL; default: a SQLite-backed broker in var_dir."
     )
-    data_dir: Path | None = Field(
-        default=None, description="Directory of datasets (IDX files, ag_news/, ...)."
+    data_dir: str = Field(
+        default="",
+        description="Folders holding the built-in datasets' files (MNIST's IDX files, ag_news/, "
+        "...), separated by ':'; looked in before var_dir/datasets (and system locations such "
+        "as Debian's /usr/share/datasets/fashion-mnist). `make serve` and the tests add "
+        "../shared/datasets when it exists.",
     )
     api_token: SecretStr | None = Field(
         default=None, description="When set, mutating endpoints need 'Authorization: Bearer <token>'."
@@ -147,6 +151,12 @@ class Settings(BaseSettings):
                 url = "postgresql+psycopg://" + url[len("postgresql://") :]
             return url
         return f"sqlite:///{(self.var_dir / 'corel.sqlite3').resolve()}"
+
+    @property
+    def data_dirs(self) -> list[Path]:
+        """Where the built-in datasets are looked for, in order."""
+        given = [Path(p).expanduser() for p in self.data_dir.split(os.pathsep) if p.strip()]
+        return [*given, self.var_dir / "datasets"]
 
     @property
     def celery_broker_url(self) -> str:

@@ -38,6 +38,7 @@ from app.models import (
     LatentSpace,
     utcnow,
 )
+from app.services.builtin import data_dir_for
 from app.services.events import publish
 from app.services.reconcile import lease_expired
 from app.settings import Settings
@@ -340,7 +341,8 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
         log.info("training", extra={"experiment": experiment_id, "worker": WORKER_ID,
                                     "resume_epoch": job.checkpoint["epoch"] if job.checkpoint else 0})
         result = fit(job.spec, [recorder], checkpoint=job.checkpoint, device=settings.device,
-                     data_dir=settings.data_dir, chance_epochs=settings.chance_epochs)
+                     data_dir=data_dir_for(settings, job.spec.dataset),
+                     chance_epochs=settings.chance_epochs)
         if result.stopped:
             _finish(factory, experiment_id, status="cancelled")
             return "cancelled"
@@ -470,7 +472,8 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
     try:
         checkpoints = None if epochs == {0} else [job.checkpoint for job in jobs if job.checkpoint]
         results = fit_group([job.spec for job in jobs], [recorder], checkpoints=checkpoints,
-                            device=settings.device, data_dir=settings.data_dir)
+                            device=settings.device,
+                            data_dir=data_dir_for(settings, jobs[0].spec.dataset))
     except Exception as exc:
         if is_transient(exc):
             raise

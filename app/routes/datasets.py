@@ -13,7 +13,8 @@ import app.services.datasets as datasets_service
 from app.deps import AuthDep, SessionDep, SettingsDep
 from app.errors import MAX_OFFSET, PayloadTooLarge
 from app.models import DatasetUpload
-from app.schemas import DatasetRead, Page
+from app.schemas import BuiltinDatasetRead, BuiltinDatasets, DatasetRead, Page
+from app.services import builtin as builtin_service
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
@@ -78,6 +79,13 @@ def list_(
     return Page[DatasetRead](
         items=[DatasetRead.model_validate(r) for r in rows], total=total, limit=limit, offset=offset
     )
+
+
+@router.get("/builtin", response_model=BuiltinDatasets,
+            summary="The built-in datasets: present on this server, or why not")
+def builtin(settings: SettingsDep):
+    return BuiltinDatasets(items=[BuiltinDatasetRead.model_validate(a)
+                                  for a in builtin_service.availability(settings)])
 
 
 @router.get("/{dataset_id:int}", response_model=DatasetRead, summary="One uploaded dataset")

@@ -18,6 +18,7 @@ from app.schemas import (
     MetricsRead,
     Page,
 )
+from app.services.builtin import require_available
 from app.services.submission import commit_and_send
 from corel.spec import DATASETS, LOSSES
 
@@ -29,7 +30,9 @@ router = APIRouter(prefix="/experiments", tags=["experiments"])
     dependencies=[AuthDep],
     summary="Submit an experiment; it is queued for a worker",
 )
-def create(body: ExperimentCreate, session: SessionDep, queue: QueueDep):
+def create(body: ExperimentCreate, session: SessionDep, queue: QueueDep, settings: SettingsDep):
+    if body.dataset_id is None:
+        require_available(settings, {body.dataset})
     exp = experiments_service.create_experiment(session, body)
     # The task carries only the id, sent once the row is committed; this is the one
     # route that commits before returning, because whether sending works decides the

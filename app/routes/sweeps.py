@@ -12,6 +12,7 @@ from app.errors import MAX_OFFSET, InvalidInput
 from app.models import Experiment
 from app.schemas import Page, SweepCreate, SweepQueued, SweepRead, SweepSummary
 from app.services import sweep_render
+from app.services.builtin import require_available
 from app.services.submission import commit_and_send
 from corel.report import PAPER_TABLE1
 
@@ -22,6 +23,7 @@ router = APIRouter(prefix="/sweeps", tags=["sweeps"])
              dependencies=[AuthDep], summary="Create and queue every experiment of a grid")
 def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: SettingsDep):
     sweep, groups = sweeps_service.create_sweep(session, body, settings.max_sweep_size)
+    require_available(settings, sweeps_service.builtin_datasets(session, sweep.id))
     # Committed before sending, as for a single experiment: workers must find the rows.
     answer = SweepQueued(id=sweep.id, size=sweep.size, groups=len(groups))
     commit_and_send(session, Experiment, [i for ids in groups for i in ids],

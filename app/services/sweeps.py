@@ -81,6 +81,12 @@ def get_sweep(session: Session, sweep_id: int) -> Sweep:
     return sweep
 
 
+def builtin_datasets(session: Session, sweep_id: int) -> set[str]:
+    """The datasets the sweep's members read from the server's own files (not uploads)."""
+    return set(session.scalars(select(Experiment.dataset).where(
+        Experiment.sweep_id == sweep_id, Experiment.dataset_id.is_(None))))
+
+
 def members(session: Session, sweep_id: int) -> list[Experiment]:
     return list(session.scalars(
         select(Experiment).where(Experiment.sweep_id == sweep_id).order_by(Experiment.id)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 # The loaders, and the public names importable from corel.data as before it was split.
-from corel.data.ag_news import _load_ag_news, validate_ag_news_csv
+from corel.data.ag_news import _load_ag_news, locate_ag_news, validate_ag_news_csv
 from corel.data.base import (
     AG_NEWS_VAL_FRACTION,
     DEFAULT_MAX_LEN,
@@ -37,8 +37,10 @@ from corel.data.base import (
 from corel.data.digits import _load_digits
 from corel.data.idx import (
     FASHION_MNIST_CLASSES,
+    IDX_SOURCES,
     _load_fashion_mnist,
     _load_mnist,
+    locate_idx,
     read_idx,
     write_idx,
 )
@@ -62,7 +64,7 @@ __all__ = [
     "FASHION_MNIST_CLASSES", "LOADERS", "MNIST_VAL_SIZE", "SPLIT_SEED", "TEST_FRACTION",
     "TOKENIZER_VERSION", "TOKEN_PATTERN", "VAL_FRACTION", "Dataset", "DatasetNotFoundError",
     "PathLike", "WordVectors", "available_datasets", "check_dtype", "clean_text",
-    "load_dataset", "load_word_vectors", "prepare_images", "prepare_texts", "prepare_vectors",
+    "load_dataset", "load_word_vectors", "locate", "prepare_images", "prepare_texts", "prepare_vectors",
     "read_idx", "tokenize", "validate_ag_news_csv", "validate_npz", "write_idx",
 ]
 
@@ -82,6 +84,24 @@ LOADERS: dict[str, Loader] = {
 def available_datasets() -> list[str]:
     """Names :func:`load_dataset` accepts in ``spec.dataset``."""
     return list(LOADERS)
+
+
+def locate(dataset: str, data_dir: PathLike | None = None) -> Path | None:
+    """Where a built-in dataset's files are under ``data_dir`` (or a system location): the
+    folder or file training would read; None for one that needs no files (digits).
+
+    Raises DatasetNotFoundError naming every place looked, ValueError for a dataset that is
+    not built in (npz, text, images: those are the user's files).
+    """
+    root = Path(data_dir).expanduser() if data_dir is not None else None
+    if dataset in IDX_SOURCES:
+        return locate_idx(dataset, root)
+    if dataset == "ag-news":
+        return locate_ag_news(root)
+    if dataset == "digits":
+        return None
+    raise ValueError(f"{dataset!r} is not a built-in dataset; built in: "
+                     f"{', '.join([*IDX_SOURCES, 'ag-news', 'digits'])}")
 
 
 def load_dataset(

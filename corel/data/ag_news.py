@@ -141,6 +141,14 @@ def _locate_ag_news(spec: ExperimentSpec, data_dir: Path | None) -> _AgNewsFiles
     )
 
 
+def locate_ag_news(data_dir: Path | None) -> Path:
+    """The AG News CSV training reads under ``data_dir``; DatasetNotFoundError naming each
+    place looked otherwise."""
+    files = _locate_ag_news(ExperimentSpec(dataset="ag-news"), data_dir)
+    assert files.train is not None
+    return files.train
+
+
 def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Dataset:
     files = _locate_ag_news(spec, data_dir)
     assert files.train is not None

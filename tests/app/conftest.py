@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.migrate import upgrade
 from app.settings import Settings
-from tests.conftest import FASHION_DIR, REPO, require
+from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
 
 PG_ADMIN_URL = os.environ.get("COREL_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("COREL_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
@@ -76,6 +76,8 @@ def settings(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFacto
         lease_seconds=4.0,
         heartbeat_seconds=0.5,
         log_level="INFO",
+        # As `make serve` does: MNIST and AG News's test split from ../shared/datasets.
+        data_dir=str(SHARED_DATASETS) if SHARED_DATASETS.is_dir() else "",
     )
     upgrade(s)  # migrations run once per test session
     return s
@@ -87,6 +89,7 @@ def settings_env(s: Settings) -> dict[str, str]:
         "COREL_DATABASE_URL": s.database_url,
         "COREL_BROKER_URL": s.broker_url,
         "COREL_VAR_DIR": str(s.var_dir),
+        "COREL_DATA_DIR": s.data_dir,
         "COREL_QUEUE": s.queue,
         "COREL_LEASE_SECONDS": str(s.lease_seconds),
         "COREL_HEARTBEAT_SECONDS": str(s.heartbeat_seconds),

@@ -55,6 +55,16 @@ corel.pages.new = async function () {
       el("span", { class: "help" }, help(p)),
       el("span", { class: "field-error", id: "err-" + name, role: "alert" })));
   }
+  // Built-in datasets that are not on this server are marked, and cannot be chosen.
+  const builtin = await api("/datasets/builtin");
+  for (const d of builtin.items) {
+    const option = form.elements.dataset.querySelector('option[value="' + d.dataset + '"]');
+    if (option && d.status !== "present") {
+      option.disabled = true;
+      option.textContent = d.dataset + " (unavailable: see COREL_DATA_DIR)";
+      option.title = d.why || "";
+    }
+  }
   const q = corel.query();
   if (q.get("dataset_id")) { form.elements.dataset.value = q.get("dataset") || "npz"; form.elements.dataset_id.value = q.get("dataset_id"); }
   if (!q.get("dataset")) form.elements.dataset.value = "digits";
