@@ -66,7 +66,11 @@ def describe_error(err: Mapping[str, Any], whole: str = "body") -> str:
         at = f" at character {offset}" if offset is not None else ""
         return (f"the body is not valid JSON{at}" + (f" ({why})" if why else "")
                 + "; send a JSON object such as {\"dataset\": \"digits\"}")
-    where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or whole
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    where = ".".join(loc) or whole
+    if err.get("type") in ("literal_error", "enum") and "input" in err:
+        # Say what was sent too: "on: Input should be 'test' or 'validation'; got 'train'".
+        return f"{where}: {err.get('msg', 'invalid')}; got {err['input']!r}"
     return f"{where}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}"
 
 

@@ -16,7 +16,6 @@ import app.services.clustering as clustering_service
 import app.services.compare as compare_service
 import app.services.figures as figures_service
 from app.deps import SessionDep
-from app.errors import InvalidInput
 
 router = APIRouter(prefix="/experiments", tags=["analysis"])
 
@@ -63,10 +62,8 @@ class CompareRead(BaseModel):
 def compare(
     session: SessionDep,
     ids: Annotated[list[str], Query(description="1,2,3 or ids=1&ids=2")] = [],  # noqa: B006
-    format_: Annotated[str, Query(alias="format", description="json or csv")] = "json",
+    format_: Annotated[Literal["json", "csv"], Query(alias="format")] = "json",
 ):
-    if format_ not in FORMATS:
-        raise InvalidInput(f"unknown format {format_!r}; allowed: {', '.join(FORMATS)}")
     table = compare_service.compare(session, compare_service.parse_ids(ids))
     if format_ == "csv":
         return Response(compare_service.to_csv(table), media_type="text/csv; charset=utf-8")
@@ -81,9 +78,9 @@ def clustering(
     experiment_id: int,
     session: SessionDep,
     metric: Annotated[
-        str | None, Query(description="euclidean or cosine; default: the loss's own geometry")
+        Literal["euclidean", "cosine"] | None, Query(description="default: the loss's own geometry")
     ] = None,
-    on: Annotated[str, Query(description="test or validation")] = "test",
+    on: Annotated[Literal["test", "validation"], Query(description="the split")] = "test",
 ):
     return clustering_service.clustering_report(session, experiment_id, split=on, metric=metric)
 
@@ -115,6 +112,7 @@ def latent_scatter(
     return figures_service.latent_scatter(session, experiment_id, max_points)
 
 
+LatentFormat = Literal["npy", "csv", "parquet"]
 LATENT_FORMATS = {"npy": "application/octet-stream", "csv": "text/csv; charset=utf-8",
                   "parquet": "application/vnd.apache.parquet"}
 
@@ -127,10 +125,8 @@ LATENT_FORMATS = {"npy": "application/octet-stream", "csv": "text/csv; charset=u
 )
 def latent_download(
     experiment_id: int, session: SessionDep,
-    format_: Annotated[str, Query(alias="format", description="npy, csv or parquet")] = "npy",
+    format_: Annotated[LatentFormat, Query(alias="format")] = "npy",
 ) -> Response:
-    if format_ not in LATENT_FORMATS:
-        raise InvalidInput(f"unknown format {format_!r}; allowed: {', '.join(LATENT_FORMATS)}")
     clustering_service.succeeded_experiment(session, experiment_id, "the latent-space download")
     reps, labels = clustering_service.load_latent(session, experiment_id, "test")
     body = figures_service.latent_file(reps, labels, format_)
@@ -166,10 +162,8 @@ EXPORTS = {"onnx": ("onnx", "application/onnx"), "torchscript": ("pt", "applicat
 )
 def export_model(
     experiment_id: int, session: SessionDep,
-    format_: Annotated[str, Query(alias="format", description="onnx or torchscript")] = "onnx",
+    format_: Annotated[Literal["onnx", "torchscript"], Query(alias="format")] = "onnx",
 ) -> Response:
-    if format_ not in EXPORTS:
-        raise InvalidInput(f"unknown format {format_!r}; allowed: {', '.join(EXPORTS)}")
     clustering_service.succeeded_experiment(session, experiment_id, "an export")
     blob = clustering_service.best_checkpoint(session, experiment_id)
     from corel.export import export

@@ -8,9 +8,8 @@ from fastapi import APIRouter, Query, Response, status
 
 import app.services.embedding_jobs as jobs_service
 from app.deps import AuthDep, QueueDep, SessionDep
-from app.errors import InvalidInput
 from app.models import EmbeddingJob
-from app.routes.analysis import LATENT_FORMATS
+from app.routes.analysis import LATENT_FORMATS, LatentFormat
 from app.schemas import EmbeddingJobCreate, EmbeddingJobRead
 from app.services.figures import latent_file
 from app.services.submission import commit_and_send
@@ -53,10 +52,8 @@ def cancel(job_id: int, session: SessionDep):
 )
 def result(
     job_id: int, session: SessionDep,
-    format_: Annotated[str, Query(alias="format", description="npy, csv or parquet")] = "npy",
+    format_: Annotated[LatentFormat, Query(alias="format")] = "npy",
 ) -> Response:
-    if format_ not in LATENT_FORMATS:
-        raise InvalidInput(f"unknown format {format_!r}; allowed: {', '.join(LATENT_FORMATS)}")
     reps, labels = jobs_service.load_result(session, job_id)
     name = f"embedding-job-{job_id}.{format_}"
     return Response(latent_file(reps, labels, format_), media_type=LATENT_FORMATS[format_],

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, status
 
 import app.services.experiments as experiments_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
 from app.errors import MAX_ID, MAX_OFFSET, InvalidInput
-from app.models import STATUSES, Experiment
+from app.models import Experiment
 from app.schemas import (
     EpochMetricRead,
     ExperimentCreate,
@@ -17,10 +17,11 @@ from app.schemas import (
     ExperimentRead,
     MetricsRead,
     Page,
+    Status,
 )
 from app.services.builtin import require_available
 from app.services.submission import commit_and_send
-from corel.spec import DATASETS, LOSSES
+from corel.spec import DatasetName, LossName
 
 router = APIRouter(prefix="/experiments", tags=["experiments"])
 
@@ -47,22 +48,19 @@ def create(body: ExperimentCreate, session: SessionDep, queue: QueueDep, setting
 def list_(
     session: SessionDep,
     settings: SettingsDep,
-    status_: Annotated[str | None, Query(alias="status")] = None,
-    dataset: str | None = None,
-    loss: str | None = None,
+    # Empty means any (as a form's "all" option sends it).
+    status_: Annotated[Status | Literal[""] | None, Query(alias="status")] = None,
+    dataset: DatasetName | Literal[""] | None = None,
+    loss: LossName | Literal[""] | None = None,
     sweep_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="only this sweep's members")] = None,
     limit: Annotated[int, Query(ge=1)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ):
-    for name, value, allowed in (
-        ("status", status_, STATUSES), ("dataset", dataset, DATASETS), ("loss", loss, LOSSES)
-    ):
-        if value is not None and value not in allowed:
-            raise InvalidInput(f"unknown {name} {value!r}; allowed: {', '.join(allowed)}")
     if limit > settings.page_size_limit:
         raise InvalidInput(f"limit must be at most {settings.page_size_limit}; got {limit}")
     rows, total = experiments_service.list_experiments(
-        session, status=status_, dataset=dataset, loss=loss, limit=limit, offset=offset,
+        session, status=status_ or None, dataset=dataset or None, loss=loss or None, limit=limit,
+        offset=offset,
         sweep_id=sweep_id,
     )
     return Page[ExperimentRead](

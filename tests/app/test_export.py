@@ -82,7 +82,7 @@ def test_corel_export_writes_the_file(settings, trained, tmp_path, capsys):
 
 def test_bad_exports_are_refused(client, trained, worker):
     r = client.get(f"/experiments/{trained['ffnn-gaussian']}/export", params={"format": "pickle"})
-    assert r.status_code == 422 and "allowed: onnx, torchscript" in r.json()["detail"]
+    assert r.status_code == 422 and "Input should be 'onnx' or 'torchscript'; got 'pickle'" in r.json()["detail"]
     queued = client.post("/experiments", json={**SPEC, "epochs": 500}).json()["id"]
     try:
         r = client.get(f"/experiments/{queued}/export")
