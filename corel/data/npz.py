@@ -42,7 +42,7 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     if not head.startswith((b"PK\x03\x04", b"\x93NUMPY")):
         looks = "text (a CSV? upload it as a table)" if _looks_like_text(head) else "something else"
         raise ValueError(
-            f"{path.name} is not an .npz file: an .npz is the zip archive numpy.savez(path, x=x, "
+            f"{path} is not an .npz file: an .npz is the zip archive numpy.savez(path, x=x, "
             f"y=y) writes, and this file looks like {looks}")
     try:
         loaded = np.load(path, allow_pickle=False)
