@@ -62,7 +62,7 @@ def prepare_images(
         if got == shape or (shape[0] == 1 and got == shape[1:]):
             why = "one image without its batch dimension: send images[None]"
         elif arr.ndim >= 2 and got[-2:] != shape[-2:]:
-            why = f"the images are {got[-2]} x {got[-1]} pixels, the model takes {hw}"
+            why = f"the images are {got[-2]} x {got[-1]} pixels, the model takes {hw} (got {got})"
         else:
             why = f"got shape {got}"
         raise ValueError(
