@@ -70,7 +70,6 @@ def make_celery(settings: Settings, publisher: bool = False, include: Sequence[s
     return app
 
 
-
 def memory_key(settings: Settings) -> str:
     return f"corel.broker-memory.{settings.queue}"
 

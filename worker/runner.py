@@ -32,7 +32,6 @@ from app.models import (
     Checkpoint,
     DatasetBlob,
     DatasetUpload,
-    EmbeddingJob,
     EpochMetric,
     Experiment,
     LatentSpace,
@@ -40,7 +39,7 @@ from app.models import (
 )
 from app.services.builtin import data_dir_for
 from app.services.events import publish
-from app.services.reconcile import lease_expired
+from app.services.reconcile import Job, lease_expired
 from app.settings import Settings
 from corel.spec import ExperimentSpec
 from corel.training import (
@@ -119,7 +118,7 @@ def updated(session: Session, stmt: Any) -> int:
 
 
 def claim(session: Session, experiment_id: int, settings: Settings,
-          model: type[Experiment] | type[EmbeddingJob] = Experiment) -> bool:
+          model: Job = Experiment) -> bool:
     """Take the row (an experiment, or a batch embedding job) for this worker: one
     conditional UPDATE, so of two deliveries of the same message only one trains."""
     now = utcnow()
@@ -152,7 +151,7 @@ def claim(session: Session, experiment_id: int, settings: Settings,
     return claimed
 
 
-def owned(row_id: int, model: type[Experiment] | type[EmbeddingJob] = Experiment) -> ColumnElement[bool]:
+def owned(row_id: int, model: Job = Experiment) -> ColumnElement[bool]:
     """The row is still this worker's: running, and claimed by this process."""
     return and_(model.id == row_id, model.worker == WORKER_ID, model.status == "running")
 

@@ -22,7 +22,6 @@ router = APIRouter(prefix="/experiments", tags=["analysis"])
 PNG: dict[int | str, dict[str, Any]] = {
     200: {"content": {"image/png": {}}, "description": "A PNG image"}
 }
-FORMATS = ("json", "csv")
 
 
 # Response bodies are specific to these routes, so they live with them.

@@ -13,9 +13,8 @@ from pathlib import Path
 
 from app.errors import InvalidInput
 from app.settings import Settings
+from corel.data import BUILTIN_DATASETS as BUILTIN
 from corel.data import DatasetNotFoundError, locate
-
-BUILTIN = ("mnist", "fashion-mnist", "ag-news", "digits")
 
 
 @dataclass(frozen=True)
@@ -26,14 +25,20 @@ class Availability:
     why: str | None
 
 
-def _find(settings: Settings, dataset: str) -> tuple[Path | None, str | None]:
-    """(the data folder to train from, None) or (None, why not)."""
+@dataclass(frozen=True)
+class _Found:
+    folder: Path | None  # the data folder to train from (None: system locations alone)
+    files: Path | None  # what training reads there (None: digits, which needs no files)
+
+
+def _find(settings: Settings, dataset: str) -> tuple[_Found | None, str | None]:
+    """(where it is, None) or (None, why not)."""
     for folder in [*settings.data_dirs, None]:  # None: the system locations alone
         try:
-            locate(dataset, folder)
+            files = locate(dataset, folder)
         except DatasetNotFoundError:
             continue
-        return folder, None
+        return _Found(folder, files), None
     where = ", ".join(str(d) for d in settings.data_dirs)
     return None, (f"its files are in none of the data folders ({where}) nor a system location; "
                   "put them in a folder named in COREL_DATA_DIR (several: separated by ':')")
@@ -42,10 +47,10 @@ def _find(settings: Settings, dataset: str) -> tuple[Path | None, str | None]:
 def availability(settings: Settings) -> list[Availability]:
     out = []
     for dataset in BUILTIN:
-        folder, why = _find(settings, dataset)
-        if why is None:
-            found = locate(dataset, folder)
-            out.append(Availability(dataset, "present", str(found) if found else None, None))
+        found, why = _find(settings, dataset)
+        if found is not None:
+            files = str(found.files) if found.files else None
+            out.append(Availability(dataset, "present", files, None))
         else:
             out.append(Availability(dataset, "unavailable", None, why))
     return out
@@ -56,14 +61,14 @@ def data_dir_for(settings: Settings, dataset: str) -> Path | None:
     or none has it, and the library's error names every place it looked)."""
     if dataset not in BUILTIN:
         return settings.data_dirs[0] if settings.data_dir else None
-    folder, _ = _find(settings, dataset)
-    return folder
+    found, _ = _find(settings, dataset)
+    return found.folder if found else None
 
 
 def require_available(settings: Settings, datasets: set[str]) -> None:
     """422 for a spec naming a built-in dataset that is not on this server."""
     for dataset in sorted(datasets & set(BUILTIN)):
-        _, why = _find(settings, dataset)
-        if why is not None:
+        found, why = _find(settings, dataset)
+        if found is None:
             raise InvalidInput(f"dataset {dataset!r} is not available on this server: {why}; "
                                "GET /datasets/builtin lists what is")

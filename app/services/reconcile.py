@@ -27,7 +27,7 @@ from app.settings import Settings
 log = logging.getLogger("corel.reconcile")
 
 Send = Callable[[str, int], None]
-Job = type[Experiment] | type[EmbeddingJob]
+Job = type[Experiment] | type[EmbeddingJob]  # the tables of jobs with a lease
 
 
 @dataclass(frozen=True)

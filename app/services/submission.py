@@ -20,15 +20,16 @@ from sqlalchemy.orm import Session
 
 from app.db import DATABASE_UNAVAILABLE
 from app.errors import ServiceUnavailable
-from app.models import EmbeddingJob, Experiment, Sweep
+from app.models import Sweep
 from app.queue import BrokerUnavailable
+from app.services.reconcile import Job
 
 log = logging.getLogger("corel.submission")
 
 RETRY = "nothing was stored; submit it again in a few seconds"
 
 
-def _withdraw(session: Session, model: type[Experiment] | type[EmbeddingJob], ids: list[int],
+def _withdraw(session: Session, model: Job, ids: list[int],
               sweep_id: int | None) -> bool:
     """Delete the rows if every one of them is still queued and was never claimed."""
     result = session.execute(delete(model).where(
@@ -43,7 +44,7 @@ def _withdraw(session: Session, model: type[Experiment] | type[EmbeddingJob], id
 
 
 def commit_and_send(
-    session: Session, model: type[Experiment] | type[EmbeddingJob], ids: list[int],
+    session: Session, model: Job, ids: list[int],
     send: Callable[[], None], what: str, sweep_id: int | None = None,
 ) -> None:
     """Commit the session's new rows ``ids`` of ``model``, then ``send()`` their tasks.

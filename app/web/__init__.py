@@ -93,7 +93,7 @@ def static(name: str) -> Response:
 
 
 @router.get("/docs")
-def swagger_ui(request: Request) -> HTMLResponse:
+def swagger_ui() -> HTMLResponse:
     return get_swagger_ui_html(
         openapi_url="/openapi.json", title="corel: API (Swagger UI)",
         swagger_js_url="/ui/static/docs/swagger-ui-bundle.js",
@@ -102,7 +102,7 @@ def swagger_ui(request: Request) -> HTMLResponse:
 
 
 @router.get("/redoc")
-def redoc(request: Request) -> HTMLResponse:
+def redoc() -> HTMLResponse:
     return get_redoc_html(openapi_url="/openapi.json", title="corel: API (ReDoc)",
                           redoc_js_url="/ui/static/docs/redoc.standalone.js",
                           redoc_favicon_url="/ui/static/docs/favicon.png", with_google_fonts=False)

@@ -60,12 +60,37 @@ from corel.data.text import (
 from corel.spec import ExperimentSpec
 
 __all__ = [
-    "AG_NEWS_VAL_FRACTION", "DEFAULT_MAX_LEN", "DEFAULT_WORD_VECTORS", "DTYPES",
-    "FASHION_MNIST_CLASSES", "LOADERS", "MNIST_VAL_SIZE", "SPLIT_SEED", "TEST_FRACTION",
-    "TOKENIZER_VERSION", "TOKEN_PATTERN", "VAL_FRACTION", "Dataset", "DatasetNotFoundError",
-    "PathLike", "WordVectors", "available_datasets", "check_dtype", "clean_text",
-    "load_dataset", "load_word_vectors", "locate", "prepare_images", "prepare_texts", "prepare_vectors",
-    "read_idx", "tokenize", "validate_ag_news_csv", "validate_npz", "write_idx",
+    "AG_NEWS_VAL_FRACTION",
+    "BUILTIN_DATASETS",
+    "DEFAULT_MAX_LEN",
+    "DEFAULT_WORD_VECTORS",
+    "DTYPES",
+    "FASHION_MNIST_CLASSES",
+    "LOADERS",
+    "MNIST_VAL_SIZE",
+    "SPLIT_SEED",
+    "TEST_FRACTION",
+    "TOKENIZER_VERSION",
+    "TOKEN_PATTERN",
+    "VAL_FRACTION",
+    "Dataset",
+    "DatasetNotFoundError",
+    "PathLike",
+    "WordVectors",
+    "available_datasets",
+    "check_dtype",
+    "clean_text",
+    "load_dataset",
+    "load_word_vectors",
+    "locate",
+    "prepare_images",
+    "prepare_texts",
+    "prepare_vectors",
+    "read_idx",
+    "tokenize",
+    "validate_ag_news_csv",
+    "validate_npz",
+    "write_idx",
 ]
 
 Loader = Callable[[ExperimentSpec, Path | None, bool], Dataset]
@@ -86,6 +111,10 @@ def available_datasets() -> list[str]:
     return list(LOADERS)
 
 
+BUILTIN_DATASETS = (*IDX_SOURCES, "ag-news", "digits")
+"""The datasets whose files the library knows how to find (the others are the user's)."""
+
+
 def locate(dataset: str, data_dir: PathLike | None = None) -> Path | None:
     """Where a built-in dataset's files are under ``data_dir`` (or a system location): the
     folder or file training would read; None for one that needs no files (digits).
@@ -101,7 +130,7 @@ def locate(dataset: str, data_dir: PathLike | None = None) -> Path | None:
     if dataset == "digits":
         return None
     raise ValueError(f"{dataset!r} is not a built-in dataset; built in: "
-                     f"{', '.join([*IDX_SOURCES, 'ag-news', 'digits'])}")
+                     f"{', '.join(BUILTIN_DATASETS)}")
 
 
 def load_dataset(

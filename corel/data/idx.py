@@ -208,7 +208,6 @@ IDX_SOURCES = {"mnist": _MNIST, "fashion-mnist": _FASHION_MNIST}
 def locate_idx(dataset: str, data_dir: Path | None) -> Path:
     """The folder holding MNIST's or Fashion-MNIST's four files under ``data_dir`` (or in a
     system location); DatasetNotFoundError naming each place looked otherwise."""
-
     spec = ExperimentSpec.model_validate({"dataset": dataset})
     files = _locate_idx(IDX_SOURCES[dataset], spec, data_dir, False)
     return next(iter(files.values())).parent
