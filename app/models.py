@@ -93,6 +93,10 @@ class Experiment(Base):
     test_accuracy: Mapped[float | None] = mapped_column(Float)
     train_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[str | None] = mapped_column(Text)
+    # While running, before the first epoch: "preparing data" while a worker downloads
+    # the dataset, with how far it is in phase_detail; None otherwise.
+    phase: Mapped[str | None] = mapped_column(String(32))
+    phase_detail: Mapped[str | None] = mapped_column(String(300))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(255))

@@ -71,6 +71,12 @@ class ExperimentRead(BaseModel):
     test_accuracy: float | None
     train_seconds: float
     error: str | None
+    phase: Literal["preparing data"] | None = Field(
+        description="While running, before the first epoch: 'preparing data' while a worker "
+        "downloads the dataset; null otherwise.")
+    phase_detail: str | None = Field(
+        description="How far the phase is, e.g. 'MNIST: train-images-idx3-ubyte.gz (file 1 "
+        "of 4): 4.2 of 9.9 MB'.")
     cancel_requested: bool
     attempts: int
     created_at: Timestamp
@@ -109,12 +115,13 @@ class Page(BaseModel, Generic[T]):
 
 class BuiltinDatasetRead(BaseModel):
     """A built-in dataset on this server: ``present`` (with the folder or file training
-    reads, if any), or ``unavailable`` (with why, and the setting to change)."""
+    reads, if any), ``downloadable`` (a worker downloads it when a run first needs it), or
+    ``unavailable`` (with why, and the setting to change)."""
 
     model_config = ConfigDict(from_attributes=True)
 
     dataset: Literal["mnist", "fashion-mnist", "ag-news", "digits"]
-    status: Literal["present", "unavailable"]
+    status: Literal["present", "downloadable", "unavailable"]
     where: str | None
     why: str | None
 

@@ -32,6 +32,17 @@ class Settings(BaseSettings):
         "as Debian's /usr/share/datasets/fashion-mnist). `make serve` and the tests add "
         "../shared/datasets when it exists.",
     )
+    download: bool = Field(
+        default=True,
+        description="Whether a worker may download a built-in dataset (MNIST, Fashion-MNIST, "
+        "AG News) that is in no data folder, once, into var_dir/datasets, checksums verified. "
+        "Off: such a dataset is unavailable, and a spec naming it is refused.",
+    )
+    download_mirror: str = Field(
+        default="",
+        description="A base URL serving <dataset>/<file name> (for example an internal mirror "
+        "of the public releases) to download from instead of the public sources.",
+    )
     api_token: SecretStr | None = Field(
         default=None, description="When set, mutating endpoints need 'Authorization: Bearer <token>'."
     )

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from app.models import (
     LatentSpace,
     utcnow,
 )
-from app.services.builtin import data_dir_for
+from app.services import builtin
 from app.services.events import publish
 from app.services.reconcile import Job, lease_expired
 from app.settings import Settings
@@ -333,14 +334,66 @@ def _store_results(factory: sessionmaker[Session], experiment_id: int, result: F
     return "succeeded"
 
 
+def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
+                 settings: Settings) -> None:
+    """Download the built-in dataset these claimed runs need, if it is not here: the runs
+    show ``preparing data`` and how far the download is, and keep their heartbeat (also
+    while waiting for another worker's download of it)."""
+    if not builtin.needs_download(settings, dataset):
+        return
+
+    def show(phase: str | None, detail: str | None) -> None:
+        with session_scope(factory) as session:
+            updated(session, update(Experiment)
+                    .where(Experiment.id.in_(ids), Experiment.worker == WORKER_ID,
+                           Experiment.status == "running")
+                    .values(phase=phase, phase_detail=detail, heartbeat_at=utcnow()))
+            publish(session, ids)
+
+    last = 0.0
+
+    def progress(what: str, done: int, total: int | None) -> None:
+        nonlocal last
+        if time.monotonic() - last < 0.5 and done != total:
+            return
+        last = time.monotonic()
+        size = f"{done / 1e6:.1f} of {total / 1e6:.1f} MB" if total else f"{done / 1e6:.1f} MB"
+        with_retries(lambda: show("preparing data", f"downloading {what}: {size}"[:300]),
+                     settings, "download progress")
+
+    log.info("downloading a dataset", extra={"dataset": dataset, "experiments": ids})
+    show("preparing data", f"downloading {dataset}")
+    stop = threading.Event()
+
+    def beat() -> None:  # the lease holds while the download (or the wait for one) lasts
+        while not stop.wait(settings.heartbeat_seconds):
+            try:
+                with session_scope(factory) as session:
+                    updated(session, update(Experiment)
+                            .where(Experiment.id.in_(ids), Experiment.worker == WORKER_ID)
+                            .values(heartbeat_at=utcnow()))
+            except Exception as exc:  # the next beat, or the claim's expiry, deals with it
+                log.warning("heartbeat failed", extra={"error": str(exc)[:200]})
+
+    beater = threading.Thread(target=beat, name="download-heartbeat", daemon=True)
+    beater.start()
+    try:
+        builtin.prepare(settings, dataset, progress)
+    finally:
+        stop.set()
+        beater.join()
+        show(None, None)
+
+
 def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Settings) -> str:
     experiment_id = job.experiment_id
     recorder = DatabaseRecorder(experiment_id, factory, settings)
     try:
+        prepare_data([experiment_id], job.spec.dataset, factory, settings)
         log.info("training", extra={"experiment": experiment_id, "worker": WORKER_ID,
                                     "resume_epoch": job.checkpoint["epoch"] if job.checkpoint else 0})
         result = fit(job.spec, [recorder], checkpoint=job.checkpoint, device=settings.device,
-                     data_dir=data_dir_for(settings, job.spec.dataset),
+                     data_dir=builtin.data_dir_for(settings, job.spec.dataset),
                      chance_epochs=settings.chance_epochs)
         if result.stopped:
             _finish(factory, experiment_id, status="cancelled")
@@ -469,10 +522,11 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
     recorder = GroupRecorder(members, factory, settings)
     log.info("training a stacked group", extra={"experiments": members, "worker": WORKER_ID})
     try:
+        prepare_data(members, jobs[0].spec.dataset, factory, settings)
         checkpoints = None if epochs == {0} else [job.checkpoint for job in jobs if job.checkpoint]
         results = fit_group([job.spec for job in jobs], [recorder], checkpoints=checkpoints,
                             device=settings.device,
-                            data_dir=data_dir_for(settings, jobs[0].spec.dataset))
+                            data_dir=builtin.data_dir_for(settings, jobs[0].spec.dataset))
     except Exception as exc:
         if is_transient(exc):
             raise

@@ -138,8 +138,8 @@ def load_dataset(
 ) -> Dataset:
     """Load ``spec.dataset`` with its fixed split; keep the first ``spec.train_subset`` of train.
 
-    ``data_dir`` is where to look first (and where ``download=True`` puts MNIST or
-    Fashion-MNIST, fetched with torchvision). Raises DatasetNotFoundError naming every place
+    ``data_dir`` is where to look first (and where ``download=True`` puts MNIST,
+    Fashion-MNIST or AG News when they are not found: see :mod:`corel.data.download`). Raises DatasetNotFoundError naming every place
     looked, ValueError for malformed data.
     """
     if not isinstance(spec, ExperimentSpec):

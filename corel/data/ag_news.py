@@ -1,4 +1,5 @@
-"""AG News: its positional CSV (class_index,title,description), found in a data directory."""
+"""AG News: its positional CSV (class_index,title,description), found in a data directory
+or downloaded from its public release."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from corel.data.base import (
     DatasetNotFoundError,
     PathLike,
 )
+from corel.data.download import DownloadError
+from corel.data.download import download as download_dataset
 from corel.data.splits import (
     _check_class_sizes,
     _resolve_user_path,
@@ -120,7 +123,8 @@ def _ag_news_files_in(place: Path) -> tuple[_AgNewsFiles | None, str]:
     return None, "no train.csv or test.csv"
 
 
-def _locate_ag_news(spec: ExperimentSpec, data_dir: Path | None) -> _AgNewsFiles:
+def _locate_ag_news(spec: ExperimentSpec, data_dir: Path | None,
+                    download: bool = False) -> _AgNewsFiles:
     if spec.dataset_path:
         places = [_resolve_user_path(spec.dataset_path, data_dir)]
     else:
@@ -132,12 +136,23 @@ def _locate_ag_news(spec: ExperimentSpec, data_dir: Path | None) -> _AgNewsFiles
         if files is not None:
             return files
         looked.append(f"  {place} ({why})")
+    download_error = ""
+    if download and data_dir is not None and not spec.dataset_path:
+        try:
+            files, _ = _ag_news_files_in(download_dataset("ag-news", data_dir))
+        except DownloadError as exc:
+            download_error = f"\nThe download into {data_dir} failed: {exc}"
+        else:
+            assert files is not None
+            return files
     raise DatasetNotFoundError(
         "AG News not found. Looked in:\n"
         + ("\n".join(looked) if looked else "  nowhere: neither dataset_path nor data_dir is set")
+        + download_error
         + "\nTo get it: set dataset_path to a CSV of class_index,title,description rows, or to a "
         "folder with train.csv (and test.csv, classes.txt) from the AG News corpus; or pass a "
-        "data_dir with an ag_news/ subfolder holding them. It cannot be downloaded here."
+        "data_dir with an ag_news/ subfolder holding them, or call "
+        "load_dataset(spec, data_dir, download=True) to download them."
     )
 
 
@@ -150,7 +165,7 @@ def locate_ag_news(data_dir: Path | None) -> Path:
 
 
 def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Dataset:
-    files = _locate_ag_news(spec, data_dir)
+    files = _locate_ag_news(spec, data_dir, download)
     assert files.train is not None
     wv = load_word_vectors(
         _resolve_user_path(spec.word_vectors, data_dir) if spec.word_vectors else None

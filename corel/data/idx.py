@@ -1,4 +1,4 @@
-"""IDX files: MNIST and Fashion-MNIST (canonical gzipped files, found locally or downloaded with torchvision)."""
+"""IDX files: MNIST and Fashion-MNIST (canonical gzipped files, found locally or downloaded)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from corel.data.base import MNIST_VAL_SIZE, SPLIT_SEED, Dataset, DatasetNotFoundError, PathLike
+from corel.data.download import DownloadError
+from corel.data.download import download as download_dataset
 from corel.data.preprocessing import _image_preprocessing, prepare_images
 from corel.data.splits import _check_class_sizes, _stratified_take, _subset
 from corel.spec import ExperimentSpec
@@ -116,7 +118,6 @@ class _IdxSource:
     title: str
     subdirs: tuple[str, ...]  # looked for under data_dir and dataset_path, before the root
     system_dirs: tuple[Path, ...]
-    torchvision_class: str
     class_names: tuple[str, ...]
     hint: str = ""
 
@@ -126,7 +127,6 @@ _MNIST = _IdxSource(
     title="MNIST",
     subdirs=("mnist", "MNIST", "MNIST/raw"),
     system_dirs=(),
-    torchvision_class="MNIST",
     class_names=tuple(str(d) for d in range(10)),
 )
 
@@ -136,7 +136,6 @@ _FASHION_MNIST = _IdxSource(
     title="Fashion-MNIST",
     subdirs=("fashion-mnist", "fashion_mnist", "FashionMNIST", "FashionMNIST/raw"),
     system_dirs=(Path("/usr/share/datasets/fashion-mnist"),),
-    torchvision_class="FashionMNIST",
     class_names=tuple(FASHION_MNIST_CLASSES),
     hint="install Debian's package (apt-get install dataset-fashion-mnist), ",
 )
@@ -181,11 +180,10 @@ def _locate_idx(
     download_error = ""
     if download and data_dir is not None:
         try:
-            _download_idx(source, data_dir)
-        except Exception as exc:  # any failure becomes part of the not-found message
+            place = download_dataset(source.name, data_dir)
+        except DownloadError as exc:
             download_error = f"The download into {data_dir} failed: {exc}\n"
         else:
-            place = data_dir / source.torchvision_class / "raw"
             files, why = _idx_files_in(place)
             if files is not None:
                 return files
@@ -198,7 +196,7 @@ def _locate_idx(
         + download_error
         + f"To get it: {source.hint}put the four files in a folder and pass it as data_dir "
         f"(or a data_dir with a {source.subdirs[0]}/ subfolder holding them), or call "
-        "load_dataset(spec, data_dir, download=True) to download them with torchvision."
+        "load_dataset(spec, data_dir, download=True) to download them."
     )
 
 
@@ -211,16 +209,6 @@ def locate_idx(dataset: str, data_dir: Path | None) -> Path:
     spec = ExperimentSpec.model_validate({"dataset": dataset})
     files = _locate_idx(IDX_SOURCES[dataset], spec, data_dir, False)
     return next(iter(files.values())).parent
-
-
-def _download_idx(source: _IdxSource, data_dir: Path) -> None:
-    # torchvision only here, so that importing corel.data stays light.
-    import torchvision.datasets
-
-    dataset_class = getattr(torchvision.datasets, source.torchvision_class)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    for train in (True, False):
-        dataset_class(root=str(data_dir), train=train, download=True)
 
 
 def _load_idx_dataset(

@@ -90,6 +90,8 @@ def settings_env(s: Settings) -> dict[str, str]:
         "COREL_BROKER_URL": s.broker_url,
         "COREL_VAR_DIR": str(s.var_dir),
         "COREL_DATA_DIR": s.data_dir,
+        "COREL_DOWNLOAD": str(s.download).lower(),
+        "COREL_DOWNLOAD_MIRROR": s.download_mirror,
         "COREL_QUEUE": s.queue,
         "COREL_LEASE_SECONDS": str(s.lease_seconds),
         "COREL_HEARTBEAT_SECONDS": str(s.heartbeat_seconds),

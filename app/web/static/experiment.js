@@ -41,6 +41,10 @@ corel.pages.experiment = async function () {
     document.getElementById("subtitle").textContent =
       lossLabel(exp.spec) + " on " + exp.spec.dataset + " (" + (exp.spec.model || "ffnn") + "), seed " + exp.spec.seed;
     document.getElementById("cancel").hidden = FINISHED.includes(exp.status);
+    const phase = document.getElementById("phase");
+    const preparing = exp.status === "running" && exp.phase;
+    phase.hidden = !preparing;
+    phase.textContent = preparing ? exp.phase + (exp.phase_detail ? ": " + exp.phase_detail : "") : "";
     const box = document.getElementById("error-box");
     box.hidden = !exp.error;
     box.textContent = exp.error ? "Failed: " + exp.error : "";
@@ -134,6 +138,15 @@ corel.pages.experiment = async function () {
 
   header(); spec(); curves(); metricsTable();
   if (FINISHED.includes(exp.status)) { await results(); return; }
+  // Before the first epoch a worker may be preparing the data (downloading the dataset):
+  // the events carry epochs and statuses, so its progress is read from the row meanwhile.
+  const phases = setInterval(async () => {
+    if (FINISHED.includes(exp.status) || exp.current_epoch > 0) { clearInterval(phases); return; }
+    try {
+      const now = await api("/experiments/" + id);
+      if (now.current_epoch >= exp.current_epoch) { exp.phase = now.phase; exp.phase_detail = now.phase_detail; exp.status = now.status; header(); }
+    } catch (e) { /* the next tick tries again */ }
+  }, 1000);
   stream("/experiments/" + id + "/events", async (kind, data) => {
     if (kind === "epoch" && !seen.has(data.epoch)) {
       seen.add(data.epoch);

@@ -55,14 +55,18 @@ corel.pages.new = async function () {
       el("span", { class: "help" }, help(p)),
       el("span", { class: "field-error", id: "err-" + name, role: "alert" })));
   }
-  // Built-in datasets that are not on this server are marked, and cannot be chosen.
+  // Built-in datasets that are not on this server are marked: one a worker will download
+  // says so, and one that is unavailable cannot be chosen.
   const builtin = await api("/datasets/builtin");
   for (const d of builtin.items) {
     const option = form.elements.dataset.querySelector('option[value="' + d.dataset + '"]');
-    if (option && d.status !== "present") {
+    if (!option || d.status === "present") continue;
+    option.title = d.why || "";
+    if (d.status === "downloadable") {
+      option.textContent = d.dataset + " (downloaded on its first run)";
+    } else {
       option.disabled = true;
       option.textContent = d.dataset + " (unavailable: see COREL_DATA_DIR)";
-      option.title = d.why || "";
     }
   }
   const q = corel.query();
