@@ -22,7 +22,7 @@ from pydantic import SecretStr
 
 from app.main import create_app
 from tests.app.conftest import finished, serving, wait_for
-from tests.conftest import REPO, require
+from tests.conftest import REPO, SHARED_DATASETS, require
 
 SHOTS = REPO / "docs" / "screenshots"
 CHROMIUM = os.environ.get("COREL_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -316,3 +316,77 @@ def test_the_api_docs_render_offline(page, live):
     page.wait_for_selector("h1", timeout=20_000)
     assert "corel" in page.inner_text("h1")
     assert not elsewhere, elsewhere
+
+
+def _offline(page: Any, live: str) -> list[str]:
+    """Refuse every request to another host, as offline; returns those that were tried."""
+    host = live.split("//", 1)[1]
+    elsewhere: list[str] = []
+
+    def only_here(route: Any) -> None:
+        if route.request.url.split("//", 1)[1].startswith(host):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_here)
+    return elsewhere
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "ag-news"])
+def test_mnist_and_ag_news_train_from_the_form_offline(page, live, client, dataset):
+    """The datasets the form offers train from it, with no other host reachable: MNIST
+    and AG News from ../shared/datasets, as `make serve` sets COREL_DATA_DIR."""
+    require(SHARED_DATASETS.is_dir(), "../shared/datasets")
+    elsewhere = _offline(page, live)
+    page.goto("/ui/new")
+    page.wait_for_selector("#f-lam")
+    option = page.locator(f'#f-dataset option[value="{dataset}"]')
+    assert option.get_attribute("disabled") is None and option.inner_text() == dataset
+    page.select_option("#f-dataset", dataset)
+    for field, value in (("epochs", "1"), ("lr", "0.001"), ("batch_size", "64"),
+                         ("train_subset", "600")):
+        page.fill(f"#f-{field}", value)
+    page.click("#submit")
+    page.wait_for_url("**/ui/experiments/*")
+    experiment_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    page.wait_for_selector('#status .badge[data-status="succeeded"]', timeout=240_000)
+    body = client.get(f"/experiments/{experiment_id}").json()
+    assert body["status"] == "succeeded" and body["spec"]["dataset"] == dataset, body
+    chance = {"mnist": 0.1, "ag-news": 0.25}[dataset]
+    assert body["test_accuracy"] > chance + 0.07, body  # one epoch on 600 rows: above chance
+    page.wait_for_selector("#latent .main-svg", timeout=30_000)
+    shot(page, f"form-{dataset}")
+    assert not elsewhere, elsewhere
+
+
+def test_with_downloads_off_and_no_files_the_form_marks_them_unavailable(browser, settings,
+                                                                          tmp_path):
+    bare = settings.model_copy(update={"data_dir": str(tmp_path / "empty"),
+                                       "var_dir": tmp_path / "var", "download": False})
+    with serving(create_app(bare)) as url:
+        context = browser.new_context(base_url=url)
+        page = context.new_page()
+        page.goto("/ui/new")
+        page.wait_for_selector("#f-lam")
+        for dataset in ("mnist", "ag-news"):
+            option = page.locator(f'#f-dataset option[value="{dataset}"]')
+            assert option.get_attribute("disabled") is not None
+            assert option.inner_text() == f"{dataset} (unavailable: see COREL_DATA_DIR)"
+            assert "COREL_DATA_DIR" in option.get_attribute("title")
+        for dataset in ("fashion-mnist", "digits"):
+            assert page.locator(f'#f-dataset option[value="{dataset}"]').get_attribute(
+                "disabled") is None
+        context.close()
+    downloads = settings.model_copy(update={"data_dir": str(tmp_path / "empty"),
+                                            "var_dir": tmp_path / "var2", "download": True})
+    with serving(create_app(downloads)) as url:
+        context = browser.new_context(base_url=url)
+        page = context.new_page()
+        page.goto("/ui/new")
+        page.wait_for_selector("#f-lam")
+        option = page.locator('#f-dataset option[value="mnist"]')
+        assert option.get_attribute("disabled") is None
+        assert option.inner_text() == "mnist (downloaded on its first run)"
+        context.close()
