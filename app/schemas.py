@@ -82,11 +82,31 @@ class ExperimentRead(BaseModel):
     created_at: Timestamp
     started_at: Timestamp | None
     finished_at: Timestamp | None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the spec allows but will most likely not train (Gaussian-COREL "
+        "with lam < 0.5).")
+
+    @model_validator(mode="after")
+    def _warnings(self) -> ExperimentRead:
+        self.warnings = spec_warnings(self.spec)
+        return self
+
+
+def spec_warnings(spec: dict[str, Any]) -> list[str]:
+    """The warnings of a stored spec (see ExperimentSpec.warnings: they depend on the loss
+    and lam alone, so a spec whose uploaded file is not at hand is judged too)."""
+    probe = {k: spec[k] for k in ("loss", "lam") if k in spec}
+    return ExperimentSpec.model_validate({"dataset": "digits", **probe}).warnings
 
 
 class ExperimentQueued(BaseModel):
     id: int
     status: Status
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the spec allows but will most likely not train (Gaussian-COREL "
+        "with lam < 0.5); the run is queued all the same.")
 
 
 class EpochMetricRead(BaseModel):

@@ -21,6 +21,11 @@ MODELS: tuple[str, ...] = ("ffnn", "cnn")
 UPLOADED: tuple[str, ...] = ("npz", "text", "images")
 LOSSES: tuple[str, ...] = ("cce", "center", "cosine", "gaussian")
 
+GAUSSIAN_MIN_LAM = 0.5
+"""Below this lam Gaussian-COREL's loss has no minimum (it falls without bound as the
+representations move away from every class vector): such a spec is accepted, with a
+warning (:attr:`ExperimentSpec.warnings`), for studying the divergence."""
+
 # Which models make sense for which input modality.
 MODELS_BY_MODALITY: dict[str, tuple[str, ...]] = {
     "image": ("ffnn", "cnn"),
@@ -65,7 +70,9 @@ class ExperimentSpec(BaseModel):
         gt=0.0,
         le=1.0,
         description="Attraction weight lambda in (0, 1]; for center loss the weight of the "
-        "center term. Not used by cce.",
+        "center term. Not used by cce. Gaussian-COREL needs lam >= 0.5: below it the run is "
+        "accepted with a warning, and usually fails as not learning.",
+        json_schema_extra={"x-warn-below": {"gaussian": 0.5}},
     )
     gamma: float = Field(default=0.5, gt=0.0, description="Gaussian-COREL width gamma > 0.")
     learn_gamma: bool = Field(default=False, description="Learn gamma (Gaussian-COREL only).")
@@ -112,3 +119,12 @@ class ExperimentSpec(BaseModel):
     @property
     def modality(self) -> str:
         return MODALITY[self.dataset]
+
+    @property
+    def warnings(self) -> list[str]:
+        """What is allowed but will most likely not train (recorded with the run)."""
+        if self.loss == "gaussian" and self.lam < GAUSSIAN_MIN_LAM:
+            return [f"Gaussian-COREL needs lam >= {GAUSSIAN_MIN_LAM:g}: at lam {self.lam:g} its "
+                    "loss has no minimum, so training usually diverges and the run ends failed "
+                    "as not learning"]
+        return []

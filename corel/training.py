@@ -31,7 +31,7 @@ import torch
 from corel.data import Dataset, load_dataset
 from corel.losses import _check_labels
 from corel.models import Classifier, build_classifier
-from corel.spec import ExperimentSpec
+from corel.spec import GAUSSIAN_MIN_LAM, ExperimentSpec
 
 __all__ = [
     "CHANCE_EPOCHS",
@@ -101,18 +101,30 @@ def chance_accuracy(labels: torch.Tensor) -> float:
     return float(torch.bincount(labels).max()) / len(labels)
 
 
-_UNBOUNDED = ("Gaussian-COREL with lam = {lam} < 0.5 has no minimum: its loss falls without "
-              "bound as the representations move away from every class vector, so the "
-              "repulsion wins and training diverges. Use lam >= 0.5.")
+_UNBOUNDED = ("Gaussian-COREL with lam = {lam} < {least:g} has no minimum: its loss falls "
+              "without bound as the representations move away from every class vector, so "
+              "the repulsion wins and training diverges. Use lam >= {least:g}.")
+
+
+def chance_ceiling(chance: float, n_val: int | None = None) -> float:
+    """The highest validation accuracy still "at chance": 5% of the way from chance to
+    perfect (0.145 for ten balanced classes), or two standard errors of an accuracy that
+    is chance on ``n_val`` rows, whichever is more (a small validation set is noisy:
+    0.2 above chance for 22 rows of three classes)."""
+    margin = 0.05 * (1.0 - chance)
+    if n_val:
+        margin = max(margin, 2.0 * math.sqrt(chance * (1.0 - chance) / n_val))
+    return chance + margin
 
 
 def not_learning(
-    history: Sequence[EpochMetrics], chance: float, spec: ExperimentSpec, epochs: int = CHANCE_EPOCHS
+    history: Sequence[EpochMetrics], chance: float, spec: ExperimentSpec, epochs: int = CHANCE_EPOCHS,
+    n_val: int | None = None,
 ) -> str | None:
     """Why a run has failed to train, or None while it has not.
 
-    "At chance" is a validation accuracy within 5% of the way from chance to perfect
-    (0.145 for ten balanced classes). A run has failed when
+    "At chance" is a validation accuracy at most :func:`chance_ceiling` (``n_val``: the
+    number of validation rows, for the noise of a small set). A run has failed when
 
     * its training loss is not finite;
     * it is Gaussian-COREL with lam < 0.5, whose loss has no minimum, and either its
@@ -123,7 +135,8 @@ def not_learning(
       never learned, or learned and then collapsed. (A slow start is not a failure:
       Center loss at lam 0.7 on AG News sits at chance for 10 of 40 epochs, then
       reaches 83%.)
-    * it has finished, after ``epochs`` epochs or more, and never got above chance.
+    * it has finished, however few its epochs, and never got above chance: a run at
+      chance is not a success, whatever its length.
 
     ``epochs=0`` turns the check off.
     """
@@ -133,28 +146,29 @@ def not_learning(
     if not math.isfinite(last.train_loss):
         return (f"the training loss became {last.train_loss} at epoch {last.epoch}: training "
                 f"diverged. Try a smaller learning rate (the paper's is 1e-4).")
-    diverging = spec.loss == "gaussian" and spec.lam < 0.5
+    diverging = spec.loss == "gaussian" and spec.lam < GAUSSIAN_MIN_LAM
     if diverging and len(history) >= epochs:
         losses = [m.train_loss for m in history[-epochs:]]
         if losses[0] < 0 and all(b < a for a, b in itertools.pairwise(losses)):
             return (f"the model is not learning: its training loss has been negative and "
                     f"falling for {epochs} epochs (now {last.train_loss:.4g}), so the "
-                    f"representations are running away. {_UNBOUNDED.format(lam=spec.lam)}")
+                    f"representations are running away. {_UNBOUNDED.format(lam=spec.lam, least=GAUSSIAN_MIN_LAM)}")
     patience = epochs if diverging else max(epochs, math.ceil(spec.epochs / 3))
-    ceiling = chance + 0.05 * (1.0 - chance)
+    ceiling = chance_ceiling(chance, n_val)
     best = max(history, key=lambda m: m.val_accuracy)
     finished = len(history) >= spec.epochs
-    if finished and len(history) >= epochs and best.val_accuracy <= ceiling:
+    if finished and best.val_accuracy <= ceiling:
         patience = len(history)
     elif len(history) < patience or any(m.val_accuracy > ceiling for m in history[-patience:]):
         return None
-    story = (f"validation accuracy has stayed at chance for {patience} epochs (at most "
+    span = f"{patience} epochs" if patience != 1 else "its one epoch"
+    story = (f"validation accuracy has stayed at chance for {span} (at most "
              f"{max(m.val_accuracy for m in history[-patience:]):.3f}; always answering the most "
              f"frequent class scores {chance:.3f})")
     if best.val_accuracy > ceiling:
         story += f", after reaching {best.val_accuracy:.3f} at epoch {best.epoch}"
     if diverging:
-        why = _UNBOUNDED.format(lam=spec.lam)
+        why = _UNBOUNDED.format(lam=spec.lam, least=GAUSSIAN_MIN_LAM)
     else:
         why = (f"Try a smaller learning rate (the paper's is 1e-4; this run's is {spec.lr:g})"
                + ("" if spec.loss == "cce" else " or another lam") + ".")
@@ -164,12 +178,13 @@ def not_learning(
 class ChanceGuard(Callback):
     """Ends training with :class:`NotLearningError` once :func:`not_learning` says so."""
 
-    def __init__(self, chance: float, epochs: int = CHANCE_EPOCHS) -> None:
+    def __init__(self, chance: float, epochs: int = CHANCE_EPOCHS, n_val: int | None = None) -> None:
         self.chance = chance
         self.epochs = epochs
+        self.n_val = n_val
 
     def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> bool | None:
-        verdict = not_learning(run.history, self.chance, run.spec, self.epochs)
+        verdict = not_learning(run.history, self.chance, run.spec, self.epochs, self.n_val)
         if verdict is not None:
             raise NotLearningError(verdict)
         return None
@@ -470,7 +485,8 @@ def fit(
     after the callbacks have seen that epoch; ``chance_epochs=0`` trains on regardless.
     """
     run = start_run(spec, data=data, checkpoint=checkpoint, device=device, data_dir=data_dir)
-    cbs = [*callbacks, ChanceGuard(chance_accuracy(run.data.y_val), chance_epochs)]
+    cbs = [*callbacks, ChanceGuard(chance_accuracy(run.data.y_val), chance_epochs,
+                                   len(run.data.y_val))]
     stopped = False
     while run.epoch < run.spec.epochs:
         metrics = run_epoch(run, cbs)

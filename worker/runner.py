@@ -480,7 +480,8 @@ class GroupRecorder(GroupCallback):
                 recorded += 1
                 if self.chance is None:
                     self.chance = chance_accuracy(group.data.y_val)
-                verdict = not_learning(run.history, self.chance, run.spec, self.chance_epochs)
+                verdict = not_learning(run.history, self.chance, run.spec, self.chance_epochs,
+                                       len(group.data.y_val))
                 if verdict is not None:  # this member has failed; the others go on
                     updated(session, update(Experiment).where(owned(experiment_id)).values(
                         status="failed", finished_at=utcnow(),

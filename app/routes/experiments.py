@@ -41,7 +41,7 @@ def create(body: ExperimentCreate, session: SessionDep, queue: QueueDep, setting
     experiment_id = exp.id
     commit_and_send(session, Experiment, [experiment_id],
                     lambda: queue.enqueue_training(experiment_id), "the experiment")
-    return ExperimentQueued(id=experiment_id, status="queued")
+    return ExperimentQueued(id=experiment_id, status="queued", warnings=body.warnings)
 
 
 @router.get("", response_model=Page[ExperimentRead], summary="List experiments, newest first")

@@ -134,6 +134,26 @@ def test_a_validation_error_appears_beside_its_field(page):
     shot(page, "new-experiment")
 
 
+def test_the_form_warns_of_gaussian_corel_below_lam_0_5_as_the_api_does(page, client):
+    page.goto("/ui/new")
+    page.wait_for_selector("#f-lam")
+    page.select_option("#f-loss", "gaussian")
+    page.fill("#f-lam", "0.3")
+    assert "needs λ ≥ 0.5" in page.inner_text("#warn-lam")
+    page.fill("#f-lam", "0.6")
+    assert page.inner_text("#warn-lam") == ""
+    page.fill("#f-lam", "0.3")
+    page.select_option("#f-loss", "cosine")
+    assert page.inner_text("#warn-lam") == ""
+    page.select_option("#f-loss", "gaussian")
+    assert page.inner_text("#warn-lam") != ""
+    page.fill("#f-epochs", "1")
+    page.click("#submit")
+    page.wait_for_url("**/ui/experiments/*")
+    page.wait_for_selector("#warning-box:not([hidden])")
+    assert "Gaussian-COREL needs lam >= 0.5" in page.inner_text("#warning-box")
+
+
 def test_a_dataset_uploaded_from_the_form_is_selected_and_trains(page, client, tmp_path):
     from sklearn.datasets import load_digits
 

@@ -13,7 +13,12 @@ BASE = {"dataset": "digits", "model": "ffnn", "loss": "gaussian", "epochs": 10, 
 def test_a_diverging_experiment_fails_with_the_reason(client, worker, workers):
     r = client.post("/experiments", json={**BASE, "lam": 0.3})
     assert r.status_code == 202, r.text
+    # Accepted, with the same rule as the README's and the form's said up front.
+    assert r.json()["warnings"] == [
+        "Gaussian-COREL needs lam >= 0.5: at lam 0.3 its loss has no minimum, so training "
+        "usually diverges and the run ends failed as not learning"]
     body = wait_for(client, r.json()["id"], finished, workers=workers)
+    assert body["warnings"] == r.json()["warnings"]
     assert body["status"] == "failed", body
     assert "not learning" in body["error"] and "lam >= 0.5" in body["error"]
     # The epochs it trained are on record: the verdict can be checked against them.
@@ -35,3 +40,13 @@ def test_in_a_stacked_group_only_the_failing_member_fails(client, worker, worker
     assert by_lam[0.85]["status"] == "succeeded" and by_lam[0.85]["current_epoch"] == 10
     assert by_lam[0.85]["test_accuracy"] > 0.9
     assert by_lam[0.3]["current_epoch"] < 10  # it stopped being recorded when it failed
+
+
+def test_a_one_epoch_run_at_chance_fails_too(client, worker, workers):
+    """The issue's run (Gaussian-COREL, lam 0.3, one epoch, 9.6% on ten classes) used to
+    end `succeeded`; a run at lam 0.5 has no warning."""
+    r = client.post("/experiments", json={**BASE, "lam": 0.3, "epochs": 1, "lr": 1e-4})
+    body = wait_for(client, r.json()["id"], finished, workers=workers)
+    assert body["status"] == "failed" and "for its one epoch" in body["error"], body
+    ok = client.post("/experiments", json={**BASE, "lam": 0.5, "epochs": 1})
+    assert ok.status_code == 202 and ok.json()["warnings"] == []

@@ -23,6 +23,7 @@ from corel.training import (
     EpochMetrics,
     NotLearningError,
     chance_accuracy,
+    chance_ceiling,
     fit,
     not_learning,
 )
@@ -123,9 +124,30 @@ def test_a_finished_run_that_never_left_chance_has_failed():
     spec = ExperimentSpec(dataset="digits", loss="cosine", epochs=6)
     assert not_learning(_history([0.1, 0.12, 0.11, 0.1, 0.1, 0.1]), 0.1, spec) is not None
     assert not_learning(_history([0.1, 0.5, 0.11, 0.1, 0.1, 0.1]), 0.1, spec) is None
-    # Too short to judge: a smoke run of 2 epochs is not a failure.
+    # However short: a run of one or two epochs at chance has not succeeded either.
     short = ExperimentSpec(dataset="digits", loss="cosine", epochs=2)
-    assert not_learning(_history([0.1, 0.1]), 0.1, short) is None
+    assert not_learning(_history([0.1, 0.1]), 0.1, short) is not None
+    assert not_learning(_history([0.1]), 0.1, short) is None  # not finished: too early
+    one = ExperimentSpec(dataset="digits", loss="gaussian", lam=0.3, epochs=1)
+    assert "for its one epoch" in not_learning(_history([0.096]), 0.1, one)
+
+
+def test_at_chance_allows_for_the_noise_of_a_small_validation_set():
+    """Three classes, 22 validation rows: 0.45 is within two standard errors of chance
+    (1/3); on 2,000 rows it is not."""
+    spec = ExperimentSpec(dataset="digits", loss="cosine", epochs=1)
+    assert chance_ceiling(1 / 3) == pytest.approx(1 / 3 + 0.05 * 2 / 3)
+    assert chance_ceiling(1 / 3, 22) == pytest.approx(1 / 3 + 2 * math.sqrt(2 / 9 / 22))
+    assert not_learning(_history([0.45]), 1 / 3, spec, n_val=22) is not None
+    assert not_learning(_history([0.45]), 1 / 3, spec, n_val=2000) is None
+
+
+def test_one_epoch_of_gaussian_corel_at_lam_0_3_is_not_a_success():
+    """The issue's run: Gaussian-COREL at lam 0.3, one epoch, at chance, used to end
+    `succeeded`. (digits in float64, so the few steps agree across CPUs.)"""
+    spec = ExperimentSpec(dataset="digits", loss="gaussian", lam=0.3, epochs=1, lr=1e-4)
+    with pytest.raises(NotLearningError, match="stayed at chance for its one epoch"):
+        fit(spec, data=load_dataset(spec).astype(torch.float64))
 
 
 def _losses(losses, val=0.6):

@@ -45,6 +45,9 @@ corel.pages.experiment = async function () {
     const preparing = exp.status === "running" && exp.phase;
     phase.hidden = !preparing;
     phase.textContent = preparing ? exp.phase + (exp.phase_detail ? ": " + exp.phase_detail : "") : "";
+    const warn = document.getElementById("warning-box");
+    warn.hidden = !(exp.warnings && exp.warnings.length);
+    warn.textContent = warn.hidden ? "" : "Warning: " + exp.warnings.join("; ");
     const box = document.getElementById("error-box");
     box.hidden = !exp.error;
     box.textContent = exp.error ? "Failed: " + exp.error : "";

@@ -53,8 +53,22 @@ corel.pages.new = async function () {
       el("label", { for: "f-" + name }, LABELS[name] || p.title || name, required.has(name) ? " *" : ""),
       input,
       el("span", { class: "help" }, help(p)),
-      el("span", { class: "field-error", id: "err-" + name, role: "alert" })));
+      el("span", { class: "field-error", id: "err-" + name, role: "alert" }),
+      el("span", { class: "field-warning", id: "warn-" + name, role: "status" })));
   }
+  // The schema's x-warn-below (per loss) is the API's rule for warnings: shown before submitting.
+  const warnBelow = schema.properties.lam["x-warn-below"] || {};
+  function warnLam() {
+    const loss = form.elements.loss.value, lam = Number(form.elements.lam.value);
+    const least = warnBelow[loss];
+    document.getElementById("warn-lam").textContent =
+      least !== undefined && form.elements.lam.value !== "" && lam < least
+        ? "Gaussian-COREL needs λ ≥ " + least + ": below it the loss has no minimum, and the run will most likely fail as not learning."
+        : "";
+  }
+  form.elements.loss.addEventListener("change", warnLam);
+  form.elements.lam.addEventListener("input", warnLam);
+  warnLam();
   // Built-in datasets that are not on this server are marked: one a worker will download
   // says so, and one that is unavailable cannot be chosen.
   const builtin = await api("/datasets/builtin");
