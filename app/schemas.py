@@ -156,8 +156,9 @@ class DatasetRead(BaseModel):
     id: int
     kind: str
     filename: str
-    size: int
-    sha256: str
+    size: int = Field(description="Bytes of the file as uploaded.")
+    sha256: str = Field(description="sha256 of the file as uploaded (a table or an image "
+                        "folder is stored converted; this is of the user's own file).")
     summary: dict[str, Any]
     created_at: Timestamp
 
@@ -175,8 +176,12 @@ class BinaryArray(BaseModel):
     data: str = Field(description="base64 of the array's bytes (little-endian, C order)")
 
 
+INPUT_KINDS = ("images", "texts", "arrays", "rows", "binary")
+
+
 class InferenceRequest(BaseModel):
-    """Inputs for POST /embed and POST /predict: exactly one of images, texts, arrays, binary."""
+    """Inputs for POST /embed and POST /predict: exactly one of images, texts, arrays, rows,
+    binary."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -186,19 +191,25 @@ class InferenceRequest(BaseModel):
     arrays: list[Any] | None = Field(
         default=None, description="one nested list per input: (H, W) images or vectors"
     )
+    rows: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="one object per input, the feature columns by name (models trained from "
+        "a feature table); other keys, such as the label, are ignored")
     binary: BinaryArray | None = None
     output: Literal["json", "binary"] = Field(
         default="json", description="embeddings as JSON lists, or as a BinaryArray (float32)"
     )
     # The bytes of a raw application/octet-stream body (``binary`` then holds its shape).
     _raw: bytes | None = PrivateAttr(default=None)
+    # Multipart: each input's file name ("iris.csv, row 3" for a CSV's rows), echoed back.
+    _names: list[str] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> InferenceRequest:
-        given = [k for k in ("images", "texts", "arrays", "binary") if getattr(self, k) is not None]
+        given = [k for k in INPUT_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
-                "send exactly one of images, texts, arrays or binary"
+                "send exactly one of images, texts, arrays, rows or binary"
                 + (f"; got {', '.join(given)}" if given else "")
             )
         return self

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 from typing import Any
 
@@ -34,7 +36,10 @@ _BODY_DOC: dict[str, Any] = {
                     "properties": {
                         "experiment_id": {"type": "integer"},
                         "files": {"type": "array", "items": {"type": "string", "format": "binary"},
-                                  "description": "PNG/JPEG images, or UTF-8 text files (one input each)"},
+                                  "description": "PNG/JPEG images or UTF-8 text files (one input "
+                                  "each), or CSV files with a header row (one input per row, "
+                                  "feature columns by name, for models trained from a feature "
+                                  "table). Answers name each input by its file (and row)."},
                         "output": {"type": "string", "enum": ["json", "binary"]},
                     },
                 }
@@ -81,7 +86,14 @@ async def _read_request(request: Request) -> InferenceRequest:
         if not isinstance(experiment_id, str) or not experiment_id.strip().isdigit():
             raise InvalidInput("experiment_id: a multipart request needs an integer experiment_id field")
         body: dict[str, Any] = {"experiment_id": int(experiment_id), "output": output}
-        if files and all((f.content_type or "").startswith("text/") for f in files):
+        names = [f.filename or f"input {i}" for i, f in enumerate(files)]
+        tables = [_is_csv(f) for f in files]
+        if any(tables) and not all(tables):
+            raise InvalidInput("send either CSV files (rows of feature columns) or inputs of "
+                               "one kind each (images, or text files), not both in one request")
+        if files and all(tables):
+            body["rows"], names = _csv_rows(files, contents, settings.max_embed_batch)
+        elif files and all((f.content_type or "").startswith("text/") for f in files):
             texts = []
             for i, raw in enumerate(contents):
                 try:
@@ -99,9 +111,43 @@ async def _read_request(request: Request) -> InferenceRequest:
         except ValidationError as exc:
             raise InvalidInput(describe_errors(exc.errors())) from exc
     try:
-        return InferenceRequest.model_validate(raw_body)
+        req = InferenceRequest.model_validate(raw_body)
     except ValidationError as exc:
         raise InvalidInput(describe_errors(exc.errors())) from exc
+    req._names = names
+    return req
+
+
+def _is_csv(f: UploadFile) -> bool:
+    return (f.filename or "").lower().endswith(".csv") or (f.content_type or "").split(";")[0] in (
+        "text/csv", "application/csv")
+
+
+def _csv_rows(files: list[UploadFile], contents: list[bytes],
+              limit: int) -> tuple[list[dict[str, str]], list[str]]:
+    """Each CSV's rows (a header row names the columns), and a name for each row."""
+    rows: list[dict[str, str]] = []
+    names: list[str] = []
+    for f, raw in zip(files, contents, strict=True):
+        name = f.filename or "the CSV"
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"{name}: not UTF-8 text ({exc.reason}); save it as UTF-8") from exc
+        reader = csv.DictReader(io.StringIO(text))
+        if not reader.fieldnames:
+            raise InvalidInput(f"{name}: empty; a CSV needs a header row naming its columns")
+        for k, row in enumerate(reader, 1):
+            if None in row:  # more cells than the header has columns
+                raise InvalidInput(f"{name}, row {k}: more cells than the header's "
+                                   f"{len(reader.fieldnames)} columns")
+            rows.append({key: value.strip() if isinstance(value, str) else value
+                         for key, value in row.items()})
+            names.append(f"{name}, row {k}")
+            if len(rows) > limit:
+                raise PayloadTooLarge(f"a request may carry at most {limit} inputs; these CSVs "
+                                      "hold more rows")
+    return rows, names
 
 
 async def _model(request: Request, experiment_id: int) -> LoadedModel:
@@ -158,6 +204,8 @@ async def embed(request: Request) -> Response:
         "dim": int(h.shape[1]),
         "n": int(h.shape[0]),
     }
+    if req._names is not None:  # multipart: which file (or CSV row) each row is
+        out["inputs"] = req._names
     if req.output == "binary":
         out["embeddings"] = inference.encode_binary(h)
     else:
@@ -168,18 +216,22 @@ async def embed(request: Request) -> Response:
 @router.post("/predict", summary="Predicted class and the similarity to every class",
              openapi_extra=_BODY_DOC)
 async def predict(request: Request) -> Response:
-    _, loaded, _, sims = await _run(request, similarities=True)
+    req, loaded, _, sims = await _run(request, similarities=True)
     assert sims is not None
     classes = sims.argmax(1)
     names = loaded.class_names
     sims_np = sims.numpy()
+    predictions: list[dict[str, Any]] = [
+        {"class_index": k, "class_name": names[k], "similarities": row}
+        for k, row in zip(classes.tolist(), sims_np, strict=True)
+    ]
+    if req._names is not None:  # multipart: which file (or CSV row) each prediction is for
+        for prediction, name in zip(predictions, req._names, strict=True):
+            prediction["input"] = name
     return _json({
         "experiment_id": loaded.experiment_id,
         "checkpoint": loaded.checkpoint,
         "similarity": loaded.similarity,
         "class_names": names,
-        "predictions": [
-            {"class_index": k, "class_name": names[k], "similarities": row}
-            for k, row in zip(classes.tolist(), sims_np, strict=True)
-        ],
+        "predictions": predictions,
     })

@@ -17,22 +17,48 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from app.errors import InvalidInput, PayloadTooLarge
-from app.schemas import BinaryArray, InferenceRequest
+from app.schemas import INPUT_KINDS, BinaryArray, InferenceRequest
 from app.services.model_cache import LoadedModel
 from corel.data import prepare_images, prepare_texts, prepare_vectors
 
 ACCEPTS = {
     "image": ("images", "arrays", "binary"),
     "text": ("texts",),
-    "vector": ("arrays", "binary"),
+    "vector": ("arrays", "rows", "binary"),
 }
 
 
 def batch_size(req: InferenceRequest) -> int:
     if req.binary is not None:
         return int(req.binary.shape[0])
-    items = req.images if req.images is not None else req.texts if req.texts is not None else req.arrays
-    return len(items or [])
+    kind = next(k for k in INPUT_KINDS if getattr(req, k) is not None)
+    return len(getattr(req, kind) or [])
+
+
+def _rows(rows: list[dict[str, Any]], loaded: LoadedModel) -> np.ndarray:
+    """Inputs given by column name, in the order of the table the model was trained from."""
+    names = loaded.preprocessing.get("feature_names")
+    if not names:
+        d = int(loaded.preprocessing["input_shape"][0])
+        raise InvalidInput(
+            f"experiment {loaded.experiment_id} was trained from an .npz without column names, "
+            f"so its inputs cannot be given by name; send arrays (one list of {d} numbers per input)")
+    out = np.empty((len(rows), len(names)), np.float32)
+    for i, row in enumerate(rows):
+        missing = [n for n in names if n not in row]
+        if missing:
+            raise InvalidInput(
+                f"input {i}: no value for feature column(s) {', '.join(map(repr, missing))}; the "
+                f"model takes {', '.join(map(repr, names))} (other columns are ignored)")
+        for j, name in enumerate(names):
+            value = row[name]
+            try:
+                if isinstance(value, bool):
+                    raise ValueError
+                out[i, j] = float(value)
+            except (TypeError, ValueError):
+                raise InvalidInput(f"input {i}, column {name!r}: {value!r} is not a number") from None
+    return out
 
 
 def check_batch(req: InferenceRequest, limit: int) -> None:
@@ -111,7 +137,7 @@ def model_inputs(req: InferenceRequest, loaded: LoadedModel) -> torch.Tensor:
 def decode(req: InferenceRequest, loaded: LoadedModel) -> np.ndarray | list[str]:
     """The request's inputs, one per row, before the training preprocessing: pixel or
     vector arrays, or texts. Checks the modality, the encodings and the values."""
-    kind = next(k for k in ("images", "texts", "arrays", "binary") if getattr(req, k) is not None)
+    kind = next(k for k in INPUT_KINDS if getattr(req, k) is not None)
     if kind not in ACCEPTS[loaded.modality]:
         raise InvalidInput(
             f"experiment {loaded.experiment_id} was trained on {loaded.modality} inputs "
@@ -128,8 +154,11 @@ def decode(req: InferenceRequest, loaded: LoadedModel) -> np.ndarray | list[str]
     if kind == "images":
         return np.stack([_decode_image(_b64(s, f"input {i}"), i, loaded)
                          for i, s in enumerate(req.images or [])])
-    array = (decode_binary(req.binary, req._raw) if req.binary is not None
-             else _per_item_arrays(req.arrays or []))
+    if kind == "rows":
+        array = _rows(req.rows or [], loaded)
+    else:
+        array = (decode_binary(req.binary, req._raw) if req.binary is not None
+                 else _per_item_arrays(req.arrays or []))
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         bad = int(np.argwhere(~np.isfinite(array.reshape(len(array), -1)))[0][0])
         raise InvalidInput(f"input {bad}: contains NaN or infinite values")

@@ -163,6 +163,16 @@ def _standardize_flag(path: Path) -> bool:
         return "standardize" in loaded.files and bool(np.asarray(loaded["standardize"]).any())
 
 
+def _feature_names(path: Path, width: int) -> list[str] | None:
+    """The feature columns' names an .npz written from a table carries (``feature_names``),
+    if it has one for each of the ``width`` features."""
+    with np.load(path, allow_pickle=False) as loaded:
+        if "feature_names" not in loaded.files:
+            return None
+        names = [str(n) for n in np.asarray(loaded["feature_names"]).reshape(-1)]
+    return names if len(names) == width and len(set(names)) == width else None
+
+
 def _load_npz(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Dataset:
     if not spec.dataset_path:
         raise ValueError("dataset 'npz' needs dataset_path: an .npz file with arrays x and y")
@@ -172,6 +182,9 @@ def _load_npz(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Da
                                               spec.test_fraction)
     train_idx = _subset(train_idx, spec.train_subset)
     preprocessing = _vector_preprocessing(tuple(x.shape[1:]))
+    features = _feature_names(path, int(np.prod(x.shape[1:])))
+    if features is not None:  # a table's columns: serving takes inputs by column name
+        preprocessing["feature_names"] = features
     if _standardize_flag(path):
         # The training split's statistics only, recorded so that serving applies the same.
         flat = x[train_idx].reshape(len(train_idx), -1).astype(np.float64)

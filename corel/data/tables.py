@@ -183,13 +183,16 @@ def text_table(table: Any, text_column: str | None = None, label_column: str | N
 
 
 def to_npz(arrays: dict[str, Any]) -> bytes:
-    """The .npz a dataset loader reads: ``x, y, class_names[, standardize]`` (features) or
-    ``texts, y, class_names`` (texts); strings as fixed-width unicode, no pickles."""
+    """The .npz a dataset loader reads: ``x, y, class_names, feature_names[, standardize]``
+    (features) or ``texts, y, class_names`` (texts); strings as fixed-width unicode, no
+    pickles."""
     import io
 
     buf = io.BytesIO()
     out: dict[str, Any] = {k: np.asarray(v) if k != "texts" else np.asarray(v, dtype=np.str_)
                            for k, v in arrays.items() if k in ("x", "y", "texts", "standardize", "split")}
     out["class_names"] = np.asarray(arrays["class_names"], dtype=np.str_)
+    if "feature_names" in arrays:
+        out["feature_names"] = np.asarray(arrays["feature_names"], dtype=np.str_)
     np.savez(buf, **out)
     return buf.getvalue()

@@ -154,7 +154,7 @@ def test_cache_is_a_bounded_lru_and_loads_once_under_concurrency():
         ({"images": ["%%%"]}, 422, "input 0 is not valid base64"),
         ({"binary": {"dtype": "uint8", "shape": [2, 28, 28], "data": "AAAA"}}, 422, "needs 1568"),
         ({"binary": {"dtype": "int64", "shape": [1], "data": ""}}, 422, "binary.dtype"),
-        ({}, 422, "send exactly one of images, texts, arrays or binary"),
+        ({}, 422, "send exactly one of images, texts, arrays, rows or binary"),
         ({"arrays": [[[0] * 28] * 28], "texts": ["x"]}, 422, "got texts, arrays"),
         ({"arrays": [[[float("nan")] * 28] * 28]}, 422, None),
     ],
@@ -191,8 +191,8 @@ def test_text_model_embeds_raw_strings(client, worker, workers):
     require((SHARED_DATASETS / "ag_news" / "test.csv").exists(), "AG News test split")
     rows = (SHARED_DATASETS / "ag_news" / "test.csv").read_bytes().splitlines()[:600]
     ds = client.post("/datasets", files={"file": ("news.csv", b"\n".join(rows))}).json()
-    r = client.post("/experiments", json={"dataset": "ag-news", "dataset_id": ds["id"], "epochs": 2,
-                                          "lr": 1e-3, "loss": "cosine", "lam": 0.8})
+    r = client.post("/experiments", json={"dataset": "ag-news", "dataset_id": ds["id"], "epochs": 3,
+                                          "lr": 3e-3, "loss": "cosine", "lam": 0.8})
     body = wait_for(client, r.json()["id"], finished, workers=workers)
     assert body["status"] == "succeeded", body
     texts = ["Stocks fell sharply as oil prices rose", "The home team won the final in overtime"]
