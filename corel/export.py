@@ -40,9 +40,19 @@ class _EncoderAndHead(nn.Module):
         return h, self.head.similarities(h)
 
 
-def export_metadata(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """What the exported file records besides the weights."""
+def export_metadata(checkpoint: dict[str, Any],
+                    trained_on: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the exported file records besides the weights. ``trained_on`` says what the
+    data was in its owner's terms (the service: the upload's id and file name); by
+    default the built-in dataset's name, or "your own data" for a file. The spec's paths
+    (where a file lay on the machine that trained) are left out."""
     spec = json.loads(checkpoint["spec"])
+    own = spec.get("dataset_path") is not None
+    for key in ("dataset_path", "word_vectors"):
+        spec.pop(key, None)
+    if trained_on is None:
+        trained_on = ({"dataset": "your own data", "format": spec["dataset"]} if own
+                      else {"dataset": spec["dataset"]})
     return {
         "format_version": 1,
         "inputs": {"x": {"dtype": "float32", "shape": ["N", *map(int, checkpoint["input_shape"])]}},
@@ -51,17 +61,19 @@ def export_metadata(checkpoint: dict[str, Any]) -> dict[str, Any]:
         "preprocessing": json.loads(checkpoint["preprocessing"]),
         "class_names": [str(c) for c in checkpoint["class_names"]],
         "similarity": SIMILARITY_OF_LOSS[spec["loss"]],
+        "trained_on": trained_on,
         "spec": spec,
     }
 
 
-def export(checkpoint: dict[str, Any], fmt: str) -> bytes:
-    """The checkpoint's model as an ONNX or TorchScript file (bytes); float32, on the CPU."""
+def export(checkpoint: dict[str, Any], fmt: str, trained_on: dict[str, Any] | None = None) -> bytes:
+    """The checkpoint's model as an ONNX or TorchScript file (bytes); float32, on the CPU.
+    ``trained_on``: see :func:`export_metadata`."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
     _, model = model_from_checkpoint(checkpoint, "cpu")
     wrapped = _EncoderAndHead(model.encoder, model.head).float().eval()
-    meta = export_metadata(checkpoint)
+    meta = export_metadata(checkpoint, trained_on)
     example = torch.zeros(2, *(int(s) for s in checkpoint["input_shape"]))
     buf = io.BytesIO()
     with warnings.catch_warnings():

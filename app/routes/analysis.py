@@ -16,6 +16,8 @@ import app.services.clustering as clustering_service
 import app.services.compare as compare_service
 import app.services.figures as figures_service
 from app.deps import SessionDep
+from app.models import DatasetUpload
+from app.services.compare import IDS_PATTERN, MAX_IDS
 
 router = APIRouter(prefix="/experiments", tags=["analysis"])
 
@@ -60,7 +62,11 @@ class CompareRead(BaseModel):
 )
 def compare(
     session: SessionDep,
-    ids: Annotated[list[str], Query(description="1,2,3 or ids=1&ids=2")] = [],  # noqa: B006
+    # The pattern is documented, and checked by parse_ids with messages of its own.
+    ids: Annotated[list[str], Query(
+        min_length=1, max_length=MAX_IDS,
+        description=f"1,2,3 or ids=1&ids=2: at most {MAX_IDS} experiments in all",
+        json_schema_extra={"items": {"type": "string", "pattern": IDS_PATTERN}})],
     format_: Annotated[Literal["json", "csv"], Query(alias="format")] = "json",
 ):
     table = compare_service.compare(session, compare_service.parse_ids(ids))
@@ -128,7 +134,8 @@ def latent_download(
 ) -> Response:
     clustering_service.succeeded_experiment(session, experiment_id, "the latent-space download")
     reps, labels = clustering_service.load_latent(session, experiment_id, "test")
-    body = figures_service.latent_file(reps, labels, format_)
+    names = clustering_service.class_names(session, experiment_id) if format_ != "npy" else None
+    body = figures_service.latent_file(reps, labels, format_, names)
     name = f"experiment-{experiment_id}-test-latent.{format_}"
     return Response(body, media_type=LATENT_FORMATS[format_],
                     headers={"content-disposition": f'attachment; filename="{name}"'})
@@ -163,12 +170,17 @@ def export_model(
     experiment_id: int, session: SessionDep,
     format_: Annotated[Literal["onnx", "torchscript"], Query(alias="format")] = "onnx",
 ) -> Response:
-    clustering_service.succeeded_experiment(session, experiment_id, "an export")
+    exp = clustering_service.succeeded_experiment(session, experiment_id, "an export")
     blob = clustering_service.best_checkpoint(session, experiment_id)
     from corel.export import export
     from corel.training import checkpoint_from_bytes
 
+    trained_on = None
+    if exp.dataset_id is not None:  # the user's upload, as they know it
+        upload = session.get(DatasetUpload, exp.dataset_id)
+        trained_on = {"dataset": "upload", "dataset_id": exp.dataset_id, "format": exp.dataset,
+                      "filename": upload.filename if upload is not None else None}
     suffix, media = EXPORTS[format_]
     name = f"experiment-{experiment_id}.{suffix}"
-    return Response(export(checkpoint_from_bytes(blob), format_), media_type=media,
+    return Response(export(checkpoint_from_bytes(blob), format_, trained_on), media_type=media,
                     headers={"content-disposition": f'attachment; filename="{name}"'})

@@ -54,7 +54,7 @@ def result(
     job_id: int, session: SessionDep,
     format_: Annotated[LatentFormat, Query(alias="format")] = "npy",
 ) -> Response:
-    reps, labels = jobs_service.load_result(session, job_id)
+    reps, labels, names = jobs_service.load_result(session, job_id)
     name = f"embedding-job-{job_id}.{format_}"
-    return Response(latent_file(reps, labels, format_), media_type=LATENT_FORMATS[format_],
+    return Response(latent_file(reps, labels, format_, names), media_type=LATENT_FORMATS[format_],
                     headers={"content-disposition": f'attachment; filename="{name}"'})

@@ -22,6 +22,7 @@ from app.errors import Conflict, InvalidInput
 from app.models import Base, Checkpoint, ClusteringResult, Experiment, LatentSpace
 from app.services.experiments import get_experiment
 from corel.clustering import ALGORITHMS, METRICS, cluster, default_metric
+from corel.training import checkpoint_from_bytes
 
 SPLITS: tuple[str, ...] = ("test", "validation")
 
@@ -64,6 +65,12 @@ def best_checkpoint(session: Session, experiment_id: int, column: Any = None) ->
     if value is None:
         raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
     return value
+
+
+def class_names(session: Session, experiment_id: int) -> list[str]:
+    """The class names the experiment was trained with (its best checkpoint's)."""
+    ckpt = checkpoint_from_bytes(best_checkpoint(session, experiment_id))
+    return [str(c) for c in ckpt["class_names"]]
 
 
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput, NotFound, check_id
-from app.models import FINISHED, EmbeddingJob, EmbeddingResult, utcnow
+from app.models import FINISHED, DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
 from app.services.clustering import succeeded_experiment
 from app.services.datasets import referenced_upload
 from corel.spec import MODALITY
@@ -57,11 +57,14 @@ def cancel_job(session: Session, job_id: int) -> EmbeddingJob:
     return job
 
 
-def load_result(session: Session, job_id: int) -> tuple[np.ndarray, np.ndarray]:
+def load_result(session: Session, job_id: int) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
+    """(representations, labels, the uploaded dataset's class names if it has them)."""
     job = get_job(session, job_id)
     if job.status != "succeeded":
         raise Conflict(f"embedding job {job_id} is {job.status}; its result needs a succeeded job",
                        status=job.status)
     row = session.scalars(select(EmbeddingResult).where(EmbeddingResult.job_id == job_id)).one()
     reps = np.frombuffer(row.representations, dtype=np.float32).reshape(job.n_total, -1)
-    return reps, np.frombuffer(row.labels, dtype=np.int64)
+    upload = session.get(DatasetUpload, job.dataset_id)
+    names = upload.summary.get("class_names") if upload is not None else None
+    return reps, np.frombuffer(row.labels, dtype=np.int64), [str(n) for n in names] if names else None

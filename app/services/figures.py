@@ -6,6 +6,7 @@ pyplot: pyplot keeps global state that concurrent requests would share.
 
 from __future__ import annotations
 
+import csv
 import io
 import threading
 from collections import OrderedDict
@@ -168,6 +169,35 @@ def _project(
     return (x - mean) @ components.T, (w - mean) @ components.T, ratio, transform
 
 
+LABEL_OFFSET = (6.0, 6.0)  # points, up and right of the star
+LABEL_SIZE = 8
+
+
+def spread_labels(ax: Any, xy: np.ndarray, texts: list[str]) -> list[tuple[float, float]]:
+    """Offsets (in points) for labels at data points ``xy`` such that no two labels'
+    boxes overlap: each starts up and right of its point and moves up, one line at a
+    time, past the boxes already placed (lowest points first)."""
+    ax.autoscale_view()
+    dpi = ax.figure.dpi
+    at = ax.transData.transform(np.asarray(xy, dtype=np.float64)) * 72.0 / dpi  # in points
+    line = LABEL_SIZE * 1.3
+    placed: list[tuple[float, float, float, float]] = []
+    out: list[tuple[float, float]] = [LABEL_OFFSET] * len(texts)
+    for i in sorted(range(len(texts)), key=lambda i: (at[i][1], at[i][0])):
+        width = 0.62 * LABEL_SIZE * len(texts[i])  # bold sans: about 0.6 em a character
+        dx, dy = LABEL_OFFSET
+        for _ in range(4 * len(texts) + 1):
+            x0, y0 = at[i][0] + dx, at[i][1] + dy
+            box = (x0, y0, x0 + width, y0 + line)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3]
+                       for b in placed):
+                break
+            dy += line
+        placed.append(box)
+        out[i] = (dx, dy)
+    return out
+
+
 def draw_latent(
     reps: np.ndarray,
     labels: np.ndarray,
@@ -199,9 +229,12 @@ def draw_latent(
                        label=names[c], linewidths=0, rasterized=True)
     ax.scatter(w2[:, 0], w2[:, 1], s=260, marker="*", c=[colours[c] for c in range(len(w2))],
                edgecolors="black", linewidths=1.2, zorder=3, label="class vectors W")
-    for c, (px, py) in enumerate(w2):
-        ax.annotate(f"w: {names[c]}", (px, py), xytext=(6, 6), textcoords="offset points",
-                    fontsize=8, weight="bold", zorder=4)
+    texts = [f"w: {names[c]}" for c in range(len(w2))]
+    for c, ((px, py), (dx, dy)) in enumerate(zip(w2, spread_labels(ax, w2, texts), strict=True)):
+        moved = (dx, dy) != LABEL_OFFSET
+        ax.annotate(texts[c], (px, py), xytext=(dx, dy), textcoords="offset points",
+                    fontsize=LABEL_SIZE, weight="bold", zorder=4,
+                    arrowprops={"arrowstyle": "-", "lw": 0.6, "color": "#555"} if moved else None)
     ax.set_xlabel(f"PC 1 ({ratio[0]:.0%} of variance)")
     ax.set_ylabel(f"PC 2 ({ratio[1]:.0%} of variance)")
     accuracy = "n/a" if test_accuracy is None else f"{test_accuracy:.3f}"
@@ -338,28 +371,45 @@ def latent_scatter(session: Session, experiment_id: int, max_points: int) -> dic
     return out
 
 
-def latent_file(reps: np.ndarray, labels: np.ndarray, fmt: str) -> bytes:
+def latent_file(reps: np.ndarray, labels: np.ndarray, fmt: str,
+                class_names: list[str] | None = None) -> bytes:
     """Representations and labels in one file: ``npy`` holds a structured array with
     fields ``h`` (dim float32) and ``label``; ``csv`` and ``parquet`` have columns
-    ``label, h0, h1, ...``."""
+    ``label, class_name, h0, h1, ...`` (``class_name``: the label in the user's words,
+    when ``class_names`` is given)."""
     if fmt == "npy":
         table = np.empty(len(reps), dtype=[("h", np.float32, (reps.shape[1],)), ("label", np.int64)])
         table["h"], table["label"] = reps, labels
         buf = io.BytesIO()
         np.save(buf, table, allow_pickle=False)
         return buf.getvalue()
-    columns = ["label", *(f"h{i}" for i in range(reps.shape[1]))]
+    named = class_names is not None
+    words = ([class_names[k] if 0 <= k < len(class_names) else str(k) for k in labels.tolist()]
+             if class_names is not None else [])
+    columns = ["label", *(["class_name"] if named else []), *(f"h{i}" for i in range(reps.shape[1]))]
     if fmt == "csv":
         out = io.StringIO()
         out.write(",".join(columns) + "\n")
-        body = np.column_stack([labels.astype(np.float64), reps.astype(np.float64)])
-        np.savetxt(out, body, delimiter=",", fmt=["%d", *["%.9g"] * reps.shape[1]])
+        body = io.StringIO()
+        np.savetxt(body, reps.astype(np.float64), delimiter=",", fmt="%.9g")
+        lines = body.getvalue().splitlines()
+        cell = io.StringIO()
+        quote = csv.writer(cell, lineterminator="")
+        for i, line in enumerate(lines):
+            out.write(f"{int(labels[i])},")
+            if named:
+                cell.seek(0)
+                cell.truncate()
+                quote.writerow([words[i]])
+                out.write(cell.getvalue() + ",")
+            out.write(line + "\n")
         return out.getvalue().encode()
     if fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        arrays = [pa.array(labels), *(pa.array(reps[:, i]) for i in range(reps.shape[1]))]
+        arrays = [pa.array(labels), *([pa.array(words, pa.string())] if named else []),
+                  *(pa.array(reps[:, i]) for i in range(reps.shape[1]))]
         buf = io.BytesIO()
         pq.write_table(pa.table(arrays, names=columns), buf)
         return buf.getvalue()

@@ -53,6 +53,7 @@ def test_an_onnx_export_matches_embed_and_predict(client, trained, images, run):
     assert_rows_close(similarities, [p["similarities"] for p in predicted["predictions"]])
     assert meta["class_names"] == predicted["class_names"]
     assert meta["similarity"] == predicted["similarity"]
+    assert meta["trained_on"] == {"dataset": "digits"}
 
 
 def test_a_torchscript_export_matches_embed(client, trained, images):

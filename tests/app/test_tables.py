@@ -5,9 +5,12 @@ by /embed and /predict; and bad variants of each, refused with a 422 naming the 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 
 import numpy as np
+import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -49,12 +52,14 @@ def test_a_feature_table_trains_standardised_and_serves_raw_rows(client, worker,
     assert r.status_code == 201, r.text
     ds = r.json()
     assert ds["kind"] == "npz" and ds["summary"]["num_features"] == 64
+    # The user's file, not the .npz it is stored as: they check it against what they sent.
+    assert ds["size"] == len(data) and ds["sha256"] == hashlib.sha256(data).hexdigest()
     assert ds["summary"]["class_names"] == [f"digit {d}" for d in range(10)]
     eid = client.post("/experiments", json={"dataset": "npz", "dataset_id": ds["id"], **FAST}).json()["id"]
     body = wait_for(client, eid, finished)
     assert body["status"] == "succeeded" and body["test_accuracy"] > 0.8, body
     ckpt = checkpoint_from_bytes(client.get(f"/experiments/{eid}/checkpoint").content)
-    scale = __import__("json").loads(ckpt["preprocessing"])["standardize"]
+    scale = json.loads(ckpt["preprocessing"])["standardize"]
     # The statistics of the training split, not of the whole table.
     assert not np.allclose(scale["mean"], x.mean(axis=0), atol=1e-6)
     assert np.allclose(scale["mean"], x.mean(axis=0), atol=1.0)
@@ -67,6 +72,47 @@ def test_a_feature_table_trains_standardised_and_serves_raw_rows(client, worker,
     predicted = client.post("/predict", json={"experiment_id": eid, "arrays": x[:50].tolist()}).json()
     hits = sum(p["class_name"] == f"digit {t}" for p, t in zip(predicted["predictions"], y[:50], strict=True))
     assert hits >= 40, hits
+
+    # The same rows as a CSV by column name (shuffled columns, the label column kept: it
+    # is ignored), in two files: the answers name each file and row, and agree with arrays.
+    header = [f"px{i}" for i in range(64)]
+    order = [*reversed(header), "digit"]
+    first = _csv([[*(float(x[i, 63 - j]) for j in range(64)), "?"] for i in range(12)], order)
+    second = _csv([[float(v) for v in x[i]] for i in range(12, 20)], header)
+    files = [("files", ("first.csv", first, "text/csv")), ("files", ("second.csv", second, "text/csv"))]
+    by_csv = client.post("/embed", data={"experiment_id": str(eid)}, files=files).json()
+    assert by_csv["inputs"] == [f"first.csv, row {k}" for k in range(1, 13)] + \
+        [f"second.csv, row {k}" for k in range(1, 9)]
+    assert_rows_close(by_csv["embeddings"], ours)
+    told = client.post("/predict", data={"experiment_id": str(eid)}, files=files).json()
+    assert [p["input"] for p in told["predictions"]] == by_csv["inputs"]
+    assert [p["class_name"] for p in told["predictions"]] == \
+        [p["class_name"] for p in predicted["predictions"][:20]]
+    # An export says what it was trained on in the user's terms, and no server path.
+    onnx_file = client.get(f"/experiments/{eid}/export", params={"format": "onnx"}).content
+    meta = json.loads(ort.InferenceSession(onnx_file).get_modelmeta().custom_metadata_map["corel"])
+    assert meta["trained_on"] == {"dataset": "upload", "dataset_id": ds["id"], "format": "npz",
+                                  "filename": "features.csv"}
+    assert "dataset_path" not in meta["spec"]
+    assert meta["preprocessing"]["feature_names"] == header
+
+    # The latent space's CSV says each row's class in the user's words.
+    latent = client.get(f"/experiments/{eid}/latent", params={"format": "csv"}).text.splitlines()
+    assert latent[0].startswith("label,class_name,h0,")
+    cells = [line.split(",")[:2] for line in latent[1:]]
+    assert cells and all(name == f"digit {label}" for label, name in cells)
+
+    # JSON takes the same rows by name; a missing or non-numeric column is named.
+    rows = [dict(zip(header, map(float, x[i]), strict=True)) for i in range(3)]
+    r = client.post("/embed", json={"experiment_id": eid, "rows": rows})
+    assert r.status_code == 200 and "inputs" not in r.json()
+    assert_rows_close(r.json()["embeddings"], ours[:3])
+    del rows[1]["px7"]
+    r = client.post("/embed", json={"experiment_id": eid, "rows": rows})
+    assert r.status_code == 422 and "input 1: no value for feature column(s) 'px7'" in r.json()["detail"]
+    bad = _csv([[*(float(v) for v in x[0][:63]), "n/a"]], header)
+    r = client.post("/predict", data={"experiment_id": str(eid)}, files=[("files", ("bad.csv", bad))])
+    assert r.status_code == 422 and "input 0, column 'px63': 'n/a' is not a number" in r.json()["detail"]
 
 
 @pytest.fixture(scope="module")
