@@ -7,6 +7,9 @@ from typing import Any
 
 MAX_ID = 2**31 - 1
 """Largest row id (PostgreSQL ``integer``); a larger one cannot exist."""
+PAGE_LIMIT = ("Rows a page holds at most; more than the server's page size "
+              "(COREL_PAGE_SIZE_LIMIT, default 200) gives that many: the answer's limit says.")
+
 MAX_OFFSET = 2**31 - 1
 """Largest list offset: past every row there can be, and within what both databases take."""
 

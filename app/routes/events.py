@@ -20,11 +20,29 @@ router = APIRouter()
 LAST_EVENT_ID = ("Resume after this event: the `id` of the last event received. Only "
                  "later epochs, and a status that changed since, are sent. Not an id "
                  "this stream sent: 422.")
+# One event of the stream (OpenAPI 3.1 has no itemSchema: for text/event-stream the
+# schema describes each event, as OpenAPI 3.2's itemSchema does; its data is JSON).
+EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "event", "data"],
+    "properties": {
+        "id": {"type": "string", "description": "Send it back as Last-Event-ID to resume."},
+        "event": {"type": "string", "enum": ["status", "epoch"]},
+        "data": {
+            "type": "string", "contentMediaType": "application/json",
+            "description": "status: {experiment_id, status, current_epoch, epochs_total, "
+                           "best_epoch, best_val_accuracy, test_accuracy, error}; epoch: "
+                           "{experiment_id, epoch, epochs_total, train_loss, train_accuracy, "
+                           "val_accuracy, test_accuracy, is_best, seconds}.",
+        },
+    },
+    "additionalProperties": False,
+}
 EVENT_STREAM: dict[int | str, dict[str, Any]] = {200: {
-    "description": "A text/event-stream of `status` and `epoch` events (JSON data), and a "
-                   "`: keepalive` comment after 15 s of silence; it ends after the last "
-                   "terminal status.",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "description": "A text/event-stream of `status` and `epoch` events, each with an `id` "
+                   "and JSON `data`, and a `: keepalive` comment after 15 s of silence; it "
+                   "ends after the last terminal status.",
+    "content": {"text/event-stream": {"schema": EVENT_SCHEMA}},
 }}
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, status
 
 import app.services.experiments as experiments_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
-from app.errors import MAX_ID, MAX_OFFSET, InvalidInput
+from app.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT
 from app.models import Experiment
 from app.schemas import (
     EpochMetricRead,
@@ -53,11 +53,10 @@ def list_(
     dataset: DatasetName | Literal[""] | None = None,
     loss: LossName | Literal[""] | None = None,
     sweep_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="only this sweep's members")] = None,
-    limit: Annotated[int, Query(ge=1)] = 50,
+    limit: Annotated[int, Query(ge=1, description=PAGE_LIMIT)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ):
-    if limit > settings.page_size_limit:
-        raise InvalidInput(f"limit must be at most {settings.page_size_limit}; got {limit}")
+    limit = min(limit, settings.page_size_limit)
     rows, total = experiments_service.list_experiments(
         session, status=status_ or None, dataset=dataset or None, loss=loss or None, limit=limit,
         offset=offset,

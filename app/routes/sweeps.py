@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Response, status
 
 import app.services.sweeps as sweeps_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
-from app.errors import MAX_OFFSET, InvalidInput
+from app.errors import MAX_OFFSET, PAGE_LIMIT
 from app.models import Experiment
 from app.schemas import Page, SweepCreate, SweepQueued, SweepRead, SweepSummary
 from app.services import sweep_render
@@ -35,11 +35,10 @@ def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: Se
 def list_(
     session: SessionDep,
     settings: SettingsDep,
-    limit: Annotated[int, Query(ge=1)] = 50,
+    limit: Annotated[int, Query(ge=1, description=PAGE_LIMIT)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ):
-    if limit > settings.page_size_limit:
-        raise InvalidInput(f"limit must be at most {settings.page_size_limit}; got {limit}")
+    limit = min(limit, settings.page_size_limit)
     items, total = sweeps_service.list_sweeps(session, limit, offset)
     return Page[SweepSummary](items=[SweepSummary.model_validate(i) for i in items], total=total,
                               limit=limit, offset=offset)

@@ -21,6 +21,8 @@ from app.services.clustering import clustering_report
 from corel.clustering import ALGORITHMS
 
 MAX_IDS = 50
+IDS_PATTERN = rf"^\s*[1-9][0-9]{{0,8}}\s*(,\s*[1-9][0-9]{{0,8}}\s*){{0,{MAX_IDS - 1}}}$"
+"""One ``ids`` value: a comma list of experiment ids (as the schema documents it)."""
 SCORES: tuple[str, ...] = ("accuracy", "ari", "v_measure", "silhouette")
 FIXED_LEADING = ("id", "loss", "lam")
 FIXED_TRAILING = ("best_epoch", "test_accuracy", "metric")
@@ -40,13 +42,9 @@ def parse_ids(values: Iterable[str]) -> list[int]:
                 raise InvalidInput(f"ids must be integers; got {part!r}") from None
     if not ids:
         raise InvalidInput("give the experiments to compare: ?ids=1,2,3 (or ids=1&ids=2)")
+    ids = list(dict.fromkeys(ids))  # an experiment listed twice is shown once
     if len(ids) > MAX_IDS:
         raise InvalidInput(f"compare at most {MAX_IDS} experiments at once; got {len(ids)}")
-    seen: set[int] = set()
-    for i in ids:
-        if i in seen:
-            raise InvalidInput(f"ids lists experiment {i} more than once; list each once")
-        seen.add(i)
     return ids
 
 

@@ -410,3 +410,29 @@ def test_with_downloads_off_and_no_files_the_form_marks_them_unavailable(browser
         assert option.get_attribute("disabled") is None
         assert option.inner_text() == "mnist (downloaded on its first run)"
         context.close()
+
+
+def test_a_run_that_failed_before_its_first_epoch_says_so_instead_of_an_empty_chart(
+    page, settings
+):
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from app.models import Experiment, utcnow
+
+    engine = create_engine(settings.database_url)
+    with Session(engine) as session:
+        exp = Experiment(status="failed", spec={**FAST, "loss": "cosine", "lam": 0.7, "seed": 0,
+                                                "epochs": 5},
+                         dataset="digits", loss="cosine", epochs_total=5, finished_at=utcnow(),
+                         error="DownloadError: could not download t10k-images-idx3-ubyte.gz")
+        session.add(exp)
+        session.commit()
+        experiment_id = exp.id
+    engine.dispose()
+    page.goto(f"/ui/experiments/{experiment_id}")
+    page.wait_for_selector("#curves-note:not([hidden])")
+    assert "before its first epoch" in page.inner_text("#curves-note")
+    assert not page.locator("#curves").is_visible()
+    assert "DownloadError" in page.inner_text("#error-box")
+    shot(page, "experiment-failed-early")

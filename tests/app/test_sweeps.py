@@ -30,7 +30,7 @@ def wait_sweep(client, sweep_id, timeout=240, workers=None):
 @pytest.fixture(scope="module")
 def sweep(client, worker, workers):
     r = client.post("/sweeps", json={"base": BASE, "grid": {"loss": ["cosine", "gaussian"],
-                                                            "lam": [0.3, 0.8], "seed": [0, 1]}})
+                                                            "lam": [0.6, 0.8], "seed": [0, 1]}})
     assert r.status_code == 202, r.text
     queued = r.json()
     assert queued["size"] == 8
@@ -61,7 +61,7 @@ def test_report_tables_are_consistent_with_the_members(client, sweep):
     members = [client.get(f"/experiments/{eid}").json() for eid in sweep["experiment_ids"]]
     assert set(rep["lambda_tuning"]) == {"cosine", "gaussian"}
     for loss, tuning in rep["lambda_tuning"].items():
-        assert [r["lam"] for r in tuning["by_lambda"]] == [0.3, 0.8]
+        assert [r["lam"] for r in tuning["by_lambda"]] == [0.6, 0.8]
         for row in tuning["by_lambda"]:
             vals = [m["best_val_accuracy"] for m in members
                     if m["spec"]["loss"] == loss and m["spec"]["lam"] == row["lam"]]

@@ -302,7 +302,7 @@ def test_the_generic_vmap_path_matches_solo_runs_cnn(digits64):
     fit_group(specs, [keep], data=digits64)
     for spec, ckpt in zip(specs, keep.saved, strict=True):
         want = Keep(epoch=2)
-        fit(spec, [want], data=digits64)
+        fit(spec, [want], data=digits64, chance_epochs=0)  # lam 0.4 is at chance: no matter
         assert_same_checkpoint(ckpt, want.saved)
 
 

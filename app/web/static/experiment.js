@@ -21,7 +21,8 @@ corel.latentChart = function (div, data, extra) {
     hovertemplate: "class vector: %{text}<extra></extra>" });
   for (const t of extra || []) traces.push(t);
   const ev = data.explained_variance;
-  const layout = { margin: { t: 30, r: 10, b: 40, l: 50 }, legend: { orientation: "v" },
+  // Room on the left for the y title, on top for the toolbar (it covered a tick).
+  const layout = { margin: { t: 44, r: 10, b: 44, l: 64 }, legend: { orientation: "v" },
     title: { text: data.title + (data.class_vectors_note ? " (" + data.class_vectors_note + ")" : ""), font: { size: 13 } },
     xaxis: { title: { text: "PC 1 (" + Math.round(100 * ev[0]) + "% of variance)" } },
     yaxis: { title: { text: "PC 2 (" + Math.round(100 * ev[1]) + "% of variance)" } } };
@@ -70,6 +71,12 @@ corel.pages.experiment = async function () {
   }
 
   function curves() {
+    const empty = !epochs.length && FINISHED.includes(exp.status);
+    document.getElementById("curves").hidden = empty;
+    document.getElementById("curves-note").hidden = !empty;
+    document.getElementById("curves-note").textContent = empty
+      ? "No epoch was recorded: the run " + (exp.status === "cancelled" ? "was cancelled" : "ended") + " before its first epoch finished." : "";
+    if (empty) return;
     const x = epochs.map((m) => m.epoch);
     const traces = [
       { x, y: epochs.map((m) => m.train_loss), name: "train loss", yaxis: "y2", mode: "lines+markers", line: { color: "#7f7f7f", dash: "dot" } },
@@ -79,7 +86,7 @@ corel.pages.experiment = async function () {
     const best = epochs.find((m) => m.is_best && m.epoch === exp.best_epoch) || [...epochs].reverse().find((m) => m.is_best);
     const shapes = best ? [{ type: "line", x0: best.epoch, x1: best.epoch, yref: "paper", y0: 0, y1: 1, line: { dash: "dash", color: "#999", width: 1 } }] : [];
     Plotly.react("curves", traces, {
-      margin: { t: 10, r: 50, b: 40, l: 50 }, shapes, legend: { orientation: "h", y: -0.2 },
+      margin: { t: 36, r: 56, b: 40, l: 56 }, shapes, legend: { orientation: "h", y: -0.2 },
       xaxis: { title: { text: "epoch" }, range: [0.5, Math.max(exp.epochs_total, x.length) + 0.5] },
       yaxis: { title: { text: "accuracy" }, range: [0, 1] },
       yaxis2: { title: { text: "train loss" }, overlaying: "y", side: "right", showgrid: false },
@@ -162,7 +169,7 @@ corel.pages.experiment = async function () {
       const was = exp.status;
       Object.assign(exp, data);
       if (FINISHED.includes(exp.status) && was !== exp.status) exp = await api("/experiments/" + id);
-      header();
+      header(); curves();
       if (exp.status === "succeeded") await results();
     }
   });
