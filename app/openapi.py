@@ -65,6 +65,23 @@ def _hoist_defs(node: Any, schemas: dict[str, Any]) -> Any:
     return node
 
 
+def without_nulls(schema: Any) -> Any:
+    """``schema`` with each optional property's ``anyOf [X, null]`` made ``X``: for request
+    bodies where "not given" is absence (a form field, an input kind), so that a client
+    generated from the document never sends a literal null (a form sends it as "null")."""
+    if isinstance(schema, dict):
+        out = {k: without_nulls(v) for k, v in schema.items()}
+        options = out.get("anyOf")
+        if isinstance(options, list) and {"type": "null"} in options:
+            rest = [o for o in options if o != {"type": "null"}]
+            del out["anyOf"]
+            out.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
+        return out
+    if isinstance(schema, list):
+        return [without_nulls(v) for v in schema]
+    return schema
+
+
 def _error_codes(path: str, method: str, token_routes: bool) -> set[str]:
     """The error statuses an operation can answer."""
     if path == "/health":
@@ -76,9 +93,11 @@ def _error_codes(path: str, method: str, token_routes: bool) -> set[str]:
         codes.add("401")
     if method in ("post", "put", "patch"):
         codes |= {"400", "413"}
-    if "{" in path or path in ("/embed", "/predict", "/experiments/compare"):
+    # An id in the path, the query or the body (experiment_id, dataset_id) that names nothing.
+    ids_in_body = method == "post" and path in ("/embed", "/predict", "/experiments", "/sweeps")
+    if "{" in path or ids_in_body or path == "/experiments/compare":
         codes.add("404")
-    if (method == "delete" or path in ("/embed", "/predict")
+    if (method == "delete" or path in ("/embed", "/predict", "/experiments/compare")
             or path.endswith(("/cancel", ".png", "/clustering", "/checkpoint", "/export",
                               "/latent", "/latent/scatter", "/embeddings", "/result"))):
         codes.add("409")
@@ -98,6 +117,15 @@ def install(app: FastAPI, token_routes: bool) -> None:
         schemas.pop("HTTPValidationError", None)
         schemas.pop("ValidationError", None)
         schemas["Error"] = ERROR_SCHEMA
+        for name in list(schemas):  # multipart forms: a field not given is absent
+            if name.startswith("Body_"):
+                schemas[name] = without_nulls(schemas[name])
+        # A sweep's base is an experiment spec: its schema, rules across fields included.
+        if "SweepCreate" in schemas and "ExperimentCreate" in schemas:
+            base = schemas["SweepCreate"]["properties"]["base"]
+            schemas["SweepCreate"]["properties"]["base"] = {
+                "$ref": "#/components/schemas/ExperimentCreate",
+                "description": base.get("description", "")}
         if token_routes:
             doc["components"]["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer",

@@ -6,9 +6,11 @@ from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
+from app.errors import MAX_ID
 from app.models import as_utc
-from corel.spec import UPLOADED, ExperimentSpec
+from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, ExperimentSpec
 
 T = TypeVar("T")
 
@@ -18,19 +20,65 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 # A timestamp as the API shows it: always with its UTC offset, whatever the database.
 Timestamp = Annotated[datetime, AfterValidator(as_utc)]
 
+def _combination_rules() -> dict[str, Any]:
+    """The spec's rules across fields, in JSON Schema (``if``/``then``), so that the OpenAPI
+    document tells a client all of what is accepted. The validators enforce the same."""
+    rules: list[dict[str, Any]] = [{
+        # An uploaded dataset needs its id, and only an upload takes fractions.
+        "if": {"properties": {"dataset": {"enum": list(UPLOADED)}}, "required": ["dataset"]},
+        "then": {"required": ["dataset_id"], "properties": {"dataset_id": {"type": "integer"}}},
+        "else": {"properties": {key: {"type": "null"} for key in ("val_fraction", "test_fraction")}},
+    }, {
+        # A built-in dataset takes no id (AG News may: an upload of its CSV).
+        "if": {"properties": {"dataset": {"enum": list(TAKES_UPLOAD)}}, "required": ["dataset"]},
+        "else": {"properties": {"dataset_id": {"type": "null"}}},
+    }, {
+        "if": {"properties": {"learn_gamma": {"const": True}}, "required": ["learn_gamma"]},
+        "then": {"properties": {"loss": {"const": "gaussian"}}},
+    }]
+    for dataset, modality in MODALITY.items():
+        models = MODELS_BY_MODALITY[modality]
+        if set(models) != set(MODELS):
+            rules.append({"if": {"properties": {"dataset": {"const": dataset}}, "required": ["dataset"]},
+                          "then": {"properties": {"model": {"enum": list(models)}}}})
+    return {"allOf": rules}
+
+
+TAKES_UPLOAD = (*UPLOADED, "ag-news")
+"""Datasets a spec may name with a dataset_id (an AG News CSV is uploaded as ag-news)."""
+
+MAX_FRACTION = 0.45
+"""Each of val_fraction and test_fraction over HTTP (so that together they leave at least
+0.1 of the rows for training, a rule the schema can state field by field)."""
+
+
 class ExperimentCreate(ExperimentSpec):
     """An experiment spec as submitted over HTTP.
 
     Files are referenced by ``dataset_id`` (from ``POST /datasets``), never by a
-    server path: ``dataset_path`` and ``word_vectors`` are not accepted here.
+    server path: ``dataset_path`` and ``word_vectors`` are not accepted here. The rules
+    across fields are in the schema too (``allOf`` of ``if``/``then``).
     """
 
     # strict: a JSON true is not the number 1, nor "5" the integer 5 (as the schema says).
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+                              json_schema_extra=_combination_rules())
 
+    dataset_path: SkipJsonSchema[str | None] = None
+    word_vectors: SkipJsonSchema[str | None] = None
     dataset_id: int | None = Field(
-        default=None,
-        description="Id of an uploaded dataset (POST /datasets); required for npz, text and images."
+        default=None, ge=1, le=MAX_ID,
+        description="Id of an uploaded dataset (POST /datasets); required for npz, text and "
+        "images, and only for them."
+    )
+    val_fraction: float | None = Field(
+        default=None, gt=0.0, le=MAX_FRACTION,
+        description="Uploaded datasets (npz, text, images): the share of rows held out for "
+        "validation, stratified and seeded; default 0.15. The others keep the paper's split.",
+    )
+    test_fraction: float | None = Field(
+        default=None, gt=0.0, le=MAX_FRACTION,
+        description="Uploaded datasets: the share of rows held out for test; default 0.15.",
     )
 
     @model_validator(mode="before")
@@ -48,6 +96,10 @@ class ExperimentCreate(ExperimentSpec):
                     f"dataset {data.get('dataset')!r} needs dataset_id: upload it with POST "
                     "/datasets first"
                 )
+            if data.get("dataset") not in TAKES_UPLOAD and data.get("dataset_id") is not None:
+                raise ValueError(
+                    f"dataset_id applies to uploaded datasets ({', '.join(TAKES_UPLOAD)}); "
+                    f"{data.get('dataset')!r} is built in")
             if data.get("dataset") in UPLOADED:
                 # ExperimentSpec requires a path for uploads; the worker resolves the upload.
                 data = {**data, "dataset_path": f"upload:{data.get('dataset_id')}"}
@@ -172,7 +224,8 @@ class BinaryArray(BaseModel):
     """A compact batch: base64 of a C-ordered float32 or uint8 array, with its shape."""
 
     dtype: Literal["float32", "uint8"]
-    shape: list[int] = Field(min_length=1, description="First axis: one entry per input.")
+    shape: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, description="First axis: one entry per input.")
     data: str = Field(description="base64 of the array's bytes (little-endian, C order)")
 
 
@@ -183,15 +236,20 @@ class InferenceRequest(BaseModel):
     """Inputs for POST /embed and POST /predict: exactly one of images, texts, arrays, rows,
     binary."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "oneOf": [{"required": [kind]} for kind in INPUT_KINDS]})
 
-    experiment_id: int
-    images: list[str] | None = Field(default=None, description="base64 PNG or JPEG files")
-    texts: list[str] | None = Field(default=None, description="raw strings (text models)")
-    arrays: list[Any] | None = Field(
+    experiment_id: int = Field(ge=1, le=MAX_ID)
+    # Absent (or null) when not given: exactly one input kind is present (the schema's
+    # oneOf; app/openapi.py drops the nulls from the document, as a client need not send them).
+    images: Annotated[list[str], Field(min_length=1)] | None = Field(
+        default=None, description="base64 PNG or JPEG files")
+    texts: Annotated[list[str], Field(min_length=1)] | None = Field(
+        default=None, description="raw strings (text models)")
+    arrays: Annotated[list[Any], Field(min_length=1)] | None = Field(
         default=None, description="one nested list per input: (H, W) images or vectors"
     )
-    rows: list[dict[str, Any]] | None = Field(
+    rows: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
         default=None,
         description="one object per input, the feature columns by name (models trained from "
         "a feature table); other keys, such as the label, are ignored")
@@ -203,6 +261,15 @@ class InferenceRequest(BaseModel):
     _raw: bytes | None = PrivateAttr(default=None)
     # Multipart: each input's file name ("iris.csv, row 3" for a CSV's rows), echoed back.
     _names: list[str] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for kind in INPUT_KINDS:
+                if kind in data and data[kind] is None:
+                    raise ValueError(f"{kind} is null: give its inputs, or leave the field out")
+        return data
 
     @model_validator(mode="after")
     def _exactly_one(self) -> InferenceRequest:
@@ -216,16 +283,30 @@ class InferenceRequest(BaseModel):
 
 
 GRID_KEYS = ("loss", "lam", "seed", "gamma", "alpha")
+# Each grid field's values, as the spec's own fields take them.
+GRID_ITEMS: dict[str, dict[str, Any]] = {
+    "loss": {"type": "string", "enum": ["cce", "center", "cosine", "gaussian"]},
+    "lam": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0},
+    "seed": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+    "gamma": {"type": "number", "exclusiveMinimum": 0.0},
+    "alpha": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0},
+}
 
 
 class SweepCreate(BaseModel):
     """A base spec and a grid; every combination of the grid's values is one experiment."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: vectorize is a JSON boolean, not 0 or "yes" (as the schema says).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
+    # In the OpenAPI document: ExperimentCreate's schema (app/openapi.py points it there).
     base: dict[str, Any] = Field(description="An experiment spec (as for POST /experiments).")
     grid: dict[str, list[Any]] = Field(
-        description="Values to try per field; fields: " + ", ".join(GRID_KEYS) + "."
+        description="Values to try per field; fields: " + ", ".join(GRID_KEYS) + ". Every "
+        "combination is one experiment: at most COREL_MAX_SWEEP_SIZE of them.",
+        json_schema_extra={"minProperties": 1, "additionalProperties": False, "properties": {
+            key: {"type": "array", "minItems": 1, "items": item}
+            for key, item in GRID_ITEMS.items()}},
     )
     vectorize: bool = Field(
         default=True,

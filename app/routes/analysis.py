@@ -65,7 +65,7 @@ def compare(
     # The pattern is documented, and checked by parse_ids with messages of its own.
     ids: Annotated[list[str], Query(
         min_length=1, max_length=MAX_IDS,
-        description=f"1,2,3 or ids=1&ids=2: at most {MAX_IDS} experiments in all",
+        description=f"1,2,3 or ids=1&ids=2: at most {MAX_IDS} ids a value, {MAX_IDS} values",
         json_schema_extra={"items": {"type": "string", "pattern": IDS_PATTERN}})],
     format_: Annotated[Literal["json", "csv"], Query(alias="format")] = "json",
 ):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, Query, UploadFile, status
 from sqlalchemy import func, select
@@ -30,7 +30,7 @@ async def upload(
     session: SessionDep,
     settings: SettingsDep,
     file: Annotated[UploadFile, File(description="the .npz, .csv or .parquet file")],
-    kind: Annotated[str | None, Form(
+    kind: Annotated[Literal["npz", "ag-news", "features", "text", "images"] | None, Form(
         description="npz, ag-news, features (numeric columns + a label; trains as npz) or text "
         "(a text column + a label; trains as text); default: from the file name and content")] = None,
     label_column: Annotated[str | None, Form(
@@ -49,11 +49,11 @@ async def upload(
     # app.guard.RequestGuard has refused a body that declares more (413, unread).
     limit = settings.max_upload_bytes
     name = file.filename or ""
-    kind = datasets_service.guess_kind(name, kind)
+    chosen = datasets_service.guess_kind(name, kind)
     # Starlette has spooled the part to a temporary file: move it, chunk by chunk, to the
     # one file the checks read, and let the spooled copy go at once.
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"upload{datasets_service.suffix_for(name, kind)}"
+        path = Path(tmp) / f"upload{datasets_service.suffix_for(name, chosen)}"
         size = 0
         with path.open("wb") as out:
             while chunk := await file.read(CHUNK):
@@ -63,7 +63,7 @@ async def upload(
                 out.write(chunk)
         await file.close()
         options = datasets_service.TableOptions(label_column, text_column, standardize, split_column)
-        return datasets_service.create_upload(session, name, kind, path, options)
+        return datasets_service.create_upload(session, name, chosen, path, options)
 
 
 @router.get("", response_model=Page[DatasetRead], summary="Uploaded datasets")

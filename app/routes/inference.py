@@ -17,7 +17,8 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from app.db import session_scope
-from app.errors import InvalidInput, PayloadTooLarge, describe_errors
+from app.errors import MAX_ID, InvalidInput, PayloadTooLarge, describe_errors
+from app.openapi import without_nulls
 from app.schemas import InferenceRequest
 from app.services import inference
 from app.services.model_cache import LoadedModel, load_from_database
@@ -28,14 +29,15 @@ _BODY_DOC: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": InferenceRequest.model_json_schema()},
+            "application/json": {"schema": without_nulls(InferenceRequest.model_json_schema())},
             "multipart/form-data": {
                 "schema": {
                     "type": "object",
-                    "required": ["experiment_id"],
+                    "required": ["experiment_id", "files"],
                     "properties": {
-                        "experiment_id": {"type": "integer"},
-                        "files": {"type": "array", "items": {"type": "string", "format": "binary"},
+                        "experiment_id": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+                        "files": {"type": "array", "minItems": 1,
+                                  "items": {"type": "string", "format": "binary"},
                                   "description": "PNG/JPEG images or UTF-8 text files (one input "
                                   "each), or CSV files with a header row (one input per row, "
                                   "feature columns by name, for models trained from a feature "

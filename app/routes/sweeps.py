@@ -56,7 +56,10 @@ def cancel(sweep_id: int, session: SessionDep):
     return sweeps_service.progress(session, sweep)
 
 
-@router.get("/{sweep_id:int}/report", summary="The paper's Tables 1-4 from the sweep's results")
+@router.get("/{sweep_id:int}/report", summary="The paper's Tables 1-4 from the sweep's results",
+            responses={200: {"content": {"text/csv": {"schema": {"type": "string"}},
+                                         "text/markdown": {"schema": {"type": "string"}}},
+                             "description": "JSON; or ?format=csv, ?format=markdown"}})
 def report(
     sweep_id: int,
     session: SessionDep,

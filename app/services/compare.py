@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,23 +30,24 @@ FIXED_TRAILING = ("best_epoch", "test_accuracy", "metric")
 
 
 def parse_ids(values: Iterable[str]) -> list[int]:
-    """``["1,2", "3"]`` (comma lists, repeated parameters or both) -> ``[1, 2, 3]``."""
+    """``["1,2", "3"]`` (comma lists, repeated parameters or both) -> ``[1, 2, 3]``; each
+    value as :data:`IDS_PATTERN` says (at most MAX_IDS ids a value, MAX_IDS values)."""
     ids: list[int] = []
+    values = list(values)
     for value in values:
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            try:
-                ids.append(int(part))
-            except ValueError:
-                raise InvalidInput(f"ids must be integers; got {part!r}") from None
+        if not re.fullmatch(IDS_PATTERN, value):
+            parts = [p.strip() for p in value.split(",")]
+            bad = next((p for p in parts if not re.fullmatch(r"[1-9][0-9]{0,8}", p)), None)
+            if not value.strip():
+                raise InvalidInput("give the experiments to compare: ?ids=1,2,3 (or ids=1&ids=2)")
+            if bad is not None:
+                raise InvalidInput(f"ids must be integers from 1 (a comma list); got {bad!r}")
+            raise InvalidInput(f"compare at most {MAX_IDS} experiments in one ids value; "
+                               f"got {len(parts)}")
+        ids += [int(part) for part in value.split(",")]
     if not ids:
         raise InvalidInput("give the experiments to compare: ?ids=1,2,3 (or ids=1&ids=2)")
-    ids = list(dict.fromkeys(ids))  # an experiment listed twice is shown once
-    if len(ids) > MAX_IDS:
-        raise InvalidInput(f"compare at most {MAX_IDS} experiments at once; got {len(ids)}")
-    return ids
+    return list(dict.fromkeys(ids))  # an experiment listed twice is shown once
 
 
 def _shown_spec(exp: Experiment) -> dict[str, Any]:

@@ -165,10 +165,11 @@ def create_upload(session: Session, filename: str, kind: str, path: Path,
 
 
 def referenced_upload(session: Session, dataset_id: int) -> DatasetUpload:
-    """The upload a request body names by ``dataset_id``: a 422 (not a 404) if there is none."""
+    """The upload a request body names by ``dataset_id``: a 404 if there is none (the
+    schema can say what an id looks like, not which ids exist)."""
     upload = session.get(DatasetUpload, dataset_id) if 1 <= dataset_id <= MAX_ID else None
     if upload is None:
-        raise InvalidInput(f"dataset_id {dataset_id} does not exist; upload with POST /datasets")
+        raise NotFound(f"dataset_id {dataset_id} does not exist; upload with POST /datasets")
     return upload
 
 

@@ -33,6 +33,11 @@ def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:
         size *= len(values)
     if size > limit:
         raise InvalidInput(f"the grid has {size} combinations; the limit is {limit} per sweep")
+    try:  # the base on its own too, as the schema says (a field the grid overrides included)
+        ExperimentCreate.model_validate(body.base)
+    except ValidationError as exc:
+        raise InvalidInput("base is not a valid spec: "
+                           + describe_errors(exc.errors(), whole="spec")) from exc
     members: list[ExperimentCreate] = []
     seen: set[str] = set()
     for combo in itertools.product(*(body.grid[k] for k in keys)):

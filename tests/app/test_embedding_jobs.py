@@ -94,7 +94,7 @@ def test_a_job_is_cancelled(client, model, many):
 
 def test_bad_jobs_are_refused(client, model, worker):
     r = client.post(f"/experiments/{model}/embeddings", json={"dataset_id": 2_000_000})
-    assert r.status_code == 422 and "dataset_id 2000000 does not exist" in r.json()["detail"]
+    assert r.status_code == 404 and "dataset_id 2000000 does not exist" in r.json()["detail"]
     texts = ["a short text", "another one", "and a third"] * 2
     up = client.post("/datasets", files={"file": ("t.csv", "text,label\n" + "\n".join(
         f"{t},{'ab'[i % 2]}" for i, t in enumerate(texts)))}).json()

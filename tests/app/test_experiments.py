@@ -158,9 +158,10 @@ def test_bad_specs_get_422_naming_the_problem(client, body, words):
         assert word in r.json()["detail"], r.json()
 
 
-def test_unknown_dataset_id_is_422(client):
+def test_unknown_dataset_id_is_404(client):
+    """An id the schema allows but no upload has: 404, as for an id in a path."""
     r = client.post("/experiments", json={"dataset": "npz", "dataset_id": 987654})
-    assert r.status_code == 422 and "dataset_id 987654 does not exist" in r.json()["detail"]
+    assert r.status_code == 404 and "dataset_id 987654 does not exist" in r.json()["detail"]
 
 
 def test_non_json_body_is_422(client):
@@ -220,11 +221,12 @@ def test_ids_that_cannot_exist_are_404_on_every_route(client, eid):
         else:
             assert "does not exist" in r.json()["detail"]
     r = client.get("/experiments/compare", params={"ids": f"1,{eid}"})
-    assert r.status_code == 404 and str(eid) in r.json()["detail"]
+    assert r.status_code == 422 and f"got '{eid}'" in r.json()["detail"]  # ids are 1 to 9 digits
+    # In a body the schema bounds an id (1 to 2**31 - 1): outside them a 422 that says so.
     r = client.post("/embed", json={"experiment_id": eid, "arrays": [[0.0]]})
-    assert r.status_code == 404 and "does not exist" in r.json()["detail"], r.text
+    assert r.status_code == 422 and "experiment_id" in r.json()["detail"], r.text
     r = client.post("/experiments", json={"dataset": "npz", "dataset_id": eid})
-    assert r.status_code == 422 and "does not exist" in r.json()["detail"]
+    assert r.status_code == 422 and "dataset_id" in r.json()["detail"]
 
 
 @pytest.mark.parametrize("offset", [-1, 2**31, 2**63])

@@ -145,7 +145,7 @@ def test_cache_is_a_bounded_lru_and_loads_once_under_concurrency():
 @pytest.mark.parametrize(
     ("payload", "status", "words"),
     [
-        ({"arrays": []}, 422, "the batch is empty"),
+        ({"arrays": []}, 422, "arrays: List should have at least 1 item"),
         ({"texts": ["a shirt"]}, 422, "trained on image inputs (fashion-mnist); send images or arrays or binary"),
         ({"arrays": [[1, 2, 3]]}, 422, "images must have shape (N, 28, 28)"),
         ({"arrays": [[[0] * 28] * 28, [[0] * 27] * 28]}, 422, "input 1"),
@@ -154,6 +154,7 @@ def test_cache_is_a_bounded_lru_and_loads_once_under_concurrency():
         ({"images": ["%%%"]}, 422, "input 0 is not valid base64"),
         ({"binary": {"dtype": "uint8", "shape": [2, 28, 28], "data": "AAAA"}}, 422, "needs 1568"),
         ({"binary": {"dtype": "int64", "shape": [1], "data": ""}}, 422, "binary.dtype"),
+        ({"texts": None, "arrays": [[0.0]]}, 422, "texts is null: give its inputs, or leave"),
         ({}, 422, "send exactly one of images, texts, arrays, rows or binary"),
         ({"arrays": [[[0] * 28] * 28], "texts": ["x"]}, 422, "got texts, arrays"),
         ({"arrays": [[[float("nan")] * 28] * 28]}, 422, None),

@@ -213,6 +213,6 @@ def test_fractions_set_the_sizes_of_a_random_split(client, worker, digits_table)
     assert _latent_rows(client, eid) == round(0.3 * 600)
     for body, words in (({"dataset": "mnist", "val_fraction": 0.2}, "apply to uploaded datasets"),
                         ({"dataset": "npz", "dataset_id": ds, "val_fraction": 0.5, "test_fraction": 0.45},
-                         "must leave at least 0.1 of the rows for training")):
+                         "val_fraction: Input should be less than or equal to 0.45")):
         r = client.post("/experiments", json=body)
         assert r.status_code == 422 and words in r.json()["detail"], r.text
