@@ -435,4 +435,5 @@ def test_a_run_that_failed_before_its_first_epoch_says_so_instead_of_an_empty_ch
     assert "before its first epoch" in page.inner_text("#curves-note")
     assert not page.locator("#curves").is_visible()
     assert "DownloadError" in page.inner_text("#error-box")
+    assert page.inner_text("#latent-note") == "None: the experiment failed."
     shot(page, "experiment-failed-early")

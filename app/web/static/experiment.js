@@ -49,6 +49,13 @@ corel.pages.experiment = async function () {
     const warn = document.getElementById("warning-box");
     warn.hidden = !(exp.warnings && exp.warnings.length);
     warn.textContent = warn.hidden ? "" : "Warning: " + exp.warnings.join("; ");
+    if (FINISHED.includes(exp.status) && exp.status !== "succeeded") {
+      // Nothing will come: say so instead of "available when the experiment has succeeded".
+      const none = "None: the experiment " + (exp.status === "failed" ? "failed" : "was cancelled") + ".";
+      document.getElementById("latent-note").textContent = none;
+      document.getElementById("clustering-note").textContent = none;
+      document.getElementById("downloads").replaceChildren(el("li", { class: "muted" }, none));
+    }
     const box = document.getElementById("error-box");
     box.hidden = !exp.error;
     box.textContent = exp.error ? "Failed: " + exp.error : "";
