@@ -7,7 +7,9 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+# The record's own attributes, and uvicorn's ANSI-coloured copy of its message.
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message", "asctime", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):

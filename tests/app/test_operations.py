@@ -191,6 +191,8 @@ def test_embedded_default_end_to_end(tmp_path):
         posts = [line for line in text.splitlines() if '"POST' in line or '"method": "POST"' in line]
         assert len(posts) == 1, posts
         assert "WARNING/MainProcess] {" not in text, text[-2000:]
+        # ... and in one format: Celery's own "[... INFO/MainProcess]" copies are gone.
+        assert text.count("celery@") and "INFO/MainProcess]" not in text, text[-2000:]
         deadline = time.monotonic() + 45
         while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in children):
             assert time.monotonic() < deadline, "the embedded worker outlived `corel serve`"
