@@ -166,7 +166,9 @@ class Settings(BaseSettings):
     @property
     def data_dirs(self) -> list[Path]:
         """Where the built-in datasets are looked for, in order."""
-        given = [Path(p).expanduser() for p in self.data_dir.split(os.pathsep) if p.strip()]
+        # Normalised (../shared/datasets from `make serve` reads as the folder it names).
+        given = [Path(os.path.normpath(Path(p).expanduser())) for p in self.data_dir.split(os.pathsep)
+                 if p.strip()]
         return [*given, self.var_dir / "datasets"]
 
     @property

@@ -89,8 +89,11 @@ def _table(path: Path, kind: str, options: TableOptions) -> tuple[str, bytes, di
     fmt = "parquet" if path.suffix in (".parquet", ".pq") else "csv"
     table = tables.read_table(path, fmt)
     if kind == "table":  # not given: numbers besides the label (typos aside) mean features
-        label = options.label_column or next(
-            (n for n in table.column_names if n.strip().lower() in tables.LABEL_NAMES), None)
+        try:
+            label: str | None = tables.pick_label(table, options.label_column,
+                                                  [options.split_column] if options.split_column else [])
+        except ValueError:  # said again, with the table's kind, below
+            label = None
         others = [n for n in table.column_names if n not in (label, options.split_column)]
         kind = "features" if others and all(tables.looks_numeric(table, n) for n in others) else "text"
     if kind == "features":

@@ -73,6 +73,22 @@ def _pick(table: Any, given: str | None, candidates: Sequence[str], what: str,
         f"{what.replace(' ', '_')}_column")
 
 
+def pick_label(table: Any, given: str | None = None, exclude: Sequence[str] = ()) -> str:
+    """The label column: ``given``; or the one named like a label (label, class, target,
+    ...); or else, in a table whose other columns are all numeric, its one column of words
+    (iris's ``species``)."""
+    try:
+        return _pick(table, given, LABEL_NAMES, "label", exclude)
+    except ValueError:
+        names = [n for n in table.column_names if n not in exclude]
+        if given is not None or any(n.strip().lower() in LABEL_NAMES for n in names):
+            raise
+        words = [n for n in names if not looks_numeric(table, n)]
+        if len(words) == 1 and len(names) > 1:
+            return words[0]
+        raise
+
+
 def _labels(table: Any, column: str) -> tuple[np.ndarray, list[str]]:
     values = table.column(column).to_pylist()
     empty = [i for i, v in enumerate(values) if v is None or (isinstance(v, str) and not v.strip())]
@@ -153,7 +169,7 @@ def _split_of(table: Any, split_column: str | None) -> dict[str, Any]:
 def feature_table(table: Any, label_column: str | None = None,
                   split_column: str | None = None) -> dict[str, Any]:
     """``{"x": float32 (N, D), "y": int64 (N,), "class_names", "feature_names"[, "split"]}``."""
-    label = _pick(table, label_column, LABEL_NAMES, "label")
+    label = pick_label(table, label_column, (split_column,) if split_column else ())
     features = [n for n in table.column_names if n not in (label, split_column)]
     if not features:
         raise ValueError(f"the table has no feature column besides the label {label!r}")
@@ -166,7 +182,7 @@ def feature_table(table: Any, label_column: str | None = None,
 def text_table(table: Any, text_column: str | None = None, label_column: str | None = None,
                split_column: str | None = None) -> dict[str, Any]:
     """``{"texts": list[str], "y": int64 (N,), "class_names"[, "split"]}``."""
-    label = _pick(table, label_column, LABEL_NAMES, "label")
+    label = pick_label(table, label_column, (split_column,) if split_column else ())
     rest = [n for n in table.column_names if n not in (label, split_column)]
     if text_column is None and len(rest) == 1:
         text_column = rest[0]

@@ -216,3 +216,21 @@ def test_fractions_set_the_sizes_of_a_random_split(client, worker, digits_table)
                          "val_fraction: Input should be less than or equal to 0.45")):
         r = client.post("/experiments", json=body)
         assert r.status_code == 422 and words in r.json()["detail"], r.text
+
+
+def test_a_table_whose_one_column_of_words_is_the_label_needs_no_label_column(client):
+    """Iris as a new user has it: four numeric columns and `species`. It was refused with
+    "cannot tell which column holds the label"; the one column of words is the label."""
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    rows = [[*map(float, x), iris.target_names[y]] for x, y in zip(iris.data, iris.target, strict=True)]
+    header = ["sepal_length", "sepal_width", "petal_length", "petal_width", "species"]
+    r = _upload(client, "iris.csv", _csv(rows, header))
+    assert r.status_code == 201, r.text
+    summary = r.json()["summary"]
+    assert summary["label_column"] == "species" and summary["feature_columns"] == header[:4]
+    assert summary["class_names"] == ["setosa", "versicolor", "virginica"]
+    # Two columns of words and no label named: still a question for the user.
+    r = _upload(client, "two.csv", _csv([[1.0, "a", "x"]] * 9, ["f", "g", "h"]))
+    assert r.status_code == 422 and "label_column" in r.json()["detail"], r.text
