@@ -43,8 +43,9 @@ import numpy as np
 import pybase64
 import torch
 
-from corel.data import prepare_images, read_idx
-from corel.training import checkpoint_from_bytes, model_from_checkpoint
+from corel.data import read_idx
+from corel.serving import ServedModel
+from corel.training import checkpoint_from_bytes
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
@@ -102,13 +103,12 @@ def binary(images: np.ndarray) -> dict:
             "data": base64.b64encode(np.ascontiguousarray(images).tobytes()).decode()}
 
 
-def in_process(model: torch.nn.Module, pre: dict, batches: list[np.ndarray]) -> float:
-    """(a): one pass of the checkpoint's encoder over the batches, with the same
-    preprocessing, in this process on all its torch threads. Samples/s."""
+def in_process(served: ServedModel, batches: list[np.ndarray]) -> float:
+    """(a): one pass of the checkpoint's served model (corel.serving, the pipeline the
+    API uses) over the batches, in this process on all its torch threads. Samples/s."""
     started = time.perf_counter()
-    with torch.inference_mode():
-        for batch in batches:
-            model.encoder(prepare_images(batch, pre)).numpy()
+    for batch in batches:
+        served.embed(served.prepare(batch)).numpy()
     return sum(len(b) for b in batches) / (time.perf_counter() - started)
 
 
@@ -267,8 +267,7 @@ def main() -> None:
         try:
             eid = train(base)
             ckpt = checkpoint_of(var, eid)
-            _, model = model_from_checkpoint(ckpt, "cpu")
-            pre = json.loads(ckpt["preprocessing"])
+            served = ServedModel.from_checkpoint(ckpt, "cpu")
             print(f"service on {base}, experiment {eid} (Fashion-MNIST FFNN, Gaussian-COREL), "
                   f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
             requests = {"json": batch_requests(eid, batches, raw=False),
@@ -276,13 +275,13 @@ def main() -> None:
             requests["raw2"] = requests["raw"]
             conns = {"json": [Connection(port)], "raw": [Connection(port)],
                      "raw2": [Connection(port), Connection(port)]}
-            in_process(model, pre, batches)  # warm-up, and the service's model cache
+            in_process(served, batches)  # warm-up, and the service's model cache
             for form in forms:
                 over_http(conns[form], requests[form][:len(conns[form])], form != "json")
             # Interleaved rounds: the machine's load drifts, and each ratio compares passes
             # made moments apart.
             for _ in range(args.rounds):
-                a = in_process(model, pre, batches)
+                a = in_process(served, batches)
                 rates["a"].append(a)
                 for form in forms:
                     b = over_http(conns[form], requests[form], form != "json")

@@ -20,12 +20,11 @@ import torch
 from torch import nn
 
 from corel.losses import LossHead
-from corel.training import model_from_checkpoint
+from corel.serving import ServedModel
 
 __all__ = ["FORMATS", "export", "export_metadata"]
 
 FORMATS = ("onnx", "torchscript")
-SIMILARITY_OF_LOSS = {"cce": "dot", "center": "dot", "cosine": "cosine", "gaussian": "gaussian"}
 OPSET = 17
 
 
@@ -40,30 +39,21 @@ class _EncoderAndHead(nn.Module):
         return h, self.head.similarities(h)
 
 
-def export_metadata(checkpoint: dict[str, Any],
+def export_metadata(served: ServedModel,
                     trained_on: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What the exported file records besides the weights. ``trained_on`` says what the
+    """What the exported file records besides the weights: the served model's metadata
+    (corel.serving), what it was trained on and its spec. ``trained_on`` says what the
     data was in its owner's terms (the service: the upload's id and file name); by
     default the built-in dataset's name, or "your own data" for a file. The spec's paths
     (where a file lay on the machine that trained) are left out."""
-    spec = json.loads(checkpoint["spec"])
+    spec = served.spec.model_dump(mode="json")
     own = spec.get("dataset_path") is not None
     for key in ("dataset_path", "word_vectors"):
         spec.pop(key, None)
     if trained_on is None:
         trained_on = ({"dataset": "your own data", "format": spec["dataset"]} if own
                       else {"dataset": spec["dataset"]})
-    return {
-        "format_version": 1,
-        "inputs": {"x": {"dtype": "float32", "shape": ["N", *map(int, checkpoint["input_shape"])]}},
-        "outputs": {"embeddings": ["N", int(spec["hidden"])],
-                    "similarities": ["N", int(checkpoint["num_classes"])]},
-        "preprocessing": json.loads(checkpoint["preprocessing"]),
-        "class_names": [str(c) for c in checkpoint["class_names"]],
-        "similarity": SIMILARITY_OF_LOSS[spec["loss"]],
-        "trained_on": trained_on,
-        "spec": spec,
-    }
+    return {"format_version": 1, **served.metadata(), "trained_on": trained_on, "spec": spec}
 
 
 def export(checkpoint: dict[str, Any], fmt: str, trained_on: dict[str, Any] | None = None) -> bytes:
@@ -71,10 +61,10 @@ def export(checkpoint: dict[str, Any], fmt: str, trained_on: dict[str, Any] | No
     ``trained_on``: see :func:`export_metadata`."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    _, model = model_from_checkpoint(checkpoint, "cpu")
-    wrapped = _EncoderAndHead(model.encoder, model.head).float().eval()
-    meta = export_metadata(checkpoint, trained_on)
-    example = torch.zeros(2, *(int(s) for s in checkpoint["input_shape"]))
+    served = ServedModel.from_checkpoint(checkpoint, "cpu")  # the API's own pipeline
+    wrapped = _EncoderAndHead(served.model.encoder, served.model.head).float().eval()
+    meta = export_metadata(served, trained_on)
+    example = torch.zeros(2, *served.input_shape)
     buf = io.BytesIO()
     with warnings.catch_warnings():
         # The tracer warns about the heads' shape checks, which hold for any batch size.

@@ -3,24 +3,21 @@ experiment's best checkpoint, in batches, with progress and cancellation between
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 import numpy as np
-import torch
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import session_scope
 from app.models import Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
 from app.settings import Settings
-from corel.data import prepare_images, prepare_texts, prepare_vectors
-from corel.training import checkpoint_from_bytes, model_from_checkpoint
+from corel.serving import BATCH, ServedModel
 from worker.runner import LostLease, claim, materialise_upload, owned, updated
 
 log = logging.getLogger("corel.worker")
-BATCH = 4096  # rows per forward pass, and between two progress commits
+# BATCH (corel.serving): rows per forward pass, and between two progress commits.
 
 
 def _rows(path: Any, kind: str) -> tuple[Any, np.ndarray]:
@@ -67,19 +64,12 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
     try:
         if blob is None or kind is None:
             raise ValueError("the experiment's checkpoint or the dataset no longer exists")
-        ckpt = checkpoint_from_bytes(blob)
-        spec, model = model_from_checkpoint(ckpt, settings.device)
-        preprocessing = json.loads(ckpt["preprocessing"])
-        prepare = {"image": prepare_images, "vector": prepare_vectors,
-                   "text": prepare_texts}[spec.modality]
+        served = ServedModel.from_bytes(blob, settings.device)  # the API's own pipeline
         inputs, y = _rows(path, kind)
         n = len(inputs)
         parts = []
         for start in range(0, n, BATCH):
-            x = prepare(inputs[start:start + BATCH], preprocessing)  # type: ignore[operator]
-            with torch.inference_mode():
-                device = next(model.parameters()).device
-                parts.append(model.encoder(x.to(device, model.head.W.dtype)).float().cpu().numpy())
+            parts.append(served.embed(served.prepare(inputs[start:start + BATCH])).numpy())
             with session_scope(factory) as session:
                 # Progress and the heartbeat in one statement, only while the job is ours.
                 if not updated(session, update(EmbeddingJob).where(owned(job_id, EmbeddingJob))
@@ -89,7 +79,7 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
             if cancel:
                 _finish(factory, job_id, status="cancelled")
                 return "cancelled"
-        reps = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, spec.hidden), np.float32))
+        reps = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, served.dim), np.float32))
     except LostLease:
         log.warning("lost the lease; another worker continues", extra={"job": job_id})
         return "lost"

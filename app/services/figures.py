@@ -25,7 +25,7 @@ from app.errors import Conflict
 from app.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
 from app.services.clustering import best_checkpoint, load_latent, store_once, succeeded_experiment
 from app.services.experiments import get_experiment
-from app.services.model_cache import SIMILARITY_OF_LOSS
+from corel.serving import SIMILARITY_OF_LOSS
 from corel.training import checkpoint_from_bytes
 
 DPI = 100

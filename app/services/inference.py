@@ -7,6 +7,7 @@ import binascii
 import io
 import itertools
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -14,12 +15,13 @@ from typing import Any
 import numpy as np
 import pybase64
 import torch
+from fastapi.concurrency import run_in_threadpool
 from PIL import Image, UnidentifiedImageError
 
+from app.db import session_scope
 from app.errors import InvalidInput, PayloadTooLarge
 from app.schemas import INPUT_KINDS, BinaryArray, InferenceRequest
-from app.services.model_cache import LoadedModel
-from corel.data import prepare_images, prepare_texts, prepare_vectors
+from app.services.model_cache import LoadedModel, load_from_database
 
 ACCEPTS = {
     "image": ("images", "arrays", "binary"),
@@ -168,13 +170,7 @@ def decode(req: InferenceRequest, loaded: LoadedModel) -> np.ndarray | list[str]
 def prepare(raw: np.ndarray | list[str], loaded: LoadedModel) -> torch.Tensor:
     """Decoded inputs (or a slice of them) -> the model's input tensor, as in training."""
     try:
-        if loaded.modality == "text":
-            assert isinstance(raw, list)
-            return prepare_texts(raw, loaded.preprocessing)
-        assert isinstance(raw, np.ndarray)
-        if loaded.modality == "image":
-            return prepare_images(raw, loaded.preprocessing)
-        return prepare_vectors(raw, loaded.preprocessing)
+        return loaded.served.prepare(raw)
     except ValueError as exc:
         # The library's own checks (shape, range, ...) say what is wrong and what is allowed.
         raise InvalidInput(str(exc)) from exc
@@ -272,14 +268,40 @@ def _slice(raw: np.ndarray | list[str], start: int, stop: int, loaded: LoadedMod
         sims[start:stop] = sims_part.numpy()
 
 
-@torch.inference_mode()
 def forward(
     loaded: LoadedModel, x: torch.Tensor, similarities: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Representations and (if asked; else an empty tensor) similarities to every class."""
-    h = loaded.model.encoder(x.to(loaded.device))
-    sims = loaded.model.head.similarities(h).float().cpu() if similarities else torch.empty(0)
-    return h.float().cpu(), sims
+    h, sims = loaded.served.forward(x, similarities)
+    return h, torch.empty(0) if sims is None else sims
+
+
+async def model_for(state: Any, experiment_id: int) -> LoadedModel:
+    """The experiment's served model: from the API process's cache, or loaded once from
+    its best checkpoint (off the event loop)."""
+    cache = state.model_cache
+    loaded: LoadedModel | None = cache.peek(experiment_id)
+    if loaded is not None:
+        return loaded
+
+    def load() -> LoadedModel:
+        with session_scope(state.sessionmaker) as session:
+            return load_from_database(session, experiment_id, state.settings.device)
+
+    return await run_in_threadpool(cache.get, experiment_id, load)
+
+
+async def infer(state: Any, req: InferenceRequest,
+                similarities: bool) -> tuple[LoadedModel, torch.Tensor, torch.Tensor | None]:
+    """The one service behind /embed and /predict: the batch checked, the model got, the
+    inputs run through it (batched with other requests'), the time recorded."""
+    check_batch(req, state.settings.max_embed_batch)
+    loaded = await model_for(state, req.experiment_id)
+    started = time.perf_counter()
+    h, sims = await state.inference.run(req, loaded, similarities)
+    state.metrics.observe_inference("predict" if similarities else "embed", batch_size(req),
+                                    time.perf_counter() - started)
+    return loaded, h, sims
 
 
 def encode_binary(array: np.ndarray) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -16,27 +15,49 @@ from sqlalchemy.orm import Session
 from app.errors import Conflict, NotFound, check_id
 from app.models import Checkpoint, Experiment
 from corel.models import Classifier
+from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
-from corel.training import checkpoint_from_bytes, model_from_checkpoint
-
-SIMILARITY_OF_LOSS = {"cce": "dot", "center": "dot", "cosine": "cosine", "gaussian": "gaussian"}
 
 
 @dataclass(frozen=True)
 class LoadedModel:
+    """An experiment's served model (corel.serving) and which checkpoint it is."""
+
     experiment_id: int
-    spec: ExperimentSpec
-    model: Classifier
-    class_names: list[str]
-    preprocessing: dict[str, Any]
-    modality: str
-    dim: int
+    served: ServedModel
     checkpoint: dict[str, Any]  # identity: id, epoch, sha256
-    device: torch.device
+
+    @property
+    def spec(self) -> ExperimentSpec:
+        return self.served.spec
+
+    @property
+    def model(self) -> Classifier:
+        return self.served.model
+
+    @property
+    def class_names(self) -> list[str]:
+        return self.served.class_names
+
+    @property
+    def preprocessing(self) -> dict[str, Any]:
+        return self.served.preprocessing
+
+    @property
+    def modality(self) -> str:
+        return self.served.modality
+
+    @property
+    def dim(self) -> int:
+        return self.served.dim
+
+    @property
+    def device(self) -> torch.device:
+        return self.served.device
 
     @property
     def similarity(self) -> str:
-        return SIMILARITY_OF_LOSS[self.spec.loss]
+        return self.served.similarity
 
 
 def load_from_database(session: Session, experiment_id: int, device: str | None) -> LoadedModel:
@@ -54,19 +75,10 @@ def load_from_database(session: Session, experiment_id: int, device: str | None)
     )
     if row is None:
         raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
-    ckpt = checkpoint_from_bytes(row.data)
-    spec, model = model_from_checkpoint(ckpt, device)
-    preprocessing = json.loads(ckpt["preprocessing"])
     return LoadedModel(
         experiment_id=experiment_id,
-        spec=spec,
-        model=model,
-        class_names=list(ckpt["class_names"]),
-        preprocessing=preprocessing,
-        modality=spec.modality,
-        dim=spec.hidden,
+        served=ServedModel.from_bytes(row.data, device),
         checkpoint={"id": row.id, "epoch": row.epoch, "sha256": row.sha256},
-        device=next(model.parameters()).device,
     )
 
 

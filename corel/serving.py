@@ -1,0 +1,125 @@
+"""One serving pipeline: a trained model built from its checkpoint, and raw input to rows.
+
+Everything that turns inputs into representations after training goes through
+:class:`ServedModel`: the API's ``/embed`` and ``/predict``, the batch embedding jobs,
+the exports, nearest-neighbour search and the benchmarks. It holds the model and what
+serving needs to know of it (class names, the preprocessing recorded at training time,
+the similarity its head scores with), and does the three steps:
+
+* :meth:`ServedModel.prepare`: raw inputs (pixel arrays, feature vectors, texts) to the
+  model's input tensor, exactly as the training data was prepared;
+* :meth:`ServedModel.embed`: the encoder, h = F(x), as float32 on the CPU;
+* :meth:`ServedModel.similarities`: the head's score of h against each class vector.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from corel.data import prepare_images, prepare_texts, prepare_vectors
+from corel.models import Classifier
+from corel.spec import ExperimentSpec
+from corel.training import checkpoint_from_bytes, model_from_checkpoint
+
+SIMILARITY_OF_LOSS = {"cce": "dot", "center": "dot", "cosine": "cosine", "gaussian": "gaussian"}
+"""The similarity each loss's head scores representations with against the class vectors."""
+
+BATCH = 4096
+"""Rows per forward pass in :meth:`ServedModel.embed_all`."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A trained model ready to serve (eval mode, on its device)."""
+
+    spec: ExperimentSpec
+    model: Classifier
+    class_names: list[str]
+    preprocessing: dict[str, Any]
+    input_shape: tuple[int, ...]  # of one prepared input, as the encoder takes it
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: dict[str, Any],
+                        device: str | torch.device | None = None) -> ServedModel:
+        spec, model = model_from_checkpoint(checkpoint, device)
+        return cls(spec=spec, model=model, class_names=[str(c) for c in checkpoint["class_names"]],
+                   preprocessing=json.loads(checkpoint["preprocessing"]),
+                   input_shape=tuple(int(s) for s in checkpoint["input_shape"]))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, device: str | torch.device | None = None) -> ServedModel:
+        """From a checkpoint as stored (``checkpoint_to_bytes``)."""
+        return cls.from_checkpoint(checkpoint_from_bytes(blob), device)
+
+    @property
+    def modality(self) -> str:
+        return self.spec.modality
+
+    @property
+    def dim(self) -> int:
+        return self.spec.hidden
+
+    @property
+    def similarity(self) -> str:
+        return SIMILARITY_OF_LOSS[self.spec.loss]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def prepare(self, raw: np.ndarray | torch.Tensor | Sequence[str]) -> torch.Tensor:
+        """Raw inputs -> the model's input tensor, as in training. ValueError says what is
+        wrong with them (shape, range, dtype, ...)."""
+        if self.modality == "text":
+            if isinstance(raw, np.ndarray | torch.Tensor):
+                raise ValueError(f"this model takes texts, got an array of shape {tuple(raw.shape)}")
+            return prepare_texts(list(raw), self.preprocessing)
+        if not isinstance(raw, np.ndarray | torch.Tensor):
+            raise ValueError(f"this model takes {self.modality} arrays, not texts")
+        if self.modality == "image":
+            return prepare_images(raw, self.preprocessing)
+        return prepare_vectors(raw, self.preprocessing)
+
+    @torch.inference_mode()
+    def forward(self, x: torch.Tensor,
+                similarities: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """h = F(x) of prepared inputs and (if asked) the head's similarities, both
+        float32 on the CPU; the similarities are of h at the model's own precision."""
+        h = self.model.encoder(x.to(self.device, self.model.head.W.dtype))
+        sims = self.model.head.similarities(h).float().cpu() if similarities else None
+        return h.float().cpu(), sims
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """The representations h = F(x) of prepared inputs: float32, on the CPU."""
+        return self.forward(x, similarities=False)[0]
+
+    @torch.inference_mode()
+    def similarities(self, h: torch.Tensor) -> torch.Tensor:
+        """The head's similarity of each representation to each class vector (float32, CPU)."""
+        h = h.to(self.device, self.model.head.W.dtype)
+        return self.model.head.similarities(h).float().cpu()
+
+    def embed_all(self, raw: np.ndarray | Sequence[str], batch: int = BATCH) -> np.ndarray:
+        """Every row of ``raw``, prepared and embedded ``batch`` rows at a time: (N, dim)."""
+        n = len(raw)
+        out = np.empty((n, self.dim), np.float32)
+        for start in range(0, n, batch):
+            out[start:start + batch] = self.embed(self.prepare(raw[start:start + batch])).numpy()
+        return out
+
+    def metadata(self) -> dict[str, Any]:
+        """What a file holding this model records besides its weights (see corel.export)."""
+        return {
+            "inputs": {"x": {"dtype": "float32", "shape": ["N", *self.input_shape]}},
+            "outputs": {"embeddings": ["N", self.dim],
+                        "similarities": ["N", len(self.class_names)]},
+            "preprocessing": self.preprocessing,
+            "class_names": self.class_names,
+            "similarity": self.similarity,
+        }
