@@ -139,6 +139,35 @@ def predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def neighbors(args: argparse.Namespace) -> int:
+    path = f"/experiments/{args.experiment}/neighbors"
+    if args.npy:
+        bodies = []
+        for start in range(0, len(array := _array(args)), args.batch):
+            part = array[start:start + args.batch]
+            params = {"dtype": "uint8" if part.dtype == np.uint8 else "float32",
+                      "shape": ",".join(map(str, part.shape)), "k": args.k}
+            bodies.append(_call(args, "POST", path, params=params, content=part.tobytes(),
+                                headers={"Content-Type": "application/octet-stream"}))
+    else:
+        bodies = [_call(args, "POST", path, json={"k": args.k, **_inputs(args)})]
+    results = [r for body in bodies for r in body["results"]]
+    if args.out:
+        rows = np.asarray([[n["row"] for n in r["neighbors"]] for r in results], np.int64)
+        dist = np.asarray([[n["distance"] for n in r["neighbors"]] for r in results], np.float32)
+        np.savez(args.out, rows=rows, distances=dist,
+                 labels=np.asarray([[n["label"] for n in r["neighbors"]] for r in results], np.int64))
+    print(f"experiment {args.experiment}: the {args.k} nearest training rows, "
+          f"{bodies[0]['geometry']} geometry ({bodies[0]['n_reference']} rows)")
+    table = [[i, r["knn_prediction"]["class_name"], r["prediction"]["class_name"],
+              " ".join(f"{n['row']}:{n['class_name']}" for n in r["neighbors"][:5])
+              + (" ..." if len(r["neighbors"]) > 5 else "")] for i, r in enumerate(results)]
+    print(_table(table, ["input", "kNN class", "head class", "nearest rows (row:class)"]))
+    if args.out:
+        print(f"written to {args.out} (rows, distances, labels: one row per input)")
+    return 0
+
+
 def cluster(args: argparse.Namespace) -> int:
     params = {k: v for k, v in (("metric", args.metric), ("on", args.on)) if v}
     body = _call(args, "GET", f"/experiments/{args.experiment}/clustering", params=params)
@@ -174,6 +203,15 @@ def register(sub: Any) -> None:
     add_client_options(p)
     add_input_options(p)
     p.set_defaults(func=predict)
+
+    p = sub.add_parser("neighbors", help="the nearest training rows of inputs",
+                       description="POST /experiments/{id}/neighbors: each input's k nearest "
+                       "training rows in the loss's geometry, their classes, and the kNN vote.")
+    add_client_options(p)
+    add_input_options(p)
+    p.add_argument("-k", type=_positive, default=10, help="neighbours per input (default 10)")
+    p.add_argument("--out", help="also write rows, distances and labels to this .npz file")
+    p.set_defaults(func=neighbors)
 
     p = sub.add_parser("cluster", help="clustering report of an experiment's latent space",
                        description="GET /experiments/{id}/clustering: K-Means and Gaussian mixture "

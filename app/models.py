@@ -162,6 +162,23 @@ class LatentSpace(Base):
     labels: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class RetrievalResult(Base):
+    """Retrieval metrics of a succeeded experiment (its test split against its training
+    split), in one geometry: computed once from the stored latent spaces, then read."""
+
+    __tablename__ = "retrieval_results"
+    __table_args__ = (UniqueConstraint("experiment_id", "geometry"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    geometry: Mapped[str] = mapped_column(String(16))
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class ClusteringResult(Base):
     """A clustering report of one latent space, computed once and then read."""
 

@@ -99,7 +99,8 @@ def _error_codes(path: str, method: str, token_routes: bool) -> set[str]:
         codes.add("404")
     if (method == "delete" or path in ("/embed", "/predict", "/experiments/compare")
             or path.endswith(("/cancel", ".png", "/clustering", "/checkpoint", "/export",
-                              "/latent", "/latent/scatter", "/embeddings", "/result"))):
+                              "/latent", "/latent/scatter", "/embeddings", "/result",
+                              "/retrieval", "/neighbors"))):
         codes.add("409")
     return codes
 

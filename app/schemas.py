@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -257,6 +257,8 @@ class InferenceRequest(BaseModel):
     output: Literal["json", "binary"] = Field(
         default="json", description="embeddings as JSON lists, or as a BinaryArray (float32)"
     )
+    # Fields besides the inputs that a form or an octet-stream query may carry.
+    EXTRA_FIELDS: ClassVar[tuple[str, ...]] = ()
     # The bytes of a raw application/octet-stream body (``binary`` then holds its shape).
     _raw: bytes | None = PrivateAttr(default=None)
     # Multipart: each input's file name ("iris.csv, row 3" for a CSV's rows), echoed back.
@@ -280,6 +282,17 @@ class InferenceRequest(BaseModel):
                 + (f"; got {', '.join(given)}" if given else "")
             )
         return self
+
+
+MAX_K = 1000
+"""The most neighbours /neighbors returns per input."""
+
+
+class NeighborsRequest(InferenceRequest):
+    """Inputs as for /embed (the experiment is the path's), and how many neighbours."""
+
+    EXTRA_FIELDS: ClassVar[tuple[str, ...]] = ("k",)
+    k: int = Field(default=10, ge=1, le=MAX_K, description="Neighbours per input, nearest first.")
 
 
 GRID_KEYS = ("loss", "lam", "seed", "gamma", "alpha")

@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     max_embed_batch: int = Field(default=4096, gt=0)
     max_sweep_size: int = Field(default=2000, gt=0, description="Most experiments in one sweep.")
     model_cache_size: int = Field(default=4, gt=0)
+    exact_search_max_rows: int = Field(
+        default=1_000_000, gt=0,
+        description="The most training rows /neighbors searches exactly (their float32 "
+        "representations are held in the API process: 512 MB for 1M x 128).")
     page_size_limit: int = Field(default=200, gt=0)
     # A running experiment whose worker has not reported for this long is taken over
     # by the next worker that starts (the worker died without acknowledging).

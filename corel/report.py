@@ -13,6 +13,8 @@ Input is one record per finished experiment::
   best, paired by seed.
 * :func:`clustering_table` — paper Tables 3-4: clustering scores per loss at its
   tuned lambda, averaged over seeds.
+* :func:`retrieval_table` — MAP@R (Musgrave et al., 2020) per loss at its tuned lambda,
+  as Table 1 has test accuracy: mean +- std over seeds and the paired t-test.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-__all__ = ["PAPER_TABLE1", "PAPER_TABLE2", "clustering_table", "lambda_tuning", "significance", "test_accuracy_table"]
+__all__ = ["PAPER_TABLE1", "PAPER_TABLE2", "clustering_table", "lambda_tuning", "retrieval_table",
+           "seed_table", "significance", "test_accuracy_table"]
 
 # Test accuracy (%) of Kenyon-Dean et al. (2019), Table 1.
 PAPER_TABLE1: dict[tuple[str, str], dict[str, float]] = {
@@ -88,10 +91,27 @@ def test_accuracy_table(
 ) -> dict[str, Any]:
     """Per loss at its tuned lambda: mean +- std of test accuracy over seeds, and the
     paired t-test of the best loss against the runner-up (seeds both have)."""
+    return seed_table(records, "test_accuracy", tuning)
+
+
+def retrieval_table(
+    records: Sequence[Mapping[str, Any]], tuning: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """As :func:`test_accuracy_table`, for MAP@R (records' ``map_at_r``, where computed)."""
+    return seed_table(records, "map_at_r", tuning)
+
+
+def seed_table(
+    records: Sequence[Mapping[str, Any]], key: str,
+    tuning: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Per loss at its tuned lambda: mean +- std over seeds of the records' ``key`` (those
+    that have it), and the paired t-test of the best loss against the runner-up."""
     tuning = tuning or lambda_tuning(records)
     per_loss: dict[str, dict[int, float]] = defaultdict(dict)
     for r in _at_tuned(records, tuning):
-        per_loss[r["loss"]][int(r["seed"])] = float(r["test_accuracy"])
+        if r.get(key) is not None:
+            per_loss[r["loss"]][int(r["seed"])] = float(r[key])
     rows: list[dict[str, Any]] = []
     for loss, by_seed in per_loss.items():
         mean, std = _mean_std(list(by_seed.values()))

@@ -312,7 +312,9 @@ def _store_results(factory: sessionmaker[Session], experiment_id: int, result: F
     data = result.run.data
     with session_scope(factory) as session:
         _upsert_checkpoint(session, experiment_id, "best", result.best_epoch, best)
-        for split, x, y in (("test", data.x_test, data.y_test), ("validation", data.x_val, data.y_val)):
+        # The training split too: the reference rows of retrieval and nearest-neighbour search.
+        for split, x, y in (("test", data.x_test, data.y_test), ("validation", data.x_val, data.y_val),
+                            ("train", data.x_train, data.y_train)):
             old = session.scalar(select(LatentSpace).where(
                 LatentSpace.experiment_id == experiment_id, LatentSpace.split == split))
             if old is not None:

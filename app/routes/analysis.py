@@ -10,11 +10,12 @@ import hashlib
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import app.services.clustering as clustering_service
 import app.services.compare as compare_service
 import app.services.figures as figures_service
+import app.services.retrieval as retrieval_service
 from app.deps import SessionDep
 from app.models import DatasetUpload
 from app.services.compare import IDS_PATTERN, MAX_IDS
@@ -47,6 +48,22 @@ class ClusteringRead(BaseModel):
     metric_source: Literal["default", "query"]
     n_samples: int
     results: dict[str, ClusteringScores]
+
+
+class RetrievalRead(BaseModel):
+    """Retrieval of the test split (queries) among the training split (reference)."""
+
+    experiment_id: int
+    precision_at_1: float = Field(description="Share of queries whose nearest reference row "
+                                  "has their class.")
+    r_precision: float = Field(description="Share of the first R neighbours of a query with its "
+                               "class (R: the reference rows of that class), averaged.")
+    mean_average_precision_at_r: float = Field(description="MAP@R (Musgrave et al., 2020), as "
+                                               "pytorch-metric-learning computes it.")
+    geometry: Literal["euclidean", "cosine"]
+    n_queries: int
+    n_reference: int
+    seconds: float
 
 
 class CompareRead(BaseModel):
@@ -88,6 +105,20 @@ def clustering(
     on: Annotated[Literal["test", "validation"], Query(description="the split")] = "test",
 ):
     return clustering_service.clustering_report(session, experiment_id, split=on, metric=metric)
+
+
+@router.get(
+    "/{experiment_id:int}/retrieval", response_model=RetrievalRead,
+    summary="precision@1, R-precision and MAP@R of the test split among the training split",
+)
+def retrieval(
+    experiment_id: int,
+    session: SessionDep,
+    geometry: Annotated[
+        Literal["euclidean", "cosine"] | None, Query(description="default: the loss's own geometry")
+    ] = None,
+):
+    return retrieval_service.retrieval_report(session, experiment_id, geometry)
 
 
 @router.get(

@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
-import time
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
 import pybase64
 import torch
 from fastapi import APIRouter, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from app.db import session_scope
-from app.errors import MAX_ID, InvalidInput, PayloadTooLarge, describe_errors
+from app.errors import MAX_ID, InvalidInput, PayloadTooLarge, check_id, describe_errors
 from app.openapi import without_nulls
-from app.schemas import InferenceRequest
+from app.schemas import InferenceRequest, NeighborsRequest
 from app.services import inference
-from app.services.model_cache import LoadedModel, load_from_database
+from app.services import neighbors as neighbors_service
+from app.services.model_cache import LoadedModel
 
 router = APIRouter(tags=["inference"])
 
@@ -51,7 +50,23 @@ _BODY_DOC: dict[str, Any] = {
 }
 
 
-def _raw_request(request: Request, data: bytes) -> InferenceRequest:
+def _neighbors_doc() -> dict[str, Any]:
+    """/neighbors takes /embed's bodies, the experiment in the path, and k."""
+    doc = copy.deepcopy(_BODY_DOC)
+    content = doc["requestBody"]["content"]
+    schema = without_nulls(NeighborsRequest.model_json_schema())
+    schema["properties"].pop("experiment_id")
+    schema["required"] = [r for r in schema.get("required", []) if r != "experiment_id"]
+    content["application/json"]["schema"] = schema
+    form = content["multipart/form-data"]["schema"]
+    form["properties"].pop("experiment_id")
+    form["properties"]["k"] = schema["properties"]["k"]
+    form["required"] = ["files"]
+    return doc
+
+
+def _raw_request(request: Request, data: bytes, schema: type[Req],
+                 path_id: int | None) -> Req:
     """application/octet-stream: the array's bytes as the body, the rest in the query
     (``?experiment_id=1&dtype=uint8&shape=1024,28,28``): no base64, no JSON."""
     q = request.query_params
@@ -60,9 +75,11 @@ def _raw_request(request: Request, data: bytes) -> InferenceRequest:
     except ValueError as exc:
         raise InvalidInput("shape: give the array's shape as comma-separated integers") from exc
     body = {"experiment_id": q.get("experiment_id"), "output": q.get("output", "json"),
-            "binary": {"dtype": q.get("dtype", ""), "shape": shape, "data": ""}}
+            "binary": {"dtype": q.get("dtype", ""), "shape": shape, "data": ""},
+            **{k: q[k] for k in schema.EXTRA_FIELDS if k in q}}
+    _from_path(body, path_id)
     try:
-        req = InferenceRequest.model_validate(body)
+        req = schema.model_validate(body)
     except ValidationError as exc:
         raise InvalidInput(describe_errors(exc.errors()) + " (octet-stream bodies take experiment_id, dtype "
                            "and shape as query parameters)") from exc
@@ -70,11 +87,28 @@ def _raw_request(request: Request, data: bytes) -> InferenceRequest:
     return req
 
 
-async def _read_request(request: Request) -> InferenceRequest:
+Req = TypeVar("Req", bound=InferenceRequest)
+
+
+def _from_path(body: dict[str, Any], path_id: int | None) -> None:
+    """An experiment id in the path (/experiments/{id}/neighbors) is the request's own."""
+    if path_id is None:
+        return
+    given = body.get("experiment_id")
+    if given is not None and str(given) != str(path_id):
+        raise InvalidInput(f"experiment_id {given} differs from the path's experiment {path_id}; "
+                           "leave it out of the body")
+    body["experiment_id"] = path_id
+
+
+async def _read_request(request: Request, schema: type[Req] = InferenceRequest,  # type: ignore[assignment]
+                        path_id: int | None = None) -> Req:
+    """The inputs of /embed, /predict (or /neighbors, with ``schema`` and the path's id),
+    whichever way they came: JSON, multipart, or an octet-stream body."""
     settings = request.app.state.settings
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("application/octet-stream"):
-        return _raw_request(request, await request.body())
+        return _raw_request(request, await request.body(), schema, path_id)
     if content_type.startswith("multipart/form-data"):
         form = await request.form(max_files=settings.max_embed_batch + 1)
         files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
@@ -85,9 +119,16 @@ async def _read_request(request: Request) -> InferenceRequest:
         contents = [await f.read() for f in files]
         experiment_id = form.get("experiment_id")
         output = form.get("output") or "json"
-        if not isinstance(experiment_id, str) or not experiment_id.strip().isdigit():
-            raise InvalidInput("experiment_id: a multipart request needs an integer experiment_id field")
-        body: dict[str, Any] = {"experiment_id": int(experiment_id), "output": output}
+        body: dict[str, Any] = {"output": output,
+                                **{k: form.get(k) for k in schema.EXTRA_FIELDS if form.get(k)}}
+        if path_id is None:
+            if not isinstance(experiment_id, str) or not experiment_id.strip().isdigit():
+                raise InvalidInput("experiment_id: a multipart request needs an integer "
+                                   "experiment_id field")
+            body["experiment_id"] = int(experiment_id)
+        else:
+            body["experiment_id"] = experiment_id if isinstance(experiment_id, str) else None
+            _from_path(body, path_id)
         names = [f.filename or f"input {i}" for i, f in enumerate(files)]
         tables = [_is_csv(f) for f in files]
         if any(tables) and not all(tables):
@@ -108,12 +149,21 @@ async def _read_request(request: Request) -> InferenceRequest:
         raw_body: Any = body
     else:
         data = await request.body()
+        if path_id is None:
+            try:
+                return schema.model_validate_json(data)
+            except ValidationError as exc:
+                raise InvalidInput(describe_errors(exc.errors())) from exc
         try:
-            return InferenceRequest.model_validate_json(data)
-        except ValidationError as exc:
-            raise InvalidInput(describe_errors(exc.errors())) from exc
+            raw_body = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"the body is not valid JSON ({exc})") from exc
+        if not isinstance(raw_body, dict):
+            raise InvalidInput("the body must be a JSON object")
+        _from_path(raw_body, path_id)
+        names = None
     try:
-        req = InferenceRequest.model_validate(raw_body)
+        req = schema.model_validate(raw_body)
     except ValidationError as exc:
         raise InvalidInput(describe_errors(exc.errors())) from exc
     req._names = names
@@ -152,18 +202,13 @@ def _csv_rows(files: list[UploadFile], contents: list[bytes],
     return rows, names
 
 
-async def _model(request: Request, experiment_id: int) -> LoadedModel:
-    cache = request.app.state.model_cache
-    loaded: LoadedModel | None = cache.peek(experiment_id)
-    if loaded is not None:
-        return loaded
-    settings = request.app.state.settings
-
-    def load() -> LoadedModel:
-        with session_scope(request.app.state.sessionmaker) as session:
-            return load_from_database(session, experiment_id, settings.device)
-
-    return await run_in_threadpool(cache.get, experiment_id, load)
+@router.post("/experiments/{experiment_id:int}/neighbors",
+             summary="The nearest training rows of new inputs, with their classes",
+             openapi_extra=_neighbors_doc(), tags=["experiments"])
+async def neighbors(experiment_id: int, request: Request) -> Response:
+    check_id("experiment", experiment_id)
+    req = await _read_request(request, NeighborsRequest, path_id=experiment_id)
+    return _json(await neighbors_service.search(request.app.state, req))
 
 
 def _json(content: dict[str, Any]) -> Response:
@@ -177,14 +222,8 @@ async def _run(
     request: Request, similarities: bool
 ) -> tuple[InferenceRequest, LoadedModel, torch.Tensor, torch.Tensor | None]:
     """The request, its model, and the representations (and similarities) of its inputs."""
-    req = await _read_request(request)
-    inference.check_batch(req, request.app.state.settings.max_embed_batch)
-    loaded = await _model(request, req.experiment_id)
-    started = time.perf_counter()
-    h, sims = await request.app.state.inference.run(req, loaded, similarities)
-    request.app.state.metrics.observe_inference(
-        "predict" if similarities else "embed", inference.batch_size(req),
-        time.perf_counter() - started)
+    req: InferenceRequest = await _read_request(request)
+    loaded, h, sims = await inference.infer(request.app.state, req, similarities)
     return req, loaded, h, sims
 
 

@@ -41,6 +41,16 @@ def rows_by_table(rep: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append({"table": "clustering", "loss": r["loss"], "lam": r["lam"],
                          "algorithm": r["algorithm"], "score": score, "value": r[score], "n": r["n"],
                          "metric": r["metric"]})
+    retrieval = rep.get("retrieval")
+    if retrieval:
+        for r in retrieval["rows"]:
+            rows.append({"table": "map_at_r", "loss": r["loss"], "lam": r["lam"], "value": r["mean"],
+                         "std": r["std"], "n": r["n"]})
+        c = retrieval["comparison"]
+        if c:
+            rows.append({"table": "map_at_r_t_test", "loss": f"{c['best']} vs {c['runner_up']}",
+                         "value": c["p"], "statistic": c["t"], "significance": c["significance"],
+                         "n": len(c["paired_seeds"])})
     return rows
 
 
@@ -96,6 +106,20 @@ def to_markdown(rep: dict[str, Any], paper: dict[str, float] | None = None) -> s
             sil = "-" if r["silhouette"] is None else f"{r['silhouette']:.3f}"
             lines.append(f"| {LOSS_NAMES.get(r['loss'], r['loss'])} | {r['algorithm']} | {r['metric']} | "
                          f"{_pct(r['accuracy'])} | {r['ari']:.3f} | {r['v_measure']:.3f} | {sil} |")
+    retrieval = rep.get("retrieval")
+    if retrieval and retrieval["rows"]:
+        lines += ["", "### Retrieval: MAP@R of the test split among the training split (%, mean over "
+                  "seeds; Musgrave et al. 2020)", "", "| loss | lambda | MAP@R | std | seeds |",
+                  "|---|---|---|---|---|"]
+        for r in retrieval["rows"]:
+            lines.append(f"| {LOSS_NAMES.get(r['loss'], r['loss'])} | {_lam(r['lam'])} | "
+                         f"{_pct(r['mean'])} | {_pct(r['std'])} | {r['n']} |")
+        c = retrieval["comparison"]
+        if c:
+            p = "n/a" if c["p"] is None else f"{c['p']:.3g}"
+            lines += ["", f"Paired two-tailed t-test of MAP@R, {LOSS_NAMES.get(c['best'], c['best'])} "
+                      f"vs {LOSS_NAMES.get(c['runner_up'], c['runner_up'])} over "
+                      f"{len(c['paired_seeds'])} seeds: p = {p} ({c['significance']})."]
     return "\n".join(lines) + "\n"
 
 

@@ -11,10 +11,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 import app.services.experiments as experiments_service
-from app.errors import InvalidInput, NotFound, check_id, describe_errors
+from app.errors import Conflict, InvalidInput, NotFound, check_id, describe_errors
 from app.models import FINISHED, STATUSES, Experiment, Sweep, utcnow
 from app.schemas import ExperimentCreate, SweepCreate
 from app.services.clustering import clustering_report
+from app.services.retrieval import retrieval_report
 from corel import report
 from corel.vectorized import group_specs
 
@@ -170,6 +171,11 @@ def build_report(session: Session, sweep_id: int, *, clustering: bool = True) ->
         for r in records:
             if r["experiment_id"] in tuned_ids:
                 r["clustering"] = clustering_report(session, r["experiment_id"])["results"]
+                try:
+                    r["map_at_r"] = retrieval_report(session, r["experiment_id"])[
+                        "mean_average_precision_at_r"]
+                except Conflict:  # trained before the training split was stored: no MAP@R
+                    r["map_at_r"] = None
     base = sweep.base
     return {
         "sweep_id": sweep.id,
@@ -181,6 +187,7 @@ def build_report(session: Session, sweep_id: int, *, clustering: bool = True) ->
         "lambda_tuning": tuning,
         "test_accuracy": table1,
         "clustering": report.clustering_table(records, tuning) if clustering else [],
+        "retrieval": report.retrieval_table(records, tuning) if clustering else None,
         # The paper's Table 1 row (test accuracy %, by loss), where the paper has one.
         "paper_table1": report.PAPER_TABLE1.get((str(base.get("dataset")), str(base.get("model", "ffnn")))),
     }

@@ -212,3 +212,34 @@ def live_url(settings: Settings) -> Iterator[str]:
     """The app served over real HTTP by uvicorn (for the CLI and benchmarks' clients)."""
     with serving(create_app(settings)) as url:
         yield url
+
+
+DIGITS_SPEC = {"dataset": "digits", "model": "ffnn", "lr": 0.003, "batch_size": 64, "epochs": 4}
+
+
+@pytest.fixture(scope="session")
+def digits_runs(client: TestClient, worker: subprocess.Popen[bytes]) -> dict[str, int]:
+    """A Cosine-COREL and a Gaussian-COREL run on digits (lam 0.8, 4 epochs), succeeded."""
+    ids = {loss: client.post("/experiments", json={**DIGITS_SPEC, "loss": loss, "lam": 0.8}).json()["id"]
+           for loss in ("cosine", "gaussian")}
+    for i in ids.values():
+        assert wait_for(client, i, finished)["status"] == "succeeded"
+    return ids
+
+
+def stored_latent(settings: Settings, experiment_id: int, split: str) -> tuple[Any, Any]:
+    """The (representations, labels) a worker stored for a split, read from the database."""
+    import numpy as np
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    from app.models import LatentSpace
+
+    engine = create_engine(settings.database_url)
+    with Session(engine) as session:
+        row = session.scalars(select(LatentSpace).where(
+            LatentSpace.experiment_id == experiment_id, LatentSpace.split == split)).one()
+        out = (np.frombuffer(row.representations, np.float32).reshape(row.n, row.dim).copy(),
+               np.frombuffer(row.labels, np.int64).copy())
+    engine.dispose()
+    return out

@@ -89,6 +89,24 @@ def test_predict_prints_a_table(live_url, experiment, client, tmp_path, capsys):
         assert name in line
 
 
+def test_neighbors_prints_and_saves_what_the_api_answers(live_url, experiment, client, tmp_path, capsys):
+    images = read_idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz")[:5]
+    np.save(tmp_path / "q.npy", images)
+    out = tmp_path / "nn.npz"
+    assert main(["neighbors", "--url", live_url, "--experiment", str(experiment["id"]),
+                 "--npy", str(tmp_path / "q.npy"), "-k", "4", "--batch", "2", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "the 4 nearest training rows, cosine geometry" in lines[0] and len(lines) == 3 + 5 + 1
+    api = client.post(f"/experiments/{experiment['id']}/neighbors",
+                      json={"arrays": images.tolist(), "k": 4}).json()
+    saved = np.load(out)
+    assert saved["rows"].tolist() == [[n["row"] for n in r["neighbors"]] for r in api["results"]]
+    np.testing.assert_allclose(saved["distances"], [[n["distance"] for n in r["neighbors"]]
+                                                     for r in api["results"]], atol=1e-5)
+    for line, r in zip(lines[3:8], api["results"], strict=True):
+        assert r["knn_prediction"]["class_name"] in line
+
+
 def test_errors_are_reported_not_raised(live_url, capsys):
     with pytest.raises(SystemExit, match="404: experiment 987654 does not exist"):
         main(["predict", "--url", live_url, "--experiment", "987654", "--text", "hello"])

@@ -81,7 +81,7 @@ def shot(page: Any, name: str) -> None:
 
 def test_a_run_submitted_through_the_form_updates_live_to_succeeded(page, client):
     page.goto("/ui/new")
-    page.wait_for_selector("#f-lam")
+    page.wait_for_selector("#spec-form[data-ready=true]")
     page.select_option("#f-dataset", "digits")
     page.select_option("#f-loss", "gaussian")
     for field, value in (("lam", "0.85"), ("epochs", "60"), ("lr", "0.003"), ("batch_size", "64")):
@@ -122,7 +122,7 @@ def test_a_run_submitted_through_the_form_updates_live_to_succeeded(page, client
 
 def test_a_validation_error_appears_beside_its_field(page):
     page.goto("/ui/new")
-    page.wait_for_selector("#f-lam")
+    page.wait_for_selector("#spec-form[data-ready=true]")
     page.fill("#f-lam", "1.5")
     page.fill("#f-epochs", "0")
     page.click("#submit")
@@ -136,7 +136,7 @@ def test_a_validation_error_appears_beside_its_field(page):
 
 def test_the_form_warns_of_gaussian_corel_below_lam_0_5_as_the_api_does(page, client):
     page.goto("/ui/new")
-    page.wait_for_selector("#f-lam")
+    page.wait_for_selector("#spec-form[data-ready=true]")
     page.select_option("#f-loss", "gaussian")
     page.fill("#f-lam", "0.3")
     assert "needs λ ≥ 0.5" in page.inner_text("#warn-lam")
@@ -193,6 +193,10 @@ def test_the_experiment_page_shows_the_latent_scatter_and_the_clustering_table(p
         row = page.locator(f"#clustering tr[data-algorithm='{algorithm}'] td")
         assert row.nth(2).inner_text() == f"{100 * scores['accuracy']:.2f}"
         assert row.nth(3).inner_text() == f"{scores['ari']:.3f}"
+    page.wait_for_selector("#retrieval tbody tr")
+    retrieval = client.get(f"/experiments/{run['id']}/retrieval").json()
+    assert page.inner_text("#ret-map") == f"{100 * retrieval['mean_average_precision_at_r']:.2f}"
+    assert page.inner_text("#ret-p1") == f"{100 * retrieval['precision_at_1']:.2f}"
     shot(page, "experiment")
 
 
@@ -257,6 +261,10 @@ def test_a_sweep_page_shows_progress_and_the_tables(page, client, worker):
     assert page.locator("#table34 tbody tr").count() == len(report["clustering"])
     assert "paired two-tailed t-test over 2 seeds" in page.inner_text("#ttest")
     assert page.evaluate("document.getElementById('lambda-plot').data.length") == 2
+    rows = report["retrieval"]["rows"]
+    assert page.locator("#table-map tbody tr").count() == len(rows) > 0
+    first = page.locator(f"#table-map tr[data-loss='{rows[0]['loss']}'] td").nth(2).inner_text()
+    assert first == f"{100 * rows[0]['mean']:.2f}"
     shot(page, "sweep")
     page.goto("/ui/sweeps")
     page.wait_for_selector(f"#sweeps tr[data-id='{sweep_id}']")
@@ -361,7 +369,7 @@ def test_mnist_and_ag_news_train_from_the_form_offline(page, live, client, datas
     require(SHARED_DATASETS.is_dir(), "../shared/datasets")
     elsewhere = _offline(page, live)
     page.goto("/ui/new")
-    page.wait_for_selector("#f-lam")
+    page.wait_for_selector("#spec-form[data-ready=true]")
     option = page.locator(f'#f-dataset option[value="{dataset}"]')
     assert option.get_attribute("disabled") is None and option.inner_text() == dataset
     page.select_option("#f-dataset", dataset)
@@ -389,7 +397,7 @@ def test_with_downloads_off_and_no_files_the_form_marks_them_unavailable(browser
         context = browser.new_context(base_url=url)
         page = context.new_page()
         page.goto("/ui/new")
-        page.wait_for_selector("#f-lam")
+        page.wait_for_selector("#spec-form[data-ready=true]")
         for dataset in ("mnist", "ag-news"):
             option = page.locator(f'#f-dataset option[value="{dataset}"]')
             assert option.get_attribute("disabled") is not None
@@ -405,7 +413,7 @@ def test_with_downloads_off_and_no_files_the_form_marks_them_unavailable(browser
         context = browser.new_context(base_url=url)
         page = context.new_page()
         page.goto("/ui/new")
-        page.wait_for_selector("#f-lam")
+        page.wait_for_selector("#spec-form[data-ready=true]")
         option = page.locator('#f-dataset option[value="mnist"]')
         assert option.get_attribute("disabled") is None
         assert option.inner_text() == "mnist (downloaded on its first run)"

@@ -90,14 +90,26 @@ def test_report_tables_are_consistent_with_the_members(client, sweep):
     for r in rep["clustering"]:
         assert 0 <= r["accuracy"] <= 1 and -1 <= r["ari"] <= 1 and r["n"] == 2
 
+    # MAP@R as Table 1 has accuracy: each member's own /retrieval, mean +- std over seeds.
+    for row in rep["retrieval"]["rows"]:
+        maps = {m["spec"]["seed"]: client.get(f"/experiments/{m['id']}/retrieval").json()[
+            "mean_average_precision_at_r"] for m in members
+            if m["spec"]["loss"] == row["loss"] and m["spec"]["lam"] == row["lam"]}
+        assert row["n"] == 2 and row["mean"] == pytest.approx(np.mean(list(maps.values())))
+        assert row["std"] == pytest.approx(np.std(list(maps.values()), ddof=1))
+    assert {r["loss"] for r in rep["retrieval"]["rows"]} == {"cosine", "gaussian"}
+    assert rep["retrieval"]["comparison"]["significance"] in ("p < 0.001", "p < 0.05", "n.s.", "n/a")
+
 
 def test_report_formats_and_picture(client, sweep):
     text = client.get(f"/sweeps/{sweep['id']}/report", params={"format": "csv"}).text
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert {r["table"] for r in rows} >= {"lambda_tuning", "test_accuracy", "t_test", "clustering"}
+    assert {r["table"] for r in rows} >= {"lambda_tuning", "test_accuracy", "t_test", "clustering",
+                                          "map_at_r", "map_at_r_t_test"}
     md = client.get(f"/sweeps/{sweep['id']}/report", params={"format": "markdown"})
     assert md.headers["content-type"].startswith("text/markdown")
     assert "Lambda tuning" in md.text and "| Gaussian-COREL |" in md.text
+    assert "### Retrieval: MAP@R" in md.text
     png = client.get(f"/sweeps/{sweep['id']}/lambda.png")
     assert png.headers["content-type"] == "image/png"
     assert Image.open(io.BytesIO(png.content)).size == (800, 500)

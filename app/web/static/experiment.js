@@ -54,6 +54,7 @@ corel.pages.experiment = async function () {
       const none = "None: the experiment " + (exp.status === "failed" ? "failed" : "was cancelled") + ".";
       document.getElementById("latent-note").textContent = none;
       document.getElementById("clustering-note").textContent = none;
+      document.getElementById("retrieval-note").textContent = none;
       document.getElementById("downloads").replaceChildren(el("li", { class: "muted" }, none));
     }
     const box = document.getElementById("error-box");
@@ -146,6 +147,17 @@ corel.pages.experiment = async function () {
         el("td", { class: "num" }, pct(r.accuracy)), el("td", { class: "num" }, num(r.ari)),
         el("td", { class: "num" }, num(r.v_measure)), el("td", { class: "num" }, num(r.silhouette)))));
     } catch (e) { document.getElementById("clustering-note").textContent = e.message; }
+    try {
+      const ret = await api("/experiments/" + id + "/retrieval");
+      const table = document.getElementById("retrieval");
+      table.hidden = false;
+      document.getElementById("retrieval-note").textContent = "Each of the " + ret.n_queries +
+        " test rows among the " + ret.n_reference + " training rows, nearest first (Musgrave et al., 2020).";
+      table.querySelector("tbody").replaceChildren(el("tr", {},
+        el("td", {}, ret.geometry), el("td", { class: "num", id: "ret-p1" }, pct(ret.precision_at_1)),
+        el("td", { class: "num" }, pct(ret.r_precision)),
+        el("td", { class: "num", id: "ret-map" }, pct(ret.mean_average_precision_at_r))));
+    } catch (e) { document.getElementById("retrieval-note").textContent = e.message; }
   }
 
   document.getElementById("cancel").onclick = async () => {

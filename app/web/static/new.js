@@ -69,6 +69,9 @@ corel.pages.new = async function () {
   form.elements.loss.addEventListener("change", warnLam);
   form.elements.lam.addEventListener("input", warnLam);
   warnLam();
+  const q = corel.query();
+  if (q.get("dataset_id")) { form.elements.dataset.value = q.get("dataset") || "npz"; form.elements.dataset_id.value = q.get("dataset_id"); }
+  if (!q.get("dataset")) form.elements.dataset.value = "digits";
   // Built-in datasets that are not on this server are marked: one a worker will download
   // says so, and one that is unavailable cannot be chosen.
   const builtin = await api("/datasets/builtin");
@@ -83,9 +86,9 @@ corel.pages.new = async function () {
       option.textContent = d.dataset + " (unavailable: see COREL_DATA_DIR)";
     }
   }
-  const q = corel.query();
-  if (q.get("dataset_id")) { form.elements.dataset.value = q.get("dataset") || "npz"; form.elements.dataset_id.value = q.get("dataset_id"); }
-  if (!q.get("dataset")) form.elements.dataset.value = "digits";
+  // Defaults set and datasets marked: the form is the user's now. (Not form.dataset: on a
+  // form that is its control named "dataset".)
+  form.setAttribute("data-ready", "true");
 
   function body() {
     const out = {};

@@ -112,6 +112,12 @@ corel.pages.sweep = async function () {
       el("td", { class: "num" }, num(r.silhouette)))));
     document.getElementById("clustering-note").textContent = rep.clustering.length
       ? "At each loss's tuned λ, mean over seeds, each in its loss's own geometry." : "No succeeded member yet.";
+    const ret = rep.retrieval || { rows: [], comparison: null };
+    document.querySelector("#table-map tbody").replaceChildren(...ret.rows.map((r) => el("tr", { "data-loss": r.loss },
+      el("td", {}, LOSS_NAMES[r.loss] || r.loss), el("td", { class: "num" }, r.lam === null ? "–" : r.lam),
+      el("td", { class: "num" }, pct(r.mean)), el("td", { class: "num" }, r.std === null ? "–" : pct(r.std)),
+      el("td", { class: "num" }, r.n))));
+    document.getElementById("ttest-map").textContent = ret.comparison ? words(ret.comparison) : "";
   }
 
   document.getElementById("cancel").onclick = async () => {

@@ -1,0 +1,49 @@
+"""Retrieval metrics of a succeeded experiment: its test split's representations as
+queries against its training split's, in the loss's own geometry (the clustering
+report's); computed once from the stored latent spaces (corel.retrieval), then read."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict
+from app.models import RetrievalResult
+from app.services.clustering import check_choice, load_latent, store_once, succeeded_experiment
+from corel.clustering import default_metric
+from corel.retrieval import GEOMETRIES, retrieval_metrics
+
+
+def training_rows(session: Session, experiment_id: int, needs: str) -> tuple[Any, Any]:
+    """The experiment's stored training split (representations, labels): the reference
+    of retrieval and of /neighbors; a 409 saying what to do for a run stored without it."""
+    try:
+        return load_latent(session, experiment_id, "train")
+    except Conflict:
+        raise Conflict(f"experiment {experiment_id} was trained before the training split's "
+                       f"representations were stored, and {needs} needs them; train it again "
+                       "(POST /experiments with its spec)") from None
+
+
+def retrieval_report(session: Session, experiment_id: int,
+                     geometry: str | None = None) -> dict[str, Any]:
+    """precision@1, R-precision, MAP@R, geometry, n_queries, n_reference (and seconds)."""
+    if geometry is not None:
+        check_choice("geometry", geometry, GEOMETRIES)
+    exp = succeeded_experiment(session, experiment_id, "retrieval")
+    chosen = geometry or default_metric(exp.loss)
+    stored = select(RetrievalResult).where(RetrievalResult.experiment_id == experiment_id,
+                                           RetrievalResult.geometry == chosen)
+    row = session.scalars(stored).one_or_none()
+    if row is None:
+        reference, reference_labels = training_rows(session, experiment_id, "retrieval")
+        queries, query_labels = load_latent(session, experiment_id, "test")
+        started = time.perf_counter()
+        result = retrieval_metrics(queries, query_labels, reference, reference_labels, chosen)
+        row = store_once(session, RetrievalResult(
+            experiment_id=experiment_id, geometry=chosen, result=result,
+            seconds=time.perf_counter() - started), stored)
+    return {"experiment_id": experiment_id, **row.result, "seconds": row.seconds}
