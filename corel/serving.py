@@ -34,6 +34,10 @@ BATCH = 4096
 """Rows per forward pass in :meth:`ServedModel.embed_all`."""
 
 
+def _cpu32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float32 and t.device.type == "cpu" else t.float().cpu()
+
+
 @dataclass(frozen=True)
 class ServedModel:
     """A trained model ready to serve (eval mode, on its device)."""
@@ -69,9 +73,14 @@ class ServedModel:
     def similarity(self) -> str:
         return SIMILARITY_OF_LOSS[self.spec.loss]
 
+    def __post_init__(self) -> None:
+        # Where and in what precision the model computes, read once (not per batch).
+        object.__setattr__(self, "_device", self.model.head.W.device)
+        object.__setattr__(self, "_dtype", self.model.head.W.dtype)
+
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self._device  # type: ignore[attr-defined]
 
     def prepare(self, raw: np.ndarray | torch.Tensor | Sequence[str]) -> torch.Tensor:
         """Raw inputs -> the model's input tensor, as in training. ValueError says what is
@@ -91,9 +100,12 @@ class ServedModel:
                 similarities: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """h = F(x) of prepared inputs and (if asked) the head's similarities, both
         float32 on the CPU; the similarities are of h at the model's own precision."""
-        h = self.model.encoder(x.to(self.device, self.model.head.W.dtype))
-        sims = self.model.head.similarities(h).float().cpu() if similarities else None
-        return h.float().cpu(), sims
+        dtype: torch.dtype = self._dtype  # type: ignore[attr-defined]
+        if x.device != self.device or x.dtype != dtype:
+            x = x.to(self.device, dtype)
+        h = self.model.encoder(x)
+        sims = _cpu32(self.model.head.similarities(h)) if similarities else None
+        return _cpu32(h), sims
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """The representations h = F(x) of prepared inputs: float32, on the CPU."""
