@@ -237,6 +237,13 @@ def test_the_playground_predicts_an_uploaded_image(page, client, trained, tmp_pa
     np.testing.assert_allclose(bars, expected["predictions"][0]["similarities"], rtol=1e-5, atol=1e-6)
     names = page.evaluate("document.getElementById('latent').data.map(t => t.name)")
     assert "your input" in names
+    # Its nearest training rows, as /neighbors answers for the same image.
+    page.wait_for_selector("#neighbors tbody tr")
+    nn = client.post(f"/experiments/{run['id']}/neighbors",
+                     json={"images": [base64.b64encode(data).decode()], "k": 10}).json()
+    rows = page.evaluate("[...document.querySelectorAll('#neighbors tbody tr')].map(r => +r.dataset.row)")
+    assert rows == [n["row"] for n in nn["results"][0]["neighbors"]]
+    assert nn["results"][0]["knn_prediction"]["class_name"] in page.inner_text("#neighbors-note")
     shot(page, "playground")
 
 

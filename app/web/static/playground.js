@@ -2,7 +2,7 @@
 "use strict";
 
 corel.pages.playground = async function () {
-  const { api, el, lossLabel, flash } = corel;
+  const { api, el, num, lossLabel, flash } = corel;
   const TEXT_DATASETS = ["ag-news", "text"];
   const select = document.getElementById("experiment");
   const exps = (await api("/experiments?status=succeeded&limit=100")).items;
@@ -53,7 +53,26 @@ corel.pages.playground = async function () {
         text: ["your input"], textposition: "bottom center",
         marker: { symbol: "x", size: 16, color: "#000", line: { width: 2 } }, hovertemplate: "your input: " + p.class_name + "<extra></extra>" }]);
       document.getElementById("latent-note").textContent = "Your input (✕) lands here; predicted " + p.class_name + ".";
+      await neighbors(input);
     } catch (e) { flash(e.message); }
+  }
+
+  async function neighbors(input) {
+    // The same input through /neighbors: its nearest training rows, and their classes' vote.
+    const table = document.getElementById("neighbors");
+    try {
+      const nn = await api("/experiments/" + current.id + "/neighbors", { method: "POST", json: Object.assign({ k: 10 }, input) });
+      const r = nn.results[0];
+      table.querySelector("tbody").replaceChildren(...r.neighbors.map((n, i) => el("tr", { "data-row": n.row },
+        el("td", { class: "num" }, i + 1), el("td", { class: "num" }, n.row), el("td", {}, n.class_name),
+        el("td", { class: "num" }, num(n.distance, 4)))));
+      table.hidden = false;
+      document.getElementById("neighbors-note").textContent = "The " + nn.k + " nearest of the " + nn.n_reference +
+        " training rows (" + nn.geometry + "); their majority class: " + r.knn_prediction.class_name + ".";
+    } catch (e) {
+      table.hidden = true;
+      document.getElementById("neighbors-note").textContent = e.message;
+    }
   }
 
   function b64(dataUrl) { return dataUrl.slice(dataUrl.indexOf(",") + 1); }
