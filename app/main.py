@@ -31,8 +31,8 @@ from app.queue import TaskQueue
 from app.routes import analysis, datasets, embedding_jobs, events, experiments, inference, sweeps
 from app.services.events import EventHub
 from app.services.inference import InferenceRunner
-from app.services.model_cache import ModelCache
-from app.services.neighbors import ReferenceCache
+from app.services.model_cache import LoadOnceCache, ModelCache
+from app.services.neighbors import Reference
 from app.services.reconcile import reconcile_in_background
 from app.settings import Settings
 from app.web import router as web_router
@@ -131,7 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reconcile_in_background(app.state.sessionmaker, settings, app.state.queue.send,
                                 lambda: broker_memory_since(settings))
         app.state.model_cache = ModelCache(settings.model_cache_size)
-        app.state.references = ReferenceCache(settings.model_cache_size)
+        app.state.references = LoadOnceCache[Reference](settings.model_cache_size)
         app.state.inference = InferenceRunner(settings.api_batch_threads)
         app.state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
         app.state.events = EventHub(app.state.sessionmaker, settings.db_url)

@@ -10,7 +10,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from app.errors import MAX_ID
 from app.models import as_utc
-from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, ExperimentSpec
+from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, ExperimentSpec, spec_warnings
 
 T = TypeVar("T")
 
@@ -141,15 +141,11 @@ class ExperimentRead(BaseModel):
 
     @model_validator(mode="after")
     def _warnings(self) -> ExperimentRead:
-        self.warnings = spec_warnings(self.spec)
+        # A stored spec's loss and lam (its defaults when absent): no spec built per row.
+        defaults = ExperimentSpec.model_fields
+        self.warnings = spec_warnings(self.spec.get("loss", defaults["loss"].default),
+                                      self.spec.get("lam", defaults["lam"].default))
         return self
-
-
-def spec_warnings(spec: dict[str, Any]) -> list[str]:
-    """The warnings of a stored spec (see ExperimentSpec.warnings: they depend on the loss
-    and lam alone, so a spec whose uploaded file is not at hand is judged too)."""
-    probe = {k: spec[k] for k in ("loss", "lam") if k in spec}
-    return ExperimentSpec.model_validate({"dataset": "digits", **probe}).warnings
 
 
 class ExperimentQueued(BaseModel):

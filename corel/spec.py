@@ -26,6 +26,14 @@ GAUSSIAN_MIN_LAM = 0.5
 representations move away from every class vector): such a spec is accepted, with a
 warning (:attr:`ExperimentSpec.warnings`), for studying the divergence."""
 
+def spec_warnings(loss: str, lam: float) -> list[str]:
+    """The warnings of a spec with this loss and lam (see :attr:`ExperimentSpec.warnings`)."""
+    if loss == "gaussian" and lam < GAUSSIAN_MIN_LAM:
+        return [f"Gaussian-COREL needs lam >= {GAUSSIAN_MIN_LAM:g}: at lam {lam:g} its loss has "
+                "no minimum, so training usually diverges and the run ends failed as not learning"]
+    return []
+
+
 # Which models make sense for which input modality.
 MODELS_BY_MODALITY: dict[str, tuple[str, ...]] = {
     "image": ("ffnn", "cnn"),
@@ -123,8 +131,4 @@ class ExperimentSpec(BaseModel):
     @property
     def warnings(self) -> list[str]:
         """What is allowed but will most likely not train (recorded with the run)."""
-        if self.loss == "gaussian" and self.lam < GAUSSIAN_MIN_LAM:
-            return [f"Gaussian-COREL needs lam >= {GAUSSIAN_MIN_LAM:g}: at lam {self.lam:g} its "
-                    "loss has no minimum, so training usually diverges and the run ends failed "
-                    "as not learning"]
-        return []
+        return spec_warnings(self.loss, self.lam)

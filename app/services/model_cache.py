@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from sqlalchemy import select
@@ -17,6 +17,8 @@ from app.models import Checkpoint, Experiment
 from corel.models import Classifier
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -82,55 +84,59 @@ def load_from_database(session: Session, experiment_id: int, device: str | None)
     )
 
 
-class ModelCache:
-    """LRU of loaded models keyed by experiment id, safe to share across requests.
+class LoadOnceCache(Generic[T]):
+    """LRU of things loaded per experiment id (models, reference rows), safe to share
+    across requests.
 
-    A model is loaded at most once at a time per experiment: concurrent first
-    requests wait for the one load instead of each reading the checkpoint.
+    A thing is loaded at most once at a time per experiment: concurrent first requests
+    wait for the one load instead of each reading the database.
     ``hits`` counts lookups answered from memory, ``misses`` the loads (for /metrics).
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._models: OrderedDict[int, LoadedModel] = OrderedDict()
+        self._items: OrderedDict[int, T] = OrderedDict()
         self._lock = threading.Lock()
         self._loading: dict[int, threading.Lock] = {}
         self.hits = 0
         self.misses = 0
 
-    def peek(self, experiment_id: int) -> LoadedModel | None:
+    def peek(self, experiment_id: int) -> T | None:
         with self._lock:
-            loaded = self._models.get(experiment_id)
-            if loaded is not None:
-                self._models.move_to_end(experiment_id)
+            item = self._items.get(experiment_id)
+            if item is not None:
+                self._items.move_to_end(experiment_id)
                 self.hits += 1
-            return loaded
+            return item
 
-    def get(self, experiment_id: int, load: Callable[[], LoadedModel]) -> LoadedModel:
-        loaded = self.peek(experiment_id)
-        if loaded is not None:
-            return loaded
+    def get(self, experiment_id: int, load: Callable[[], T]) -> T:
+        item = self.peek(experiment_id)
+        if item is not None:
+            return item
         with self._lock:
             gate = self._loading.setdefault(experiment_id, threading.Lock())
         with gate:
-            loaded = self.peek(experiment_id)
-            if loaded is None:
+            item = self.peek(experiment_id)
+            if item is None:
                 with self._lock:
                     self.misses += 1
-                loaded = load()
+                item = load()
                 with self._lock:
-                    self._models[experiment_id] = loaded
-                    self._models.move_to_end(experiment_id)
-                    while len(self._models) > self.size:
-                        self._models.popitem(last=False)
+                    self._items[experiment_id] = item
+                    self._items.move_to_end(experiment_id)
+                    while len(self._items) > self.size:
+                        self._items.popitem(last=False)
             with self._lock:
                 self._loading.pop(experiment_id, None)
-        return loaded
+        return item
 
     def invalidate(self, experiment_id: int) -> None:
         with self._lock:
-            self._models.pop(experiment_id, None)
+            self._items.pop(experiment_id, None)
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._models)
+            return len(self._items)
+
+
+ModelCache = LoadOnceCache[LoadedModel]

@@ -4,13 +4,12 @@ The inputs go through the same pipeline as /embed (app.services.inference, corel
 their representations are searched, exactly (batched matrix products in torch), among the
 experiment's training split as its worker stored it, in the loss's own geometry (cosine
 for Cosine-COREL, else Euclidean: the clustering report's). The reference rows are read
-once per API process and kept in a small LRU, like the models.
+once per API process and kept in a small LRU, as the models are (LoadOnceCache).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,27 +33,6 @@ class Reference:
     reps: torch.Tensor  # (n, dim) float32
     labels: np.ndarray  # (n,) int64
     geometry: str
-
-
-class ReferenceCache:
-    """The last few experiments' reference rows, loaded at most once at a time each."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[int, Reference] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, experiment_id: int, load: Any) -> Reference:
-        with self._lock:
-            if experiment_id in self._items:
-                self._items.move_to_end(experiment_id)
-                return self._items[experiment_id]
-        ref: Reference = load()
-        with self._lock:
-            self._items[experiment_id] = ref
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return ref
 
 
 def _load_reference(state: Any, experiment_id: int, loss: str) -> Reference:

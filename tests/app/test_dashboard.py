@@ -331,18 +331,7 @@ def test_the_api_docs_render_offline(page, live):
     """/docs and /redoc load their scripts and styles from the service itself: with every
     request to another host refused (as offline), both render the API (they were blank).
     Only an image may come from elsewhere (ReDoc's footer logo; offline it is not shown)."""
-    host = live.split("//", 1)[1]
-    elsewhere: list[str] = []
-
-    def only_here(route: Any) -> None:
-        if route.request.url.split("//", 1)[1].startswith(host):
-            route.continue_()
-        else:
-            if route.request.resource_type != "image":  # ReDoc's "powered by" logo, say
-                elsewhere.append(route.request.url)
-            route.abort()
-
-    page.route("**/*", only_here)
+    elsewhere = _offline(page, live, images_allowed=True)  # ReDoc's "powered by" logo, say
     page.goto("/docs")
     page.wait_for_selector(".swagger-ui .info .title", timeout=20_000)
     assert "corel" in page.inner_text(".swagger-ui .info .title")
@@ -353,8 +342,9 @@ def test_the_api_docs_render_offline(page, live):
     assert not elsewhere, elsewhere
 
 
-def _offline(page: Any, live: str) -> list[str]:
-    """Refuse every request to another host, as offline; returns those that were tried."""
+def _offline(page: Any, live: str, images_allowed: bool = False) -> list[str]:
+    """Refuse every request to another host, as offline; returns those that were tried
+    (besides images, when ``images_allowed``: refused all the same, but not counted)."""
     host = live.split("//", 1)[1]
     elsewhere: list[str] = []
 
@@ -362,7 +352,8 @@ def _offline(page: Any, live: str) -> list[str]:
         if route.request.url.split("//", 1)[1].startswith(host):
             route.continue_()
         else:
-            elsewhere.append(route.request.url)
+            if not (images_allowed and route.request.resource_type == "image"):
+                elsewhere.append(route.request.url)
             route.abort()
 
     page.route("**/*", only_here)
