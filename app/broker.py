@@ -21,6 +21,7 @@ from app.settings import Settings
 TRAIN_TASK = "corel.train_experiment"
 TRAIN_GROUP_TASK = "corel.train_group"
 EMBED_TASK = "corel.embed_dataset"
+INDEX_TASK = "corel.build_index"
 
 log = logging.getLogger("corel.broker")
 
@@ -38,7 +39,8 @@ def make_celery(settings: Settings, publisher: bool = False, include: Sequence[s
         task_default_queue=settings.queue,
         task_routes={TRAIN_TASK: {"queue": settings.queue},
                      TRAIN_GROUP_TASK: {"queue": settings.queue},
-                     EMBED_TASK: {"queue": settings.queue}},
+                     EMBED_TASK: {"queue": settings.queue},
+                     INDEX_TASK: {"queue": settings.queue}},
         # Long tasks: acknowledge only when done, one at a time per worker process,
         # and give the message back if the worker process is lost mid-run.
         task_acks_late=True,

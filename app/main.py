@@ -28,14 +28,23 @@ from app.logging import configure_logging
 from app.metrics import ApiMetrics, RequestMetrics, RouteTemplates
 from app.metrics import router as metrics_router
 from app.queue import TaskQueue
-from app.routes import analysis, datasets, embedding_jobs, events, experiments, inference, sweeps
+from app.routes import (
+    analysis,
+    datasets,
+    embedding_jobs,
+    events,
+    experiments,
+    indexes,
+    inference,
+    sweeps,
+)
 from app.services.events import EventHub
 from app.services.inference import InferenceRunner
 from app.services.model_cache import LoadOnceCache, ModelCache
-from app.services.neighbors import Reference
 from app.services.reconcile import reconcile_in_background
 from app.settings import Settings
 from app.web import router as web_router
+from corel.index import VectorIndex
 
 log = logging.getLogger("corel.api")
 
@@ -131,7 +140,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reconcile_in_background(app.state.sessionmaker, settings, app.state.queue.send,
                                 lambda: broker_memory_since(settings))
         app.state.model_cache = ModelCache(settings.model_cache_size)
-        app.state.references = LoadOnceCache[Reference](settings.model_cache_size)
+        # What /neighbors searches: built indexes, and training splits searched exactly.
+        app.state.references = LoadOnceCache[VectorIndex](settings.index_cache_size)
         app.state.inference = InferenceRunner(settings.api_batch_threads)
         app.state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
         app.state.events = EventHub(app.state.sessionmaker, settings.db_url)
@@ -245,6 +255,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(sweeps.router)
     app.include_router(events.router)
     app.include_router(embedding_jobs.router)
+    app.include_router(indexes.router)
     app.include_router(web_router)  # the dashboard: / and /ui/...
     app.include_router(metrics_router)
     openapi.install(app, token_routes=settings.api_token is not None)

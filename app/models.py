@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -212,7 +213,26 @@ class Figure(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-class EmbeddingJob(Base):
+class LeasedJob:
+    """The columns of a job that a worker runs from a message (a batch embedding job, an
+    index build): its status and error, a cancel flag, the lease (``worker``,
+    ``heartbeat_at``, ``attempts``) and the send record (``enqueued_at``, ``enqueues``),
+    as an experiment has them (see there)."""
+
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    worker: Mapped[str | None] = mapped_column(String(255))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    enqueues: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class EmbeddingJob(LeasedJob, Base):
     """Every row of an uploaded dataset embedded by a trained experiment, on a worker."""
 
     __tablename__ = "embedding_jobs"
@@ -222,21 +242,9 @@ class EmbeddingJob(Base):
         ForeignKey("experiments.id", ondelete="CASCADE"), index=True
     )
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="RESTRICT"), index=True)
-    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
     n_total: Mapped[int] = mapped_column(Integer, default=0)
     n_done: Mapped[int] = mapped_column(Integer, default=0)
     dim: Mapped[int | None] = mapped_column(Integer)
-    error: Mapped[str | None] = mapped_column(Text)
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    # The same lease and send record as an experiment's (see there).
-    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    worker: Mapped[str | None] = mapped_column(String(255))
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    enqueues: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class EmbeddingResult(Base):
@@ -249,3 +257,44 @@ class EmbeddingResult(Base):
     )
     representations: Mapped[bytes] = mapped_column(LargeBinary)
     labels: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class NeighborIndex(LeasedJob, Base):
+    """A nearest-neighbour index over an experiment's training split or a batch
+    embedding job's rows, built on a worker with the same lease as a training run, and
+    kept in the database (``neighbor_index_chunks``) so that any API process can load it."""
+
+    __tablename__ = "neighbor_indexes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    source: Mapped[str] = mapped_column(String(16))  # "train" | "embedding_job"
+    embedding_job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("embedding_jobs.id", ondelete="CASCADE"), index=True
+    )
+    requested_kind: Mapped[str] = mapped_column(String(8))  # "auto" | "exact" | "hnsw"
+    kind: Mapped[str | None] = mapped_column(String(8))  # decided when built
+    geometry: Mapped[str] = mapped_column(String(16))
+    n_total: Mapped[int] = mapped_column(Integer, default=0)
+    n_done: Mapped[int] = mapped_column(Integer, default=0)
+    dim: Mapped[int | None] = mapped_column(Integer)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    build_seconds: Mapped[float | None] = mapped_column(Float)
+    ef_search: Mapped[int | None] = mapped_column(Integer)
+    recall: Mapped[float | None] = mapped_column(Float)
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class NeighborIndexChunk(Base):
+    """A built index's bytes (``corel.index.VectorIndex.to_bytes``), in pieces, in order.
+    Written in the same transaction that marks the index succeeded."""
+
+    __tablename__ = "neighbor_index_chunks"
+
+    index_id: Mapped[int] = mapped_column(
+        ForeignKey("neighbor_indexes.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

@@ -100,7 +100,7 @@ def _error_codes(path: str, method: str, token_routes: bool) -> set[str]:
     if (method == "delete" or path in ("/embed", "/predict", "/experiments/compare")
             or path.endswith(("/cancel", ".png", "/clustering", "/checkpoint", "/export",
                               "/latent", "/latent/scatter", "/embeddings", "/result",
-                              "/retrieval", "/neighbors"))):
+                              "/retrieval", "/neighbors", "/index", "/indexes"))):
         codes.add("409")
     return codes
 

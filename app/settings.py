@@ -70,6 +70,22 @@ class Settings(BaseSettings):
         default=1_000_000, gt=0,
         description="The most training rows /neighbors searches exactly (their float32 "
         "representations are held in the API process: 512 MB for 1M x 128).")
+    index_exact_below_rows: int = Field(
+        default=100_000, gt=0,
+        description="An index of kind auto is exact below this many rows, HNSW (faiss) from there.")
+    index_target_recall: float = Field(
+        default=0.96, gt=0.0, le=1.0,
+        description="An HNSW index's efSearch is the smallest whose recall@10, measured at build "
+        "time on held-out rows, reaches this.")
+    hnsw_m: int = Field(default=16, ge=4, le=128, description="HNSW graph degree (faiss M).")
+    hnsw_ef_construction: int = Field(
+        default=100, ge=8, le=2048, description="HNSW construction breadth (faiss efConstruction).")
+    index_chunk_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024,
+        description="A built index is stored in the database in pieces of at most this size.")
+    index_cache_size: int = Field(
+        default=2, gt=0, description="Indexes (and training splits searched exactly) kept in "
+        "memory per API process.")
     page_size_limit: int = Field(default=200, gt=0)
     # A running experiment whose worker has not reported for this long is taken over
     # by the next worker that starts (the worker died without acknowledging).

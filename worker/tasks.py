@@ -12,12 +12,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.broker import EMBED_TASK, broker_memory_since
+from app.broker import EMBED_TASK, INDEX_TASK, broker_memory_since
 from app.db import make_engine, make_sessionmaker
 from app.logging import configure_logging
 from app.services.reconcile import reconcile
 from app.settings import Settings
-from worker import embedding, runner
+from worker import embedding, indexing, runner
 from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery
 from worker.metrics import METRICS
 
@@ -55,6 +55,13 @@ def embed_dataset(job_id: int) -> str:
     jid = int(job_id)
     return runner.with_retries(lambda: embedding.embed_dataset(jid, _factory(), _settings()),
                                _settings(), f"embedding job {jid}")
+
+
+@celery.task(name=INDEX_TASK, acks_late=True, reject_on_worker_lost=True)
+def build_index(index_id: int) -> str:
+    iid = int(index_id)
+    return runner.with_retries(lambda: indexing.build_index(iid, _factory(), _settings()),
+                               _settings(), f"index {iid}")
 
 
 def _send(task: str, row_id: int) -> None:

@@ -7,10 +7,11 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, InvalidInput, NotFound, check_id
-from app.models import FINISHED, DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
+from app.errors import Conflict, InvalidInput
+from app.models import DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
 from app.services.clustering import succeeded_experiment
 from app.services.datasets import referenced_upload
+from app.services.jobs import cancel_job_row, get_job_row
 from corel.spec import MODALITY
 
 # Upload kinds whose rows a job can read, and the modality each feeds.
@@ -38,23 +39,12 @@ def create_job(session: Session, experiment_id: int, dataset_id: int) -> Embeddi
 
 
 def get_job(session: Session, job_id: int) -> EmbeddingJob:
-    check_id("embedding job", job_id)
-    job = session.get(EmbeddingJob, job_id)
-    if job is None:
-        raise NotFound(f"embedding job {job_id} does not exist")
-    return job
+    return get_job_row(session, EmbeddingJob, job_id, "embedding job")
 
 
 def cancel_job(session: Session, job_id: int) -> EmbeddingJob:
     """Queued: cancelled at once. Running: flagged; the worker stops between batches."""
-    job = get_job(session, job_id)
-    if job.status in FINISHED:
-        raise Conflict(f"embedding job {job_id} is already {job.status}; nothing to cancel")
-    job.cancel_requested = True
-    if job.status == "queued":
-        job.status, job.finished_at = "cancelled", utcnow()
-    session.flush()
-    return job
+    return cancel_job_row(session, get_job(session, job_id), f"embedding job {job_id}")
 
 
 def load_result(session: Session, job_id: int) -> tuple[np.ndarray, np.ndarray, list[str] | None]:

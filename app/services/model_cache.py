@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -85,7 +85,7 @@ def load_from_database(session: Session, experiment_id: int, device: str | None)
 
 
 class LoadOnceCache(Generic[T]):
-    """LRU of things loaded per experiment id (models, reference rows), safe to share
+    """LRU of things loaded per key (models by experiment id; indexes), safe to share
     across requests.
 
     A thing is loaded at most once at a time per experiment: concurrent first requests
@@ -95,13 +95,13 @@ class LoadOnceCache(Generic[T]):
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[int, T] = OrderedDict()
+        self._items: OrderedDict[Hashable, T] = OrderedDict()
         self._lock = threading.Lock()
-        self._loading: dict[int, threading.Lock] = {}
+        self._loading: dict[Hashable, threading.Lock] = {}
         self.hits = 0
         self.misses = 0
 
-    def peek(self, experiment_id: int) -> T | None:
+    def peek(self, experiment_id: Hashable) -> T | None:
         with self._lock:
             item = self._items.get(experiment_id)
             if item is not None:
@@ -109,7 +109,7 @@ class LoadOnceCache(Generic[T]):
                 self.hits += 1
             return item
 
-    def get(self, experiment_id: int, load: Callable[[], T]) -> T:
+    def get(self, experiment_id: Hashable, load: Callable[[], T]) -> T:
         item = self.peek(experiment_id)
         if item is not None:
             return item
@@ -130,7 +130,7 @@ class LoadOnceCache(Generic[T]):
                 self._loading.pop(experiment_id, None)
         return item
 
-    def invalidate(self, experiment_id: int) -> None:
+    def invalidate(self, experiment_id: Hashable) -> None:
         with self._lock:
             self._items.pop(experiment_id, None)
 

@@ -1,44 +1,58 @@
-"""Nearest neighbours of new inputs among an experiment's stored training rows.
+"""Nearest neighbours of new inputs among stored rows: an experiment's index, or its
+training split searched exactly.
 
-The inputs go through the same pipeline as /embed (app.services.inference, corel.serving);
-their representations are searched, exactly (batched matrix products in torch), among the
-experiment's training split as its worker stored it, in the loss's own geometry (cosine
-for Cosine-COREL, else Euclidean: the clustering report's). The reference rows are read
-once per API process and kept in a small LRU, as the models are (LoadOnceCache).
+The inputs go through the same pipeline as /embed (app.services.inference,
+corel.serving); their representations are searched in the loss's own geometry (cosine
+for Cosine-COREL, else Euclidean: the clustering report's) with a
+``corel.index.VectorIndex``: the index asked for, else the experiment's latest built one
+(app.services.indexes), else an exact one over the training split when it is small
+enough. Either is read from the database once per API process and kept in a small LRU,
+as the models are (LoadOnceCache).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
 from fastapi.concurrency import run_in_threadpool
 
 from app.db import session_scope
 from app.errors import Conflict, InvalidInput
 from app.schemas import NeighborsRequest
 from app.services import inference
+from app.services.clustering import class_names
+from app.services.indexes import index_to_search, load_index
 from app.services.retrieval import training_rows
 from corel.clustering import default_metric
-from corel.retrieval import neighbours
+from corel.index import VectorIndex
 
 
-@dataclass(frozen=True)
-class Reference:
-    """An experiment's training rows, ready to search."""
-
-    reps: torch.Tensor  # (n, dim) float32
-    labels: np.ndarray  # (n,) int64
-    geometry: str
-
-
-def _load_reference(state: Any, experiment_id: int, loss: str) -> Reference:
+def _exact_over_training(state: Any, experiment_id: int, loss: str) -> VectorIndex:
     with session_scope(state.sessionmaker) as session:
         reps, labels = training_rows(session, experiment_id, "/neighbors")
-    return Reference(torch.from_numpy(reps.copy()), labels.copy(), default_metric(loss))
+        names = class_names(session, experiment_id)
+    limit = state.settings.exact_search_max_rows
+    if len(labels) > limit:
+        raise Conflict(f"experiment {experiment_id} has {len(labels)} training rows, more than "
+                       f"exact search takes (COREL_EXACT_SEARCH_MAX_ROWS, {limit}), and no index; "
+                       f"build one with POST /experiments/{experiment_id}/index, then search again")
+    return VectorIndex.build(reps, labels, default_metric(loss), "exact", class_names=names)
+
+
+def _reference(state: Any, experiment_id: int, loss: str, index_id: int | None) -> tuple[int | None, VectorIndex]:
+    """(the index's id or None, the index) that this request searches."""
+    with session_scope(state.sessionmaker) as session:
+        row = index_to_search(session, experiment_id, index_id)
+        chosen = None if row is None else row.id
+    if chosen is None:
+        return None, state.references.get(("train", experiment_id),
+                                          lambda: _exact_over_training(state, experiment_id, loss))
+
+    def load() -> VectorIndex:
+        with session_scope(state.sessionmaker) as session:
+            return load_index(session, chosen)
+    return chosen, state.references.get(("index", chosen), load)
 
 
 def _knn_vote(labels: list[int]) -> int:
@@ -49,35 +63,36 @@ def _knn_vote(labels: list[int]) -> int:
     return next(label for label in labels if counts[label] == top)
 
 
+def _name(names: list[str] | None, label: int) -> str:
+    return names[label] if names is not None and 0 <= label < len(names) else str(label)
+
+
 async def search(state: Any, req: NeighborsRequest) -> dict[str, Any]:
     loaded, h, sims = await inference.infer(state, req, similarities=True)
     assert sims is not None
-    ref = await run_in_threadpool(state.references.get, loaded.experiment_id,
-                                  lambda: _load_reference(state, loaded.experiment_id, loaded.spec.loss))
-    n = len(ref.labels)
-    limit = state.settings.exact_search_max_rows
-    if n > limit:
-        raise Conflict(f"experiment {loaded.experiment_id} has {n} training rows, more than exact "
-                       f"search takes (COREL_EXACT_SEARCH_MAX_ROWS, {limit})")
+    index_id, index = await run_in_threadpool(_reference, state, loaded.experiment_id,
+                                              loaded.spec.loss, req.index_id)
+    n = index.n
     if req.k > n:
-        raise InvalidInput(f"k is {req.k}, but experiment {loaded.experiment_id} has {n} training "
-                           f"rows to search; k must be at most {n}")
-    distances, rows = await run_in_threadpool(neighbours, h, ref.reps, req.k, ref.geometry,
-                                              1024, True)
+        where = f"index {index_id}" if index_id is not None else f"experiment {loaded.experiment_id}'s training split"
+        raise InvalidInput(f"k is {req.k}, but {where} has {n} rows to search; k must be at most {n}")
+    distances, rows = await run_in_threadpool(index.search, h, req.k)
     names = loaded.class_names
+    row_names = index.class_names  # the rows' own (an uploaded dataset's, for a batch job's rows)
     predicted = sims.argmax(1).tolist()
+    labels_all = index.labels[rows]
     results = []
-    for i, (d_row, r_row) in enumerate(zip(distances.tolist(), rows.tolist(), strict=True)):
-        labels = [int(ref.labels[r]) for r in r_row]
-        vote = _knn_vote(labels)
+    for i, (d_row, r_row, y_row) in enumerate(zip(distances.tolist(), rows.tolist(), labels_all.tolist(),
+                                                 strict=True)):
+        vote = _knn_vote(y_row)
         result: dict[str, Any] = {
-            "neighbors": [{"row": r, "label": y, "class_name": names[y], "distance": max(d, 0.0)}
-                          for r, y, d in zip(r_row, labels, d_row, strict=True)],
-            "knn_prediction": {"class_index": vote, "class_name": names[vote]},
+            "neighbors": [{"row": r, "label": y, "class_name": _name(row_names, y), "distance": max(d, 0.0)}
+                          for r, y, d in zip(r_row, y_row, d_row, strict=True)],
+            "knn_prediction": {"class_index": vote, "class_name": _name(row_names, vote)},
             "prediction": {"class_index": predicted[i], "class_name": names[predicted[i]]},
         }
         if req._names is not None:
             result["input"] = req._names[i]
         results.append(result)
-    return {"experiment_id": loaded.experiment_id, "index_id": None, "k": req.k,
-            "geometry": ref.geometry, "n_reference": n, "results": results}
+    return {"experiment_id": loaded.experiment_id, "index_id": index_id, "k": req.k,
+            "geometry": index.geometry, "n_reference": n, "results": results}

@@ -3,9 +3,9 @@
 Kept free of torch so that the API (at start-up) and every worker (in a loop) can run
 it. ``send(task, id)`` is whatever queues one task for one row.
 
-Both kinds of job that a worker runs from a message are covered: training runs
-(``experiments``; a stacked group's members are sent again one by one) and batch
-embedding jobs (``embedding_jobs``).
+Every kind of job that a worker runs from a message is covered: training runs
+(``experiments``; a stacked group's members are sent again one by one), batch
+embedding jobs (``embedding_jobs``) and index builds (``neighbor_indexes``).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.broker import EMBED_TASK, TRAIN_TASK
+from app.broker import EMBED_TASK, INDEX_TASK, TRAIN_TASK
 from app.db import session_scope
-from app.models import EmbeddingJob, Experiment, as_utc, utcnow
+from app.models import EmbeddingJob, Experiment, NeighborIndex, as_utc, utcnow
 from app.settings import Settings
 
 log = logging.getLogger("corel.reconcile")
 
 Send = Callable[[str, int], None]
-Job = type[Experiment] | type[EmbeddingJob]  # the tables of jobs with a lease
+Job = type[Experiment] | type[EmbeddingJob] | type[NeighborIndex]  # the tables of jobs with a lease
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,8 @@ class JobKind:
 
 
 JOB_KINDS = (JobKind("experiment", Experiment, TRAIN_TASK),
-             JobKind("embedding job", EmbeddingJob, EMBED_TASK))
+             JobKind("embedding job", EmbeddingJob, EMBED_TASK),
+             JobKind("index build", NeighborIndex, INDEX_TASK))
 
 
 def lease_expired(settings: Settings, now: datetime, model: Job = Experiment) -> ColumnElement[bool]:

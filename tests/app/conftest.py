@@ -3,6 +3,7 @@ Redis database of our own as the broker, and real Celery worker processes."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 import redis
@@ -76,6 +78,8 @@ def settings(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFacto
         lease_seconds=4.0,
         heartbeat_seconds=0.5,
         log_level="INFO",
+        # Indexes stored in many pieces, as a large one is.
+        index_chunk_bytes=64 * 1024,
         # As `make serve` does: MNIST and AG News's test split from ../shared/datasets.
         data_dir=str(SHARED_DATASETS) if SHARED_DATASETS.is_dir() else "",
     )
@@ -95,6 +99,7 @@ def settings_env(s: Settings) -> dict[str, str]:
         "COREL_QUEUE": s.queue,
         "COREL_LEASE_SECONDS": str(s.lease_seconds),
         "COREL_HEARTBEAT_SECONDS": str(s.heartbeat_seconds),
+        "COREL_INDEX_CHUNK_BYTES": str(s.index_chunk_bytes),
         "COREL_REQUEUE_AFTER_SECONDS": str(s.requeue_after_seconds),
         "COREL_REQUEUE_MAX_SECONDS": str(s.requeue_max_seconds),
         "COREL_TRANSIENT_RETRY_SECONDS": str(s.transient_retry_seconds),
@@ -214,6 +219,13 @@ def live_url(settings: Settings) -> Iterator[str]:
         yield url
 
 
+def npz_bytes(**arrays: Any) -> bytes:
+    """An .npz upload's bytes, as numpy.savez writes them."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
 DIGITS_SPEC = {"dataset": "digits", "model": "ffnn", "lr": 0.003, "batch_size": 64, "epochs": 4}
 
 
@@ -229,7 +241,6 @@ def digits_runs(client: TestClient, worker: subprocess.Popen[bytes]) -> dict[str
 
 def stored_latent(settings: Settings, experiment_id: int, split: str) -> tuple[Any, Any]:
     """The (representations, labels) a worker stored for a split, read from the database."""
-    import numpy as np
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
 

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from tests.app.conftest import finished, wait_for
+from tests.app.conftest import finished, npz_bytes, wait_for
 from tests.conftest import SHARED_DATASETS, require
-
-
-def npz_bytes(**arrays) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
 
 
 def blobs(n=600, k=3, d=5, seed=0):

@@ -11,16 +11,11 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from tests.app.conftest import finished, wait_for
+from tests.app.conftest import finished, npz_bytes, wait_for
 from tests.conftest import assert_rows_close
 
 ROWS = 100_000
 
-
-def _npz(**arrays) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
 
 
 def _wait_job(client, job_id: int, timeout: float = 300) -> dict:
@@ -36,7 +31,7 @@ def _wait_job(client, job_id: int, timeout: float = 300) -> dict:
 @pytest.fixture(scope="module")
 def model(client, worker) -> int:
     d = load_digits()
-    ds = client.post("/datasets", files={"file": ("digits.npz", _npz(x=d.data.astype(np.float32), y=d.target))})
+    ds = client.post("/datasets", files={"file": ("digits.npz", npz_bytes(x=d.data.astype(np.float32), y=d.target))})
     assert ds.status_code == 201, ds.text
     eid = client.post("/experiments", json={"dataset": "npz", "dataset_id": ds.json()["id"], "epochs": 2,
                                             "lr": 0.003, "batch_size": 64}).json()["id"]
@@ -51,7 +46,7 @@ def many(client) -> tuple[int, np.ndarray, np.ndarray]:
     pick = rng.integers(0, len(d.data), ROWS)
     x = np.clip(d.data[pick] + rng.normal(0, 1.0, (ROWS, 64)), 0, 16).astype(np.float32)
     y = d.target[pick]
-    r = client.post("/datasets", files={"file": ("many.npz", _npz(x=x, y=y))})
+    r = client.post("/datasets", files={"file": ("many.npz", npz_bytes(x=x, y=y))})
     assert r.status_code == 201, r.text
     return r.json()["id"], x, y
 
@@ -121,7 +116,7 @@ def test_a_job_whose_message_was_lost_or_whose_worker_died_is_sent_again(client,
     from app.models import EmbeddingJob, utcnow
 
     d = load_digits()
-    up = client.post("/datasets", files={"file": ("few.npz", _npz(x=d.data[:300].astype(np.float32),
+    up = client.post("/datasets", files={"file": ("few.npz", npz_bytes(x=d.data[:300].astype(np.float32),
                                                                    y=d.target[:300]))}).json()
     factory = make_sessionmaker(make_engine(settings.db_url))
     long_ago = utcnow() - timedelta(hours=1)

@@ -1,5 +1,5 @@
 """The reconciler against a broker that forgets: a Redis of the test's own is flushed, and
-every run and embedding job sent before is sent again at once, whatever its back-off; the
+every run, embedding job and index build sent before is sent again at once, whatever its back-off; the
 back-off itself is capped at two leases. (End to end, under faults: test_fault_soak.py.)"""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from app.broker import EMBED_TASK, TRAIN_TASK, broker_memory_since
+from app.broker import EMBED_TASK, INDEX_TASK, TRAIN_TASK, broker_memory_since
 from app.db import make_engine, make_sessionmaker, session_scope
 from app.migrate import upgrade
-from app.models import DatasetUpload, EmbeddingJob, Experiment, utcnow
+from app.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, utcnow
 from app.schemas import ExperimentCreate
 from app.services.experiments import create_experiment
 from app.services.reconcile import reconcile, requeue_delay
@@ -56,14 +56,19 @@ def test_what_was_sent_before_the_broker_forgot_is_sent_again_at_once(tmp_path, 
                            n_total=1, n_done=0, cancel_requested=False, created_at=utcnow(),
                            attempts=0, enqueued_at=utcnow(), enqueues=1)
         session.add(job)
+        index = NeighborIndex(experiment_id=ids[1], source="train", requested_kind="auto",
+                              geometry="euclidean", status="queued", n_total=1, n_done=0,
+                              cancel_requested=False, created_at=utcnow(), attempts=0,
+                              enqueued_at=utcnow(), enqueues=1)
+        session.add(index)
         session.flush()
-        job_id = job.id
+        job_id, index_id = job.id, index.id
     # Sent a moment ago, many times over: well within their back-off.
     with session_scope(factory) as session:
-        for model in (Experiment, EmbeddingJob):
+        for model in (Experiment, EmbeddingJob, NeighborIndex):
             session.execute(update(model).values(
                 enqueued_at=utcnow() - timedelta(seconds=1), enqueues=6))
-    expected = sorted([(TRAIN_TASK, i) for i in ids] + [(EMBED_TASK, job_id)])
+    expected = sorted([(TRAIN_TASK, i) for i in ids] + [(EMBED_TASK, job_id), (INDEX_TASK, index_id)])
 
     def rounds() -> list[tuple[str, int]]:
         sent: list[tuple[str, int]] = []
@@ -84,7 +89,7 @@ def test_what_was_sent_before_the_broker_forgot_is_sent_again_at_once(tmp_path, 
         session.execute(update(Experiment).where(Experiment.id == ids[0]).values(
             status="running", heartbeat_at=utcnow(), worker="w"))
     private_redis.flush()
-    assert rounds() == sorted([(TRAIN_TASK, ids[1]), (EMBED_TASK, job_id)])
+    assert rounds() == sorted([(TRAIN_TASK, ids[1]), (EMBED_TASK, job_id), (INDEX_TASK, index_id)])
 
 
 def test_no_marker_on_a_broker_that_keeps_its_messages(tmp_path):

@@ -1,0 +1,103 @@
+"""Nearest-neighbour indexes: requested here, built on a worker (worker/indexing.py), read
+back by any API process from the database and kept in memory once per process.
+
+An index covers an experiment's training split or the rows of one of its finished batch
+embedding jobs, in the loss's own geometry (the clustering report's). Its bytes
+(``corel.index.VectorIndex``) are stored in ``neighbor_index_chunks``, written in the
+transaction that marks it succeeded: an index that is not succeeded has no bytes, and
+nothing half-built is ever served.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, InvalidInput
+from app.models import LatentSpace, NeighborIndex, NeighborIndexChunk, utcnow
+from app.schemas import IndexCreate
+from app.services.clustering import succeeded_experiment
+from app.services.embedding_jobs import get_job
+from app.services.jobs import cancel_job_row, get_job_row
+from app.settings import Settings
+from corel.clustering import default_metric
+from corel.index import VectorIndex
+
+
+def create_index(session: Session, experiment_id: int, body: IndexCreate, settings: Settings) -> NeighborIndex:
+    exp = succeeded_experiment(session, experiment_id, "an index")
+    if body.embedding_job_id is not None:
+        job = get_job(session, body.embedding_job_id)
+        if job.experiment_id != experiment_id:
+            raise InvalidInput(f"embedding job {job.id} embedded experiment {job.experiment_id}'s "
+                               f"representations, not experiment {experiment_id}'s; index it with "
+                               f"POST /experiments/{job.experiment_id}/index")
+        if job.status != "succeeded":
+            raise Conflict(f"embedding job {job.id} is {job.status}; an index needs a succeeded "
+                           "embedding job", status=job.status)
+        source, n = "embedding_job", job.n_total
+    else:
+        stored = session.scalar(select(LatentSpace.n).where(
+            LatentSpace.experiment_id == experiment_id, LatentSpace.split == "train"))
+        if stored is None:
+            raise Conflict(f"experiment {experiment_id} was trained before the training split's "
+                           "representations were stored, and an index needs them; train it again, "
+                           "or index a batch embedding job's rows ({\"embedding_job_id\": N})")
+        source, n = "train", int(stored)
+    if n == 0:
+        raise Conflict(f"there are no rows to index in {source.replace('_', ' ')}")
+    if body.kind == "exact" and n > settings.exact_search_max_rows:
+        raise InvalidInput(f"an exact index takes at most {settings.exact_search_max_rows} rows "
+                           f"(COREL_EXACT_SEARCH_MAX_ROWS); this source has {n}: ask for kind hnsw or auto")
+    now = utcnow()
+    # The route sends the task right after the commit.
+    row = NeighborIndex(
+        experiment_id=experiment_id, source=source, embedding_job_id=body.embedding_job_id,
+        requested_kind=body.kind, geometry=default_metric(exp.loss), status="queued", n_total=n,
+        n_done=0, cancel_requested=False, created_at=now, attempts=0, enqueued_at=now, enqueues=1)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_index(session: Session, index_id: int) -> NeighborIndex:
+    return get_job_row(session, NeighborIndex, index_id, "index")
+
+
+def list_indexes(session: Session, experiment_id: int) -> list[NeighborIndex]:
+    succeeded_experiment(session, experiment_id, "listing indexes")
+    return list(session.scalars(select(NeighborIndex).where(NeighborIndex.experiment_id == experiment_id)
+                                .order_by(NeighborIndex.id.desc())))
+
+
+def cancel_index(session: Session, index_id: int) -> NeighborIndex:
+    """Queued: cancelled at once. Running: flagged; the worker stops between chunks."""
+    return cancel_job_row(session, get_index(session, index_id), f"index {index_id}")
+
+
+def index_to_search(session: Session, experiment_id: int, index_id: int | None) -> NeighborIndex | None:
+    """The index /neighbors searches: ``index_id`` (which must be this experiment's and
+    succeeded), else the experiment's latest succeeded index, else None."""
+    if index_id is None:
+        return session.scalars(select(NeighborIndex).where(
+            NeighborIndex.experiment_id == experiment_id, NeighborIndex.status == "succeeded")
+            .order_by(NeighborIndex.id.desc()).limit(1)).one_or_none()
+    row = get_index(session, index_id)
+    if row.experiment_id != experiment_id:
+        raise InvalidInput(f"index {index_id} belongs to experiment {row.experiment_id}, not "
+                           f"experiment {experiment_id}; search it with "
+                           f"POST /experiments/{row.experiment_id}/neighbors")
+    if row.status != "succeeded":
+        what = "still being built" if row.status in ("queued", "running") else "never finished"
+        raise Conflict(f"index {index_id} is {row.status} ({what}); /neighbors searches a "
+                       "succeeded index only (GET /indexes/{id} shows its progress)", status=row.status)
+    return row
+
+
+def load_index(session: Session, index_id: int) -> VectorIndex:
+    """A succeeded index's bytes, read back in order, as a searchable index."""
+    parts = session.scalars(select(NeighborIndexChunk.data).where(NeighborIndexChunk.index_id == index_id)
+                            .order_by(NeighborIndexChunk.seq)).all()
+    if not parts:
+        raise Conflict(f"index {index_id} has no stored bytes")
+    return VectorIndex.from_bytes(b"".join(parts))

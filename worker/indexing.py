@@ -1,0 +1,130 @@
+"""Index builds on a worker: an experiment's training split, or a batch embedding job's
+rows, into a ``corel.index.VectorIndex``, stored in the database in pieces.
+
+Claimed as a training run is (one conditional UPDATE, a lease kept fresh by a heartbeat
+while the build runs), progress recorded between chunks of rows, cancellable there, and
+stored in one transaction with the status ``succeeded``: a build that is lost, cancelled
+or failed leaves no bytes behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import session_scope
+from app.errors import DomainError
+from app.models import NeighborIndex, NeighborIndexChunk, utcnow
+from app.services.clustering import class_names, load_latent
+from app.services.embedding_jobs import load_result
+from app.settings import Settings
+from corel.index import BuildCancelled, HnswParams, VectorIndex
+from worker.runner import LostLease, claim, owned, updated
+
+log = logging.getLogger("corel.worker")
+
+
+def _finish(factory: sessionmaker[Session], index_id: int, **values: Any) -> bool:
+    with session_scope(factory) as session:
+        return bool(updated(session, update(NeighborIndex).where(owned(index_id, NeighborIndex))
+                            .values(finished_at=utcnow(), **values)))
+
+
+def _heartbeat(factory: sessionmaker[Session], index_id: int, settings: Settings) -> tuple[threading.Event, threading.Thread]:
+    """Keep the lease while one long call (a chunk of the graph, the storing) runs."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(settings.heartbeat_seconds):
+            try:
+                with session_scope(factory) as session:
+                    updated(session, update(NeighborIndex).where(owned(index_id, NeighborIndex))
+                            .values(heartbeat_at=utcnow()))
+            except Exception as exc:  # the next beat, or the lease's expiry, deals with it
+                log.warning("heartbeat failed", extra={"index": index_id, "error": str(exc)[:200]})
+
+    thread = threading.Thread(target=beat, name=f"index-{index_id}-heartbeat", daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def build_index(index_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
+    """Claim, build, store; returns the status."""
+    with session_scope(factory) as session:
+        row = session.get(NeighborIndex, index_id)
+        if row is None:
+            return "gone"
+        if not claim(session, index_id, settings, NeighborIndex):
+            log.info("not claimed (finished, or running elsewhere)", extra={"index": index_id})
+            return "skipped"
+        session.refresh(row)
+        if row.cancel_requested:
+            row.status, row.finished_at = "cancelled", utcnow()
+            return "cancelled"
+        source, job_id, geometry = row.source, row.embedding_job_id, row.geometry
+        requested, experiment_id = row.requested_kind, row.experiment_id
+    stop, beater = _heartbeat(factory, index_id, settings)
+    try:
+        started = time.perf_counter()
+        with session_scope(factory) as session:
+            if source == "train":
+                reps, labels = load_latent(session, experiment_id, "train")
+                names: list[str] | None = class_names(session, experiment_id)
+            else:
+                assert job_id is not None
+                reps, labels, names = load_result(session, job_id)
+        n = len(labels)
+        kind = requested if requested != "auto" else (
+            "exact" if n < settings.index_exact_below_rows else "hnsw")
+        last = 0.0
+
+        def progress(done: int, total: int) -> bool:
+            nonlocal last
+            if time.monotonic() - last < 0.5 and done != total:
+                return True
+            last = time.monotonic()
+            with session_scope(factory) as session:
+                if not updated(session, update(NeighborIndex).where(owned(index_id, NeighborIndex))
+                               .values(n_total=total, n_done=done, heartbeat_at=utcnow())):
+                    raise LostLease(f"index {index_id} is no longer ours")
+                return not session.scalar(select(NeighborIndex.cancel_requested)
+                                          .where(NeighborIndex.id == index_id))
+
+        params = HnswParams(settings.hnsw_m, settings.hnsw_ef_construction)
+        index = VectorIndex.build(reps, labels, geometry, kind, params=params,
+                                  target_recall=settings.index_target_recall, progress=progress,
+                                  class_names=names)
+        del reps
+        seconds = time.perf_counter() - started
+        blob = index.to_bytes()
+        size = settings.index_chunk_bytes
+        with session_scope(factory) as session:
+            if not updated(session, update(NeighborIndex).where(owned(index_id, NeighborIndex)).values(
+                    status="succeeded", kind=kind, n_total=n, n_done=n, dim=index.dim, size_bytes=len(blob),
+                    build_seconds=seconds, ef_search=index.ef_search, recall=index.recall,
+                    params=None if kind == "exact" else {"m": params.m, "ef_construction": params.ef_construction},
+                    finished_at=utcnow())):
+                raise LostLease(f"index {index_id} is no longer ours")
+            session.execute(delete(NeighborIndexChunk).where(NeighborIndexChunk.index_id == index_id))
+            for seq, start in enumerate(range(0, len(blob), size)):
+                session.add(NeighborIndexChunk(index_id=index_id, seq=seq, data=blob[start:start + size]))
+    except LostLease:
+        log.warning("lost the lease; another worker continues", extra={"index": index_id})
+        return "lost"
+    except BuildCancelled:
+        _finish(factory, index_id, status="cancelled")
+        return "cancelled"
+    except (ValueError, DomainError) as exc:  # bad vectors; the source is gone
+        log.warning("index build failed", extra={"index": index_id, "error": str(exc)})
+        _finish(factory, index_id, status="failed", error=str(exc))
+        return "failed"
+    finally:
+        stop.set()
+        beater.join()
+    log.info("index built", extra={"index": index_id, "kind": kind, "rows": n, "seconds": round(seconds, 2)})
+    return "succeeded"
