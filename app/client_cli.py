@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -147,24 +148,47 @@ def neighbors(args: argparse.Namespace) -> int:
             part = array[start:start + args.batch]
             params = {"dtype": "uint8" if part.dtype == np.uint8 else "float32",
                       "shape": ",".join(map(str, part.shape)), "k": args.k}
+            if args.index is not None:
+                params["index_id"] = args.index
             bodies.append(_call(args, "POST", path, params=params, content=part.tobytes(),
                                 headers={"Content-Type": "application/octet-stream"}))
     else:
-        bodies = [_call(args, "POST", path, json={"k": args.k, **_inputs(args)})]
+        extra = {} if args.index is None else {"index_id": args.index}
+        bodies = [_call(args, "POST", path, json={"k": args.k, **extra, **_inputs(args)})]
     results = [r for body in bodies for r in body["results"]]
     if args.out:
         rows = np.asarray([[n["row"] for n in r["neighbors"]] for r in results], np.int64)
         dist = np.asarray([[n["distance"] for n in r["neighbors"]] for r in results], np.float32)
         np.savez(args.out, rows=rows, distances=dist,
                  labels=np.asarray([[n["label"] for n in r["neighbors"]] for r in results], np.int64))
-    print(f"experiment {args.experiment}: the {args.k} nearest training rows, "
-          f"{bodies[0]['geometry']} geometry ({bodies[0]['n_reference']} rows)")
+    searched = (f"index {bodies[0]['index_id']}" if bodies[0]["index_id"] is not None
+                else "exact search over the training split")
+    print(f"experiment {args.experiment}: the {args.k} nearest rows, {bodies[0]['geometry']} "
+          f"geometry ({bodies[0]['n_reference']} rows, {searched})")
     table = [[i, r["knn_prediction"]["class_name"], r["prediction"]["class_name"],
               " ".join(f"{n['row']}:{n['class_name']}" for n in r["neighbors"][:5])
               + (" ..." if len(r["neighbors"]) > 5 else "")] for i, r in enumerate(results)]
     print(_table(table, ["input", "kNN class", "head class", "nearest rows (row:class)"]))
     if args.out:
         print(f"written to {args.out} (rows, distances, labels: one row per input)")
+    return 0
+
+
+def index(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"kind": args.kind}
+    if args.embedding_job is not None:
+        body["embedding_job_id"] = args.embedding_job
+    row = _call(args, "POST", f"/experiments/{args.experiment}/index", json=body)
+    while args.wait and row["status"] in ("queued", "running"):
+        time.sleep(1.0)
+        row = _call(args, "GET", f"/indexes/{row['id']}")
+    built = "-" if row["build_seconds"] is None else f"{row['build_seconds']:.1f}"
+    recall = "-" if row["recall"] is None else f"{row['recall']:.3f}"
+    print(_table([[row["id"], row["status"], row["kind"] or row["requested_kind"], row["geometry"],
+                   f"{row['n_done']}/{row['n_total']}", built, recall]],
+                 ["index", "status", "kind", "geometry", "rows", "build s", "recall@10"]))
+    if row["status"] == "failed":
+        raise SystemExit(f"corel: index {row['id']} failed: {row['error']}")
     return 0
 
 
@@ -210,8 +234,20 @@ def register(sub: Any) -> None:
     add_client_options(p)
     add_input_options(p)
     p.add_argument("-k", type=_positive, default=10, help="neighbours per input (default 10)")
+    p.add_argument("--index", type=_positive, help="an index id (default: the experiment's latest)")
     p.add_argument("--out", help="also write rows, distances and labels to this .npz file")
     p.set_defaults(func=neighbors)
+
+    p = sub.add_parser("index", help="build a nearest-neighbour index of an experiment's rows",
+                       description="POST /experiments/{id}/index: index the training split, or a "
+                       "batch embedding job's rows, on a worker; /neighbors then searches it.")
+    add_client_options(p)
+    p.add_argument("--embedding-job", type=_positive, help="index this batch embedding job's rows "
+                   "(default: the training split)")
+    p.add_argument("--kind", choices=("auto", "exact", "hnsw"), default="auto",
+                   help="exact, hnsw, or auto: exact below COREL_INDEX_EXACT_BELOW_ROWS rows")
+    p.add_argument("--wait", action="store_true", help="wait until it is built")
+    p.set_defaults(func=index)
 
     p = sub.add_parser("cluster", help="clustering report of an experiment's latent space",
                        description="GET /experiments/{id}/clustering: K-Means and Gaussian mixture "

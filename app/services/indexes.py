@@ -10,7 +10,7 @@ nothing half-built is ever served.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput
@@ -95,9 +95,17 @@ def index_to_search(session: Session, experiment_id: int, index_id: int | None) 
 
 
 def load_index(session: Session, index_id: int) -> VectorIndex:
-    """A succeeded index's bytes, read back in order, as a searchable index."""
-    parts = session.scalars(select(NeighborIndexChunk.data).where(NeighborIndexChunk.index_id == index_id)
-                            .order_by(NeighborIndexChunk.seq)).all()
-    if not parts:
+    """A succeeded index's bytes, read back in order, as a searchable index: one piece
+    per statement (each well within the API's statement timeout), into one buffer."""
+    where = NeighborIndexChunk.index_id == index_id
+    sizes = session.execute(select(NeighborIndexChunk.seq, func.length(NeighborIndexChunk.data))
+                            .where(where).order_by(NeighborIndexChunk.seq)).all()
+    if not sizes:
         raise Conflict(f"index {index_id} has no stored bytes")
-    return VectorIndex.from_bytes(b"".join(parts))
+    blob = bytearray(sum(int(size) for _, size in sizes))
+    at = 0
+    for seq, size in sizes:
+        blob[at:at + size] = session.scalars(select(NeighborIndexChunk.data).where(
+            where, NeighborIndexChunk.seq == seq)).one()
+        at += size
+    return VectorIndex.from_bytes(blob)

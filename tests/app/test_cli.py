@@ -96,7 +96,7 @@ def test_neighbors_prints_and_saves_what_the_api_answers(live_url, experiment, c
     assert main(["neighbors", "--url", live_url, "--experiment", str(experiment["id"]),
                  "--npy", str(tmp_path / "q.npy"), "-k", "4", "--batch", "2", "--out", str(out)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert "the 4 nearest training rows, cosine geometry" in lines[0] and len(lines) == 3 + 5 + 1
+    assert "the 4 nearest rows, cosine geometry" in lines[0] and len(lines) == 3 + 5 + 1
     api = client.post(f"/experiments/{experiment['id']}/neighbors",
                       json={"arrays": images.tolist(), "k": 4}).json()
     saved = np.load(out)
@@ -105,6 +105,21 @@ def test_neighbors_prints_and_saves_what_the_api_answers(live_url, experiment, c
                                                      for r in api["results"]], atol=1e-5)
     for line, r in zip(lines[3:8], api["results"], strict=True):
         assert r["knn_prediction"]["class_name"] in line
+
+
+def test_index_builds_and_neighbors_searches_it(live_url, experiment, client, tmp_path, capsys):
+    assert main(["index", "--url", live_url, "--experiment", str(experiment["id"]), "--kind", "hnsw",
+                 "--wait"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    index_id = int(lines[2].split()[0])
+    built = client.get(f"/indexes/{index_id}").json()
+    assert built["status"] == "succeeded" and built["kind"] == "hnsw"
+    assert lines[2].split()[1:4] == ["succeeded", "hnsw", "cosine"] and f"{built['recall']:.3f}" in lines[2]
+    images = read_idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz")[:3]
+    np.save(tmp_path / "q.npy", images)
+    assert main(["neighbors", "--url", live_url, "--experiment", str(experiment["id"]),
+                 "--npy", str(tmp_path / "q.npy"), "-k", "3", "--index", str(index_id)]) == 0
+    assert f"index {index_id})" in capsys.readouterr().out.splitlines()[0]
 
 
 def test_errors_are_reported_not_raised(live_url, capsys):

@@ -67,8 +67,9 @@ corel.pages.playground = async function () {
         el("td", { class: "num" }, i + 1), el("td", { class: "num" }, n.row), el("td", {}, n.class_name),
         el("td", { class: "num" }, num(n.distance, 4)))));
       table.hidden = false;
+      const searched = nn.index_id === null ? "exact search over the training split" : "index " + nn.index_id;
       document.getElementById("neighbors-note").textContent = "The " + nn.k + " nearest of the " + nn.n_reference +
-        " training rows (" + nn.geometry + "); their majority class: " + r.knn_prediction.class_name + ".";
+        " rows (" + nn.geometry + ", " + searched + "); their majority class: " + r.knn_prediction.class_name + ".";
     } catch (e) {
       table.hidden = true;
       document.getElementById("neighbors-note").textContent = e.message;
