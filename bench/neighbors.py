@@ -11,8 +11,8 @@ the million rows with a batch embedding job, and builds two indexes of the job's
 the worker: ``exact`` and ``hnsw``. Then, for each:
 
 * build seconds (the worker's, from GET /indexes/{id}) and the stored size;
-* resident memory of the API process before and after its first search (the index is
-  read from the database then, once);
+* resident memory of the API process before its first search, after it (the index is
+  read from the database then, once) and after the HTTP load;
 * in-process query p50/p99 and queries/s: the same ``VectorIndex`` loaded from the
   database in this process, one query (a 128-d representation) at a time;
 * HTTP ``/neighbors`` p50/p99 for 1 client and for 32 concurrent clients (one raw
@@ -294,16 +294,18 @@ def run(stack: Stack, args: argparse.Namespace) -> None:
         path = (f"/experiments/{eid}/neighbors?dtype=float32&shape=1,{FEATURES}&k={K}"
                 f"&index_id={indexes[kind]['id']}").encode()
         n = len(bodies) if kind == "hnsw" else min(200, len(bodies))
+        asyncio.run(http_clients(stack.port, path, bodies[:1], 1))  # loads the index
+        loaded_rss = rss_mb(stack.api.pid)
         one_rate, one = asyncio.run(http_clients(stack.port, path, bodies[:n], 1))
         many_rate, many = asyncio.run(http_clients(stack.port, path, bodies[:n] * (4 if kind == "hnsw" else 1), 32))
-        http[kind] = {"rss": (before, rss_mb(stack.api.pid)), "one": one, "one_rate": one_rate,
+        http[kind] = {"rss": (before, loaded_rss, rss_mb(stack.api.pid)), "one": one, "one_rate": one_rate,
                       "many": many, "many_rate": many_rate}
 
     print()
     print(f"{'':24}{'exact':>14}{'hnsw':>14}")
     print(f"{'build s (worker)':24}{indexes['exact']['build_seconds']:>14.1f}{indexes['hnsw']['build_seconds']:>14.1f}")
-    rss = ["{:.0f}/{:.0f}".format(*http[k]["rss"]) for k in ("exact", "hnsw")]
-    print(f"{'API RSS MB before/after':24}{rss[0]:>14}{rss[1]:>14}")
+    rss = ["{:.0f}/{:.0f}/{:.0f}".format(*http[k]["rss"]) for k in ("exact", "hnsw")]
+    print(f"{'API RSS MB (a)':24}{rss[0]:>14}{rss[1]:>14}")
     for label, name in (("in-process p50 ms", "p50"), ("in-process p99 ms", "p99")):
         q = 0.5 if name == "p50" else 0.99
         print(f"{label:24}{1e3 * percentile(times['corel exact'], q):>14.3f}{1e3 * percentile(times['corel hnsw'], q):>14.3f}")
@@ -315,6 +317,8 @@ def run(stack: Stack, args: argparse.Namespace) -> None:
             print(f"{label:24}" + "".join(f"{1e3 * percentile(http[k][key], q):>14.2f}" for k in ("exact", "hnsw")))
         print(f"{'http queries/s ' + clients:24}" + "".join(f"{http[k][key + '_rate']:>14.0f}"
                                                              for k in ("exact", "hnsw")))
+    print("(a) resident memory of the API process: before the index's first search, after it "
+          "(the index loaded), after the load tests")
     print(f"faiss IndexHNSWFlat.search directly (efSearch {hnsw.ef_search}, 1 thread): "
           f"p50 {1e3 * percentile(times['faiss'], 0.5):.3f} ms, p99 {1e3 * percentile(times['faiss'], 0.99):.3f} ms, "
           f"{statistics.median(rates['faiss']):.0f} queries/s")

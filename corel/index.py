@@ -94,7 +94,9 @@ class VectorIndex:
         self._order = order  # the graph's position -> the row's, where they differ
         self.ef_search, self.recall, self.params = ef_search, recall, params
         self._exact = exact
-        self._norms = (exact * exact).sum(1) if exact is not None and geometry == "euclidean" else None
+        # Squared norms without a temporary the size of the rows.
+        self._norms = (torch.einsum("ij,ij->i", exact, exact)
+                       if exact is not None and geometry == "euclidean" else None)
         self._faiss = faiss_index
         self._dim = int(exact.shape[1]) if exact is not None else int(faiss_index.d)
         self._search_params = (_faiss().SearchParametersHNSW(efSearch=ef_search)
