@@ -99,8 +99,11 @@ class VectorIndex:
                        if exact is not None and geometry == "euclidean" else None)
         self._faiss = faiss_index
         self._dim = int(exact.shape[1]) if exact is not None else int(faiss_index.d)
-        self._search_params = (_faiss().SearchParametersHNSW(efSearch=ef_search)
-                               if faiss_index is not None else None)
+        if faiss_index is not None and ef_search is not None:
+            # Set on the index, not passed per call: faiss.contrib.torch_utils (which
+            # pytorch-metric-learning imports) replaces search() with one that takes no
+            # search parameters. Searching never changes it, so threads may share it.
+            faiss_index.hnsw.efSearch = ef_search
 
     @property
     def n(self) -> int:
@@ -180,7 +183,7 @@ class VectorIndex:
         elif q.dtype != np.float32 or not q.flags.c_contiguous:
             q = np.ascontiguousarray(q, dtype=np.float32)
         if self._faiss is not None:
-            d, rows = self._faiss.search(q, k, params=self._search_params)
+            d, rows = self._faiss.search(q, k)
             if self._order is not None:
                 rows = self._order.take(rows)
             # Squared distances, summed squares (never negative): halved on unit vectors
@@ -276,7 +279,6 @@ def _calibrate(index: Any, base: np.ndarray, queries: np.ndarray, target: float)
     """The smallest efSearch whose recall@10 for ``queries`` (rows not in the index)
     against exact search over ``base`` (the rows in it) reaches ``target``, else the
     largest tried; and that recall."""
-    faiss = _faiss()
     k = min(K_CALIBRATE, len(base))
     ref = torch.from_numpy(base)
     norms = (ref * ref).sum(1)
@@ -290,7 +292,8 @@ def _calibrate(index: Any, base: np.ndarray, queries: np.ndarray, target: float)
     for ef in EF_SEARCH_STEPS:
         if ef < k:
             continue
-        found_d, _ = index.search(queries, k, params=faiss.SearchParametersHNSW(efSearch=ef))
+        index.hnsw.efSearch = ef
+        found_d, _ = index.search(queries, k)
         recall = recall_at_k(found_d, exact_d)
         if recall >= target:
             return ef, recall
