@@ -30,10 +30,11 @@ from typing import Any
 
 import httpx
 
+from corel.loss_catalog import PAPER_LOSSES, declaration
 from corel.report import PAPER_TABLE1, PAPER_TABLE2
 
-LOSSES = ("cce", "center", "cosine", "gaussian")
-NAMES = {"cce": "CCE", "center": "Center", "cosine": "Cosine-COREL", "gaussian": "Gaussian-COREL"}
+LOSSES = PAPER_LOSSES
+NAMES = {name: declaration(name).short for name in LOSSES}
 TITLES = {"paper": "Table 1 at the paper's protocol", "session": "Table 1, every row, at a session's budget",
           "smoke": "Table 1, the smoke budget"}
 TEN_LAMBDAS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9)
@@ -132,7 +133,8 @@ def _sweep_body(row: Row, stage: str, tuned: dict[str, float] | None) -> dict[st
         return {"base": row.base(row.tune_epochs),
                 "grid": {"loss": list(LOSSES), "lam": list(row.lambdas),
                          "seed": list(range(row.tune_seeds))}}
-    losses = ["cce", *(tuned or {})]
+    # The losses without lambda train once per seed; the others at their tuned lambda.
+    losses = [name for name in LOSSES if "lam" not in declaration(name).params] + list(tuned or {})
     return {"base": row.base(row.epochs), "grid": {"loss": losses, "seed": list(range(row.seeds))},
             "lam_by_loss": tuned}
 
@@ -259,7 +261,7 @@ def render(state: dict[str, Any], budget: str, command: str) -> str:
             published = paper.get(loss)
             if r is None:
                 failed = "did not train (see its tune sweep)" if loss not in st.get("tuned", {}) \
-                    and loss != "cce" else "no succeeded run"
+                    and "lam" in declaration(loss).params else "no succeeded run"
                 lines.append(f"| {row.key} | {NAMES[loss]} | - | {failed} | 0 | "
                              f"{published if published is not None else '-'} | - |")
                 continue

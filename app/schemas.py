@@ -10,6 +10,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from app.errors import MAX_ID
 from app.models import as_utc
+from corel.loss_catalog import LOSS_NAMES
 from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, ExperimentSpec, spec_warnings
 
 T = TypeVar("T")
@@ -351,7 +352,7 @@ class IndexRead(BaseModel):
 GRID_KEYS = ("loss", "lam", "seed", "gamma", "alpha")
 # Each grid field's values, as the spec's own fields take them.
 GRID_ITEMS: dict[str, dict[str, Any]] = {
-    "loss": {"type": "string", "enum": ["cce", "center", "cosine", "gaussian"]},
+    "loss": {"type": "string", "enum": list(LOSS_NAMES)},
     "lam": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0},
     "seed": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
     "gamma": {"type": "number", "exclusiveMinimum": 0.0},

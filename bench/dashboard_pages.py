@@ -37,11 +37,12 @@ from app.main import create_app  # noqa: E402
 from app.migrate import upgrade  # noqa: E402
 from app.models import Checkpoint, EpochMetric, Experiment, LatentSpace, Sweep, utcnow  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from corel.loss_catalog import LOSS_NAMES  # noqa: E402
 
 ADMIN = os.environ.get("COREL_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("COREL_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 TARGET_MS = 200.0
-LOSSES = ("cce", "center", "cosine", "gaussian")
+LOSSES = LOSS_NAMES
 
 
 def fill(url: str, n: int) -> dict[str, int]:
@@ -58,7 +59,7 @@ def fill(url: str, n: int) -> dict[str, int]:
         s.add(sweep)
         s.flush()
         for i in range(n):
-            loss = LOSSES[i % 4]
+            loss = LOSSES[i % len(LOSSES)]
             spec = {"dataset": "digits", "model": "ffnn", "loss": loss, "lam": 0.85, "epochs": 30,
                     "seed": i % 5, "lr": 0.003, "batch_size": 64}
             status = "succeeded" if i % 10 else ("running" if i % 20 else "failed")

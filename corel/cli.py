@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
+from corel.loss_catalog import declaration
 from corel.spec import DATASETS, LOSSES, MODELS, ExperimentSpec
 
 
@@ -130,7 +131,7 @@ def _train(args: argparse.Namespace) -> int:
             fh.write(checkpoint_to_bytes(result.run.best_checkpoint()))
     rows = [
         ("dataset / model / loss", f"{spec.dataset} / {spec.model} / {spec.loss}"
-         + ("" if spec.loss == "cce" else f" (lam={spec.lam})")),
+         + (f" (lam={spec.lam})" if "lam" in declaration(spec.loss).params else "")),
         ("best epoch", f"{result.best_epoch} of {len(result.history)}"),
         ("validation accuracy", f"{result.best_val_accuracy:.4f}"),
         ("test accuracy", f"{result.test_accuracy:.4f}"),

@@ -37,6 +37,8 @@ from sklearn.metrics import adjusted_rand_score, silhouette_score, v_measure_sco
 from sklearn.metrics.cluster import contingency_matrix
 from sklearn.mixture import GaussianMixture
 
+from corel.loss_catalog import DECLARATIONS
+
 METRICS: tuple[str, ...] = ("euclidean", "cosine")
 ALGORITHMS: tuple[str, ...] = ("kmeans", "gmm")
 
@@ -70,7 +72,8 @@ def default_metric(loss_name: str) -> str:
     """
     if not isinstance(loss_name, str):
         raise ValueError(f"loss_name must be a string such as 'cosine'; got {loss_name!r}.")
-    return "cosine" if loss_name == "cosine" else "euclidean"
+    decl = DECLARATIONS.get(loss_name)  # each loss's geometry is declared with it
+    return decl.geometry if decl is not None else "euclidean"
 
 
 def hungarian_accuracy(labels_true: ArrayLike, labels_pred: ArrayLike) -> float:

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from corel import similarity
+from corel.loss_catalog import DECLARATIONS, declaration
 
 __all__ = [
     "CCE",
@@ -381,6 +382,11 @@ LOSSES: dict[str, type[LossHead]] = {
 }
 
 
+if set(LOSSES) != set(DECLARATIONS):  # a head for every declared loss, and no other
+    raise ImportError(f"corel.losses: heads {sorted(LOSSES)} differ from the declared losses "
+                      f"{sorted(DECLARATIONS)} (corel.loss_catalog)")
+
+
 def build_loss(name: str, num_classes: int, dim: int, **params: Any) -> LossHead:
     """Build a loss head by registry name; ``params`` are the ones that preset takes.
 
@@ -389,10 +395,5 @@ def build_loss(name: str, num_classes: int, dim: int, **params: Any) -> LossHead
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; allowed: {', '.join(LOSSES)}")
-    accepted = {
-        "cce": (),
-        "center": ("lam", "alpha"),
-        "cosine": ("lam",),
-        "gaussian": ("lam", "gamma", "learn_gamma"),
-    }[name]
+    accepted = declaration(name).params
     return LOSSES[name](num_classes, dim, **{k: v for k, v in params.items() if k in accepted})

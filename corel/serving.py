@@ -23,11 +23,12 @@ import numpy as np
 import torch
 
 from corel.data import prepare_images, prepare_texts, prepare_vectors
+from corel.loss_catalog import DECLARATIONS
 from corel.models import Classifier
 from corel.spec import ExperimentSpec
 from corel.training import checkpoint_from_bytes, model_from_checkpoint
 
-SIMILARITY_OF_LOSS = {"cce": "dot", "center": "dot", "cosine": "cosine", "gaussian": "gaussian"}
+SIMILARITY_OF_LOSS = {d.name: d.similarity for d in DECLARATIONS.values()}
 """The similarity each loss's head scores representations with against the class vectors."""
 
 BATCH = 4096

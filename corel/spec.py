@@ -11,25 +11,30 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from corel.loss_catalog import DECLARATIONS, LOSS_NAMES, declaration
+
 DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images"]
 ModelName = Literal["ffnn", "cnn"]
-LossName = Literal["cce", "center", "cosine", "gaussian"]
+LossName = Literal[LOSS_NAMES]  # type: ignore[valid-type]  # the names corel.loss_catalog declares
 
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images")
 MODELS: tuple[str, ...] = ("ffnn", "cnn")
 # Datasets a user uploads (POST /datasets): split at random unless the upload names its splits.
 UPLOADED: tuple[str, ...] = ("npz", "text", "images")
-LOSSES: tuple[str, ...] = ("cce", "center", "cosine", "gaussian")
+LOSSES: tuple[str, ...] = LOSS_NAMES
 
-GAUSSIAN_MIN_LAM = 0.5
+GAUSSIAN_MIN_LAM = declaration("gaussian").min_lam
 """Below this lam Gaussian-COREL's loss has no minimum (it falls without bound as the
 representations move away from every class vector): such a spec is accepted, with a
-warning (:attr:`ExperimentSpec.warnings`), for studying the divergence."""
+warning (:attr:`ExperimentSpec.warnings`), for studying the divergence. Each loss's own
+is its declaration's ``min_lam``."""
+
 
 def spec_warnings(loss: str, lam: float) -> list[str]:
     """The warnings of a spec with this loss and lam (see :attr:`ExperimentSpec.warnings`)."""
-    if loss == "gaussian" and lam < GAUSSIAN_MIN_LAM:
-        return [f"Gaussian-COREL needs lam >= {GAUSSIAN_MIN_LAM:g}: at lam {lam:g} its loss has "
+    decl = DECLARATIONS.get(loss)
+    if decl is not None and decl.min_lam is not None and lam < decl.min_lam:
+        return [f"{decl.display} needs lam >= {decl.min_lam:g}: at lam {lam:g} its loss has "
                 "no minimum, so training usually diverges and the run ends failed as not learning"]
     return []
 
@@ -72,7 +77,8 @@ class ExperimentSpec(BaseModel):
         default=None, gt=0, description="Use only the first N training samples (after the split)."
     )
     model: ModelName = Field(default="ffnn", description="Encoder: ffnn or cnn.")
-    loss: LossName = Field(default="gaussian", description="cce, center, cosine or gaussian.")
+    loss: LossName = Field(default="gaussian", description=", ".join(LOSS_NAMES[:-1]) + " or "
+                           + LOSS_NAMES[-1] + ".")
     lam: float = Field(
         default=0.5,
         gt=0.0,
@@ -80,7 +86,8 @@ class ExperimentSpec(BaseModel):
         description="Attraction weight lambda in (0, 1]; for center loss the weight of the "
         "center term. Not used by cce. Gaussian-COREL needs lam >= 0.5: below it the run is "
         "accepted with a warning, and usually fails as not learning.",
-        json_schema_extra={"x-warn-below": {"gaussian": 0.5}},
+        json_schema_extra={"x-warn-below": {d.name: d.min_lam for d in DECLARATIONS.values()
+                                            if d.min_lam is not None}},
     )
     gamma: float = Field(default=0.5, gt=0.0, description="Gaussian-COREL width gamma > 0.")
     learn_gamma: bool = Field(default=False, description="Learn gamma (Gaussian-COREL only).")
@@ -120,8 +127,9 @@ class ExperimentSpec(BaseModel):
                 f"model {self.model!r} does not apply to dataset {self.dataset!r} "
                 f"({MODALITY[self.dataset]} inputs); allowed: {', '.join(allowed)}"
             )
-        if self.learn_gamma and self.loss != "gaussian":
-            raise ValueError("learn_gamma applies only to loss 'gaussian'")
+        if self.learn_gamma and "learn_gamma" not in declaration(self.loss).params:
+            takes = [d.name for d in DECLARATIONS.values() if "learn_gamma" in d.params]
+            raise ValueError(f"learn_gamma applies only to loss {' or '.join(map(repr, takes))}")
         return self
 
     @property

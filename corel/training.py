@@ -29,9 +29,10 @@ from typing import Any
 import torch
 
 from corel.data import Dataset, load_dataset
+from corel.loss_catalog import declaration
 from corel.losses import _check_labels
 from corel.models import Classifier, build_classifier
-from corel.spec import GAUSSIAN_MIN_LAM, ExperimentSpec
+from corel.spec import ExperimentSpec
 
 __all__ = [
     "CHANCE_EPOCHS",
@@ -101,7 +102,7 @@ def chance_accuracy(labels: torch.Tensor) -> float:
     return float(torch.bincount(labels).max()) / len(labels)
 
 
-_UNBOUNDED = ("Gaussian-COREL with lam = {lam} < {least:g} has no minimum: its loss falls "
+_UNBOUNDED = ("{loss} with lam = {lam} < {least:g} has no minimum: its loss falls "
               "without bound as the representations move away from every class vector, so "
               "the repulsion wins and training diverges. Use lam >= {least:g}.")
 
@@ -146,13 +147,16 @@ def not_learning(
     if not math.isfinite(last.train_loss):
         return (f"the training loss became {last.train_loss} at epoch {last.epoch}: training "
                 f"diverged. Try a smaller learning rate (the paper's is 1e-4).")
-    diverging = spec.loss == "gaussian" and spec.lam < GAUSSIAN_MIN_LAM
+    decl = declaration(spec.loss)
+    least = decl.min_lam  # below it the loss has no minimum (the declaration says where)
+    diverging = least is not None and spec.lam < least
+    unbounded = _UNBOUNDED.format(loss=decl.display, lam=spec.lam, least=least or 0.0)
     if diverging and len(history) >= epochs:
         losses = [m.train_loss for m in history[-epochs:]]
         if losses[0] < 0 and all(b < a for a, b in itertools.pairwise(losses)):
             return (f"the model is not learning: its training loss has been negative and "
                     f"falling for {epochs} epochs (now {last.train_loss:.4g}), so the "
-                    f"representations are running away. {_UNBOUNDED.format(lam=spec.lam, least=GAUSSIAN_MIN_LAM)}")
+                    f"representations are running away. {unbounded}")
     patience = epochs if diverging else max(epochs, math.ceil(spec.epochs / 3))
     ceiling = chance_ceiling(chance, n_val)
     best = max(history, key=lambda m: m.val_accuracy)
@@ -168,10 +172,10 @@ def not_learning(
     if best.val_accuracy > ceiling:
         story += f", after reaching {best.val_accuracy:.3f} at epoch {best.epoch}"
     if diverging:
-        why = _UNBOUNDED.format(lam=spec.lam, least=GAUSSIAN_MIN_LAM)
+        why = unbounded
     else:
         why = (f"Try a smaller learning rate (the paper's is 1e-4; this run's is {spec.lr:g})"
-               + ("" if spec.loss == "cce" else " or another lam") + ".")
+               + (" or another lam" if "lam" in decl.params else "") + ".")
     return f"the model is not learning: {story}. {why}"
 
 

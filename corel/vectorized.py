@@ -47,6 +47,7 @@ from torch.func import functional_call, stack_module_state
 
 from corel import losses, similarity
 from corel.data import Dataset, load_dataset
+from corel.loss_catalog import declaration
 from corel.losses import _check_labels
 from corel.models import FFNN, Classifier
 from corel.spec import UPLOADED, ExperimentSpec
@@ -347,9 +348,10 @@ class StackedRun:
     def _similarities(self, params: Tensors, buffers: Tensors, h: torch.Tensor) -> torch.Tensor:
         """The head's s(h, w_k), as the loss head's ``similarities`` computes it."""
         W = params["head.W"]
-        if self.loss_name in ("cce", "center"):
+        kind = declaration(self.loss_name).similarity
+        if kind == "dot":  # the dot-product heads (CCE's) carry a bias
             return similarity.dot(h, W) + params["head.bias"]
-        if self.loss_name == "cosine":
+        if kind == "cosine":
             return similarity.cosine(h, W)
         # s_gau(h, w; gamma) = gamma * s_gau(h, w; 1): gamma is a per-member tensor here,
         # which similarity.gaussian's range check cannot look at under vmap. Both sides

@@ -20,6 +20,7 @@ from app.errors import MAX_ID, Conflict, InvalidInput, NotFound
 from app.models import Experiment
 from app.services.clustering import clustering_report
 from corel.clustering import ALGORITHMS
+from corel.loss_catalog import declaration
 
 MAX_IDS = 50
 IDS_PATTERN = rf"^\s*[1-9][0-9]{{0,8}}\s*(,\s*[1-9][0-9]{{0,8}}\s*){{0,{MAX_IDS - 1}}}$"
@@ -51,9 +52,9 @@ def parse_ids(values: Iterable[str]) -> list[int]:
 
 
 def _shown_spec(exp: Experiment) -> dict[str, Any]:
-    """The spec as the table shows it: lambda means nothing to plain cross-entropy."""
+    """The spec as the table shows it: lambda means nothing to a loss without one (CCE)."""
     spec = dict(exp.spec)
-    if exp.loss == "cce":
+    if "lam" not in declaration(exp.loss).params:
         spec["lam"] = None
     return spec
 

@@ -25,6 +25,7 @@ from app.errors import Conflict
 from app.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
 from app.services.clustering import best_checkpoint, load_latent, store_once, succeeded_experiment
 from app.services.experiments import get_experiment
+from corel.loss_catalog import DECLARATIONS
 from corel.serving import SIMILARITY_OF_LOSS
 from corel.training import checkpoint_from_bytes
 
@@ -33,12 +34,6 @@ LATENT_SIZE = (800, 600)  # pixels
 CURVES_SIZE = (1000, 400)
 MAX_POINTS = 5000
 
-LOSS_LABELS = {
-    "cce": "CCE",
-    "center": "Center loss",
-    "cosine": "Cosine-COREL",
-    "gaussian": "Gaussian-COREL",
-}
 
 
 def _stored(experiment_id: int, name: str) -> Select[Figure]:
@@ -70,8 +65,8 @@ def _png(fig: MplFigure) -> bytes:
 
 
 def _loss_label(spec: dict[str, Any]) -> str:
-    label = LOSS_LABELS.get(spec["loss"], spec["loss"])
-    return label if spec["loss"] == "cce" else f"{label}, λ = {spec['lam']:g}"
+    decl = DECLARATIONS.get(spec["loss"])
+    return decl.label(spec["lam"]) if decl is not None else str(spec["loss"])
 
 
 # --------------------------------------------------------------------------- latent space

@@ -9,7 +9,9 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-LOSS_NAMES = {"cce": "CCE", "center": "Center", "cosine": "Cosine-COREL", "gaussian": "Gaussian-COREL"}
+from corel.loss_catalog import DECLARATIONS
+
+LOSS_NAMES = {d.name: d.short for d in DECLARATIONS.values()}
 
 
 def _pct(v: float | None) -> str:

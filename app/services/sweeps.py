@@ -17,13 +17,13 @@ from app.schemas import ExperimentCreate, SweepCreate
 from app.services.clustering import clustering_report
 from app.services.retrieval import retrieval_report
 from corel import report
+from corel.loss_catalog import DECLARATIONS
 from corel.vectorized import group_specs
 
 # The loss parameters each loss uses; the others are collapsed in a grid (a CCE run
 # does not differ across lambdas, so it is trained once per seed, not once per lambda).
-PARAMS_OF_LOSS = {"cce": (), "center": ("lam", "alpha"), "cosine": ("lam",),
-                  "gaussian": ("lam", "gamma")}
-LOSS_PARAMS = ("lam", "gamma", "alpha")
+PARAMS_OF_LOSS = {d.name: d.grid_params for d in DECLARATIONS.values()}
+LOSS_PARAMS = tuple(dict.fromkeys(p for d in DECLARATIONS.values() for p in d.grid_params))
 
 
 def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:

@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.errors import NotFound
+from corel.loss_catalog import DECLARATIONS
 from corel.spec import DATASETS
 
 HERE = Path(__file__).parent
@@ -63,12 +64,18 @@ PAGES = (
 )
 
 
+# What the pages' scripts know of each loss (app.js reads it): its names, and whether it
+# has a lambda.
+LOSSES_FOR_PAGES = {d.name: {"short": d.short, "display": d.display, "lam": "lam" in d.params}
+                    for d in DECLARATIONS.values()}
+
+
 def _page_route(template: str, title: str) -> Callable[[Request], HTMLResponse]:
     def page(request: Request) -> HTMLResponse:
         params = dict(request.path_params)
         return templates.TemplateResponse(request, template, {
             "title": title.format(**params), "nav": NAV, "path": request.url.path,
-            "datasets": DATASETS, **params})
+            "datasets": DATASETS, "losses": LOSSES_FOR_PAGES, **params})
 
     return page
 

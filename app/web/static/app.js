@@ -148,7 +148,9 @@ const corel = (() => {
     return e;
   }
 
-  const LOSS_NAMES = { cce: "CCE", center: "Center", cosine: "Cosine-COREL", gaussian: "Gaussian-COREL" };
+  // Declared once, in corel/loss_catalog.py; the page carries them (base.html).
+  const LOSSES = window.COREL_LOSSES || {};
+  const LOSS_NAMES = Object.fromEntries(Object.entries(LOSSES).map(([name, d]) => [name, d.short]));
   const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
                    "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39",
                    "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363"];
@@ -157,7 +159,7 @@ const corel = (() => {
   function num(x, digits) { return x === null || x === undefined ? "–" : Number(x).toFixed(digits === undefined ? 3 : digits); }
   function lossLabel(spec) {
     const name = LOSS_NAMES[spec.loss] || spec.loss;
-    return spec.loss === "cce" ? name : name + " λ " + spec.lam;
+    return LOSSES[spec.loss] && !LOSSES[spec.loss].lam ? name : name + " λ " + spec.lam;
   }
   function badge(status) { return el("span", { class: "badge " + status, "data-status": status }, status); }
   function progressBar(exp) {
@@ -183,5 +185,5 @@ const corel = (() => {
   });
 
   return { api, stream, el, pct, num, lossLabel, badge, progressBar, flash, query, pages,
-           ApiError, COLOURS, LOSS_NAMES, FINISHED, sleep };
+           ApiError, COLOURS, LOSSES, LOSS_NAMES, FINISHED, sleep };
 })();

@@ -29,7 +29,7 @@ corel.pages.experiments = async function () {
       el("td", { class: "progress-cell" }, progressBar(e)),
       el("td", {}, spec.dataset), el("td", {}, spec.model || "ffnn"),
       el("td", {}, LOSS_NAMES[spec.loss] || spec.loss),
-      el("td", { class: "num" }, spec.loss === "cce" ? "–" : spec.lam),
+      el("td", { class: "num" }, corel.LOSSES[spec.loss] && !corel.LOSSES[spec.loss].lam ? "–" : spec.lam),
       el("td", { class: "num best-val" }, pct(e.best_val_accuracy)),
       el("td", { class: "num test" }, pct(e.test_accuracy)),
       el("td", { class: "muted" }, new Date(e.created_at).toLocaleString()),

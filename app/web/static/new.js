@@ -103,7 +103,7 @@ corel.pages.new = async function () {
         out[field.name] = Number.isFinite(n) ? n : field.value;
       } else out[field.name] = field.value;
     }
-    if (out.loss === "cce") delete out.lam;
+    if (out.loss && corel.LOSSES[out.loss] && !corel.LOSSES[out.loss].lam) delete out.lam;
     return out;
   }
 

@@ -49,7 +49,7 @@ corel.pages.sweep = async function () {
     return el("tr", { "data-id": e.id, "data-status": e.status },
       el("td", {}, el("a", { href: "/ui/experiments/" + e.id }, "#" + e.id)),
       el("td", {}, LOSS_NAMES[e.spec.loss] || e.spec.loss),
-      el("td", { class: "num" }, e.spec.loss === "cce" ? "–" : e.spec.lam),
+      el("td", { class: "num" }, corel.LOSSES[e.spec.loss] && !corel.LOSSES[e.spec.loss].lam ? "–" : e.spec.lam),
       el("td", { class: "num" }, e.spec.seed),
       el("td", {}, badge(e.status)), el("td", {}, progressBar(e)),
       el("td", { class: "num" }, pct(e.best_val_accuracy)), el("td", { class: "num" }, pct(e.test_accuracy)));

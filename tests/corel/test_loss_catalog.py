@@ -1,0 +1,81 @@
+"""corel.loss_catalog: each loss declared once, and the library reads the declaration:
+the heads score with the declared similarity, take the declared parameters, and the
+spec, the clustering default and the not-learning rule follow it."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+import torch
+
+from corel import losses, similarity
+from corel.clustering import default_metric
+from corel.loss_catalog import DECLARATIONS, LOSS_NAMES, PAPER_LOSSES, LossDeclaration, declaration
+from corel.spec import ExperimentSpec, LossName, spec_warnings
+
+
+def test_every_declared_loss_has_its_head_and_no_other():
+    assert tuple(losses.LOSSES) == LOSS_NAMES == typing.get_args(LossName)
+    assert set(PAPER_LOSSES) == {"cce", "center", "cosine", "gaussian"}
+    for name, head in losses.LOSSES.items():
+        assert head.name == name
+
+
+@pytest.mark.parametrize("name", LOSS_NAMES)
+def test_a_head_scores_with_its_declared_similarity(name):
+    torch.manual_seed(0)
+    head = losses.build_loss(name, 5, 7, lam=0.8)
+    h = torch.randn(11, 7, dtype=torch.float64)
+    head = head.double()
+    kind = declaration(name).similarity
+    if kind == "dot":
+        want = similarity.dot(h, head.W) + head.bias
+    elif kind == "cosine":
+        want = similarity.cosine(h, head.W)
+    else:
+        want = similarity.gaussian(h, head.W, float(head.gamma))
+    torch.testing.assert_close(head.similarities(h), want)
+    assert default_metric(name) == declaration(name).geometry
+
+
+@pytest.mark.parametrize("name", LOSS_NAMES)
+def test_build_loss_passes_exactly_the_declared_parameters(name):
+    given = {"lam": 0.7, "gamma": 0.3, "alpha": 0.4, "learn_gamma": False}
+    head = losses.build_loss(name, 4, 3, **given)
+    for param in ("lam", "alpha"):
+        if param in declaration(name).params:
+            assert getattr(head, param) == pytest.approx(given[param])
+        else:
+            assert getattr(head, param, None) != given[param]
+    if "gamma" in declaration(name).params:
+        assert float(head.gamma) == pytest.approx(0.3)
+
+
+def test_the_spec_and_its_rules_follow_the_declarations():
+    schema = ExperimentSpec.model_json_schema()["properties"]
+    assert schema["loss"]["enum"] == list(LOSS_NAMES)
+    assert schema["lam"]["x-warn-below"] == {n: d.min_lam for n, d in DECLARATIONS.items() if d.min_lam}
+    for name, decl in DECLARATIONS.items():
+        if "learn_gamma" in decl.params:
+            ExperimentSpec(dataset="digits", loss=name, learn_gamma=True)
+        else:
+            with pytest.raises(ValueError, match="learn_gamma applies only to loss 'gaussian'"):
+                ExperimentSpec(dataset="digits", loss=name, learn_gamma=True)
+        warned = spec_warnings(name, 0.3)
+        assert bool(warned) == (decl.min_lam is not None and decl.min_lam > 0.3)
+        if warned:
+            assert decl.display in warned[0]
+    with pytest.raises(ValueError, match="unknown loss 'arcface'; allowed: cce, center, cosine, gaussian"):
+        declaration("arcface")
+
+
+def test_a_declaration_is_checked_when_made():
+    with pytest.raises(ValueError, match="similarity must be one of dot, cosine, gaussian"):
+        LossDeclaration("x", "X", "X", "manhattan", (), "euclidean")
+    with pytest.raises(ValueError, match=r"unknown parameters \['margin'\]"):
+        LossDeclaration("x", "X", "X", "dot", ("margin",), "euclidean")
+    with pytest.raises(ValueError, match="geometry must be euclidean or cosine"):
+        LossDeclaration("x", "X", "X", "dot", (), "hyperbolic")
+    assert DECLARATIONS["gaussian"].grid_params == ("lam", "gamma")
+    assert DECLARATIONS["cce"].label(0.7) == "CCE" and DECLARATIONS["center"].label(0.7) == "Center loss, λ = 0.7"
