@@ -28,6 +28,7 @@ Where this differs from the authors' code (kiankd/corel2019), and why:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -122,16 +123,6 @@ def _attractive_repulsive_core(
     return (-lam * attract + one_minus_lam * repulse).mean()
 
 
-def _ar_loss(
-    sim: torch.Tensor, labels: torch.Tensor, lam: float, repulsion: str, check: bool
-) -> torch.Tensor:
-    """A COREL head's loss: :func:`attractive_repulsive`, or its core when the caller has
-    validated the labels already (lam was validated when the head was built)."""
-    if check:
-        return attractive_repulsive(sim, labels, lam, repulsion)
-    return _attractive_repulsive_core(sim, labels, lam, 1.0 - lam, repulsion)
-
-
 def center_loss_term(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
     """mean_i |h_i - c_{y_i}|^2 / 2 (Wen et al., 2016, Eq. 2, averaged over the batch)."""
     similarity.check_pair(h, centers)
@@ -180,6 +171,17 @@ class LossHead(nn.Module):
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    @staticmethod
+    def functional_loss(
+        sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor,
+        lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor, state: Mapping[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """The loss as a plain function of the similarities ``sim`` of ``h``, without
+        checks: what :meth:`loss` computes, and what the stacked trainer calls under
+        ``torch.vmap`` with one member's lambda (0-d tensors) and buffers (``state``:
+        the head's buffers by name, such as ``centers``)."""
+        raise NotImplementedError
+
     def loss(
         self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
     ) -> torch.Tensor:
@@ -188,7 +190,10 @@ class LossHead(nn.Module):
         ``check=False`` skips validating the labels, for a training loop that validated
         its dataset's labels once (the check reads them, which waits for a GPU).
         """
-        raise NotImplementedError
+        if check:
+            _check_labels(labels, h.shape[0], self.num_classes)
+        lam = getattr(self, "lam", 0.5)  # a loss without lambda (CCE) ignores it
+        return self.functional_loss(sim, h, labels, lam, 1.0 - lam, dict(self.named_buffers()))
 
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss(self.similarities(h), h, labels)
@@ -221,11 +226,11 @@ class CCE(LossHead):
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         return similarity.dot(h, self.W) + self.bias
 
-    def loss(
-        self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    @staticmethod
+    def functional_loss(
+        sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor,
+        lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor, state: Mapping[str, torch.Tensor],
     ) -> torch.Tensor:
-        if check:
-            _check_labels(labels, h.shape[0], self.num_classes)
         return F.cross_entropy(sim, labels)
 
 
@@ -252,12 +257,12 @@ class CenterLoss(CCE):
         self.alpha = float(alpha)
         self.register_buffer("centers", torch.zeros(num_classes, embedding_size))
 
-    def loss(
-        self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    @staticmethod
+    def functional_loss(
+        sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor,
+        lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor, state: Mapping[str, torch.Tensor],
     ) -> torch.Tensor:
-        # super().loss checked the labels (if asked to) against these same classes.
-        cce = super().loss(sim, h, labels, check=check)
-        return cce + self.lam * _center_core(h, labels, self.centers)
+        return F.cross_entropy(sim, labels) + lam * _center_core(h, labels, state["centers"])
 
     @torch.no_grad()
     def after_batch(self, h: torch.Tensor, labels: torch.Tensor) -> None:
@@ -291,10 +296,12 @@ class CosineCOREL(LossHead):
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         return similarity.cosine(h, self.W)
 
-    def loss(
-        self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    @staticmethod
+    def functional_loss(
+        sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor,
+        lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor, state: Mapping[str, torch.Tensor],
     ) -> torch.Tensor:
-        return _ar_loss(sim, labels, self.lam, "max_squared", check)
+        return _attractive_repulsive_core(sim, labels, lam, one_minus_lam, "max_squared")
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lam={self.lam}"
@@ -365,10 +372,12 @@ class GaussianCOREL(LossHead):
         # gamma > 0 by construction: fixed ones are checked in __init__, learned ones are exp().
         return similarity._gaussian(h, self.W, self.gamma.to(h.dtype))
 
-    def loss(
-        self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    @staticmethod
+    def functional_loss(
+        sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor,
+        lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor, state: Mapping[str, torch.Tensor],
     ) -> torch.Tensor:
-        return _ar_loss(sim, labels, self.lam, "logsumexp", check)
+        return _attractive_repulsive_core(sim, labels, lam, one_minus_lam, "logsumexp")
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lam={self.lam}, gamma={float(self.gamma.detach()):.4g}"

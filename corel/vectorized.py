@@ -373,15 +373,9 @@ class StackedRun:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, similarities) of one member from its representations h, as ``Classifier.loss``."""
         sim = self._similarities(params, buffers, h)
-        if self.loss_name == "cce":
-            loss = F.cross_entropy(sim, y)
-        elif self.loss_name == "center":
-            center = losses.center_loss_term(h, y, buffers["head.centers"])
-            loss = F.cross_entropy(sim, y) + lam * center
-        elif self.loss_name == "cosine":
-            loss = losses._attractive_repulsive_core(sim, y, lam, one_minus_lam, "max_squared")
-        else:
-            loss = losses._attractive_repulsive_core(sim, y, lam, one_minus_lam, "logsumexp")
+        # The head's own functional form, as its loss() computes it.
+        state = {name.removeprefix("head."): t for name, t in buffers.items() if name.startswith("head.")}
+        loss = losses.LOSSES[self.loss_name].functional_loss(sim, h, y, lam, one_minus_lam, state)
         return loss, sim
 
     def _member_predict(self, params: Tensors, buffers: Tensors, h: torch.Tensor) -> torch.Tensor:
