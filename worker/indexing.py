@@ -20,10 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db import session_scope
 from app.errors import DomainError
 from app.models import NeighborIndex, NeighborIndexChunk, utcnow
-from app.services.clustering import class_names, load_latent
-from app.services.embedding_jobs import load_result
 from app.settings import Settings
-from corel.index import BuildCancelled, HnswParams, VectorIndex
 from worker.runner import LostLease, claim, owned, updated
 
 log = logging.getLogger("corel.worker")
@@ -55,6 +52,12 @@ def _heartbeat(factory: sessionmaker[Session], index_id: int, settings: Settings
 
 def build_index(index_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
     """Claim, build, store; returns the status."""
+    # Imported here: a worker that starts (after a crash, while runs wait) does not pay
+    # for scikit-learn and the index's modules before it can train.
+    from app.services.clustering import class_names, load_latent
+    from app.services.embedding_jobs import load_result
+    from corel.index import BuildCancelled, HnswParams, VectorIndex
+
     with session_scope(factory) as session:
         row = session.get(NeighborIndex, index_id)
         if row is None:

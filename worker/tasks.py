@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.broker import EMBED_TASK, INDEX_TASK, broker_memory_since
 from app.db import make_engine, make_sessionmaker
 from app.logging import configure_logging
-from app.services.reconcile import reconcile
+from app.services.reconcile import next_lease_expiry, reconcile
 from app.settings import Settings
 from worker import embedding, indexing, runner
 from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery
@@ -72,12 +72,17 @@ def _reconcile_forever() -> None:
     settings = _settings()
     interval = max(min(settings.lease_seconds, settings.requeue_after_seconds) / 2, 0.5)
     while not _stop.is_set():
+        wait = interval
         try:
             reconcile(_factory(), settings, _send, broker_memory_since(settings))
+            # Awake again when the next lease runs out, if that is sooner (just after it).
+            expiry = next_lease_expiry(_factory(), settings)
+            if expiry is not None:
+                wait = min(interval, expiry + 0.05)
         except Exception as exc:
             # The database or broker is away; the next round tries again.
             log.warning("could not reconcile runs", extra={"error": type(exc).__name__})
-        _stop.wait(interval)
+        _stop.wait(wait)
 
 
 @cache

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.broker import EMBED_TASK, INDEX_TASK, TRAIN_TASK
@@ -74,10 +74,14 @@ def due(
       went into the broker before it forgot do not count towards the delay.
     """
     model = kind.model
-    dead = session.execute(select(model.id, model.enqueued_at, model.enqueues, model.heartbeat_at)
-                           .where(model.status == "running", lease_expired(settings, now, model))).all()
-    queued = session.execute(select(model.id, model.enqueued_at, model.enqueues, model.created_at)
-                             .where(model.status == "queued")).all()
+    # One statement per kind of job: every round of every worker runs it.
+    rows = session.execute(
+        select(model.id, model.status, model.enqueued_at, model.enqueues, model.heartbeat_at,
+               model.created_at)
+        .where(or_(model.status == "queued",
+                   and_(model.status == "running", lease_expired(settings, now, model))))).all()
+    dead = [(r.id, r.enqueued_at, r.enqueues, r.heartbeat_at) for r in rows if r.status == "running"]
+    queued = [(r.id, r.enqueued_at, r.enqueues, r.created_at) for r in rows if r.status == "queued"]
 
     def forgotten(last: datetime | None) -> bool:
         return broker_since is not None and (last is None or as_utc(last) < broker_since)
@@ -129,6 +133,21 @@ def reconcile(
                         session.execute(update(kind.model).where(kind.model.id.in_(ids)).values(
                             enqueued_at=utcnow(), enqueues=kind.model.enqueues + 1))
     return [(kind.task, row_id) for kind, row_id in sent]
+
+
+def next_lease_expiry(factory: sessionmaker[Session], settings: Settings) -> float | None:
+    """Seconds until the earliest lease of a running job expires (of those not expired
+    yet), or None when no such job runs. A worker's reconcile loop wakes up then, not up to
+    an interval later: a run whose worker died is sent again as soon as it may be."""
+    now = utcnow()
+    stale = now - timedelta(seconds=settings.lease_seconds)
+    with session_scope(factory) as session:
+        beats = [session.scalar(select(func.min(kind.model.heartbeat_at)).where(
+            kind.model.status == "running", kind.model.heartbeat_at >= stale)) for kind in JOB_KINDS]
+    earliest = min((as_utc(b) for b in beats if b is not None), default=None)
+    if earliest is None:
+        return None
+    return max(0.0, (earliest - stale).total_seconds())
 
 
 def reconcile_in_background(

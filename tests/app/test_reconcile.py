@@ -62,3 +62,36 @@ def test_lost_runs_are_sent_again_on_sqlite(tmp_path):
             enqueued_at=utcnow() - timedelta(seconds=lease + 10),
             heartbeat_at=utcnow() - timedelta(seconds=lease + 1), enqueues=5))
     assert rounds() == [dead_running]
+
+
+def test_the_loop_wakes_when_the_next_lease_runs_out(tmp_path):
+    """next_lease_expiry: the seconds until the earliest live lease expires, over every kind
+    of job (a run and an index build here); leases already out, and finished jobs, do not
+    count; None when nothing runs."""
+    from app.models import NeighborIndex
+    from app.services.reconcile import next_lease_expiry
+
+    settings = Settings(var_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/corel.sqlite3",
+                        broker_url="memory://", lease_seconds=10.0)
+    upgrade(settings)
+    factory = make_sessionmaker(make_engine(settings.db_url))
+    with session_scope(factory) as session:
+        ids = [create_experiment(session, ExperimentCreate(dataset="digits", seed=i)).id for i in range(3)]
+    assert next_lease_expiry(factory, settings) is None  # nothing runs
+    now = utcnow()
+    with session_scope(factory) as session:
+        session.execute(update(Experiment).where(Experiment.id == ids[0]).values(
+            status="running", heartbeat_at=now - timedelta(seconds=3)))  # out in about 7 s
+        session.execute(update(Experiment).where(Experiment.id == ids[1]).values(
+            status="running", heartbeat_at=now - timedelta(seconds=30)))  # out already
+        session.execute(update(Experiment).where(Experiment.id == ids[2]).values(
+            status="succeeded", heartbeat_at=now - timedelta(seconds=9)))  # finished
+    wait = next_lease_expiry(factory, settings)
+    assert wait is not None and 6.0 < wait <= 7.0, wait
+    with session_scope(factory) as session:
+        session.add(NeighborIndex(experiment_id=ids[0], source="train", requested_kind="auto",
+                                  geometry="euclidean", status="running", n_total=1, n_done=0,
+                                  cancel_requested=False, created_at=now, attempts=1, worker="w",
+                                  heartbeat_at=now - timedelta(seconds=8)))  # out in about 2 s
+    wait = next_lease_expiry(factory, settings)
+    assert wait is not None and 1.0 < wait <= 2.0, wait
