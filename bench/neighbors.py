@@ -303,8 +303,8 @@ def run(stack: Stack, args: argparse.Namespace) -> None:
     print()
     print(f"{'':24}{'exact':>14}{'hnsw':>14}")
     print(f"{'build s (worker)':24}{indexes['exact']['build_seconds']:>14.1f}{indexes['hnsw']['build_seconds']:>14.1f}")
-    rss = ["{:.0f}/{:.0f}/{:.0f}".format(*http[k]["rss"]) for k in ("exact", "hnsw")]
-    print(f"{'API RSS MB (a)':24}{rss[0]:>14}{rss[1]:>14}")
+    for label, at in (("API RSS MB before (a)", 0), ("API RSS MB loaded (a)", 1), ("API RSS MB after (a)", 2)):
+        print(f"{label:24}{http['exact']['rss'][at]:>14.0f}{http['hnsw']['rss'][at]:>14.0f}")
     for label, name in (("in-process p50 ms", "p50"), ("in-process p99 ms", "p99")):
         q = 0.5 if name == "p50" else 0.99
         print(f"{label:24}{1e3 * percentile(times['corel exact'], q):>14.3f}{1e3 * percentile(times['corel hnsw'], q):>14.3f}")
