@@ -36,6 +36,7 @@ from app.routes import (
     experiments,
     indexes,
     inference,
+    losses,
     sweeps,
 )
 from app.services.events import EventHub
@@ -256,6 +257,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(events.router)
     app.include_router(embedding_jobs.router)
     app.include_router(indexes.router)
+    app.include_router(losses.router)
     app.include_router(web_router)  # the dashboard: / and /ui/...
     app.include_router(metrics_router)
     openapi.install(app, token_routes=settings.api_token is not None)

@@ -10,7 +10,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from app.errors import MAX_ID
 from app.models import as_utc
-from corel.loss_catalog import LOSS_NAMES
+from corel.loss_catalog import DECLARATIONS, OPTION_FIELDS
 from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, ExperimentSpec, spec_warnings
 
 T = TypeVar("T")
@@ -37,6 +37,19 @@ def _combination_rules() -> dict[str, Any]:
         "if": {"properties": {"learn_gamma": {"const": True}}, "required": ["learn_gamma"]},
         "then": {"properties": {"loss": {"const": "gaussian"}}},
     }]
+    # Each loss's own options (margin, scale, ...): within its ranges for a loss that takes
+    # them, null for the others; one branch per loss with options, one for the rest (which
+    # holds when the loss is absent too: gaussian takes none).
+    plain = [d.name for d in DECLARATIONS.values() if not d.options]
+    null = {"type": "null"}
+    branches: list[dict[str, Any]] = [{"properties": {
+        "loss": {"enum": plain}, **{f: null for f in OPTION_FIELDS}}}]
+    for d in DECLARATIONS.values():
+        if d.options:
+            own = {o.field: o.json_schema() for o in d.options}
+            branches.append({"required": ["loss"], "properties": {
+                "loss": {"const": d.name}, **{f: own.get(f, null) for f in OPTION_FIELDS}}})
+    rules.append({"anyOf": branches})
     for dataset, modality in MODALITY.items():
         models = MODELS_BY_MODALITY[modality]
         if set(models) != set(MODELS):
@@ -63,7 +76,7 @@ class ExperimentCreate(ExperimentSpec):
 
     # strict: a JSON true is not the number 1, nor "5" the integer 5 (as the schema says).
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
-                              json_schema_extra=_combination_rules())
+                              json_schema_extra=lambda schema: schema.update(_combination_rules()))
 
     dataset_path: SkipJsonSchema[str | None] = None
     word_vectors: SkipJsonSchema[str | None] = None
@@ -349,15 +362,26 @@ class IndexRead(BaseModel):
     finished_at: Timestamp | None
 
 
-GRID_KEYS = ("loss", "lam", "seed", "gamma", "alpha")
-# Each grid field's values, as the spec's own fields take them.
-GRID_ITEMS: dict[str, dict[str, Any]] = {
-    "loss": {"type": "string", "enum": list(LOSS_NAMES)},
-    "lam": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0},
-    "seed": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
-    "gamma": {"type": "number", "exclusiveMinimum": 0.0},
-    "alpha": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0},
-}
+GRID_KEYS = ("loss", "lam", "seed", "gamma", "alpha", *OPTION_FIELDS)
+
+
+def grid_items() -> dict[str, dict[str, Any]]:
+    """Each grid field's values, as the spec's own fields take them (a loss's own options:
+    any number, or miner name; each member is checked against its loss's range)."""
+    number = {"type": "number"}
+    return {
+        "loss": {"type": "string", "enum": list(DECLARATIONS)},
+        "lam": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0},
+        "seed": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+        "gamma": {"type": "number", "exclusiveMinimum": 0.0},
+        "alpha": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0},
+        **{f: {"type": "string"} if f == "miner" else number for f in OPTION_FIELDS},
+    }
+
+
+def _grid_schema(schema: dict[str, Any]) -> None:
+    schema.update({"minProperties": 1, "additionalProperties": False, "properties": {
+        key: {"type": "array", "minItems": 1, "items": item} for key, item in grid_items().items()}})
 
 
 class SweepCreate(BaseModel):
@@ -371,9 +395,7 @@ class SweepCreate(BaseModel):
     grid: dict[str, list[Any]] = Field(
         description="Values to try per field; fields: " + ", ".join(GRID_KEYS) + ". Every "
         "combination is one experiment: at most COREL_MAX_SWEEP_SIZE of them.",
-        json_schema_extra={"minProperties": 1, "additionalProperties": False, "properties": {
-            key: {"type": "array", "minItems": 1, "items": item}
-            for key, item in GRID_ITEMS.items()}},
+        json_schema_extra=_grid_schema,
     )
     vectorize: bool = Field(
         default=True,
@@ -384,15 +406,16 @@ class SweepCreate(BaseModel):
         default=None,
         description="lambda per loss, in place of the base's and the grid's for that loss: "
         "the paper's protocol of each loss at its own tuned lambda "
-        '(e.g. {"center": 0.5, "cosine": 0.85}). Losses: center, cosine, gaussian.',
+        '(e.g. {"center": 0.5, "cosine": 0.85}). Losses: those with a lambda '
+        "(GET /losses: params has lam).",
     )
 
     @model_validator(mode="after")
     def _check_grid(self) -> SweepCreate:
+        with_lam = [d.name for d in DECLARATIONS.values() if "lam" in d.params]
         for loss, lam in (self.lam_by_loss or {}).items():
-            if loss not in ("center", "cosine", "gaussian"):
-                raise ValueError(f"lam_by_loss: {loss!r} has no lambda; allowed: center, cosine, "
-                                 "gaussian")
+            if loss not in with_lam:
+                raise ValueError(f"lam_by_loss: {loss!r} has no lambda; allowed: {', '.join(with_lam)}")
             if not (isinstance(lam, int | float) and 0.0 < lam <= 1.0):
                 raise ValueError(f"lam_by_loss: {loss} must be a number in (0, 1]; got {lam!r}")
         if not self.grid:

@@ -11,11 +11,77 @@ similarity and the clustering default all come from here; the head that trains i
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 SIMILARITIES = ("dot", "cosine", "gaussian")
-PARAMETERS = ("lam", "gamma", "learn_gamma", "alpha")
-"""Every spec field a loss may read (ExperimentSpec declares their ranges and defaults)."""
+SHARED_PARAMETERS = ("lam", "gamma", "learn_gamma", "alpha")
+"""Spec fields with one range for every loss that reads them (ExperimentSpec declares it)."""
+OPTION_FIELDS = ("margin", "scale", "scale_neg", "temperature", "miner")
+"""Spec fields whose default and range are each loss's own (its declaration's ``options``):
+null in a spec means the loss's default."""
+PARAMETERS = SHARED_PARAMETERS + OPTION_FIELDS
+"""Every spec field a loss may read."""
+MINERS = ("none", "all", "hard", "semihard", "easy")
+"""Triplet mining (pytorch-metric-learning's TripletMarginMiner ``type_of_triplets``)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """A loss's own parameter: the spec field, its default and the range it must lie in."""
+
+    field: str
+    default: float | str
+    low: float | None = None
+    high: float | None = None
+    low_inclusive: bool = False
+    high_inclusive: bool = True
+    choices: tuple[str, ...] = ()
+    kwarg: str = ""
+    """The head's keyword argument (pytorch-metric-learning's name); the field's by default."""
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.field not in OPTION_FIELDS:
+            raise ValueError(f"option {self.field!r}: the spec field must be one of {', '.join(OPTION_FIELDS)}")
+
+    @property
+    def keyword(self) -> str:
+        return self.kwarg or self.field
+
+    def allowed(self) -> str:
+        """The allowed values in words: "a number in [0, 90)", "one of none, all, ..."."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        lo = "-inf" if self.low is None else f"{self.low:g}"
+        hi = "inf" if self.high is None else f"{self.high:g}"
+        return (f"a number in {'[' if self.low_inclusive and self.low is not None else '('}{lo}, "
+                f"{hi}{']' if self.high_inclusive and self.high is not None else ')'}")
+
+    def check(self, loss: str, value: Any) -> None:
+        """ValueError naming the field, the loss and the allowed values unless ``value`` fits."""
+        if self.choices:
+            ok = isinstance(value, str) and value in self.choices
+        else:
+            ok = (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+                  and (self.low is None or value > self.low or (self.low_inclusive and value == self.low))
+                  and (self.high is None or value < self.high or (self.high_inclusive and value == self.high)))
+        if not ok:
+            got = f"{value:g}" if isinstance(value, int | float) and not isinstance(value, bool) else repr(value)
+            raise ValueError(f"{self.field} for loss {loss!r} must be {self.allowed()}; got {got}")
+
+    def json_schema(self) -> dict[str, Any]:
+        """The field's values for this loss, in JSON Schema (null: the default)."""
+        if self.choices:
+            return {"enum": [*self.choices, None]}
+        schema: dict[str, Any] = {"type": "number"}
+        if self.low is not None:
+            schema["minimum" if self.low_inclusive else "exclusiveMinimum"] = self.low
+        if self.high is not None:
+            schema["maximum" if self.high_inclusive else "exclusiveMaximum"] = self.high
+        return {"anyOf": [schema, {"type": "null"}]}
 
 
 @dataclass(frozen=True)
@@ -28,33 +94,68 @@ class LossDeclaration:
     similarity: str
     """``dot``, ``cosine`` or ``gaussian`` (negative squared distance)."""
     params: tuple[str, ...]
-    """The spec fields the loss reads; the others do not change a run of it."""
+    """The shared spec fields the loss reads (lam, gamma, learn_gamma, alpha)."""
     geometry: str
     """The clustering report's and retrieval's default: ``cosine`` or ``euclidean``."""
     class_vectors: bool = True
+    """False for a pair-based loss: it predicts with the nearest class mean of the training
+    representations (computed after every epoch and kept with the checkpoint)."""
     min_lam: float | None = None
     """Below this lambda the loss has no minimum: accepted, with a warning."""
     in_paper: bool = False
     """One of the four losses Kenyon-Dean et al. (2019) compare."""
+    options: tuple[Option, ...] = ()
+    """The loss's own parameters (margin, scale, ...), each with its default and range."""
+    stackable: bool = True
+    """Whether sweeps may train members of this loss stacked (corel.vectorized)."""
+    source: str = "corel"
+    """Where the loss comes from: ``corel`` or ``pytorch-metric-learning``."""
 
     def __post_init__(self) -> None:
         if self.similarity not in SIMILARITIES:
             raise ValueError(f"loss {self.name!r}: similarity must be one of {', '.join(SIMILARITIES)}")
-        unknown = [p for p in self.params if p not in PARAMETERS]
+        unknown = [p for p in self.params if p not in SHARED_PARAMETERS]
         if unknown:
-            raise ValueError(f"loss {self.name!r}: unknown parameters {unknown}; allowed: {', '.join(PARAMETERS)}")
+            raise ValueError(f"loss {self.name!r}: unknown parameters {unknown}; allowed: "
+                             f"{', '.join(SHARED_PARAMETERS)} (and options: {', '.join(OPTION_FIELDS)})")
         if self.geometry not in ("euclidean", "cosine"):
             raise ValueError(f"loss {self.name!r}: geometry must be euclidean or cosine")
 
     @property
+    def fields(self) -> tuple[str, ...]:
+        """Every spec field this loss reads: its shared parameters and its options."""
+        return self.params + tuple(o.field for o in self.options)
+
+    @property
     def grid_params(self) -> tuple[str, ...]:
-        """The numeric parameters a sweep's grid varies for this loss."""
-        return tuple(p for p in self.params if p != "learn_gamma")
+        """The parameters a sweep's grid varies for this loss."""
+        return tuple(p for p in self.fields if p != "learn_gamma")
+
+    def option(self, field: str) -> Option | None:
+        return next((o for o in self.options if o.field == field), None)
+
+    @property
+    def prediction(self) -> str:
+        """How the served model predicts: ``class vectors`` or ``nearest class mean``."""
+        return "class vectors" if self.class_vectors else "nearest class mean"
+
+    def describe(self) -> dict[str, Any]:
+        """The declaration as ``GET /losses`` lists it."""
+        return {"name": self.name, "display": self.display, "short": self.short,
+                "similarity": self.similarity, "geometry": self.geometry,
+                "class_vectors": self.class_vectors, "prediction": self.prediction,
+                "params": list(self.params), "min_lam": self.min_lam, "in_paper": self.in_paper,
+                "stackable": self.stackable, "source": self.source,
+                "options": [{"field": o.field, "default": o.default, "allowed": o.allowed(),
+                             "keyword": o.keyword, "doc": o.doc} for o in self.options]}
 
     def label(self, lam: float) -> str:
         """"Gaussian-COREL, lambda = 0.8"; the name alone for a loss without lambda."""
         return self.display if "lam" not in self.params else f"{self.display}, λ = {lam:g}"
 
+
+_PML = "pytorch-metric-learning"
+_SCALE_DOC = "the logits' scale s"
 
 DECLARATIONS: dict[str, LossDeclaration] = {d.name: d for d in (
     LossDeclaration("cce", "CCE", "CCE", "dot", (), "euclidean", in_paper=True),
@@ -64,10 +165,59 @@ DECLARATIONS: dict[str, LossDeclaration] = {d.name: d for d in (
                     in_paper=True),
     LossDeclaration("gaussian", "Gaussian-COREL", "Gaussian-COREL", "gaussian",
                     ("lam", "gamma", "learn_gamma"), "euclidean", min_lam=0.5, in_paper=True),
+    # pytorch-metric-learning's losses (Musgrave et al., 2020), with its defaults. Those with
+    # a class (or proxy) matrix predict with it, as COREL does; the pair-based ones with the
+    # nearest class mean. The stacked trainer declines them (their parameters are not lam).
+    LossDeclaration("arcface", "ArcFace", "ArcFace", "cosine", (), "cosine", stackable=False,
+                    source=_PML, options=(
+                        Option("margin", 28.6, 0.0, 90.0, low_inclusive=True, high_inclusive=False,
+                               doc="additive angular margin, in degrees"),
+                        Option("scale", 64.0, 0.0, 1024.0, doc=_SCALE_DOC))),
+    LossDeclaration("cosface", "CosFace", "CosFace", "cosine", (), "cosine", stackable=False,
+                    source=_PML, options=(
+                        Option("margin", 0.35, 0.0, 2.0, low_inclusive=True, high_inclusive=False,
+                               doc="additive cosine margin"),
+                        Option("scale", 64.0, 0.0, 1024.0, doc=_SCALE_DOC))),
+    LossDeclaration("normsoftmax", "NormalizedSoftmax", "NormSoftmax", "cosine", (), "cosine",
+                    stackable=False, source=_PML, options=(
+                        Option("temperature", 0.05, 0.0, 10.0, doc="softmax temperature"),)),
+    LossDeclaration("proxyanchor", "ProxyAnchor", "ProxyAnchor", "cosine", (), "cosine",
+                    stackable=False, source=_PML, options=(
+                        Option("margin", 0.1, 0.0, 1.0, low_inclusive=True, doc="margin delta"),
+                        Option("scale", 32.0, 0.0, 1024.0, kwarg="alpha",
+                               doc="scaling factor alpha (pytorch-metric-learning's alpha)"))),
+    LossDeclaration("supcon", "SupCon", "SupCon", "cosine", (), "cosine", class_vectors=False,
+                    stackable=False, source=_PML, options=(
+                        Option("temperature", 0.1, 0.0, 10.0, doc="softmax temperature"),)),
+    LossDeclaration("triplet", "Triplet (mined)", "Triplet", "cosine", (), "cosine",
+                    class_vectors=False, stackable=False, source=_PML, options=(
+                        Option("margin", 0.05, 0.0, 2.0, low_inclusive=True,
+                               doc="margin between anchor-negative and anchor-positive distances "
+                                   "(the miner's margin too)"),
+                        Option("miner", "semihard", choices=MINERS,
+                               doc="which violating triplets train (TripletMarginMiner's "
+                                   "type_of_triplets); none: every triplet of the batch"))),
+    LossDeclaration("multisimilarity", "MultiSimilarity", "MultiSim", "cosine", (), "cosine",
+                    class_vectors=False, stackable=False, source=_PML, options=(
+                        Option("scale", 2.0, 0.0, 1024.0, kwarg="alpha",
+                               doc="weight of positive pairs (pytorch-metric-learning's alpha)"),
+                        Option("scale_neg", 50.0, 0.0, 1024.0, kwarg="beta",
+                               doc="weight of negative pairs (pytorch-metric-learning's beta)"),
+                        Option("margin", 0.5, -1.0, 1.0, low_inclusive=True, high_inclusive=True,
+                               kwarg="base", doc="similarity threshold (pytorch-metric-learning's base)"))),
 )}
 
-LOSS_NAMES: tuple[str, ...] = tuple(DECLARATIONS)
 PAPER_LOSSES: tuple[str, ...] = tuple(d.name for d in DECLARATIONS.values() if d.in_paper)
+PEER_LOSSES: tuple[str, ...] = tuple(d.name for d in DECLARATIONS.values() if d.source == _PML)
+LOSS_NAMES: tuple[str, ...] = tuple(DECLARATIONS)
+"""The losses corel ships with; :func:`loss_names` includes those registered since."""
+
+_listeners: list[Callable[[LossDeclaration], None]] = []
+
+
+def loss_names() -> tuple[str, ...]:
+    """Every loss declared now, built-in and registered."""
+    return tuple(DECLARATIONS)
 
 
 def declaration(name: str) -> LossDeclaration:
@@ -76,3 +226,30 @@ def declaration(name: str) -> LossDeclaration:
         return DECLARATIONS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown loss {name!r}; allowed: {', '.join(DECLARATIONS)}") from None
+
+
+def short_name(name: str) -> str:
+    """The loss's name in report tables; the name itself for an unknown one (an old row)."""
+    decl = DECLARATIONS.get(name)
+    return decl.short if decl else name
+
+
+def declare(decl: LossDeclaration) -> None:
+    """Add a loss to the catalog (``corel.losses.register_loss`` does this with its head)."""
+    if decl.name in DECLARATIONS:
+        raise ValueError(f"loss {decl.name!r} is already declared")
+    DECLARATIONS[decl.name] = decl
+    for listener in _listeners:
+        listener(decl)
+
+
+def on_declare(listener: Callable[[LossDeclaration], None]) -> None:
+    """Call ``listener`` with every loss declared from now on."""
+    _listeners.append(listener)
+
+
+def undeclare(name: str) -> None:
+    """Remove a registered loss (for tests); the built-in ones stay."""
+    if name in LOSS_NAMES:
+        raise ValueError(f"loss {name!r} is built in; it cannot be removed")
+    DECLARATIONS.pop(name, None)

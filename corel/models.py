@@ -175,8 +175,5 @@ def build_classifier(
     spec: ExperimentSpec, input_shape: tuple[int, ...], num_classes: int
 ) -> Classifier:
     """Encoder for the spec's model and modality plus the spec's loss head."""
-    head = build_loss(
-        spec.loss, num_classes, spec.hidden, lam=spec.lam, gamma=spec.gamma,
-        learn_gamma=spec.learn_gamma, alpha=spec.alpha,
-    )
+    head = build_loss(spec.loss, num_classes, spec.hidden, **spec.loss_params())
     return Classifier(build_encoder(spec, input_shape), head)

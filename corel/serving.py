@@ -23,13 +23,10 @@ import numpy as np
 import torch
 
 from corel.data import prepare_images, prepare_texts, prepare_vectors
-from corel.loss_catalog import DECLARATIONS
+from corel.loss_catalog import declaration
 from corel.models import Classifier
 from corel.spec import ExperimentSpec
 from corel.training import checkpoint_from_bytes, model_from_checkpoint
-
-SIMILARITY_OF_LOSS = {d.name: d.similarity for d in DECLARATIONS.values()}
-"""The similarity each loss's head scores representations with against the class vectors."""
 
 BATCH = 4096
 """Rows per forward pass in :meth:`ServedModel.embed_all`."""
@@ -72,7 +69,7 @@ class ServedModel:
 
     @property
     def similarity(self) -> str:
-        return SIMILARITY_OF_LOSS[self.spec.loss]
+        return declaration(self.spec.loss).similarity
 
     def __post_init__(self) -> None:
         # Where and in what precision the model computes, read once (not per batch).

@@ -7,21 +7,32 @@ protocol (Adam, lr 1e-4, batch 128, 150 epochs).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from corel.loss_catalog import DECLARATIONS, LOSS_NAMES, declaration
+from corel.loss_catalog import DECLARATIONS, LOSS_NAMES, MINERS, OPTION_FIELDS, declaration
 
 DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images"]
 ModelName = Literal["ffnn", "cnn"]
-LossName = Literal[LOSS_NAMES]  # type: ignore[valid-type]  # the names corel.loss_catalog declares
 
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images")
 MODELS: tuple[str, ...] = ("ffnn", "cnn")
 # Datasets a user uploads (POST /datasets): split at random unless the upload names its splits.
 UPLOADED: tuple[str, ...] = ("npz", "text", "images")
 LOSSES: tuple[str, ...] = LOSS_NAMES
+"""The built-in losses; ``corel.loss_catalog.loss_names()`` has the registered ones too."""
+
+
+def _loss_enum(schema: dict[str, Any]) -> None:
+    schema["enum"] = list(DECLARATIONS)  # read when the schema is made: registered losses too
+
+
+def _option_doc(field: str) -> str:
+    takers = [f"{d.name} {o.default}" for d in DECLARATIONS.values()
+              for o in d.options if o.field == field]
+    return (f"{field}: the loss's own (null: its default; " + ", ".join(takers) + "). Allowed "
+            "ranges per loss: GET /losses. A loss that takes no " + field + " rejects one.")
 
 GAUSSIAN_MIN_LAM = declaration("gaussian").min_lam
 """Below this lam Gaussian-COREL's loss has no minimum (it falls without bound as the
@@ -77,8 +88,9 @@ class ExperimentSpec(BaseModel):
         default=None, gt=0, description="Use only the first N training samples (after the split)."
     )
     model: ModelName = Field(default="ffnn", description="Encoder: ffnn or cnn.")
-    loss: LossName = Field(default="gaussian", description=", ".join(LOSS_NAMES[:-1]) + " or "
-                           + LOSS_NAMES[-1] + ".")
+    loss: str = Field(default="gaussian", description="The loss: " + ", ".join(LOSS_NAMES)
+                      + " (and any registered since; GET /losses lists them).",
+                      json_schema_extra=_loss_enum)
     lam: float = Field(
         default=0.5,
         gt=0.0,
@@ -94,6 +106,12 @@ class ExperimentSpec(BaseModel):
     alpha: float = Field(
         default=0.25, gt=0.0, le=1.0, description="Center-loss centroid rate alpha in (0, 1]."
     )
+    margin: float | None = Field(default=None, description=_option_doc("margin"))
+    scale: float | None = Field(default=None, description=_option_doc("scale"))
+    scale_neg: float | None = Field(default=None, description=_option_doc("scale_neg"))
+    temperature: float | None = Field(default=None, description=_option_doc("temperature"))
+    miner: str | None = Field(default=None, description=_option_doc("miner") + " Miners: "
+                              + ", ".join(MINERS) + ".")
     hidden: int = Field(default=128, gt=0, le=4096, description="Width of the hidden layers.")
     epochs: int = Field(default=150, gt=0, le=10_000)
     batch_size: int = Field(default=128, gt=0, le=65_536)
@@ -108,6 +126,36 @@ class ExperimentSpec(BaseModel):
         default=None, gt=0.0, lt=1.0,
         description="Uploaded datasets: the share of rows held out for test; default 0.15.",
     )
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        declaration(value)  # ValueError naming the allowed losses
+        return value
+
+    @field_validator(*OPTION_FIELDS)
+    @classmethod
+    def _option_of_loss(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None or "loss" not in info.data:  # an invalid loss has its own error
+            return value
+        loss, field = info.data["loss"], info.field_name
+        assert field is not None
+        option = declaration(loss).option(field)
+        if option is None:
+            takers = [d.name for d in DECLARATIONS.values() if d.option(field)]
+            raise ValueError(f"loss {loss!r} takes no {field}; the losses that take one: "
+                             f"{', '.join(takers)}")
+        option.check(loss, value)
+        return value
+
+    def loss_params(self) -> dict[str, Any]:
+        """The fields the spec's loss reads, each option at its value or the loss's default."""
+        decl = declaration(self.loss)
+        out: dict[str, Any] = {p: getattr(self, p) for p in decl.params}
+        for option in decl.options:
+            value = getattr(self, option.field)
+            out[option.field] = option.default if value is None else value
+        return out
 
     @model_validator(mode="after")
     def _check_combination(self) -> ExperimentSpec:

@@ -369,6 +369,8 @@ def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | No
     model, data = run.model, run.data
     n = len(data.y_train)
     run.epoch += 1
+    if model.head.uses_class_means:  # a pair-based loss predicts with the class means
+        model.head.set_class_means(embed_all(model, data.x_train), data.y_train)
     val_acc = accuracy(model, data.x_val, data.y_val)
     is_best = val_acc > run.best_val_accuracy
     test_acc = None

@@ -81,9 +81,10 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
 
     The key is every spec field except lam, gamma and alpha (and the file locations
     dataset_path and word_vectors, except for uploaded data whose path names the data).
-    Text specs are not vectorized: their models use dropout.
+    Text specs are not vectorized (their models use dropout), nor losses whose declaration
+    is not ``stackable`` (pytorch-metric-learning's: their parameters are not lambda).
     """
-    if spec.modality == "text":
+    if spec.modality == "text" or not declaration(spec.loss).stackable:
         return None
     exclude = set(LOSS_PARAMETERS) | set(_LOCATIONS)
     if spec.dataset in UPLOADED:

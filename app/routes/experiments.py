@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, status
+from pydantic import AfterValidator
 
 import app.services.experiments as experiments_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
@@ -21,7 +22,8 @@ from app.schemas import (
 )
 from app.services.builtin import require_available
 from app.services.submission import commit_and_send
-from corel.spec import DatasetName, LossName
+from corel.loss_catalog import DECLARATIONS, declaration
+from corel.spec import DatasetName
 
 router = APIRouter(prefix="/experiments", tags=["experiments"])
 
@@ -44,6 +46,16 @@ def create(body: ExperimentCreate, session: SessionDep, queue: QueueDep, setting
     return ExperimentQueued(id=experiment_id, status="queued", warnings=body.warnings)
 
 
+def _known_loss_or_any(value: str | None) -> str | None:
+    if value:
+        declaration(value)  # ValueError naming the allowed losses: a 422
+    return value
+
+
+def _loss_filter_enum(schema: dict) -> None:
+    schema["enum"] = [*DECLARATIONS, ""]
+
+
 @router.get("", response_model=Page[ExperimentRead], summary="List experiments, newest first")
 def list_(
     session: SessionDep,
@@ -51,7 +63,9 @@ def list_(
     # Empty means any (as a form's "all" option sends it).
     status_: Annotated[Status | Literal[""] | None, Query(alias="status")] = None,
     dataset: DatasetName | Literal[""] | None = None,
-    loss: LossName | Literal[""] | None = None,
+    loss: Annotated[str | None, AfterValidator(_known_loss_or_any),
+                    Query(max_length=64, description="only this loss (GET /losses); empty: any",
+                          json_schema_extra=_loss_filter_enum)] = None,
     sweep_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="only this sweep's members")] = None,
     limit: Annotated[int, Query(ge=1, description=PAGE_LIMIT)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,

@@ -25,8 +25,7 @@ from app.errors import Conflict
 from app.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
 from app.services.clustering import best_checkpoint, load_latent, store_once, succeeded_experiment
 from app.services.experiments import get_experiment
-from corel.loss_catalog import DECLARATIONS
-from corel.serving import SIMILARITY_OF_LOSS
+from corel.loss_catalog import DECLARATIONS, declaration
 from corel.training import checkpoint_from_bytes
 
 DPI = 100
@@ -84,7 +83,7 @@ def latent_png(session: Session, experiment_id: int) -> bytes:
     class_names = [str(c) for c in ckpt["class_names"]]
     png = draw_latent(
         reps, labels, W, class_names,
-        similarity=SIMILARITY_OF_LOSS[exp.loss], title=_loss_label(exp.spec),
+        similarity=declaration(exp.loss).similarity, title=_loss_label(exp.spec),
         test_accuracy=exp.test_accuracy, seed=int(exp.spec["seed"]),
     )
     return _keep(session, experiment_id, "latent", png)
@@ -337,7 +336,7 @@ def latent_scatter(session: Session, experiment_id: int, max_points: int) -> dic
     reps, labels = load_latent(session, experiment_id, "test")
     ckpt = checkpoint_from_bytes(best_checkpoint(session, experiment_id))
     W = ckpt["model"]["head.W"].detach().cpu().double().numpy()
-    similarity = SIMILARITY_OF_LOSS[exp.loss]
+    similarity = declaration(exp.loss).similarity
     # One BLAS thread: the API serves many requests at once on few cores, and a
     # multi-threaded SVD fighting them for the CPU took 10x longer (110 ms against 12).
     with threadpool_limits(1):

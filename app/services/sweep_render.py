@@ -9,9 +9,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from corel.loss_catalog import DECLARATIONS
-
-LOSS_NAMES = {d.name: d.short for d in DECLARATIONS.values()}
+from corel.loss_catalog import short_name
 
 
 def _pct(v: float | None) -> str:
@@ -77,7 +75,7 @@ def to_markdown(rep: dict[str, Any], paper: dict[str, float] | None = None) -> s
     for loss, tuning in rep["lambda_tuning"].items():
         for r in tuning["by_lambda"]:
             mark = " **(tuned)**" if r["lam"] == tuning["tuned_lambda"] and r["lam"] is not None else ""
-            lines.append(f"| {LOSS_NAMES.get(loss, loss)} | {_lam(r['lam'])}{mark} | "
+            lines.append(f"| {short_name(loss)} | {_lam(r['lam'])}{mark} | "
                          f"{_pct(r['mean_val'])} | {_pct(r['std_val'])} | {r['n']} |")
     lines += ["", "### Test accuracy at the best-validation epoch (%, paper Table 1)", ""]
     header = "| loss | lambda | mean | std | seeds |"
@@ -87,7 +85,7 @@ def to_markdown(rep: dict[str, Any], paper: dict[str, float] | None = None) -> s
         rule += "---|---|"
     lines += [header, rule]
     for r in rep["test_accuracy"]["rows"]:
-        line = (f"| {LOSS_NAMES.get(r['loss'], r['loss'])} | {_lam(r['lam'])} | {_pct(r['mean'])} | "
+        line = (f"| {short_name(r['loss'])} | {_lam(r['lam'])} | {_pct(r['mean'])} | "
                 f"{_pct(r['std'])} | {r['n']} |")
         if paper:
             published = paper.get(r["loss"])
@@ -97,8 +95,8 @@ def to_markdown(rep: dict[str, Any], paper: dict[str, float] | None = None) -> s
     c = rep["test_accuracy"]["comparison"]
     if c:
         p = "n/a" if c["p"] is None else f"{c['p']:.3g}"
-        lines += ["", f"Paired two-tailed t-test, {LOSS_NAMES.get(c['best'], c['best'])} vs "
-                  f"{LOSS_NAMES.get(c['runner_up'], c['runner_up'])} over {len(c['paired_seeds'])} "
+        lines += ["", f"Paired two-tailed t-test, {short_name(c['best'])} vs "
+                  f"{short_name(c['runner_up'])} over {len(c['paired_seeds'])} "
                   f"seeds: p = {p} ({c['significance']})."]
     if rep["clustering"]:
         lines += ["", "### Clustering of the test latent space (mean over seeds; paper Tables 3-4)", "",
@@ -106,7 +104,7 @@ def to_markdown(rep: dict[str, Any], paper: dict[str, float] | None = None) -> s
                   "|---|---|---|---|---|---|---|"]
         for r in rep["clustering"]:
             sil = "-" if r["silhouette"] is None else f"{r['silhouette']:.3f}"
-            lines.append(f"| {LOSS_NAMES.get(r['loss'], r['loss'])} | {r['algorithm']} | {r['metric']} | "
+            lines.append(f"| {short_name(r['loss'])} | {r['algorithm']} | {r['metric']} | "
                          f"{_pct(r['accuracy'])} | {r['ari']:.3f} | {r['v_measure']:.3f} | {sil} |")
     retrieval = rep.get("retrieval")
     if retrieval and retrieval["rows"]:
@@ -114,13 +112,13 @@ def to_markdown(rep: dict[str, Any], paper: dict[str, float] | None = None) -> s
                   "seeds; Musgrave et al. 2020)", "", "| loss | lambda | MAP@R | std | seeds |",
                   "|---|---|---|---|---|"]
         for r in retrieval["rows"]:
-            lines.append(f"| {LOSS_NAMES.get(r['loss'], r['loss'])} | {_lam(r['lam'])} | "
+            lines.append(f"| {short_name(r['loss'])} | {_lam(r['lam'])} | "
                          f"{_pct(r['mean'])} | {_pct(r['std'])} | {r['n']} |")
         c = retrieval["comparison"]
         if c:
             p = "n/a" if c["p"] is None else f"{c['p']:.3g}"
-            lines += ["", f"Paired two-tailed t-test of MAP@R, {LOSS_NAMES.get(c['best'], c['best'])} "
-                      f"vs {LOSS_NAMES.get(c['runner_up'], c['runner_up'])} over "
+            lines += ["", f"Paired two-tailed t-test of MAP@R, {short_name(c['best'])} "
+                      f"vs {short_name(c['runner_up'])} over "
                       f"{len(c['paired_seeds'])} seeds: p = {p} ({c['significance']})."]
     return "\n".join(lines) + "\n"
 
@@ -133,7 +131,7 @@ def lambda_png(rep: dict[str, Any], size: tuple[int, int] = (800, 500)) -> bytes
     ax = fig.add_subplot()
     for loss, tuning in rep["lambda_tuning"].items():
         rows = tuning["by_lambda"]
-        label = LOSS_NAMES.get(loss, loss)
+        label = short_name(loss)
         if len(rows) == 1 and rows[0]["lam"] is None:
             ax.axhline(100 * rows[0]["mean_val"], linestyle="--", color="grey", label=f"{label} (no lambda)")
             continue

@@ -17,13 +17,15 @@ from app.schemas import ExperimentCreate, SweepCreate
 from app.services.clustering import clustering_report
 from app.services.retrieval import retrieval_report
 from corel import report
-from corel.loss_catalog import DECLARATIONS
+from corel.loss_catalog import DECLARATIONS, declaration
 from corel.vectorized import group_specs
+
 
 # The loss parameters each loss uses; the others are collapsed in a grid (a CCE run
 # does not differ across lambdas, so it is trained once per seed, not once per lambda).
-PARAMS_OF_LOSS = {d.name: d.grid_params for d in DECLARATIONS.values()}
-LOSS_PARAMS = tuple(dict.fromkeys(p for d in DECLARATIONS.values() for p in d.grid_params))
+def loss_params() -> tuple[str, ...]:
+    """Every parameter some declared loss reads."""
+    return tuple(dict.fromkeys(p for d in DECLARATIONS.values() for p in d.grid_params))
 
 
 def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:
@@ -51,8 +53,8 @@ def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:
             where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo, strict=True))
             msg = describe_errors(exc.errors(), whole="spec")
             raise InvalidInput(f"the member with {where} is not a valid spec: {msg}") from exc
-        unused = {p: ExperimentCreate.model_fields[p].default for p in LOSS_PARAMS
-                  if p not in PARAMS_OF_LOSS[spec.loss]}
+        unused = {p: ExperimentCreate.model_fields[p].default for p in loss_params()
+                  if p not in declaration(spec.loss).grid_params}
         spec = spec.model_copy(update=unused)
         key = spec.model_dump_json()
         if key not in seen:
@@ -151,7 +153,7 @@ def _record(exp: Experiment) -> dict[str, Any]:
     return {
         "experiment_id": exp.id,
         "loss": exp.loss,
-        "lam": exp.spec.get("lam") if "lam" in PARAMS_OF_LOSS[exp.loss] else None,
+        "lam": exp.spec.get("lam") if "lam" in declaration(exp.loss).params else None,
         "seed": int(exp.spec.get("seed", 0)),
         "val_accuracy": exp.best_val_accuracy,
         "test_accuracy": exp.test_accuracy,

@@ -64,10 +64,13 @@ PAGES = (
 )
 
 
-# What the pages' scripts know of each loss (app.js reads it): its names, and whether it
-# has a lambda.
-LOSSES_FOR_PAGES = {d.name: {"short": d.short, "display": d.display, "lam": "lam" in d.params}
-                    for d in DECLARATIONS.values()}
+def losses_for_pages() -> dict[str, dict[str, object]]:
+    """What the pages' scripts know of each loss (app.js reads it): its names, whether it has
+    a lambda, and its own options with their defaults (read per page: registered losses too)."""
+    return {d.name: {"short": d.short, "display": d.display, "lam": "lam" in d.params,
+                     "options": {o.field: o.default for o in d.options},
+                     "prediction": d.prediction}
+            for d in DECLARATIONS.values()}
 
 
 def _page_route(template: str, title: str) -> Callable[[Request], HTMLResponse]:
@@ -75,7 +78,7 @@ def _page_route(template: str, title: str) -> Callable[[Request], HTMLResponse]:
         params = dict(request.path_params)
         return templates.TemplateResponse(request, template, {
             "title": title.format(**params), "nav": NAV, "path": request.url.path,
-            "datasets": DATASETS, "losses": LOSSES_FOR_PAGES, **params})
+            "datasets": DATASETS, "losses": losses_for_pages(), **params})
 
     return page
 

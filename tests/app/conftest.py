@@ -118,12 +118,17 @@ class Workers:
         self.logdir = logdir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, settings: Settings | None = None) -> subprocess.Popen[bytes]:
-        """A worker of the session's settings, or of ``settings`` (another queue, ...)."""
+    def start(self, settings: Settings | None = None,
+              python_path: Path | None = None) -> subprocess.Popen[bytes]:
+        """A worker of the session's settings, or of ``settings`` (another queue, ...);
+        ``python_path``: a folder importable there too (a plugin's)."""
         log = open(self.logdir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        env = settings_env(settings or self.settings)
+        if python_path is not None:
+            env["PYTHONPATH"] = f"{python_path}{os.pathsep}{env['PYTHONPATH']}"
         proc = subprocess.Popen(
             [sys.executable, "-m", "corel.cli", "worker"],
-            env=settings_env(settings or self.settings), stdout=log, stderr=subprocess.STDOUT,
+            env=env, stdout=log, stderr=subprocess.STDOUT,
             cwd=REPO, start_new_session=True,
         )
         self.procs.append(proc)

@@ -130,6 +130,8 @@ def test_list_filters_and_pages(client):
     assert r.status_code == 422 and "'queued', 'running', 'succeeded', 'failed' or 'cancelled'; got 'sleeping'" in r.text
     # An empty filter means any (it was a 422, though the schema allowed it).
     assert client.get("/experiments", params={"dataset": "", "loss": "", "limit": 1}).json()["total"] >= 2
+    r = client.get("/experiments", params={"loss": "sphereface"})
+    assert r.status_code == 422 and "unknown loss 'sphereface'; allowed: cce, center" in r.text
     # Past the page size: a page of that size, its limit saying so (the schema allows any).
     big = client.get("/experiments", params={"limit": 100000})
     assert big.status_code == 200 and big.json()["limit"] == 200
@@ -140,7 +142,18 @@ def test_list_filters_and_pages(client):
     [
         ({"dataset": "digits", "lam": 1.5}, ["lam", "less than or equal to 1"]),
         ({"dataset": "digits", "lam": 0}, ["lam", "greater than 0"]),
-        ({"dataset": "digits", "loss": "triplet"}, ["loss", "'cce', 'center', 'cosine' or 'gaussian'"]),
+        ({"dataset": "digits", "loss": "npair"}, ["loss", "unknown loss 'npair'; allowed: cce, center, "
+                                                  "cosine, gaussian, arcface"]),
+        ({"dataset": "digits", "loss": "arcface", "margin": -1}, [
+            "margin: ", "margin for loss 'arcface' must be a number in [0, 90); got -1"]),
+        ({"dataset": "digits", "loss": "cosface", "scale": 0}, [
+            "scale: ", "scale for loss 'cosface' must be a number in (0, 1024]; got 0"]),
+        ({"dataset": "digits", "loss": "cosface", "miner": "hard"}, [
+            "miner: ", "loss 'cosface' takes no miner; the losses that take one: triplet"]),
+        ({"dataset": "digits", "loss": "triplet", "miner": "hardest"}, [
+            "miner for loss 'triplet' must be one of none, all, hard, semihard, easy; got 'hardest'"]),
+        ({"dataset": "digits", "temperature": 0.1}, [
+            "loss 'gaussian' takes no temperature; the losses that take one: normsoftmax, supcon"]),
         ({"dataset": "imagenet"}, ["dataset", "'fashion-mnist'"]),
         ({"dataset": "npz", "dataset_id": 1, "model": "cnn"}, ["model 'cnn' does not apply", "allowed: ffnn"]),
         ({"dataset": "npz"}, ["needs dataset_id"]),

@@ -145,7 +145,12 @@ def test_cce_is_not_repeated_per_lambda(settings):
         ({"base": BASE, "grid": {"colour": ["red"]}}, "grid field 'colour' is not allowed"),
         ({"base": BASE, "grid": {}}, "grid is empty"),
         ({"base": BASE, "grid": {"lam": []}}, "has no values"),
-        ({"base": {**BASE, "loss": "triplet"}, "grid": {"seed": [0]}}, "loss"),
+        ({"base": {**BASE, "loss": "npair"}, "grid": {"seed": [0]}}, "unknown loss 'npair'"),
+        ({"base": {**BASE, "loss": "arcface"}, "grid": {"margin": [10, -1]}},
+         "the member with margin=-1 is not a valid spec: margin: margin for loss "
+         "'arcface' must be a number in [0, 90); got -1"),
+        ({"base": BASE, "grid": {"loss": ["cce", "supcon"], "temperature": [0.1]}},
+         "loss 'cce' takes no temperature"),
     ],
 )
 def test_bad_sweeps_are_422(client, body, words):

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from corel import losses, similarity
+from corel.loss_catalog import PAPER_LOSSES
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -83,7 +84,7 @@ def test_center_loss_term_matches_loop(dtype, seed):
 @pytest.mark.parametrize("lam", [0.3, 0.7, 1.0])
 def test_presets_match_loop(dtype, seed, lam):
     h, _, y = random_case(seed, dtype, k=5, d=7)
-    for name in losses.LOSSES:
+    for name in PAPER_LOSSES:  # the others: tests/corel/test_peer_losses.py
         head = losses.build_loss(name, 5, 7, lam=lam, gamma=0.8).to(dtype)
         with torch.no_grad():
             head.W.normal_()
@@ -171,9 +172,10 @@ def test_gamma_learnable_only_on_request():
 
 
 def test_registry_names():
-    assert set(losses.LOSSES) == {"cce", "center", "cosine", "gaussian"}
-    with pytest.raises(ValueError, match="unknown loss 'triplet'; allowed: cce, center, cosine, gaussian"):
-        losses.build_loss("triplet", 3, 4)
+    assert set(losses.LOSSES) == {"cce", "center", "cosine", "gaussian", "arcface", "cosface",
+                                  "normsoftmax", "proxyanchor", "supcon", "triplet", "multisimilarity"}
+    with pytest.raises(ValueError, match="unknown loss 'npair'; allowed: cce, center, cosine, gaussian, "):
+        losses.build_loss("npair", 3, 4)
 
 
 def test_prediction_is_argmax_similarity():

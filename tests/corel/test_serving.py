@@ -10,7 +10,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from corel.data import prepare_images
-from corel.serving import SIMILARITY_OF_LOSS, ServedModel
+from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
 from corel.training import checkpoint_from_bytes, checkpoint_to_bytes, fit
 
@@ -36,7 +36,7 @@ def test_a_served_model_is_the_checkpoint_s_model_with_its_preprocessing(trained
     torch.testing.assert_close(sims, want_s.float())
     torch.testing.assert_close(served.embed_all(raw, batch=7), want_h.float().numpy(),
                                check_dtype=False)
-    assert served.similarity == SIMILARITY_OF_LOSS["cosine"] == "cosine"
+    assert served.similarity == "cosine"
     assert served.class_names == [str(d) for d in range(10)] and served.dim == 128
     meta = served.metadata()
     assert meta["inputs"]["x"]["shape"] == ["N", *served.input_shape]

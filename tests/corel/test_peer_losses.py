@@ -1,0 +1,156 @@
+"""pytorch-metric-learning's losses inside corel: the same loss and gradients as its objects.
+
+Each corel head is given the embeddings, labels and class (proxy) matrix of a
+pytorch-metric-learning object with the same parameters, in float64; the loss values and
+the gradients with respect to the embeddings and the matrix must agree.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pml_losses = pytest.importorskip("pytorch_metric_learning.losses")
+pml_miners = pytest.importorskip("pytorch_metric_learning.miners")
+
+from corel.loss_catalog import DECLARATIONS, PEER_LOSSES  # noqa: E402
+from corel.losses import build_loss  # noqa: E402
+from corel.models import Classifier  # noqa: E402
+
+K, H, N = 5, 16, 40
+
+
+def _batch(seed: int, spread: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, K, (N,), generator=g)
+    # clustered a little by class, so that mined triplets and margins are of every kind
+    centers = torch.randn(K, H, generator=g, dtype=torch.float64)
+    h = centers[labels] * spread + torch.randn(N, H, generator=g, dtype=torch.float64)
+    return h, labels
+
+
+def _pml_object(name: str, params: dict):
+    if name == "arcface":
+        return pml_losses.ArcFaceLoss(K, H, margin=params["margin"], scale=params["scale"])
+    if name == "cosface":
+        return pml_losses.CosFaceLoss(K, H, margin=params["margin"], scale=params["scale"])
+    if name == "normsoftmax":
+        return pml_losses.NormalizedSoftmaxLoss(K, H, temperature=params["temperature"])
+    if name == "proxyanchor":
+        return pml_losses.ProxyAnchorLoss(K, H, margin=params["margin"], alpha=params["scale"])
+    if name == "supcon":
+        return pml_losses.SupConLoss(temperature=params["temperature"])
+    if name == "triplet":
+        return pml_losses.TripletMarginLoss(margin=params["margin"])
+    if name == "multisimilarity":
+        return pml_losses.MultiSimilarityLoss(alpha=params["scale"], beta=params["scale_neg"],
+                                              base=params["margin"])
+    raise AssertionError(name)
+
+
+def _defaults(name: str) -> dict:
+    return {o.field: o.default for o in DECLARATIONS[name].options}
+
+
+# Each loss at pytorch-metric-learning's defaults and at other values of its parameters.
+CASES = [(name, _defaults(name)) for name in PEER_LOSSES] + [
+    ("arcface", {"margin": 10.0, "scale": 8.0}),
+    ("arcface", {"margin": 80.0, "scale": 30.0}),  # past pi - margin: the linear branch
+    ("cosface", {"margin": 0.1, "scale": 16.0}),
+    ("normsoftmax", {"temperature": 0.5}),
+    ("proxyanchor", {"margin": 0.3, "scale": 4.0}),
+    ("supcon", {"temperature": 0.5}),
+    ("triplet", {"margin": 0.3, "miner": "none"}),
+    ("triplet", {"margin": 0.5, "miner": "all"}),
+    ("triplet", {"margin": 0.5, "miner": "hard"}),
+    ("triplet", {"margin": 0.2, "miner": "semihard"}),
+    ("multisimilarity", {"scale": 1.0, "scale_neg": 10.0, "margin": 0.2}),
+]
+
+
+def test_every_peer_loss_is_tested():
+    assert {name for name, _ in CASES} == set(PEER_LOSSES)
+    assert len(PEER_LOSSES) == 7
+
+
+@pytest.mark.parametrize(("name", "params"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_same_loss_and_gradients_as_pytorch_metric_learning(name, params, seed):
+    torch.manual_seed(seed)
+    head = build_loss(name, K, H, **params).double()
+    h, labels = _batch(seed, spread=0.7)
+    pml = _pml_object(name, params).double()
+    has_matrix = DECLARATIONS[name].class_vectors
+    if has_matrix:  # the same class (proxy) matrix on both sides; pml's W is (H, K)
+        with torch.no_grad():
+            if name == "proxyanchor":
+                pml.proxies.copy_(head.W)
+            else:
+                pml.W.copy_(head.W.T)
+
+    h_ours = h.clone().requires_grad_(True)
+    ours = head(h_ours, labels)
+    ours.backward()
+
+    h_theirs = h.clone().requires_grad_(True)
+    if name == "triplet" and params["miner"] != "none":
+        miner = pml_miners.TripletMarginMiner(margin=params["margin"], type_of_triplets=params["miner"])
+        theirs = pml(h_theirs, labels, miner(h_theirs, labels))
+    else:
+        theirs = pml(h_theirs, labels)
+    theirs.backward()
+
+    assert ours.dtype == torch.float64
+    assert float(theirs.detach()) != 0.0  # a loss to compare, not two zeros
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(h_ours.grad, h_theirs.grad, rtol=1e-9, atol=1e-12)
+    if has_matrix:
+        theirs_w = pml.proxies.grad if name == "proxyanchor" else pml.W.grad.T
+        torch.testing.assert_close(head.W.grad, theirs_w, rtol=1e-9, atol=1e-12)
+
+
+def test_triplet_miner_changes_what_trains():
+    """The miner is really applied: semihard and hard differ from all triplets."""
+    h, labels = _batch(3, spread=0.7)
+    values = {m: float(build_loss("triplet", K, H, margin=0.5, miner=m).double()(h, labels))
+              for m in ("none", "semihard", "hard")}
+    assert len({round(v, 12) for v in values.values()}) == 3
+
+
+def test_class_mean_heads_predict_with_the_training_means():
+    """A pair-based head's W is the class means of the unit-length representations."""
+    torch.manual_seed(0)
+    head = build_loss("supcon", K, H).double()
+    assert "W" not in dict(head.named_parameters()) and "W" in dict(head.named_buffers())
+    h, labels = _batch(4, spread=3.0)
+    head.set_class_means(h, labels)
+    unit = torch.nn.functional.normalize(h, dim=1)
+    for k in range(K):
+        torch.testing.assert_close(head.W[k], unit[labels == k].mean(0))
+    classifier = Classifier(torch.nn.Identity(), head)
+    assert classifier.predict(h).classes.eq(labels).double().mean() > 0.9
+
+
+@pytest.mark.parametrize("name", PEER_LOSSES)
+def test_each_peer_loss_trains_resumes_and_serves(name):
+    """A few epochs on digits: it learns, its best checkpoint serves the same predictions
+    (class means included), and its spec says which rule predicts."""
+    from corel.data import load_dataset
+    from corel.export import export
+    from corel.serving import ServedModel
+    from corel.spec import ExperimentSpec
+    from corel.training import checkpoint_from_bytes, checkpoint_to_bytes, fit
+
+    spec = ExperimentSpec(dataset="digits", loss=name, epochs=4, lr=3e-3, batch_size=64, seed=0)
+    data = load_dataset(spec)
+    result = fit(spec, data=data, chance_epochs=0)
+    assert result.best_val_accuracy > 0.5, (name, result.best_val_accuracy)
+    head = result.model.head
+    if not DECLARATIONS[name].class_vectors:
+        assert head.uses_class_means and float(head.W.abs().sum()) > 0
+    ckpt = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    served = ServedModel.from_checkpoint(ckpt)
+    want = result.model.predict(data.x_test).classes
+    got = served.model.predict(data.x_test).classes
+    assert torch.equal(want, got)
+    assert len(export(ckpt, "torchscript")) > 0
