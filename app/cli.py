@@ -52,13 +52,18 @@ def register(sub: Any) -> None:
     rep.add_argument("--all", action="store_true",
                      help="the whole Table 1 matrix (every dataset x model): a tune sweep and a "
                      "final sweep per row, resumable, tables written into --doc")
+    rep.add_argument("--peers", action="store_true",
+                     help="every loss, the paper's four and pytorch-metric-learning's seven, on "
+                     "MNIST, Fashion-MNIST and AG News (FFNN): a tune sweep per loss over its "
+                     "grid, then its seeds; resumable, the table written into --doc")
     rep.add_argument("--budget", default="session", choices=("paper", "session", "smoke"),
-                     help="with --all: epochs, seeds and lambdas per row (default: session)")
+                     help="with --all or --peers: epochs, seeds and grids per row (default: session)")
     rep.add_argument("--rows", help="with --all: only these rows of the budget, comma-separated "
                      "dataset/model keys (e.g. mnist/ffnn,fashion-mnist/ffnn)")
-    rep.add_argument("--state", default="reproduce-state.json",
-                     help="with --all: the file that remembers the sweeps, so that running the "
-                     "command again resumes (default: ./reproduce-state.json)")
+    rep.add_argument("--state",
+                     help="with --all or --peers: the file that remembers the sweeps, so that "
+                     "running the command again resumes (default: ./reproduce-state.json, "
+                     "./reproduce-peers-state.json with --peers)")
     rep.add_argument("--doc", default="docs/reproduction.md",
                      help="with --all: the Markdown file whose generated block is replaced")
     rep.add_argument("--dataset", choices=("fashion-mnist", "mnist", "ag-news", "digits"))
@@ -239,6 +244,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     import platform
     import time
 
+    if args.peers:
+        return _reproduce_peers(args)
     if args.all:
         return _reproduce_all(args)
     if not args.dataset:
@@ -288,6 +295,29 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reproduce_peers(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from app.peers import BUDGETS, PeerReproduction, markers, render
+    from app.reproduce import write_block
+
+    rows = BUDGETS[args.budget]
+    command = f"corel reproduce --peers --budget {args.budget}"
+    with _service_client(args, timeout=600) as client:
+        rep = PeerReproduction(client, rows, Path(args.state or "reproduce-peers-state.json"))
+        started = time.monotonic()
+        while not rep.step():
+            print(f"\r{rep.progress()}  {time.monotonic() - started:.0f}s", end="",
+                  file=sys.stderr, flush=True)
+            time.sleep(5)
+        print(file=sys.stderr)
+    block = render(rep.state, args.budget, command)
+    write_block(Path(args.doc), block, args.budget, markers(args.budget))
+    print(block)
+    return 0
+
+
 def _reproduce_all(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
@@ -300,7 +330,7 @@ def _reproduce_all(args: argparse.Namespace) -> int:
         raise SystemExit(f"corel reproduce: {exc}") from exc
     command = f"corel reproduce --all --budget {args.budget}" + (f" --rows {args.rows}" if args.rows else "")
     with _service_client(args, timeout=600) as client:
-        rep = Reproduction(client, rows, Path(args.state))
+        rep = Reproduction(client, rows, Path(args.state or "reproduce-state.json"))
         started = time.monotonic()
         while not rep.step():
             print(f"\r{rep.progress()}  {time.monotonic() - started:.0f}s", end="",

@@ -315,9 +315,11 @@ def _demote(markdown: str) -> str:
     return "\n".join("##" + line if line.startswith("#") else line for line in markdown.splitlines())
 
 
-def write_block(doc: Path, block: str, budget: str) -> None:
-    """Put the block between the budget's markers in ``doc`` (appended when it has none)."""
-    begin, end = markers(budget)
+def write_block(doc: Path, block: str, budget: str,
+                marks: tuple[str, str] | None = None) -> None:
+    """Put the block between the budget's markers (``marks``: others') in ``doc``, appended
+    when it has none."""
+    begin, end = marks or markers(budget)
     text = doc.read_text() if doc.exists() else ""
     if begin in text and end in text:
         head, rest = text.split(begin, 1)

@@ -1,0 +1,75 @@
+"""`corel reproduce --peers` against a live service (PostgreSQL + Redis + a real worker),
+with the smoke budget: every loss, the paper's four and pytorch-metric-learning's seven, is
+tuned on its grid, trained at its tuned parameters over the seeds, reported with clustering
+and MAP@R, and tested against Gaussian- and Cosine-COREL; a second run creates nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.peers import BUDGETS, LOSSES, markers, paired_test
+from corel.cli import main
+from corel.loss_catalog import declaration
+
+BEGIN, END = markers("smoke")
+
+
+@pytest.fixture(scope="module")
+def peers(client, worker, live_url, tmp_path_factory):
+    where = tmp_path_factory.mktemp("peers")
+    doc = where / "reproduction.md"
+    doc.write_text("# By hand\n")
+    state = where / "state.json"
+    argv = ["reproduce", "--peers", "--budget", "smoke", "--url", live_url, "--state", str(state),
+            "--doc", str(doc)]
+    assert main(argv) == 0
+    total = client.get("/experiments", params={"limit": 1}).json()["total"]
+    return {"argv": argv, "doc": doc, "state": state,
+            "first": json.loads(state.read_text()), "total": total}
+
+
+def test_every_loss_is_tuned_then_trained_at_its_tuned_parameters(client, peers):
+    row = BUDGETS["smoke"][0]
+    st = peers["first"]["rows"]["digits/ffnn"]
+    assert set(st["losses"]) == set(LOSSES) and len(LOSSES) == 11
+    for loss in LOSSES:
+        ls = st["losses"][loss]
+        tune = client.get("/experiments", params={"sweep_id": ls["tune"], "limit": 50}).json()["items"]
+        grid = row.grid(loss)
+        assert len(tune) == max(1, *(len(v) for v in grid.values())) if grid else len(tune) == 1
+        best = max((m for m in tune if m["status"] == "succeeded"),
+                   key=lambda m: (m["best_val_accuracy"], -m["id"]))
+        assert ls["params"] == {k: best["spec"][k] for k in grid}
+        results = ls["results"]
+        assert sorted(r["seed"] for r in results) == list(range(row.seeds))
+        for r in results:
+            exp = client.get(f"/experiments/{r['experiment_id']}").json()
+            assert exp["spec"]["loss"] == loss and exp["spec"]["epochs"] == row.epochs
+            for k, v in ls["params"].items():
+                assert exp["spec"][k] == v
+            assert r["status"] == "succeeded", exp
+            assert r["test_accuracy"] == exp["test_accuracy"]
+            assert 0 <= r["map_at_r"] <= 1 and r["metric"] == declaration(loss).geometry
+
+
+def test_the_doc_gets_the_table_and_a_second_run_creates_nothing(client, peers):
+    text = peers["doc"].read_text()
+    assert text.startswith("# By hand\n") and text.count(BEGIN) == 1 and text.count(END) == 1
+    block = text.split(BEGIN)[1]
+    for loss in LOSSES:
+        decl = declaration(loss)
+        assert f"| {decl.short}{'' if decl.class_vectors else ' *'} | " in block
+    assert "vs Gaussian-COREL" in block and "(p=" in block
+    assert main(peers["argv"]) == 0
+    assert client.get("/experiments", params={"limit": 1}).json()["total"] == peers["total"]
+    assert peers["doc"].read_text().count(BEGIN) == 1
+
+
+def test_paired_test_pairs_by_seed():
+    a = {0: 0.9, 1: 0.8, 2: 0.85}
+    b = {0: 0.7, 1: 0.75, 2: 0.6, 3: 0.99}  # seed 3 has no partner: left out
+    t, p, n = paired_test(a, b)
+    assert n == 3 and t > 0 and 0 < p < 0.2
+    assert paired_test(a, {0: 0.1}) == (None, None, 1)
