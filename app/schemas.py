@@ -152,13 +152,20 @@ class ExperimentRead(BaseModel):
         default_factory=list,
         description="What the spec allows but will most likely not train (Gaussian-COREL "
         "with lam < 0.5).")
+    prediction: str | None = Field(
+        default=None,
+        description="How /predict and the test accuracy predict for this loss: 'class vectors' "
+        "(the similarity to each class's vector) or 'nearest class mean' (pair-based losses: "
+        "the class means of the training representations, stored with the checkpoint).")
 
     @model_validator(mode="after")
     def _warnings(self) -> ExperimentRead:
         # A stored spec's loss and lam (its defaults when absent): no spec built per row.
         defaults = ExperimentSpec.model_fields
-        self.warnings = spec_warnings(self.spec.get("loss", defaults["loss"].default),
-                                      self.spec.get("lam", defaults["lam"].default))
+        loss = self.spec.get("loss", defaults["loss"].default)
+        self.warnings = spec_warnings(loss, self.spec.get("lam", defaults["lam"].default))
+        decl = DECLARATIONS.get(loss)
+        self.prediction = decl.prediction if decl else None
         return self
 
 

@@ -68,6 +68,7 @@ def losses_for_pages() -> dict[str, dict[str, object]]:
     """What the pages' scripts know of each loss (app.js reads it): its names, whether it has
     a lambda, and its own options with their defaults (read per page: registered losses too)."""
     return {d.name: {"short": d.short, "display": d.display, "lam": "lam" in d.params,
+                     "params": list(d.params),
                      "options": {o.field: o.default for o in d.options},
                      "prediction": d.prediction}
             for d in DECLARATIONS.values()}

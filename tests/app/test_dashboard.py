@@ -134,6 +134,39 @@ def test_a_validation_error_appears_beside_its_field(page):
     shot(page, "new-experiment")
 
 
+def test_a_loss_s_own_options_show_for_it_and_a_bad_one_is_named_beside_its_field(page, client):
+    """margin, scale, ...: shown only for a loss that takes them, its default as placeholder;
+    a value out of the loss's range comes back as the API's 422 beside the field."""
+    page.goto("/ui/new")
+    page.wait_for_selector("#spec-form[data-ready=true]")
+    page.select_option("#f-dataset", "digits")
+    page.select_option("#f-loss", "gaussian")
+    assert page.is_hidden('[data-field="margin"]') and page.is_hidden('[data-field="miner"]')
+    page.select_option("#f-loss", "arcface")
+    assert page.is_visible('[data-field="margin"]') and page.is_visible('[data-field="scale"]')
+    assert page.is_hidden('[data-field="temperature"]')
+    assert page.get_attribute("#f-margin", "placeholder") == "default 28.6"
+    page.fill("#f-margin", "-3")
+    page.click("#submit")
+    page.wait_for_selector(".field.invalid")
+    assert "must be a number in [0, 90); got -3" in page.inner_text("#err-margin")
+    page.select_option("#f-loss", "triplet")
+    assert page.is_visible('[data-field="miner"]')
+    assert page.get_attribute("#f-margin", "placeholder") == "default 0.05"
+    page.fill("#f-margin", "0.1")
+    page.fill("#f-epochs", "1")
+    page.click("#submit")
+    page.wait_for_url("**/ui/experiments/*")
+    eid = int(page.url.rsplit("/", 1)[1])
+    spec = client.get(f"/experiments/{eid}").json()["spec"]
+    assert spec["loss"] == "triplet" and spec["margin"] == 0.1 and spec["miner"] is None
+    page.wait_for_selector("#kpi-prediction")
+    assert page.inner_text("#kpi-prediction") == "nearest class mean"
+    terms = page.locator("#spec dt").all_inner_texts()
+    assert "margin" in terms and "lam" not in terms and "gamma" not in terms
+    shot(page, "peer-loss-experiment")
+
+
 def test_the_form_warns_of_gaussian_corel_below_lam_0_5_as_the_api_does(page, client):
     page.goto("/ui/new")
     page.wait_for_selector("#spec-form[data-ready=true]")

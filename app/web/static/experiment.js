@@ -66,14 +66,20 @@ corel.pages.experiment = async function () {
       el("div", { class: "kpi" }, el("b", { id: "kpi-val" }, pct(exp.best_val_accuracy)), el("span", {}, "best val accuracy %")),
       el("div", { class: "kpi" }, el("b", { id: "kpi-test" }, pct(exp.test_accuracy)), el("span", {}, "test accuracy % (best-val epoch)")),
       el("div", { class: "kpi" }, el("b", {}, exp.best_epoch || "–"), el("span", {}, "best epoch")),
-      el("div", { class: "kpi" }, el("b", {}, num(exp.train_seconds, 1)), el("span", {}, "train seconds")));
+      el("div", { class: "kpi" }, el("b", {}, num(exp.train_seconds, 1)), el("span", {}, "train seconds")),
+      el("div", { class: "kpi" }, el("b", { id: "kpi-prediction" }, exp.prediction || "–"), el("span", {}, "predicts with")));
   }
 
   function spec() {
     const dl = document.getElementById("spec");
     dl.replaceChildren();
+    // The shared loss parameters this run's loss does not read (lam for ArcFace, ...) are
+    // left out: they did not change the run.
+    const shared = ["lam", "gamma", "learn_gamma", "alpha"];
+    const reads = (corel.LOSSES[exp.spec.loss] || {}).params || shared;
     for (const [k, v] of Object.entries(exp.spec)) {
       if (v === null || v === undefined) continue;
+      if (shared.includes(k) && !reads.includes(k)) continue;
       dl.append(el("dt", {}, k), el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v)));
     }
   }

@@ -67,6 +67,23 @@ corel.pages.new = async function () {
         : "";
   }
   form.elements.loss.addEventListener("change", warnLam);
+
+  // A loss's own options (margin, scale, ...): shown only for a loss that takes them, with
+  // its default as the placeholder (empty: that default).
+  const OPTION_FIELDS = ["margin", "scale", "scale_neg", "temperature", "miner"];
+  function showOptions() {
+    const own = (corel.LOSSES[form.elements.loss.value] || {}).options || {};
+    for (const name of OPTION_FIELDS) {
+      const box = form.querySelector('[data-field="' + name + '"]');
+      if (!box) continue;
+      const takes = Object.prototype.hasOwnProperty.call(own, name);
+      box.hidden = !takes;
+      if (!takes) form.elements[name].value = "";
+      else form.elements[name].placeholder = "default " + own[name];
+    }
+  }
+  form.elements.loss.addEventListener("change", showOptions);
+  showOptions();
   form.elements.lam.addEventListener("input", warnLam);
   warnLam();
   const q = corel.query();
