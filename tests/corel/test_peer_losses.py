@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pytorch_metric_learning import losses as pml_losses
+from pytorch_metric_learning import miners as pml_miners
 
-pml_losses = pytest.importorskip("pytorch_metric_learning.losses")
-pml_miners = pytest.importorskip("pytorch_metric_learning.miners")
-
-from corel.loss_catalog import DECLARATIONS, PEER_LOSSES  # noqa: E402
-from corel.losses import build_loss  # noqa: E402
-from corel.models import Classifier  # noqa: E402
+from corel.loss_catalog import DECLARATIONS, PEER_LOSSES
+from corel.losses import build_loss
+from corel.models import Classifier
 
 K, H, N = 5, 16, 40
 
