@@ -73,3 +73,34 @@ def test_paired_test_pairs_by_seed():
     t, p, n = paired_test(a, b)
     assert n == 3 and t > 0 and 0 < p < 0.2
     assert paired_test(a, {0: 0.1}) == (None, None, 1)
+
+
+@pytest.mark.parametrize("loss", ["arcface", "supcon", "triplet"])
+def test_a_peer_model_exports_predicts_and_finds_neighbours(client, peers, loss):
+    """ONNX export, /predict and /neighbors of a peer loss's final run agree: the export's
+    similarities are /predict's (class vectors, or the class means of a pair-based loss),
+    and a training row's nearest neighbour in the loss's geometry is itself."""
+    import numpy as np
+    import onnxruntime as ort
+    from sklearn.datasets import load_digits
+
+    from corel.data import prepare_images
+
+    eid = peers["first"]["rows"]["digits/ffnn"]["losses"][loss]["results"][0]["experiment_id"]
+    images = load_digits().images[:16].astype(np.uint8)  # raw values, as the dataset stores them
+    r = client.get(f"/experiments/{eid}/export", params={"format": "onnx"})
+    assert r.status_code == 200, r.text
+    session = ort.InferenceSession(r.content)
+    meta = json.loads(session.get_modelmeta().custom_metadata_map["corel"])
+    assert meta["similarity"] == "cosine"
+    _, sims = session.run(["embeddings", "similarities"],
+                          {"x": prepare_images(images, meta["preprocessing"]).numpy()})
+    predicted = client.post("/predict", json={"experiment_id": eid, "arrays": images.tolist()}).json()
+    got = np.array([p["similarities"] for p in predicted["predictions"]])
+    np.testing.assert_allclose(sims, got, rtol=1e-4, atol=1e-5)
+    assert np.abs(got).sum() > 0  # class means were set: not all-zero similarities
+    near = client.post(f"/experiments/{eid}/neighbors", json={"arrays": images[:4].tolist(), "k": 3})
+    assert near.status_code == 200, near.text
+    body = near.json()
+    assert body["geometry"] == "cosine"
+    assert all(len(q["neighbors"]) == 3 for q in body["results"])
