@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
-from corel.loss_catalog import declaration
-from corel.spec import DATASETS, LOSSES, MODELS, ExperimentSpec
+from corel.loss_catalog import OPTION_FIELDS, declaration, loss_names
+from corel.spec import DATASETS, MODELS, ExperimentSpec
 
 
 def _add_spec_options(p: argparse.ArgumentParser) -> None:
@@ -27,11 +27,15 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--word-vectors", help=fields["word_vectors"].description)
     p.add_argument("--train-subset", type=int, help=fields["train_subset"].description)
     p.add_argument("--model", default="ffnn", choices=MODELS, help="encoder (default: ffnn)")
-    p.add_argument("--loss", default="gaussian", choices=LOSSES, help="loss (default: gaussian)")
+    p.add_argument("--loss", default="gaussian", choices=loss_names(),
+                   help="loss (default: gaussian; their options: GET /losses or the README)")
     p.add_argument("--lam", type=float, default=0.5, help=f"{fields['lam'].description} Default 0.5.")
     p.add_argument("--gamma", type=float, default=0.5, help=f"{fields['gamma'].description} Default 0.5.")
     p.add_argument("--learn-gamma", action="store_true", help=fields["learn_gamma"].description)
     p.add_argument("--alpha", type=float, default=0.25, help=f"{fields['alpha'].description} Default 0.25.")
+    for option in OPTION_FIELDS:  # a loss's own: its default when left out
+        p.add_argument(f"--{option.replace('_', '-')}", type=str if option == "miner" else float,
+                       help=f"the loss's {option} (default: the loss's own)")
     p.add_argument("--hidden", type=int, default=128, help="width of the hidden layers (default 128)")
     p.add_argument("--epochs", type=int, default=150, help="epochs (default 150, as in the paper)")
     p.add_argument("--batch-size", type=int, default=128, help="batch size (default 128)")
@@ -46,6 +50,7 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import corel.losses  # noqa: F401  # registers plugins' losses (entry points) before --loss's choices
     parser = argparse.ArgumentParser(
         prog="corel",
         description="Clustering-oriented representation learning with attractive-repulsive loss.",

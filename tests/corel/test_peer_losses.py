@@ -7,6 +7,8 @@ the gradients with respect to the embeddings and the matrix must agree.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from pytorch_metric_learning import losses as pml_losses
@@ -153,3 +155,17 @@ def test_each_peer_loss_trains_resumes_and_serves(name):
     got = served.model.predict(data.x_test).classes
     assert torch.equal(want, got)
     assert len(export(ckpt, "torchscript")) > 0
+
+
+def test_the_cli_trains_a_peer_loss_with_its_options(tmp_path, capsys):
+    from corel.cli import main
+    from corel.training import checkpoint_from_bytes
+
+    out = tmp_path / "triplet.pt"
+    assert main(["train", "--dataset", "digits", "--loss", "triplet", "--margin", "0.1",
+                 "--miner", "hard", "--epochs", "2", "--lr", "0.003", "--no-progress",
+                 "--checkpoint", str(out)]) == 0
+    ckpt = checkpoint_from_bytes(out.read_bytes())
+    spec = json.loads(ckpt["spec"])
+    assert (spec["loss"], spec["margin"], spec["miner"]) == ("triplet", 0.1, "hard")
+    assert "kmeans (cosine)" in capsys.readouterr().out
