@@ -149,10 +149,19 @@ def cancel_sweep(session: Session, sweep_id: int) -> Sweep:
     return sweep
 
 
+def _variant(loss: str, spec: dict[str, Any]) -> str:
+    """The loss as the report's rows name it: with the options its spec sets, so that a grid
+    over ArcFace's scale gives one row per scale ("arcface (scale=16)"), as lambdas do."""
+    decl = DECLARATIONS.get(loss)
+    set_ = [f"{o.field}={spec[o.field]:g}" if isinstance(spec[o.field], float) else f"{o.field}={spec[o.field]}"
+            for o in (decl.options if decl else ()) if spec.get(o.field) is not None]
+    return f"{loss} ({', '.join(set_)})" if set_ else loss
+
+
 def _record(exp: Experiment) -> dict[str, Any]:
     return {
         "experiment_id": exp.id,
-        "loss": exp.loss,
+        "loss": _variant(exp.loss, exp.spec),
         "lam": exp.spec.get("lam") if "lam" in declaration(exp.loss).params else None,
         "seed": int(exp.spec.get("seed", 0)),
         "val_accuracy": exp.best_val_accuracy,

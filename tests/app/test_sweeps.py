@@ -186,3 +186,19 @@ def test_cancel_stops_a_running_stacked_group(client, worker, workers):
         assert exp["current_epoch"] < 100
         n = len(client.get(f"/experiments/{eid}/metrics").json()["items"])
         assert n == exp["current_epoch"]
+
+
+def test_a_grid_over_a_peer_loss_option_reports_one_row_per_value(client, worker, workers):
+    """ArcFace over two scales: trained one at a time (the stacked trainer declines it),
+    and the report's tables name each scale, as they name each lambda."""
+    r = client.post("/sweeps", json={"base": {**BASE, "loss": "arcface"},
+                                     "grid": {"scale": [8.0, 32.0], "seed": [0, 1]}})
+    assert r.status_code == 202 and r.json()["size"] == 4 and r.json()["groups"] == 4, r.text
+    sid = r.json()["id"]
+    wait_sweep(client, sid, workers=workers)
+    rep = client.get(f"/sweeps/{sid}/report", params={"clustering": "false"}).json()
+    assert set(rep["lambda_tuning"]) == {"arcface (scale=8)", "arcface (scale=32)"}
+    rows = {row["loss"]: row for row in rep["test_accuracy"]["rows"]}
+    assert set(rows) == set(rep["lambda_tuning"]) and all(row["n"] == 2 for row in rows.values())
+    md = client.get(f"/sweeps/{sid}/report", params={"format": "markdown", "clustering": "false"}).text
+    assert "| arcface (scale=8) |" in md
