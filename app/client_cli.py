@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from app.models import Status
+
 
 def add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=os.environ.get("COREL_URL", "http://127.0.0.1:8000"),
@@ -179,7 +181,7 @@ def index(args: argparse.Namespace) -> int:
     if args.embedding_job is not None:
         body["embedding_job_id"] = args.embedding_job
     row = _call(args, "POST", f"/experiments/{args.experiment}/index", json=body)
-    while args.wait and row["status"] in ("queued", "running"):
+    while args.wait and row["status"] in (Status.QUEUED, Status.RUNNING):
         time.sleep(1.0)
         row = _call(args, "GET", f"/indexes/{row['id']}")
     built = "-" if row["build_seconds"] is None else f"{row['build_seconds']:.1f}"
@@ -187,7 +189,7 @@ def index(args: argparse.Namespace) -> int:
     print(_table([[row["id"], row["status"], row["kind"] or row["requested_kind"], row["geometry"],
                    f"{row['n_done']}/{row['n_total']}", built, recall]],
                  ["index", "status", "kind", "geometry", "rows", "build s", "recall@10"]))
-    if row["status"] == "failed":
+    if row["status"] == Status.FAILED:
         raise SystemExit(f"corel: index {row['id']} failed: {row['error']}")
     return 0
 

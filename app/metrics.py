@@ -39,7 +39,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 from starlette.routing import Match
 
-from app.models import STATUSES, Experiment, as_utc, utcnow
+from app.models import STATUSES, Experiment, Status, as_utc, utcnow
 from app.services.model_cache import ModelCache
 from app.settings import Settings
 
@@ -151,14 +151,14 @@ class ServiceCollector(Collector):
                 newest = None
                 for status, count, heartbeat in rows:
                     counts[status] = int(count)
-                    if status == "running" and heartbeat is not None:
+                    if status == Status.RUNNING and heartbeat is not None:
                         newest = as_utc(heartbeat)
                 by_status = GaugeMetricFamily("corel_experiments", "Experiments by status.",
                                               labels=["status"])
                 for status, count in counts.items():
                     by_status.add_metric([status], count)
                 yield by_status
-                queue.add_metric(["database"], counts["queued"])
+                queue.add_metric(["database"], counts[Status.QUEUED])
                 if newest is not None:
                     yield GaugeMetricFamily(
                         "corel_worker_heartbeat_age_seconds",

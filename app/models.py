@@ -4,6 +4,7 @@ that listing experiments never loads them."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -23,8 +24,22 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.db import Base
 
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-FINISHED = ("succeeded", "failed", "cancelled")
+
+class Status(StrEnum):
+    """The status of every kind of job (a training run, a member of a stacked group, a batch
+    embedding job, an index build), as the rows store it and the API shows it: the enum's
+    members are the strings themselves ("queued" == Status.QUEUED)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+STATUSES: tuple[Status, ...] = tuple(Status)
+FINISHED: tuple[Status, ...] = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+ACTIVE: tuple[Status, ...] = (Status.QUEUED, Status.RUNNING)
 
 
 def utcnow() -> datetime:
@@ -80,7 +95,7 @@ class Experiment(Base):
     sweep_id: Mapped[int | None] = mapped_column(
         ForeignKey("sweeps.id", ondelete="CASCADE"), index=True
     )
-    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    status: Mapped[str] = mapped_column(String(16), index=True, default=Status.QUEUED.value)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     dataset: Mapped[str] = mapped_column(String(32), index=True)
     loss: Mapped[str] = mapped_column(String(16), index=True)
@@ -219,7 +234,7 @@ class LeasedJob:
     ``heartbeat_at``, ``attempts``) and the send record (``enqueued_at``, ``enqueues``),
     as an experiment has them (see there)."""
 
-    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    status: Mapped[str] = mapped_column(String(16), index=True, default=Status.QUEUED.value)
     error: Mapped[str | None] = mapped_column(Text)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

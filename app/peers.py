@@ -32,6 +32,7 @@ import httpx
 import numpy as np
 from scipy import stats
 
+from app.models import Status
 from app.reproduce import _cpu
 from corel.loss_catalog import PAPER_LOSSES, PEER_LOSSES, declaration
 
@@ -124,7 +125,7 @@ def _sweep_body(row: PeerRow, loss: str, stage: str, params: dict[str, Any]) -> 
 
 def _tuned(members: list[dict[str, Any]], grid: dict[str, list[Any]]) -> dict[str, Any] | None:
     """The grid values of the member with the best validation accuracy (ties: the first)."""
-    done = [m for m in members if m["status"] == "succeeded" and m["best_val_accuracy"] is not None]
+    done = [m for m in members if m["status"] == Status.SUCCEEDED and m["best_val_accuracy"] is not None]
     if not done:
         return None
     best = max(done, key=lambda m: (m["best_val_accuracy"], -m["id"]))
@@ -179,7 +180,7 @@ class PeerReproduction:
         out: dict[str, Any] = {"experiment_id": eid, "seed": exp["spec"]["seed"],
                                "status": exp["status"], "test_accuracy": exp["test_accuracy"],
                                "best_epoch": exp.get("best_epoch")}
-        if exp["status"] == "succeeded":
+        if exp["status"] == Status.SUCCEEDED:
             clu = self._call("GET", f"/experiments/{eid}/clustering")
             km = clu["results"]["kmeans"]
             out.update(kmeans_accuracy=km["accuracy"], silhouette=km["silhouette"],
@@ -257,7 +258,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
     out: dict[str, dict[int, float]] = {}
     for key in ("test_accuracy", "kmeans_accuracy", "silhouette", "map_at_r"):
         out[key] = {int(r["seed"]): float(r[key]) for r in results
-                    if r["status"] == "succeeded" and r.get(key) is not None}
+                    if r["status"] == Status.SUCCEEDED and r.get(key) is not None}
     return out
 
 

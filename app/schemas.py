@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from app.errors import MAX_ID
-from app.models import as_utc
+from app.models import STATUSES, as_utc
 from corel.loss_catalog import DECLARATIONS, OPTION_FIELDS
 from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, ExperimentSpec, spec_warnings
 
 T = TypeVar("T")
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+"""app.models.Status, as the OpenAPI document states it."""
+if set(get_args(Status)) != set(STATUSES):
+    raise ImportError("app.schemas.Status differs from app.models.Status")
 
 
 # A timestamp as the API shows it: always with its UTC offset, whatever the database.

@@ -12,7 +12,9 @@ from typing import Any
 
 import httpx
 
-FINISHED = ("succeeded", "failed", "cancelled")
+from app.models import Status
+
+FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 RECONNECTS = 8  # attempts in a row without an event before giving up
 READ_TIMEOUT = 60.0  # the service sends a keepalive every 15 s; four missed: reconnect
 
@@ -138,7 +140,7 @@ def watch(args: argparse.Namespace) -> int:
     if args.sweep:
         counts = {s: sum(d["status"] == s for d in statuses) for s in FINISHED}
         print(f"sweep {args.id}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    ok = bool(statuses) and all(d["status"] == "succeeded" for d in statuses)
+    ok = bool(statuses) and all(d["status"] == Status.SUCCEEDED for d in statuses)
     return 0 if ok else 1
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import session_scope
-from app.models import Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
+from app.models import Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, Status, utcnow
 from app.settings import Settings
 from corel.serving import BATCH, ServedModel
 from worker.runner import LostLease, claim, materialise_upload, owned, updated
@@ -55,8 +55,8 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
             return "skipped"
         session.refresh(job)
         if job.cancel_requested:
-            job.status, job.finished_at = "cancelled", utcnow()
-            return "cancelled"
+            job.status, job.finished_at = Status.CANCELLED, utcnow()
+            return Status.CANCELLED
         blob = session.scalar(select(Checkpoint.data).where(
             Checkpoint.experiment_id == job.experiment_id, Checkpoint.kind == "best"))
         kind = session.scalar(select(DatasetUpload.kind).where(DatasetUpload.id == job.dataset_id))
@@ -77,22 +77,22 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
                     raise LostLease(f"embedding job {job_id} is no longer ours")
                 cancel = session.scalar(select(EmbeddingJob.cancel_requested).where(EmbeddingJob.id == job_id))
             if cancel:
-                _finish(factory, job_id, status="cancelled")
-                return "cancelled"
+                _finish(factory, job_id, status=Status.CANCELLED)
+                return Status.CANCELLED
         reps = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, served.dim), np.float32))
     except LostLease:
         log.warning("lost the lease; another worker continues", extra={"job": job_id})
         return "lost"
     except (ValueError, KeyError) as exc:
         log.warning("embedding job failed", extra={"job": job_id, "error": str(exc)})
-        _finish(factory, job_id, status="failed", error=str(exc))
-        return "failed"
+        _finish(factory, job_id, status=Status.FAILED, error=str(exc))
+        return Status.FAILED
     with session_scope(factory) as session:
         if not updated(session, update(EmbeddingJob).where(owned(job_id, EmbeddingJob)).values(
-                status="succeeded", n_total=n, n_done=n, dim=int(reps.shape[1]), finished_at=utcnow())):
+                status=Status.SUCCEEDED, n_total=n, n_done=n, dim=int(reps.shape[1]), finished_at=utcnow())):
             log.warning("lost the lease before storing; another worker continues", extra={"job": job_id})
             return "lost"
         session.merge(EmbeddingResult(job_id=job_id, representations=reps.astype(np.float32).tobytes(),
                                       labels=_labels(y).tobytes()))
     log.info("embedding job done", extra={"job": job_id, "rows": n})
-    return "succeeded"
+    return Status.SUCCEEDED

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import session_scope
 from app.errors import DomainError
-from app.models import NeighborIndex, NeighborIndexChunk, utcnow
+from app.models import NeighborIndex, NeighborIndexChunk, Status, utcnow
 from app.settings import Settings
 from worker.runner import LostLease, claim, owned, updated
 
@@ -67,8 +67,8 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
             return "skipped"
         session.refresh(row)
         if row.cancel_requested:
-            row.status, row.finished_at = "cancelled", utcnow()
-            return "cancelled"
+            row.status, row.finished_at = Status.CANCELLED, utcnow()
+            return Status.CANCELLED
         source, job_id, geometry = row.source, row.embedding_job_id, row.geometry
         requested, experiment_id = row.requested_kind, row.experiment_id
     stop, beater = _heartbeat(factory, index_id, settings)
@@ -108,7 +108,7 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
         size = settings.index_chunk_bytes
         with session_scope(factory) as session:
             if not updated(session, update(NeighborIndex).where(owned(index_id, NeighborIndex)).values(
-                    status="succeeded", kind=kind, n_total=n, n_done=n, dim=index.dim, size_bytes=len(blob),
+                    status=Status.SUCCEEDED, kind=kind, n_total=n, n_done=n, dim=index.dim, size_bytes=len(blob),
                     build_seconds=seconds, ef_search=index.ef_search, recall=index.recall,
                     params=None if kind == "exact" else {"m": params.m, "ef_construction": params.ef_construction},
                     finished_at=utcnow())):
@@ -120,14 +120,14 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
         log.warning("lost the lease; another worker continues", extra={"index": index_id})
         return "lost"
     except BuildCancelled:
-        _finish(factory, index_id, status="cancelled")
-        return "cancelled"
+        _finish(factory, index_id, status=Status.CANCELLED)
+        return Status.CANCELLED
     except (ValueError, DomainError) as exc:  # bad vectors; the source is gone
         log.warning("index build failed", extra={"index": index_id, "error": str(exc)})
-        _finish(factory, index_id, status="failed", error=str(exc))
-        return "failed"
+        _finish(factory, index_id, status=Status.FAILED, error=str(exc))
+        return Status.FAILED
     finally:
         stop.set()
         beater.join()
     log.info("index built", extra={"index": index_id, "kind": kind, "rows": n, "seconds": round(seconds, 2)})
-    return "succeeded"
+    return Status.SUCCEEDED

@@ -21,11 +21,12 @@ from prometheus_client import (
     start_http_server,
 )
 
+from app.models import FINISHED
+
 log = logging.getLogger("corel.worker")
 
 EPOCH_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
                  1800.0, 3600.0)
-FINISHED = ("succeeded", "failed", "cancelled")
 
 
 class WorkerMetrics:

@@ -36,6 +36,7 @@ from app.models import (
     EpochMetric,
     Experiment,
     LatentSpace,
+    Status,
     utcnow,
 )
 from app.services import builtin
@@ -128,9 +129,9 @@ def claim(session: Session, experiment_id: int, settings: Settings,
         .where(
             model.id == experiment_id,
             or_(
-                model.status == "queued",
+                model.status == Status.QUEUED,
                 and_(
-                    model.status == "running",
+                    model.status == Status.RUNNING,
                     or_(
                         lease_expired(settings, now, model),
                         # ours: this process is trying again after a transient error
@@ -140,7 +141,7 @@ def claim(session: Session, experiment_id: int, settings: Settings,
             ),
         )
         .values(
-            status="running",
+            status=Status.RUNNING,
             worker=WORKER_ID,
             heartbeat_at=now,
             attempts=model.attempts + 1,
@@ -154,7 +155,7 @@ def claim(session: Session, experiment_id: int, settings: Settings,
 
 def owned(row_id: int, model: Job = Experiment) -> ColumnElement[bool]:
     """The row is still this worker's: running, and claimed by this process."""
-    return and_(model.id == row_id, model.worker == WORKER_ID, model.status == "running")
+    return and_(model.id == row_id, model.worker == WORKER_ID, model.status == Status.RUNNING)
 
 
 def _upsert_checkpoint(session: Session, experiment_id: int, kind: str, epoch: int, blob: bytes) -> None:
@@ -279,10 +280,10 @@ def _claim_and_prepare(
         return "skipped"
     session.refresh(exp)
     if exp.cancel_requested:
-        exp.status, exp.finished_at = "cancelled", utcnow()
+        exp.status, exp.finished_at = Status.CANCELLED, utcnow()
         publish(session, [experiment_id])
-        METRICS.experiment_finished("cancelled")
-        return "cancelled"
+        METRICS.experiment_finished(Status.CANCELLED)
+        return Status.CANCELLED
     spec_data = dict(exp.spec)
     if exp.dataset_id is not None:
         spec_data["dataset_path"] = str(materialise_upload(session, exp.dataset_id, settings))
@@ -298,12 +299,12 @@ def _claim_and_prepare(
 def _fail(factory: sessionmaker[Session], experiment_id: int, exc: Exception) -> str:
     if isinstance(exc, ValueError | FileNotFoundError):
         # The user's spec or data is at fault: say what is wrong, no traceback.
-        _finish(factory, experiment_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+        _finish(factory, experiment_id, status=Status.FAILED, error=f"{type(exc).__name__}: {exc}")
     else:
         log.error("training failed", exc_info=exc, extra={"experiment": experiment_id})
-        _finish(factory, experiment_id, status="failed",
+        _finish(factory, experiment_id, status=Status.FAILED,
                 error=f"internal error: {type(exc).__name__}: {exc}")
-    return "failed"
+    return Status.FAILED
 
 
 def _store_results(factory: sessionmaker[Session], experiment_id: int, result: FitResult) -> str:
@@ -325,15 +326,15 @@ def _store_results(factory: sessionmaker[Session], experiment_id: int, result: F
             session,
             update(Experiment)
             .where(owned(experiment_id))
-            .values(status="succeeded", finished_at=utcnow(), best_epoch=result.best_epoch,
+            .values(status=Status.SUCCEEDED, finished_at=utcnow(), best_epoch=result.best_epoch,
                     best_val_accuracy=result.best_val_accuracy, test_accuracy=result.test_accuracy),
         )
         if not done:
             raise LostLease(f"experiment {experiment_id} was taken over before it could finish")
         publish(session, [experiment_id])
-    METRICS.experiment_finished("succeeded")
+    METRICS.experiment_finished(Status.SUCCEEDED)
     log.info("succeeded", extra={"experiment": experiment_id, "test_accuracy": result.test_accuracy})
-    return "succeeded"
+    return Status.SUCCEEDED
 
 
 def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
@@ -348,7 +349,7 @@ def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
         with session_scope(factory) as session:
             updated(session, update(Experiment)
                     .where(Experiment.id.in_(ids), Experiment.worker == WORKER_ID,
-                           Experiment.status == "running")
+                           Experiment.status == Status.RUNNING)
                     .values(phase=phase, phase_detail=detail, heartbeat_at=utcnow()))
             publish(session, ids)
 
@@ -398,8 +399,8 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
                      data_dir=builtin.data_dir_for(settings, job.spec.dataset),
                      chance_epochs=settings.chance_epochs)
         if result.stopped:
-            _finish(factory, experiment_id, status="cancelled")
-            return "cancelled"
+            _finish(factory, experiment_id, status=Status.CANCELLED)
+            return Status.CANCELLED
         return _store_results(factory, experiment_id, result)
     except LostLease:
         log.warning("lost the lease; another worker continues", extra={"experiment": experiment_id})
@@ -447,7 +448,7 @@ class GroupRecorder(GroupCallback):
         with session_scope(self.factory) as session:
             updated(session, update(Experiment)
                      .where(Experiment.id.in_(self.active), Experiment.worker == WORKER_ID,
-                            Experiment.status == "running")
+                            Experiment.status == Status.RUNNING)
                      .values(heartbeat_at=utcnow()))
             cancelled = self._cancelled(session)
         self.last_beat = time.monotonic()
@@ -465,8 +466,8 @@ class GroupRecorder(GroupCallback):
                 m, run = metrics[i], group.member_run(i)
                 if experiment_id in cancelled:
                     updated(session, update(Experiment).where(owned(experiment_id))
-                             .values(status="cancelled", finished_at=utcnow()))
-                    ended.append("cancelled")
+                             .values(status=Status.CANCELLED, finished_at=utcnow()))
+                    ended.append(Status.CANCELLED)
                     self.active.discard(experiment_id)
                     continue
                 mine = updated(session, update(Experiment).where(owned(experiment_id)).values(
@@ -486,9 +487,9 @@ class GroupRecorder(GroupCallback):
                                        len(group.data.y_val))
                 if verdict is not None:  # this member has failed; the others go on
                     updated(session, update(Experiment).where(owned(experiment_id)).values(
-                        status="failed", finished_at=utcnow(),
+                        status=Status.FAILED, finished_at=utcnow(),
                         error=f"{NotLearningError.__name__}: {verdict}"))
-                    ended.append("failed")
+                    ended.append(Status.FAILED)
                     self.active.discard(experiment_id)
         if recorded:
             METRICS.epoch_done(metrics[0].seconds, len(group.data.y_train), members=recorded)
@@ -541,8 +542,8 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
             outcome[experiment_id] = "cancelled-or-lost"
             continue
         if result.stopped:  # every member left was cancelled between batches
-            _finish(factory, experiment_id, status="cancelled")
-            outcome[experiment_id] = "cancelled"
+            _finish(factory, experiment_id, status=Status.CANCELLED)
+            outcome[experiment_id] = Status.CANCELLED
             continue
         try:
             outcome[experiment_id] = _store_results(factory, experiment_id, result)

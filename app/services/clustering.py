@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput
-from app.models import Base, Checkpoint, ClusteringResult, Experiment, LatentSpace
+from app.models import Base, Checkpoint, ClusteringResult, Experiment, LatentSpace, Status
 from app.services.experiments import get_experiment
 from corel.clustering import ALGORITHMS, METRICS, cluster, default_metric
 from corel.training import checkpoint_from_bytes
@@ -50,7 +50,7 @@ def store_once(session: Session, row: RowT, stored: Select[RowT]) -> RowT:
 def succeeded_experiment(session: Session, experiment_id: int, needs: str) -> Experiment:
     """The experiment, or NotFound; Conflict (naming its status) unless it succeeded."""
     exp = get_experiment(session, experiment_id)
-    if exp.status != "succeeded":
+    if exp.status != Status.SUCCEEDED:
         raise Conflict(
             f"experiment {experiment_id} is {exp.status}; {needs} needs a succeeded experiment",
             status=exp.status,

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import MAX_ID, Conflict, InvalidInput, NotFound
-from app.models import Experiment
+from app.models import Experiment, Status
 from app.services.clustering import clustering_report
 from corel.clustering import ALGORITHMS
 from corel.loss_catalog import declaration
@@ -70,7 +70,7 @@ def compare(session: Session, ids: list[int]) -> dict[str, Any]:
             missing=missing,
         )
     for i in ids:
-        if found[i].status != "succeeded":
+        if found[i].status != Status.SUCCEEDED:
             raise Conflict(
                 f"experiment {i} is {found[i].status}; comparing needs succeeded experiments",
                 experiment_id=i, status=found[i].status,

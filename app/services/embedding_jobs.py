@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput
-from app.models import DatasetUpload, EmbeddingJob, EmbeddingResult, utcnow
+from app.models import DatasetUpload, EmbeddingJob, EmbeddingResult, Status, utcnow
 from app.services.clustering import succeeded_experiment
 from app.services.datasets import referenced_upload
 from app.services.jobs import cancel_job_row, get_job_row
@@ -30,7 +30,7 @@ def create_job(session: Session, experiment_id: int, dataset_id: int) -> Embeddi
             f"({', '.join(k for k, m in EMBEDDABLE.items() if modality in m)})")
     now = utcnow()
     # The route sends its task right after the commit.
-    job = EmbeddingJob(experiment_id=experiment_id, dataset_id=dataset_id, status="queued",
+    job = EmbeddingJob(experiment_id=experiment_id, dataset_id=dataset_id, status=Status.QUEUED,
                        n_total=int(upload.summary.get("n", 0)), n_done=0, cancel_requested=False,
                        created_at=now, attempts=0, enqueued_at=now, enqueues=1)
     session.add(job)
@@ -50,7 +50,7 @@ def cancel_job(session: Session, job_id: int) -> EmbeddingJob:
 def load_result(session: Session, job_id: int) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
     """(representations, labels, the uploaded dataset's class names if it has them)."""
     job = get_job(session, job_id)
-    if job.status != "succeeded":
+    if job.status != Status.SUCCEEDED:
         raise Conflict(f"embedding job {job_id} is {job.status}; its result needs a succeeded job",
                        status=job.status)
     row = session.scalars(select(EmbeddingResult).where(EmbeddingResult.job_id == job_id)).one()

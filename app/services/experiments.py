@@ -6,7 +6,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput, NotFound, check_id
-from app.models import FINISHED, EpochMetric, Experiment, utcnow
+from app.models import FINISHED, EpochMetric, Experiment, Status, utcnow
 from app.schemas import ExperimentCreate
 from app.services.datasets import referenced_upload
 from app.services.events import publish
@@ -36,7 +36,7 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
     spec = body.to_spec()
     now = utcnow()
     exp = Experiment(
-        status="queued",
+        status=Status.QUEUED,
         spec=spec.model_dump(mode="json", exclude={"dataset_path", "word_vectors"}),
         dataset=spec.dataset,
         loss=spec.loss,
@@ -94,8 +94,8 @@ def cancel_experiment(session: Session, experiment_id: int) -> Experiment:
     if exp.status in FINISHED:
         raise Conflict(f"experiment {experiment_id} is already {exp.status}; nothing to cancel")
     exp.cancel_requested = True
-    if exp.status == "queued":
-        exp.status = "cancelled"
+    if exp.status == Status.QUEUED:
+        exp.status = Status.CANCELLED
         exp.finished_at = utcnow()
         publish(session, [experiment_id])
     session.flush()
@@ -104,7 +104,7 @@ def cancel_experiment(session: Session, experiment_id: int) -> Experiment:
 
 def delete_experiment(session: Session, experiment_id: int) -> None:
     exp = get_experiment(session, experiment_id)
-    if exp.status in ("queued", "running"):
+    if exp.status in (Status.QUEUED, Status.RUNNING):
         raise Conflict(
             f"experiment {experiment_id} is {exp.status}; cancel it first (POST "
             f"/experiments/{experiment_id}/cancel), then delete it"

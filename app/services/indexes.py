@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput
-from app.models import LatentSpace, NeighborIndex, NeighborIndexChunk, utcnow
+from app.models import LatentSpace, NeighborIndex, NeighborIndexChunk, Status, utcnow
 from app.schemas import IndexCreate
 from app.services.clustering import succeeded_experiment
 from app.services.embedding_jobs import get_job
@@ -32,7 +32,7 @@ def create_index(session: Session, experiment_id: int, body: IndexCreate, settin
             raise InvalidInput(f"embedding job {job.id} embedded experiment {job.experiment_id}'s "
                                f"representations, not experiment {experiment_id}'s; index it with "
                                f"POST /experiments/{job.experiment_id}/index")
-        if job.status != "succeeded":
+        if job.status != Status.SUCCEEDED:
             raise Conflict(f"embedding job {job.id} is {job.status}; an index needs a succeeded "
                            "embedding job", status=job.status)
         source, n = "embedding_job", job.n_total
@@ -53,7 +53,7 @@ def create_index(session: Session, experiment_id: int, body: IndexCreate, settin
     # The route sends the task right after the commit.
     row = NeighborIndex(
         experiment_id=experiment_id, source=source, embedding_job_id=body.embedding_job_id,
-        requested_kind=body.kind, geometry=default_metric(exp.loss), status="queued", n_total=n,
+        requested_kind=body.kind, geometry=default_metric(exp.loss), status=Status.QUEUED, n_total=n,
         n_done=0, cancel_requested=False, created_at=now, attempts=0, enqueued_at=now, enqueues=1)
     session.add(row)
     session.flush()
@@ -80,15 +80,15 @@ def index_to_search(session: Session, experiment_id: int, index_id: int | None) 
     succeeded), else the experiment's latest succeeded index, else None."""
     if index_id is None:
         return session.scalars(select(NeighborIndex).where(
-            NeighborIndex.experiment_id == experiment_id, NeighborIndex.status == "succeeded")
+            NeighborIndex.experiment_id == experiment_id, NeighborIndex.status == Status.SUCCEEDED)
             .order_by(NeighborIndex.id.desc()).limit(1)).one_or_none()
     row = get_index(session, index_id)
     if row.experiment_id != experiment_id:
         raise InvalidInput(f"index {index_id} belongs to experiment {row.experiment_id}, not "
                            f"experiment {experiment_id}; search it with "
                            f"POST /experiments/{row.experiment_id}/neighbors")
-    if row.status != "succeeded":
-        what = "still being built" if row.status in ("queued", "running") else "never finished"
+    if row.status != Status.SUCCEEDED:
+        what = "still being built" if row.status in (Status.QUEUED, Status.RUNNING) else "never finished"
         raise Conflict(f"index {index_id} is {row.status} ({what}); /neighbors searches a "
                        "succeeded index only (GET /indexes/{id} shows its progress)", status=row.status)
     return row

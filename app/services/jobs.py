@@ -8,7 +8,7 @@ from typing import TypeVar
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound, check_id
-from app.models import FINISHED, LeasedJob, utcnow
+from app.models import FINISHED, LeasedJob, Status, utcnow
 
 J = TypeVar("J", bound=LeasedJob)
 
@@ -28,7 +28,7 @@ def cancel_job_row(session: Session, row: J, what: str) -> J:
     if row.status in FINISHED:
         raise Conflict(f"{what} is already {row.status}; nothing to cancel")
     row.cancel_requested = True
-    if row.status == "queued":
-        row.status, row.finished_at = "cancelled", utcnow()
+    if row.status == Status.QUEUED:
+        row.status, row.finished_at = Status.CANCELLED, utcnow()
     session.flush()
     return row

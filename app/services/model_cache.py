@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound, check_id
-from app.models import Checkpoint, Experiment
+from app.models import Checkpoint, Experiment, Status
 from corel.models import Classifier
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
@@ -67,7 +67,7 @@ def load_from_database(session: Session, experiment_id: int, device: str | None)
     exp = session.get(Experiment, experiment_id)
     if exp is None:
         raise NotFound(f"experiment {experiment_id} does not exist")
-    if exp.status != "succeeded":
+    if exp.status != Status.SUCCEEDED:
         raise Conflict(
             f"experiment {experiment_id} is {exp.status}; only a succeeded experiment can "
             "embed or predict"

@@ -39,7 +39,7 @@ from app.services.events import QUERY_CHUNK, EventHub
 KEEPALIVE_SECONDS = 15.0  # a comment line after this much silence keeps proxies from closing
 RETRY_SECONDS = 2.0  # pause after a database error before reading again
 
-LETTERS = {status: status[0] for status in STATUSES}  # q r s f c
+LETTERS: dict[str, str] = {status: status[0] for status in STATUSES}  # q r s f c
 STATUS_OF = {letter: status for status, letter in LETTERS.items()}
 UNSEEN = "-"
 _TOKEN = re.compile(r"(\d{1,9})([qrsfc-])")

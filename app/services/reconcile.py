@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.broker import EMBED_TASK, INDEX_TASK, TRAIN_TASK
 from app.db import session_scope
-from app.models import EmbeddingJob, Experiment, NeighborIndex, as_utc, utcnow
+from app.models import EmbeddingJob, Experiment, NeighborIndex, Status, as_utc, utcnow
 from app.settings import Settings
 
 log = logging.getLogger("corel.reconcile")
@@ -78,10 +78,10 @@ def due(
     rows = session.execute(
         select(model.id, model.status, model.enqueued_at, model.enqueues, model.heartbeat_at,
                model.created_at)
-        .where(or_(model.status == "queued",
-                   and_(model.status == "running", lease_expired(settings, now, model))))).all()
-    dead = [(r.id, r.enqueued_at, r.enqueues, r.heartbeat_at) for r in rows if r.status == "running"]
-    queued = [(r.id, r.enqueued_at, r.enqueues, r.created_at) for r in rows if r.status == "queued"]
+        .where(or_(model.status == Status.QUEUED,
+                   and_(model.status == Status.RUNNING, lease_expired(settings, now, model))))).all()
+    dead = [(r.id, r.enqueued_at, r.enqueues, r.heartbeat_at) for r in rows if r.status == Status.RUNNING]
+    queued = [(r.id, r.enqueued_at, r.enqueues, r.created_at) for r in rows if r.status == Status.QUEUED]
 
     def forgotten(last: datetime | None) -> bool:
         return broker_since is not None and (last is None or as_utc(last) < broker_since)
@@ -143,7 +143,7 @@ def next_lease_expiry(factory: sessionmaker[Session], settings: Settings) -> flo
     stale = now - timedelta(seconds=settings.lease_seconds)
     with session_scope(factory) as session:
         beats = [session.scalar(select(func.min(kind.model.heartbeat_at)).where(
-            kind.model.status == "running", kind.model.heartbeat_at >= stale)) for kind in JOB_KINDS]
+            kind.model.status == Status.RUNNING, kind.model.heartbeat_at >= stale)) for kind in JOB_KINDS]
     earliest = min((as_utc(b) for b in beats if b is not None), default=None)
     if earliest is None:
         return None

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.db import DATABASE_UNAVAILABLE
 from app.errors import ServiceUnavailable
-from app.models import Sweep
+from app.models import Status, Sweep
 from app.queue import BrokerUnavailable
 from app.services.reconcile import Job
 
@@ -33,7 +33,7 @@ def _withdraw(session: Session, model: Job, ids: list[int],
               sweep_id: int | None) -> bool:
     """Delete the rows if every one of them is still queued and was never claimed."""
     result = session.execute(delete(model).where(
-        model.id.in_(ids), model.status == "queued", model.attempts == 0))
+        model.id.in_(ids), model.status == Status.QUEUED, model.attempts == 0))
     if cast(CursorResult[Any], result).rowcount != len(ids):
         session.rollback()
         return False

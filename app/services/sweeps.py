@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 import app.services.experiments as experiments_service
 from app.errors import Conflict, InvalidInput, NotFound, check_id, describe_errors
-from app.models import FINISHED, STATUSES, Experiment, Sweep, utcnow
+from app.models import FINISHED, STATUSES, Experiment, Status, Sweep, utcnow
 from app.schemas import ExperimentCreate, SweepCreate
 from app.services.clustering import clustering_report
 from app.services.retrieval import retrieval_report
@@ -102,7 +102,7 @@ def members(session: Session, sweep_id: int) -> list[Experiment]:
 
 
 def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
-    counts = dict.fromkeys(STATUSES, 0)
+    counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
     rows = session.execute(
         select(Experiment.status, func.count()).where(Experiment.sweep_id == sweep.id)
         .group_by(Experiment.status)
@@ -172,7 +172,7 @@ def _record(exp: Experiment) -> dict[str, Any]:
 def build_report(session: Session, sweep_id: int, *, clustering: bool = True) -> dict[str, Any]:
     sweep = get_sweep(session, sweep_id)
     exps = members(session, sweep_id)
-    done = [e for e in exps if e.status == "succeeded"]
+    done = [e for e in exps if e.status == Status.SUCCEEDED]
     records = [_record(e) for e in done]
     tuning = report.lambda_tuning(records)
     table1 = report.test_accuracy_table(records, tuning)
@@ -194,7 +194,7 @@ def build_report(session: Session, sweep_id: int, *, clustering: bool = True) ->
         "model": base.get("model", "ffnn"),
         "size": sweep.size,
         "succeeded": len(done),
-        "not_succeeded": {s: sum(e.status == s for e in exps) for s in STATUSES if s != "succeeded"},
+        "not_succeeded": {s: sum(e.status == s for e in exps) for s in STATUSES if s != Status.SUCCEEDED},
         "lambda_tuning": tuning,
         "test_accuracy": table1,
         "clustering": report.clustering_table(records, tuning) if clustering else [],
