@@ -12,7 +12,6 @@ similarity and the clustering default all come from here; the head that trains i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,9 +211,6 @@ PEER_LOSSES: tuple[str, ...] = tuple(d.name for d in DECLARATIONS.values() if d.
 LOSS_NAMES: tuple[str, ...] = tuple(DECLARATIONS)
 """The losses corel ships with; :func:`loss_names` includes those registered since."""
 
-_listeners: list[Callable[[LossDeclaration], None]] = []
-
-
 def loss_names() -> tuple[str, ...]:
     """Every loss declared now, built-in and registered."""
     return tuple(DECLARATIONS)
@@ -239,13 +235,6 @@ def declare(decl: LossDeclaration) -> None:
     if decl.name in DECLARATIONS:
         raise ValueError(f"loss {decl.name!r} is already declared")
     DECLARATIONS[decl.name] = decl
-    for listener in _listeners:
-        listener(decl)
-
-
-def on_declare(listener: Callable[[LossDeclaration], None]) -> None:
-    """Call ``listener`` with every loss declared from now on."""
-    _listeners.append(listener)
 
 
 def undeclare(name: str) -> None:
