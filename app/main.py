@@ -24,6 +24,7 @@ from app.broker import broker_memory_since, make_celery
 from app.db import DATABASE_UNAVAILABLE, make_engine, make_sessionmaker
 from app.errors import DomainError, describe_error
 from app.guard import RequestGuard
+from app.lifecycle import reconcile_in_background
 from app.logging import configure_logging
 from app.metrics import ApiMetrics, RequestMetrics, RouteTemplates
 from app.metrics import router as metrics_router
@@ -42,7 +43,6 @@ from app.routes import (
 from app.services.events import EventHub
 from app.services.inference import InferenceRunner
 from app.services.model_cache import LoadOnceCache, ModelCache
-from app.services.reconcile import reconcile_in_background
 from app.settings import Settings
 from app.web import router as web_router
 from corel.index import VectorIndex

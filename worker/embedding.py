@@ -7,14 +7,16 @@ import logging
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import lifecycle
 from app.db import session_scope
-from app.models import Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, Status, utcnow
+from app.lifecycle import LostLease
+from app.models import Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, Status
 from app.settings import Settings
 from corel.serving import BATCH, ServedModel
-from worker.runner import LostLease, claim, materialise_upload, owned, updated
+from worker.runner import materialise_upload
 
 log = logging.getLogger("corel.worker")
 # BATCH (corel.serving): rows per forward pass, and between two progress commits.
@@ -36,13 +38,6 @@ def _labels(y: np.ndarray) -> np.ndarray:
     return np.unique(y, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
-def _finish(factory: sessionmaker[Session], job_id: int, **values: Any) -> bool:
-    """End the job as this worker's (False when another worker has taken it over)."""
-    with session_scope(factory) as session:
-        return bool(updated(session, update(EmbeddingJob).where(owned(job_id, EmbeddingJob))
-                            .values(finished_at=utcnow(), **values)))
-
-
 def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
     """Claim the job (as a training run is claimed: one conditional UPDATE, with a lease
     kept fresh between batches), embed every row, store the result; returns the status."""
@@ -50,12 +45,12 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
         job = session.get(EmbeddingJob, job_id)
         if job is None:
             return "gone"
-        if not claim(session, job_id, settings, EmbeddingJob):
+        if not lifecycle.claim(session, job_id, settings, EmbeddingJob):
             log.info("not claimed (finished, or running elsewhere)", extra={"job": job_id})
             return "skipped"
         session.refresh(job)
         if job.cancel_requested:
-            job.status, job.finished_at = Status.CANCELLED, utcnow()
+            lifecycle.end(session, job_id, Status.CANCELLED, EmbeddingJob)
             return Status.CANCELLED
         blob = session.scalar(select(Checkpoint.data).where(
             Checkpoint.experiment_id == job.experiment_id, Checkpoint.kind == "best"))
@@ -72,12 +67,11 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
             parts.append(served.embed(served.prepare(inputs[start:start + BATCH])).numpy())
             with session_scope(factory) as session:
                 # Progress and the heartbeat in one statement, only while the job is ours.
-                if not updated(session, update(EmbeddingJob).where(owned(job_id, EmbeddingJob))
-                               .values(n_total=n, n_done=min(n, start + BATCH), heartbeat_at=utcnow())):
-                    raise LostLease(f"embedding job {job_id} is no longer ours")
-                cancel = session.scalar(select(EmbeddingJob.cancel_requested).where(EmbeddingJob.id == job_id))
+                lifecycle.progress(session, job_id, EmbeddingJob, n_total=n,
+                                   n_done=min(n, start + BATCH))
+                cancel = lifecycle.cancel_requested(session, job_id, EmbeddingJob)
             if cancel:
-                _finish(factory, job_id, status=Status.CANCELLED)
+                lifecycle.finish(factory, job_id, Status.CANCELLED, EmbeddingJob)
                 return Status.CANCELLED
         reps = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, served.dim), np.float32))
     except LostLease:
@@ -85,11 +79,11 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
         return "lost"
     except (ValueError, KeyError) as exc:
         log.warning("embedding job failed", extra={"job": job_id, "error": str(exc)})
-        _finish(factory, job_id, status=Status.FAILED, error=str(exc))
+        lifecycle.finish(factory, job_id, Status.FAILED, EmbeddingJob, error=str(exc))
         return Status.FAILED
     with session_scope(factory) as session:
-        if not updated(session, update(EmbeddingJob).where(owned(job_id, EmbeddingJob)).values(
-                status=Status.SUCCEEDED, n_total=n, n_done=n, dim=int(reps.shape[1]), finished_at=utcnow())):
+        if not lifecycle.end(session, job_id, Status.SUCCEEDED, EmbeddingJob,
+                             n_total=n, n_done=n, dim=int(reps.shape[1])):
             log.warning("lost the lease before storing; another worker continues", extra={"job": job_id})
             return "lost"
         session.merge(EmbeddingResult(job_id=job_id, representations=reps.astype(np.float32).tobytes(),

@@ -12,24 +12,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import lifecycle
 from app.db import session_scope
 from app.errors import DomainError
-from app.models import NeighborIndex, NeighborIndexChunk, Status, utcnow
+from app.lifecycle import LostLease
+from app.models import NeighborIndex, NeighborIndexChunk, Status
 from app.settings import Settings
-from worker.runner import LostLease, claim, owned, updated
 
 log = logging.getLogger("corel.worker")
-
-
-def _finish(factory: sessionmaker[Session], index_id: int, **values: Any) -> bool:
-    with session_scope(factory) as session:
-        return bool(updated(session, update(NeighborIndex).where(owned(index_id, NeighborIndex))
-                            .values(finished_at=utcnow(), **values)))
 
 
 def _heartbeat(factory: sessionmaker[Session], index_id: int, settings: Settings) -> tuple[threading.Event, threading.Thread]:
@@ -40,8 +34,7 @@ def _heartbeat(factory: sessionmaker[Session], index_id: int, settings: Settings
         while not stop.wait(settings.heartbeat_seconds):
             try:
                 with session_scope(factory) as session:
-                    updated(session, update(NeighborIndex).where(owned(index_id, NeighborIndex))
-                            .values(heartbeat_at=utcnow()))
+                    lifecycle.heartbeat(session, index_id, NeighborIndex)
             except Exception as exc:  # the next beat, or the lease's expiry, deals with it
                 log.warning("heartbeat failed", extra={"index": index_id, "error": str(exc)[:200]})
 
@@ -62,12 +55,12 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
         row = session.get(NeighborIndex, index_id)
         if row is None:
             return "gone"
-        if not claim(session, index_id, settings, NeighborIndex):
+        if not lifecycle.claim(session, index_id, settings, NeighborIndex):
             log.info("not claimed (finished, or running elsewhere)", extra={"index": index_id})
             return "skipped"
         session.refresh(row)
         if row.cancel_requested:
-            row.status, row.finished_at = Status.CANCELLED, utcnow()
+            lifecycle.end(session, index_id, Status.CANCELLED, NeighborIndex)
             return Status.CANCELLED
         source, job_id, geometry = row.source, row.embedding_job_id, row.geometry
         requested, experiment_id = row.requested_kind, row.experiment_id
@@ -92,11 +85,8 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
                 return True
             last = time.monotonic()
             with session_scope(factory) as session:
-                if not updated(session, update(NeighborIndex).where(owned(index_id, NeighborIndex))
-                               .values(n_total=total, n_done=done, heartbeat_at=utcnow())):
-                    raise LostLease(f"index {index_id} is no longer ours")
-                return not session.scalar(select(NeighborIndex.cancel_requested)
-                                          .where(NeighborIndex.id == index_id))
+                lifecycle.progress(session, index_id, NeighborIndex, n_total=total, n_done=done)
+                return not lifecycle.cancel_requested(session, index_id, NeighborIndex)
 
         params = HnswParams(settings.hnsw_m, settings.hnsw_ef_construction)
         index = VectorIndex.build(reps, labels, geometry, kind, params=params,
@@ -107,11 +97,10 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
         blob = index.to_bytes()
         size = settings.index_chunk_bytes
         with session_scope(factory) as session:
-            if not updated(session, update(NeighborIndex).where(owned(index_id, NeighborIndex)).values(
-                    status=Status.SUCCEEDED, kind=kind, n_total=n, n_done=n, dim=index.dim, size_bytes=len(blob),
+            if not lifecycle.end(
+                    session, index_id, Status.SUCCEEDED, NeighborIndex, kind=kind, n_total=n, n_done=n, dim=index.dim, size_bytes=len(blob),
                     build_seconds=seconds, ef_search=index.ef_search, recall=index.recall,
-                    params=None if kind == "exact" else {"m": params.m, "ef_construction": params.ef_construction},
-                    finished_at=utcnow())):
+                    params=None if kind == "exact" else {"m": params.m, "ef_construction": params.ef_construction}):
                 raise LostLease(f"index {index_id} is no longer ours")
             session.execute(delete(NeighborIndexChunk).where(NeighborIndexChunk.index_id == index_id))
             for seq, start in enumerate(range(0, len(blob), size)):
@@ -120,11 +109,11 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
         log.warning("lost the lease; another worker continues", extra={"index": index_id})
         return "lost"
     except BuildCancelled:
-        _finish(factory, index_id, status=Status.CANCELLED)
+        lifecycle.finish(factory, index_id, Status.CANCELLED, NeighborIndex)
         return Status.CANCELLED
     except (ValueError, DomainError) as exc:  # bad vectors; the source is gone
         log.warning("index build failed", extra={"index": index_id, "error": str(exc)})
-        _finish(factory, index_id, status=Status.FAILED, error=str(exc))
+        lifecycle.finish(factory, index_id, Status.FAILED, NeighborIndex, error=str(exc))
         return Status.FAILED
     finally:
         stop.set()

@@ -1,6 +1,6 @@
 """What a training task does, kept apart from Celery so it reads top to bottom.
 
-A run is *claimed* with one conditional UPDATE (queued, or running with a stale
+A run is *claimed* (app/lifecycle.py) with one conditional UPDATE (queued, or running with a stale
 heartbeat), so duplicate deliveries are harmless: only one worker trains an
 experiment at a time. After every epoch, the epoch's metrics and the resumable
 checkpoint are written in one transaction; a redelivered run continues from
@@ -11,24 +11,24 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import kombu.exceptions
 import numpy as np
 import redis.exceptions
 import sqlalchemy.exc
-from sqlalchemy import ColumnElement, CursorResult, and_, func, or_, select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import lifecycle
 from app.db import DATABASE_UNAVAILABLE, session_scope
+from app.lifecycle import WORKER_ID, LostLease
 from app.models import (
     Checkpoint,
     DatasetBlob,
@@ -41,7 +41,6 @@ from app.models import (
 )
 from app.services import builtin
 from app.services.events import publish
-from app.services.reconcile import Job, lease_expired
 from app.settings import Settings
 from corel.spec import ExperimentSpec
 from corel.training import (
@@ -61,13 +60,6 @@ from corel.vectorized import GroupCallback, StackedRun, fit_group, group_key
 from worker.metrics import METRICS
 
 log = logging.getLogger("corel.worker")
-
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-class LostLease(Exception):
-    """Another worker took this experiment over (ours was presumed dead)."""
-
 
 T = TypeVar("T")
 
@@ -113,51 +105,6 @@ def with_retries(attempt: Callable[[], T], settings: Settings, what: str) -> T:
             pause = min(pause * 2, settings.retry_max_pause)
 
 
-def updated(session: Session, stmt: Any) -> int:
-    """Execute an UPDATE and return how many rows it changed."""
-    result = session.execute(stmt.execution_options(synchronize_session=False))
-    return int(cast(CursorResult[Any], result).rowcount)
-
-
-def claim(session: Session, experiment_id: int, settings: Settings,
-          model: Job = Experiment) -> bool:
-    """Take the row (an experiment, or a batch embedding job) for this worker: one
-    conditional UPDATE, so of two deliveries of the same message only one trains."""
-    now = utcnow()
-    claimed = bool(updated(session,
-        update(model)
-        .where(
-            model.id == experiment_id,
-            or_(
-                model.status == Status.QUEUED,
-                and_(
-                    model.status == Status.RUNNING,
-                    or_(
-                        lease_expired(settings, now, model),
-                        # ours: this process is trying again after a transient error
-                        model.worker == WORKER_ID,
-                    ),
-                ),
-            ),
-        )
-        .values(
-            status=Status.RUNNING,
-            worker=WORKER_ID,
-            heartbeat_at=now,
-            attempts=model.attempts + 1,
-            started_at=func.coalesce(model.started_at, now),
-        )
-    ))
-    if claimed and model is Experiment:
-        publish(session, [experiment_id])  # sent to the API's streams when this commits
-    return claimed
-
-
-def owned(row_id: int, model: Job = Experiment) -> ColumnElement[bool]:
-    """The row is still this worker's: running, and claimed by this process."""
-    return and_(model.id == row_id, model.worker == WORKER_ID, model.status == Status.RUNNING)
-
-
 def _upsert_checkpoint(session: Session, experiment_id: int, kind: str, epoch: int, blob: bytes) -> None:
     row = session.scalar(
         select(Checkpoint).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == kind)
@@ -181,16 +128,11 @@ class DatabaseRecorder(Callback):
         self.cancelled = False
 
     def _beat(self, session: Session, **values: Any) -> None:
-        changed = updated(
-            session,
-            update(Experiment).where(owned(self.experiment_id)).values(heartbeat_at=utcnow(), **values),
-        )
-        if not changed:
-            raise LostLease(f"experiment {self.experiment_id} is no longer ours")
+        """Heartbeat (with the epoch's figures in ``values``, then published); LostLease
+        when the run is no longer ours."""
+        lifecycle.progress(session, self.experiment_id, **values)
         self.last_beat = time.monotonic()
-        self.cancelled = bool(
-            session.scalar(select(Experiment.cancel_requested).where(Experiment.id == self.experiment_id))
-        )
+        self.cancelled = lifecycle.cancel_requested(session, self.experiment_id)
 
     def on_batch_end(self, step: int) -> bool:
         if time.monotonic() - self.last_beat >= self.heartbeat_every:
@@ -219,7 +161,6 @@ class DatabaseRecorder(Callback):
             )
             session.add(EpochMetric(experiment_id=self.experiment_id, **metrics.to_dict()))
             _upsert_checkpoint(session, self.experiment_id, "resume", metrics.epoch, blob)
-            publish(session, [self.experiment_id])
         METRICS.epoch_done(metrics.seconds, len(run.data.y_train))
         log.info("epoch done", extra={"experiment": self.experiment_id, **metrics.to_dict()})
         return self.cancelled
@@ -241,13 +182,9 @@ def materialise_upload(session: Session, dataset_id: int, settings: Settings) ->
     return path
 
 
-def _finish(factory: sessionmaker[Session], experiment_id: int, **values: Any) -> None:
-    with session_scope(factory) as session:
-        done = updated(session, update(Experiment).where(owned(experiment_id))
-                        .values(finished_at=utcnow(), **values))
-        publish(session, [experiment_id])
-    if done:
-        METRICS.experiment_finished(values.get("status", ""))
+def _finish(factory: sessionmaker[Session], experiment_id: int, status: Status, **values: Any) -> None:
+    if lifecycle.finish(factory, experiment_id, status, **values):
+        METRICS.experiment_finished(status)
 
 
 def _latent(model: Any, x: Any, y: Any, experiment_id: int, split: str) -> LatentSpace:
@@ -274,14 +211,13 @@ def _claim_and_prepare(
     if exp is None:
         log.warning("experiment does not exist", extra={"experiment": experiment_id})
         return "missing"
-    if not claim(session, experiment_id, settings):
+    if not lifecycle.claim(session, experiment_id, settings):
         log.info("not claimed (finished, or running elsewhere)",
                  extra={"experiment": experiment_id, "status": exp.status})
         return "skipped"
     session.refresh(exp)
     if exp.cancel_requested:
-        exp.status, exp.finished_at = Status.CANCELLED, utcnow()
-        publish(session, [experiment_id])
+        lifecycle.end(session, experiment_id, Status.CANCELLED)
         METRICS.experiment_finished(Status.CANCELLED)
         return Status.CANCELLED
     spec_data = dict(exp.spec)
@@ -322,16 +258,10 @@ def _store_results(factory: sessionmaker[Session], experiment_id: int, result: F
                 session.delete(old)
                 session.flush()
             session.add(_latent(result.model, x, y, experiment_id, split))
-        done = updated(
-            session,
-            update(Experiment)
-            .where(owned(experiment_id))
-            .values(status=Status.SUCCEEDED, finished_at=utcnow(), best_epoch=result.best_epoch,
-                    best_val_accuracy=result.best_val_accuracy, test_accuracy=result.test_accuracy),
-        )
-        if not done:
+        if not lifecycle.end(session, experiment_id, Status.SUCCEEDED, best_epoch=result.best_epoch,
+                             best_val_accuracy=result.best_val_accuracy,
+                             test_accuracy=result.test_accuracy):
             raise LostLease(f"experiment {experiment_id} was taken over before it could finish")
-        publish(session, [experiment_id])
     METRICS.experiment_finished(Status.SUCCEEDED)
     log.info("succeeded", extra={"experiment": experiment_id, "test_accuracy": result.test_accuracy})
     return Status.SUCCEEDED
@@ -347,10 +277,7 @@ def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
 
     def show(phase: str | None, detail: str | None) -> None:
         with session_scope(factory) as session:
-            updated(session, update(Experiment)
-                    .where(Experiment.id.in_(ids), Experiment.worker == WORKER_ID,
-                           Experiment.status == Status.RUNNING)
-                    .values(phase=phase, phase_detail=detail, heartbeat_at=utcnow()))
+            lifecycle.heartbeat_many(session, ids, phase=phase, phase_detail=detail)
             publish(session, ids)
 
     last = 0.0
@@ -372,9 +299,7 @@ def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
         while not stop.wait(settings.heartbeat_seconds):
             try:
                 with session_scope(factory) as session:
-                    updated(session, update(Experiment)
-                            .where(Experiment.id.in_(ids), Experiment.worker == WORKER_ID)
-                            .values(heartbeat_at=utcnow()))
+                    lifecycle.heartbeat_many(session, ids)
             except Exception as exc:  # the next beat, or the claim's expiry, deals with it
                 log.warning("heartbeat failed", extra={"error": str(exc)[:200]})
 
@@ -446,10 +371,7 @@ class GroupRecorder(GroupCallback):
         if time.monotonic() - self.last_beat < self.heartbeat_every:
             return False
         with session_scope(self.factory) as session:
-            updated(session, update(Experiment)
-                     .where(Experiment.id.in_(self.active), Experiment.worker == WORKER_ID,
-                            Experiment.status == Status.RUNNING)
-                     .values(heartbeat_at=utcnow()))
+            lifecycle.heartbeat_many(session, self.active)
             cancelled = self._cancelled(session)
         self.last_beat = time.monotonic()
         return bool(self.active) and cancelled == self.active
@@ -465,15 +387,14 @@ class GroupRecorder(GroupCallback):
                     continue
                 m, run = metrics[i], group.member_run(i)
                 if experiment_id in cancelled:
-                    updated(session, update(Experiment).where(owned(experiment_id))
-                             .values(status=Status.CANCELLED, finished_at=utcnow()))
+                    lifecycle.end(session, experiment_id, Status.CANCELLED)
                     ended.append(Status.CANCELLED)
                     self.active.discard(experiment_id)
                     continue
-                mine = updated(session, update(Experiment).where(owned(experiment_id)).values(
-                    heartbeat_at=utcnow(), current_epoch=m.epoch, best_epoch=run.best_epoch,
+                mine = lifecycle.heartbeat(
+                    session, experiment_id, current_epoch=m.epoch, best_epoch=run.best_epoch,
                     best_val_accuracy=run.best_val_accuracy, test_accuracy=run.test_accuracy,
-                    train_seconds=Experiment.train_seconds + m.seconds))
+                    train_seconds=Experiment.train_seconds + m.seconds)
                 if not mine:
                     self.active.discard(experiment_id)  # taken over elsewhere
                     continue
@@ -486,9 +407,8 @@ class GroupRecorder(GroupCallback):
                 verdict = not_learning(run.history, self.chance, run.spec, self.chance_epochs,
                                        len(group.data.y_val))
                 if verdict is not None:  # this member has failed; the others go on
-                    updated(session, update(Experiment).where(owned(experiment_id)).values(
-                        status=Status.FAILED, finished_at=utcnow(),
-                        error=f"{NotLearningError.__name__}: {verdict}"))
+                    lifecycle.end(session, experiment_id, Status.FAILED,
+                                  error=f"{NotLearningError.__name__}: {verdict}")
                     ended.append(Status.FAILED)
                     self.active.discard(experiment_id)
         if recorded:

@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.broker import EMBED_TASK, INDEX_TASK, broker_memory_since
 from app.db import make_engine, make_sessionmaker
+from app.lifecycle import next_lease_expiry, reconcile
 from app.logging import configure_logging
-from app.services.reconcile import next_lease_expiry, reconcile
 from app.settings import Settings
 from worker import embedding, indexing, runner
 from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery

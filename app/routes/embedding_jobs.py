@@ -8,11 +8,11 @@ from fastapi import APIRouter, Query, Response, status
 
 import app.services.embedding_jobs as jobs_service
 from app.deps import AuthDep, QueueDep, SessionDep
+from app.lifecycle import commit_and_send
 from app.models import EmbeddingJob
 from app.routes.analysis import LATENT_FORMATS, LatentFormat
 from app.schemas import EmbeddingJobCreate, EmbeddingJobRead
 from app.services.figures import latent_file
-from app.services.submission import commit_and_send
 
 router = APIRouter(tags=["embedding jobs"])
 

@@ -10,6 +10,7 @@ from pydantic import AfterValidator
 import app.services.experiments as experiments_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
 from app.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT
+from app.lifecycle import commit_and_send
 from app.models import Experiment
 from app.schemas import (
     EpochMetricRead,
@@ -21,7 +22,6 @@ from app.schemas import (
     Status,
 )
 from app.services.builtin import require_available
-from app.services.submission import commit_and_send
 from corel.loss_catalog import DECLARATIONS, declaration
 from corel.spec import DatasetName
 
@@ -39,7 +39,7 @@ def create(body: ExperimentCreate, session: SessionDep, queue: QueueDep, setting
     exp = experiments_service.create_experiment(session, body)
     # The task carries only the id, sent once the row is committed; this is the one
     # route that commits before returning, because whether sending works decides the
-    # answer (app/services/submission.py).
+    # answer (app/lifecycle.py).
     experiment_id = exp.id
     commit_and_send(session, Experiment, [experiment_id],
                     lambda: queue.enqueue_training(experiment_id), "the experiment")

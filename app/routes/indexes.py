@@ -6,9 +6,9 @@ from fastapi import APIRouter, status
 
 import app.services.indexes as indexes_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
+from app.lifecycle import commit_and_send
 from app.models import NeighborIndex
 from app.schemas import IndexCreate, IndexRead
-from app.services.submission import commit_and_send
 
 router = APIRouter(tags=["indexes"])
 

@@ -9,11 +9,11 @@ from fastapi import APIRouter, Query, Response, status
 import app.services.sweeps as sweeps_service
 from app.deps import AuthDep, QueueDep, SessionDep, SettingsDep
 from app.errors import MAX_OFFSET, PAGE_LIMIT
+from app.lifecycle import commit_and_send
 from app.models import Experiment
 from app.schemas import Page, SweepCreate, SweepQueued, SweepRead, SweepSummary
 from app.services import sweep_render
 from app.services.builtin import require_available
-from app.services.submission import commit_and_send
 from corel.report import PAPER_TABLE1
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])

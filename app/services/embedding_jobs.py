@@ -8,10 +8,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput
+from app.lifecycle import cancel, get_row
 from app.models import DatasetUpload, EmbeddingJob, EmbeddingResult, Status, utcnow
 from app.services.clustering import succeeded_experiment
 from app.services.datasets import referenced_upload
-from app.services.jobs import cancel_job_row, get_job_row
 from corel.spec import MODALITY
 
 # Upload kinds whose rows a job can read, and the modality each feeds.
@@ -39,12 +39,12 @@ def create_job(session: Session, experiment_id: int, dataset_id: int) -> Embeddi
 
 
 def get_job(session: Session, job_id: int) -> EmbeddingJob:
-    return get_job_row(session, EmbeddingJob, job_id, "embedding job")
+    return get_row(session, EmbeddingJob, job_id, "embedding job")
 
 
 def cancel_job(session: Session, job_id: int) -> EmbeddingJob:
     """Queued: cancelled at once. Running: flagged; the worker stops between batches."""
-    return cancel_job_row(session, get_job(session, job_id), f"embedding job {job_id}")
+    return cancel(session, get_job(session, job_id), f"embedding job {job_id}")
 
 
 def load_result(session: Session, job_id: int) -> tuple[np.ndarray, np.ndarray, list[str] | None]:

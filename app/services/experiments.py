@@ -5,19 +5,15 @@ from __future__ import annotations
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, InvalidInput, NotFound, check_id
-from app.models import FINISHED, EpochMetric, Experiment, Status, utcnow
+from app import lifecycle
+from app.errors import Conflict, InvalidInput
+from app.models import EpochMetric, Experiment, Status, utcnow
 from app.schemas import ExperimentCreate
 from app.services.datasets import referenced_upload
-from app.services.events import publish
 
 
 def get_experiment(session: Session, experiment_id: int) -> Experiment:
-    check_id("experiment", experiment_id)
-    exp = session.get(Experiment, experiment_id)
-    if exp is None:
-        raise NotFound(f"experiment {experiment_id} does not exist")
-    return exp
+    return lifecycle.get_row(session, Experiment, experiment_id, "experiment")
 
 
 def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
@@ -90,16 +86,8 @@ def get_metrics(session: Session, experiment_id: int) -> list[EpochMetric]:
 
 def cancel_experiment(session: Session, experiment_id: int) -> Experiment:
     """Queued: cancelled at once. Running: flagged; the worker stops between batches."""
-    exp = get_experiment(session, experiment_id)
-    if exp.status in FINISHED:
-        raise Conflict(f"experiment {experiment_id} is already {exp.status}; nothing to cancel")
-    exp.cancel_requested = True
-    if exp.status == Status.QUEUED:
-        exp.status = Status.CANCELLED
-        exp.finished_at = utcnow()
-        publish(session, [experiment_id])
-    session.flush()
-    return exp
+    return lifecycle.cancel(session, get_experiment(session, experiment_id),
+                            f"experiment {experiment_id}")
 
 
 def delete_experiment(session: Session, experiment_id: int) -> None:

@@ -14,11 +14,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput
+from app.lifecycle import cancel, get_row
 from app.models import LatentSpace, NeighborIndex, NeighborIndexChunk, Status, utcnow
 from app.schemas import IndexCreate
 from app.services.clustering import succeeded_experiment
 from app.services.embedding_jobs import get_job
-from app.services.jobs import cancel_job_row, get_job_row
 from app.settings import Settings
 from corel.clustering import default_metric
 from corel.index import VectorIndex
@@ -61,7 +61,7 @@ def create_index(session: Session, experiment_id: int, body: IndexCreate, settin
 
 
 def get_index(session: Session, index_id: int) -> NeighborIndex:
-    return get_job_row(session, NeighborIndex, index_id, "index")
+    return get_row(session, NeighborIndex, index_id, "index")
 
 
 def list_indexes(session: Session, experiment_id: int) -> list[NeighborIndex]:
@@ -72,7 +72,7 @@ def list_indexes(session: Session, experiment_id: int) -> list[NeighborIndex]:
 
 def cancel_index(session: Session, index_id: int) -> NeighborIndex:
     """Queued: cancelled at once. Running: flagged; the worker stops between chunks."""
-    return cancel_job_row(session, get_index(session, index_id), f"index {index_id}")
+    return cancel(session, get_index(session, index_id), f"index {index_id}")
 
 
 def index_to_search(session: Session, experiment_id: int, index_id: int | None) -> NeighborIndex | None:

@@ -208,11 +208,11 @@ def test_a_refused_send_withdraws_the_row_or_keeps_it_queued(private, service) -
 
     from app.db import make_engine, make_sessionmaker, session_scope
     from app.errors import ServiceUnavailable
+    from app.lifecycle import commit_and_send
     from app.models import Experiment
     from app.queue import BrokerUnavailable
     from app.schemas import ExperimentCreate
     from app.services.experiments import create_experiment
-    from app.services.submission import commit_and_send
 
     pg, _ = private
     settings, _, _ = service

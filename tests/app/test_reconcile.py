@@ -11,11 +11,11 @@ from sqlalchemy import update
 
 from app.broker import TRAIN_TASK
 from app.db import make_engine, make_sessionmaker, session_scope
+from app.lifecycle import reconcile
 from app.migrate import upgrade
 from app.models import Experiment, utcnow
 from app.schemas import ExperimentCreate
 from app.services.experiments import create_experiment
-from app.services.reconcile import reconcile
 from app.settings import Settings
 
 
@@ -68,8 +68,8 @@ def test_the_loop_wakes_when_the_next_lease_runs_out(tmp_path):
     """next_lease_expiry: the seconds until the earliest live lease expires, over every kind
     of job (a run and an index build here); leases already out, and finished jobs, do not
     count; None when nothing runs."""
+    from app.lifecycle import next_lease_expiry
     from app.models import NeighborIndex
-    from app.services.reconcile import next_lease_expiry
 
     settings = Settings(var_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/corel.sqlite3",
                         broker_url="memory://", lease_seconds=10.0)

@@ -13,11 +13,11 @@ from sqlalchemy import update
 
 from app.broker import EMBED_TASK, INDEX_TASK, TRAIN_TASK, broker_memory_since
 from app.db import make_engine, make_sessionmaker, session_scope
+from app.lifecycle import reconcile, requeue_delay
 from app.migrate import upgrade
 from app.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, utcnow
 from app.schemas import ExperimentCreate
 from app.services.experiments import create_experiment
-from app.services.reconcile import reconcile, requeue_delay
 from app.settings import Settings
 from tests.app.faults import PrivateRedis
 from tests.conftest import require
