@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # `make serve` installs the service alone; `make test` adds the test toolchain on top.
 SERVICE_STAMP := $(VENV)/.installed-service
 
-.PHONY: test serve install lint clean
+.PHONY: test test-cluster serve install lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/corel
 	$(BIN)/python -m pytest -q
+
+# Hosts of their own (tests/cluster): network namespaces joined by veth pairs, a database
+# host, an API host and two worker hosts; needs root. CI runs it after `make test`.
+test-cluster: $(STAMP)
+	COREL_TEST_CLUSTER=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/cluster
 
 # MNIST and AG News's test split, where a checkout has ../shared/datasets beside it (unless
 # COREL_DATA_DIR says otherwise).

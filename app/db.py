@@ -173,9 +173,33 @@ def _watch(engine: Engine, ping_timeout: float, statement_timeout: float) -> Non
             watchdog.disarm(dbapi_connection)
 
 
+def peer_timeout_args(url: str, seconds: float) -> dict[str, Any]:
+    """libpq parameters with which both ends of a PostgreSQL connection give up on a peer
+    that has gone silent (its host lost, the network between them cut) after about
+    ``seconds``, instead of TCP's default of minutes to hours; 0: none.
+
+    The client: ``tcp_user_timeout`` (data sent and not acknowledged) and keepalives (a
+    wait for an answer on a link that died). The server, asked for through ``options``:
+    the same for the backend, so that a client host that vanished mid-transaction does
+    not hold its row locks (and the rows another worker must claim) for hours.
+    """
+    if seconds <= 0:
+        return {}
+    idle = max(1, round(seconds / 2))
+    count = max(1, round(seconds - idle))
+    ms = round(seconds * 1000)
+    args: dict[str, Any] = {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": 1,
+                            "keepalives_count": count, "tcp_user_timeout": ms}
+    if "options" not in make_url(url).query:  # the URL's own options are left as they are
+        args["options"] = (f"-c tcp_keepalives_idle={idle} -c tcp_keepalives_interval=1 "
+                           f"-c tcp_keepalives_count={count} -c tcp_user_timeout={ms}")
+    return args
+
+
 def make_engine(
     url: str, connect_timeout: float = 5.0, pool_timeout: float = 30.0,
     answer_timeout: float | None = None, statement_timeout: float = 10.0,
+    peer_timeout: float = 0.0,
 ) -> Engine:
     """An engine for ``url``. On PostgreSQL a connection attempt gives up after
     ``connect_timeout`` seconds and waiting for a pooled connection after ``pool_timeout``,
@@ -183,7 +207,7 @@ def make_engine(
     ``answer_timeout`` (the API's), each checkout pings the database and a
     :class:`Watchdog` cuts a connection that does not answer the ping within
     ``answer_timeout`` or a statement within ``statement_timeout`` seconds (plus 1 s per
-    20 MB it sends)."""
+    20 MB it sends). With ``peer_timeout``, see :func:`peer_timeout_args`."""
     if url.startswith("sqlite"):
         database = make_url(url).database
         if database and database != ":memory:":
@@ -202,7 +226,8 @@ def make_engine(
 
         return engine
     engine = create_engine(url, pool_pre_ping=answer_timeout is None, pool_timeout=pool_timeout,
-                           connect_args={"connect_timeout": max(2, round(connect_timeout))})
+                           connect_args={"connect_timeout": max(2, round(connect_timeout)),
+                                         **peer_timeout_args(url, peer_timeout)})
     if answer_timeout is not None:
         _watch(engine, answer_timeout, statement_timeout)
     return engine

@@ -133,7 +133,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = make_engine(settings.db_url, connect_timeout=settings.db_timeout_seconds,
                              pool_timeout=settings.db_timeout_seconds,
                              answer_timeout=settings.db_answer_seconds,
-                             statement_timeout=settings.db_statement_seconds)
+                             statement_timeout=settings.db_statement_seconds,
+                             peer_timeout=settings.db_peer_timeout_seconds)
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.queue = TaskQueue(make_celery(settings, publisher=True))

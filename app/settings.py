@@ -111,6 +111,14 @@ class Settings(BaseSettings):
     # within db_statement_seconds (frozen, or a network that drops packets).
     db_answer_seconds: float = Field(default=1.0, gt=0)
     db_statement_seconds: float = Field(default=10.0, gt=0)
+    db_peer_timeout_seconds: float = Field(
+        default=15.0, ge=0,
+        description="On PostgreSQL, both ends of every connection (the API's, a worker's) give "
+        "up on the other after it has been silent this long (host lost, network cut): a "
+        "worker cut off mid-transaction does not hold its rows' locks for TCP's hours, and a "
+        "worker that is cut off notices and tries again. 0: TCP's own timeouts. Behind "
+        "pgbouncer, set 0 or add `options` to its ignore_startup_parameters.",
+    )
     # Longer than any training run: a slow run must never be delivered twice.
     visibility_timeout: int = Field(default=7 * 24 * 3600, gt=0)
     queue: str = Field(default="corel")

@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATASETS = REPO.parent / "shared" / "datasets"
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 IN_CI = os.environ.get("CI") == "true"
+# The cluster's tests build network namespaces, as root: `make test-cluster` runs them.
+collect_ignore = [] if os.environ.get("COREL_TEST_CLUSTER") else ["cluster"]
 
 
 def require(ok: bool, what: str) -> None:

@@ -33,7 +33,8 @@ def _settings() -> Settings:
 @cache
 def _factory() -> sessionmaker[Session]:
     # Created lazily in the process that runs tasks (after any fork).
-    return make_sessionmaker(make_engine(_settings().db_url))
+    settings = _settings()
+    return make_sessionmaker(make_engine(settings.db_url, peer_timeout=settings.db_peer_timeout_seconds))
 
 
 @celery.task(name=TRAIN_TASK, acks_late=True, reject_on_worker_lost=True)

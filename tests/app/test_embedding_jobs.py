@@ -18,7 +18,7 @@ ROWS = 100_000
 
 
 
-def _wait_job(client, job_id: int, timeout: float = 300) -> dict:
+def wait_job(client, job_id: int, timeout: float = 300) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         body = client.get(f"/embeddings/{job_id}").json()
@@ -56,7 +56,7 @@ def test_a_job_of_100k_rows_equals_embed_of_the_same_rows(client, model, many):
     r = client.post(f"/experiments/{model}/embeddings", json={"dataset_id": dataset_id})
     assert r.status_code == 202, r.text
     assert r.json()["status"] == "queued" and r.json()["n_total"] == ROWS
-    job = _wait_job(client, r.json()["id"])
+    job = wait_job(client, r.json()["id"])
     assert job["status"] == "succeeded" and job["n_done"] == ROWS and job["dim"] == 128, job
     table = np.load(io.BytesIO(client.get(f"/embeddings/{job['id']}/result").content), allow_pickle=False)
     assert table.shape == (ROWS,)
@@ -79,7 +79,7 @@ def test_a_job_is_cancelled(client, model, many):
     job_id = client.post(f"/experiments/{model}/embeddings", json={"dataset_id": many[0]}).json()["id"]
     r = client.post(f"/embeddings/{job_id}/cancel")
     assert r.status_code in (200, 409), r.text  # 409: it finished before the cancel arrived
-    job = _wait_job(client, job_id)
+    job = wait_job(client, job_id)
     if r.status_code == 200:
         assert job["status"] == "cancelled" and job["n_done"] < ROWS, job
         res = client.get(f"/embeddings/{job_id}/result")
@@ -132,7 +132,7 @@ def test_a_job_whose_message_was_lost_or_whose_worker_died_is_sent_again(client,
         session.flush()
         ids = [lost.id, dead.id]
     for job_id in ids:
-        job = _wait_job(client, job_id, timeout=60)
+        job = wait_job(client, job_id, timeout=60)
         assert job["status"] == "succeeded" and job["n_done"] == 300, job
     with session_scope(factory) as session:
         rows = session.query(EmbeddingJob).filter(EmbeddingJob.id.in_(ids)).order_by(EmbeddingJob.id).all()

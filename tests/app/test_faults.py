@@ -261,3 +261,65 @@ def test_a_refused_send_withdraws_the_row_or_keeps_it_queued(private, service) -
     with session_scope(factory) as session:
         session.execute(delete(Experiment).where(Experiment.id.in_([claimed_id, kept_id])))
     engine.dispose()
+
+
+def test_an_embedding_job_survives_a_database_blink_mid_transaction(private, service) -> None:
+    """As a training run does: the worker's connection is cut while it stores the job's
+    result (held there by a lock the test takes on the results' table); the worker tries
+    again, claims its own job again, and stores it once, with the vectors of a job that
+    met no fault."""
+    import io
+
+    import numpy as np
+    import psycopg
+    from sklearn.datasets import load_digits
+
+    from tests.app.test_embedding_jobs import wait_job
+
+    pg, _ = private
+    _, workers, client = service
+    d = load_digits()
+    buf = io.BytesIO()
+    np.savez(buf, x=d.data[:500].astype(np.float32), y=d.target[:500])
+    dataset = client.post("/datasets", files={"file": ("d.npz", buf.getvalue())}).json()["id"]
+    eid = client.post("/experiments", json={"dataset": "npz", "dataset_id": dataset, "epochs": 2,
+                                            "lr": 0.003, "batch_size": 64}).json()["id"]
+    workers.start()
+    assert wait_for(client, eid, finished, timeout=120, workers=workers)["status"] == "succeeded"
+
+    def run_job() -> int:
+        r = client.post(f"/experiments/{eid}/embeddings", json={"dataset_id": dataset})
+        assert r.status_code == 202, r.text
+        return int(r.json()["id"])
+
+    clean = run_job()
+    first = wait_job(client, clean, timeout=90)
+    assert first["status"] == "succeeded", first
+    holder = psycopg.connect(pg.url())
+    try:
+        holder.execute("LOCK TABLE embedding_results IN ACCESS EXCLUSIVE MODE")
+        job = run_job()
+        deadline = time.monotonic() + 60
+        # (asked on a connection of its own: the statistics views are read once per transaction)
+        def worker_waits() -> bool:
+            with psycopg.connect(pg.url(), autocommit=True) as conn:
+                return bool(conn.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query ILIKE '%embedding_results%'").fetchall())
+
+        while not worker_waits():
+            assert time.monotonic() < deadline, workers.logs()
+            time.sleep(0.05)
+        # The blink: every connection cut, the worker's open transaction and the test's lock.
+        assert pg.terminate_clients() >= 2
+    finally:
+        holder.close()
+    body = wait_job(client, job, timeout=90)
+    assert body["status"] == "succeeded", body
+    with psycopg.connect(pg.url()) as conn:
+        rows = conn.execute("SELECT j.id, j.attempts, md5(r.representations) FROM embedding_jobs j "
+                            "JOIN embedding_results r ON r.job_id = j.id WHERE j.id IN (%s, %s) "
+                            "ORDER BY j.id", (clean, job)).fetchall()
+    assert [r[0] for r in rows] == [clean, job]
+    assert rows[1][1] == 2  # claimed again (by the same worker, trying again)
+    assert rows[1][2] == rows[0][2]

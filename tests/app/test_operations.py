@@ -128,6 +128,37 @@ def test_compose_file_is_valid():
     assert 'CMD ["corel", "serve"' in (REPO / "Dockerfile").read_text()
 
 
+HOST_FILES = {"database.yml": ("postgres", "redis"), "api.yml": ("migrate", "api"),
+              "worker.yml": ("worker",)}
+
+
+def test_compose_files_per_host_are_valid():
+    """deploy/hosts/: one compose file per kind of host (docs/deployment.md). Each is
+    valid with its settings, and refuses to start without them."""
+    cmd = compose_command()
+    if cmd is None:
+        if IN_CI:
+            pytest.fail("a compose client is needed to check deploy/hosts (.ci/run installs one)")
+        pytest.skip("no compose client")
+    given = {"POSTGRES_PASSWORD": "p", "REDIS_PASSWORD": "r", "COREL_GPU": "1",
+             "COREL_DATABASE_URL": "postgresql://corel:p@db-host:5432/corel",
+             "COREL_BROKER_URL": "redis://:r@db-host:6379/0"}
+    base = {k: v for k, v in os.environ.items() if k not in given}
+    for name, services in HOST_FILES.items():
+        compose = [*cmd, "-f", str(REPO / "deploy" / "hosts" / name)]
+        r = subprocess.run([*compose, "--profile", "gpu", "config"], capture_output=True, text=True,
+                           cwd=REPO, env={**base, **given})
+        assert r.returncode == 0, (name, r.stderr)
+        for service in services:
+            assert f"  {service}:" in r.stdout, (name, service)
+        if name == "worker.yml":  # one GPU per GPU worker
+            assert "CUDA_VISIBLE_DEVICES: \"1\"" in r.stdout or "CUDA_VISIBLE_DEVICES: '1'" in r.stdout, r.stdout
+        needed = "POSTGRES_PASSWORD" if name == "database.yml" else "COREL_DATABASE_URL"
+        r = subprocess.run([*compose, "config", "-q"], capture_output=True, text=True, cwd=REPO,
+                           env={**base, **{k: v for k, v in given.items() if k != needed}})
+        assert r.returncode != 0 and needed in r.stderr, (name, r.stderr)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

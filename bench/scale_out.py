@@ -1,0 +1,98 @@
+"""The same sweep on one worker host and on two: wall time and ratio.
+
+A cluster of network namespaces on this machine (tests/cluster/hosts.py: a database
+host, an API host, worker hosts with their own var directories, no shared disk). Each
+worker host is pinned to a core of its own (``taskset``) with one torch thread. A sweep
+of ``--members`` experiments (not stacked: one task each) is queued through the API
+host and timed from the POST to its last member's end, first with one worker host
+running, then with two; the two are alternated ``--repeats`` times and the medians
+compared. Needs root (``ip netns``).
+
+    sudo .venv/bin/python bench/scale_out.py [--members 8] [--epochs 15] [--repeats 3]
+
+The last line is ``ratio 2 hosts / 1 host: X`` (the one host's median time over the two
+hosts'; the target is at least 1.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from sklearn.datasets import load_digits
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.cluster.hosts import Cluster, cluster_available
+
+SETTINGS = {"COREL_DOWNLOAD": "false", "COREL_LOG_LEVEL": "WARNING"}
+
+
+def sweep_seconds(api: httpx.Client, dataset_id: int, members: int, epochs: int, seed: int) -> float:
+    body = {"base": {"dataset": "npz", "dataset_id": dataset_id, "epochs": epochs, "lr": 0.003,
+                     "batch_size": 64, "loss": "cosine", "seed": seed},
+            "grid": {"lam": [round(0.1 + 0.8 * i / max(members - 1, 1), 4) for i in range(members)]},
+            "vectorize": False}
+    started = time.perf_counter()
+    r = api.post("/sweeps", json=body)
+    r.raise_for_status()
+    sweep = r.json()["id"]
+    while True:
+        progress = api.get(f"/sweeps/{sweep}").json()
+        if progress["done"] == members:
+            took = time.perf_counter() - started
+            counts = progress["counts"]
+            assert counts.get("succeeded") == members, progress
+            return took
+        time.sleep(0.05)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--members", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    why = cluster_available()
+    if why:
+        print(f"cannot build the cluster: {why}", file=sys.stderr)
+        return 2
+    cluster = Cluster(SETTINGS)
+    try:
+        cluster.migrate()
+        url = cluster.start_api()
+        with httpx.Client(base_url=url, timeout=60) as api:
+            d = load_digits()
+            buf = io.BytesIO()
+            np.savez(buf, x=d.data.astype(np.float32), y=d.target)
+            r = api.post("/datasets", files={"file": ("digits.npz", buf.getvalue())})
+            r.raise_for_status()
+            dataset_id = r.json()["id"]
+            cluster.start_worker("w1", cpu=0)
+            sweep_seconds(api, dataset_id, 2, 1, seed=0)  # warm-up: caches, imports, connections
+            one: list[float] = []
+            two: list[float] = []
+            for repeat in range(args.repeats):
+                cluster.stop_worker("w2")
+                one.append(sweep_seconds(api, dataset_id, args.members, args.epochs, seed=repeat + 1))
+                cluster.start_worker("w2", cpu=1)
+                two.append(sweep_seconds(api, dataset_id, args.members, args.epochs, seed=repeat + 1))
+                print(f"repeat {repeat + 1}: 1 host {one[-1]:.2f} s, 2 hosts {two[-1]:.2f} s, "
+                      f"ratio {one[-1] / two[-1]:.2f}", flush=True)
+    finally:
+        cluster.close()
+    t1, t2 = statistics.median(one), statistics.median(two)
+    print(f"sweep of {args.members} experiments x {args.epochs} epochs (digits, FFNN), "
+          f"medians of {args.repeats}: 1 worker host {t1:.2f} s, 2 worker hosts {t2:.2f} s")
+    print(f"ratio 2 hosts / 1 host: {t1 / t2:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""One cluster for the module: a database host, an API host, two worker hosts."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from tests.cluster.hosts import Cluster, cluster_available
+from tests.conftest import require
+
+# Short leases so that a lost host's runs move within seconds; a peer that is silent for
+# 3 s is given up on (both ends of a database connection).
+SETTINGS = {
+    "COREL_LEASE_SECONDS": "6",
+    "COREL_HEARTBEAT_SECONDS": "1",
+    "COREL_DB_PEER_TIMEOUT_SECONDS": os.environ.get("COREL_TEST_CLUSTER_PEER_TIMEOUT", "3"),
+    "COREL_RETRY_MAX_PAUSE": "1",
+    "COREL_TRANSIENT_RETRY_SECONDS": "900",
+    "COREL_DOWNLOAD": "false",
+    "COREL_LOG_LEVEL": "INFO",
+}
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    why = cluster_available()
+    require(why is None, f"a cluster of network namespaces ({why})")
+    c = Cluster(SETTINGS)
+    try:
+        c.migrate()
+        c.url = c.start_api()
+        c.start_worker("w1", cpu=0)
+        c.start_worker("w2", cpu=1)
+        yield c
+    except BaseException:
+        print(c.logs())
+        raise
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def api(cluster: Cluster) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=cluster.url, timeout=30) as client:
+        yield client
+
+
+def npz_bytes(**arrays: Any) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def upload(api: httpx.Client) -> int:
+    """scikit-learn's digits, uploaded through the API host (kept in the database)."""
+    d = load_digits()
+    r = api.post("/datasets", files={"file": ("digits.npz", npz_bytes(x=d.data.astype(np.float32),
+                                                                      y=d.target))})
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def wait(api: httpx.Client, path: str, until: Any = lambda b: b["status"] in FINISHED,
+         timeout: float = 180) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        r = api.get(path)
+        if r.status_code == 200:
+            body = r.json()
+            if until(body):
+                return body
+        time.sleep(0.1)
+    raise AssertionError(f"{path} did not get there in {timeout} s: {body}")
