@@ -91,7 +91,7 @@ JOB_KINDS = (JobKind("experiment", Experiment, TRAIN_TASK, True),
              JobKind("index build", NeighborIndex, INDEX_TASK, False))
 
 
-def _announce(session: Session, model: Job, ids: Iterable[int]) -> None:
+def announce(session: Session, model: Job, ids: Iterable[int]) -> None:
     """Publish the change (sent when the session commits) if this kind has live streams."""
     if model is Experiment:
         publish(session, ids)
@@ -174,7 +174,7 @@ def cancel(session: Session, row: J, what: str) -> J:
     row.cancel_requested = True
     if row.status == Status.QUEUED:
         row.status, row.finished_at = Status.CANCELLED, utcnow()
-        _announce(session, type(row), [row.id])
+        announce(session, type(row), [row.id])
     session.flush()
     return row
 
@@ -210,7 +210,7 @@ def claim(session: Session, row_id: int, settings: Settings, model: Job = Experi
         )
     ))
     if claimed:
-        _announce(session, model, [row_id])  # sent to the API's streams when this commits
+        announce(session, model, [row_id])  # sent to the API's streams when this commits
     return claimed
 
 
@@ -239,7 +239,7 @@ def progress(session: Session, row_id: int, model: Job = Experiment, **values: A
     is no longer ours (nothing is written then: the caller's transaction rolls back)."""
     if not heartbeat(session, row_id, model, **values):
         raise LostLease(f"{model.__tablename__} row {row_id} is no longer ours")
-    _announce(session, model, [row_id])
+    announce(session, model, [row_id])
 
 
 def cancel_requested(session: Session, row_id: int, model: Job = Experiment) -> bool:
@@ -252,7 +252,7 @@ def end(session: Session, row_id: int, status: Status, model: Job = Experiment,
     if it is still ours; False (nothing changed) when another worker took it over."""
     done = updated(session, update(model).where(owned(row_id, model))
                    .values(status=status, finished_at=utcnow(), **values))
-    _announce(session, model, [row_id])
+    announce(session, model, [row_id])
     return bool(done)
 
 

@@ -40,7 +40,6 @@ from app.models import (
     utcnow,
 )
 from app.services import builtin
-from app.services.events import publish
 from app.settings import Settings
 from corel.spec import ExperimentSpec
 from corel.training import (
@@ -278,7 +277,7 @@ def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
     def show(phase: str | None, detail: str | None) -> None:
         with session_scope(factory) as session:
             lifecycle.heartbeat_many(session, ids, phase=phase, phase_detail=detail)
-            publish(session, ids)
+            lifecycle.announce(session, Experiment, ids)
 
     last = 0.0
 
@@ -381,7 +380,7 @@ class GroupRecorder(GroupCallback):
         ended: list[str] = []
         with session_scope(self.factory) as session:
             cancelled = self._cancelled(session)
-            publish(session, self.active)  # every member this epoch may touch
+            lifecycle.announce(session, Experiment, self.active)  # every member this epoch may touch
             for i, experiment_id in enumerate(self.ids):
                 if experiment_id not in self.active:
                     continue
