@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corel.cli import _add_spec_options, spec_from_args
+from corel.cli import add_spec_options, spec_from_args
 from corel.data import load_dataset
 from corel.training import run_epoch, start_run
 
@@ -69,7 +69,7 @@ def geometry(run, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_spec_options(p)
+    add_spec_options(p)
     p.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     args = p.parse_args()
     spec = spec_from_args(args)

@@ -20,7 +20,7 @@ from corel.loss_catalog import OPTION_FIELDS, declaration, loss_names
 from corel.spec import DATASETS, MODELS, ExperimentSpec
 
 
-def _add_spec_options(p: argparse.ArgumentParser) -> None:
+def add_spec_options(p: argparse.ArgumentParser) -> None:
     fields = ExperimentSpec.model_fields
     p.add_argument("--dataset", required=True, choices=DATASETS, help=fields["dataset"].description)
     p.add_argument("--dataset-path", help=fields["dataset_path"].description)
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and print the best epoch, its test accuracy and the clustering scores of the "
         "test-set latent space.",
     )
-    _add_spec_options(train)
+    add_spec_options(train)
     train.add_argument(
         "--data-dir", default=os.environ.get("COREL_DATA_DIR"),
         help="directory holding datasets (default: $COREL_DATA_DIR, then system locations)",

@@ -65,7 +65,7 @@ __all__ = [
 REPULSIONS = ("logsumexp", "max_squared")
 
 
-def _check_labels(labels: torch.Tensor, n: int, k: int) -> None:
+def check_labels(labels: torch.Tensor, n: int, k: int) -> None:
     if not isinstance(labels, torch.Tensor) or labels.dtype != torch.int64:
         got = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
         raise ValueError(f"labels must be an int64 (torch.long) tensor; got {got}")
@@ -105,7 +105,7 @@ def attractive_repulsive(
         raise ValueError("the batch is empty: sim has no rows")
     if k < 2:
         raise ValueError(f"an attractive-repulsive loss needs at least 2 classes; got K = {k}")
-    _check_labels(labels, n, k)
+    check_labels(labels, n, k)
     _check_lam(lam)
     return _attractive_repulsive_core(sim, labels, lam, 1.0 - lam, repulsion)
 
@@ -138,7 +138,7 @@ def center_loss_term(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tenso
     similarity.check_pair(h, centers)
     if h.shape[0] == 0:
         raise ValueError("the batch is empty: h has no rows")
-    _check_labels(labels, h.shape[0], centers.shape[0])
+    check_labels(labels, h.shape[0], centers.shape[0])
     return _center_core(h, labels, centers)
 
 
@@ -204,7 +204,7 @@ class LossHead(nn.Module):
         its dataset's labels once (the check reads them, which waits for a GPU).
         """
         if check:
-            _check_labels(labels, h.shape[0], self.num_classes)
+            check_labels(labels, h.shape[0], self.num_classes)
         lam = getattr(self, "lam", 0.5)  # a loss without lambda (CCE) ignores it
         return self.functional_loss(sim, h, labels, lam, 1.0 - lam, dict(self.named_buffers()))
 
@@ -447,7 +447,7 @@ class ArcFace(_CosineClassHead):
     def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
              check: bool = True) -> torch.Tensor:
         if check:
-            _check_labels(labels, h.shape[0], self.num_classes)
+            check_labels(labels, h.shape[0], self.num_classes)
         return arcface_loss(sim, labels, math.radians(self.margin), self.scale)
 
 
@@ -476,7 +476,7 @@ class CosFace(_CosineClassHead):
     def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
              check: bool = True) -> torch.Tensor:
         if check:
-            _check_labels(labels, h.shape[0], self.num_classes)
+            check_labels(labels, h.shape[0], self.num_classes)
         return cosface_loss(sim, labels, self.margin, self.scale)
 
 
@@ -497,7 +497,7 @@ class NormalizedSoftmax(_CosineClassHead):
     def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
              check: bool = True) -> torch.Tensor:
         if check:
-            _check_labels(labels, h.shape[0], self.num_classes)
+            check_labels(labels, h.shape[0], self.num_classes)
         return F.cross_entropy(sim / self.temperature, labels)
 
 
@@ -530,7 +530,7 @@ class ProxyAnchor(_CosineClassHead):
     def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
              check: bool = True) -> torch.Tensor:
         if check:
-            _check_labels(labels, h.shape[0], self.num_classes)
+            check_labels(labels, h.shape[0], self.num_classes)
         pos = F.one_hot(labels, self.num_classes).bool()
         pos_term = _logsumexp_add_one(-self.alpha * (sim - self.margin), pos, dim=0)
         neg_term = _logsumexp_add_one(self.alpha * (sim + self.margin), ~pos, dim=0)
@@ -568,7 +568,7 @@ class _ClassMeanHead(LossHead):
     def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
              check: bool = True) -> torch.Tensor:
         if check:
-            _check_labels(labels, h.shape[0], self.num_classes)
+            check_labels(labels, h.shape[0], self.num_classes)
         unit = F.normalize(h, dim=1, eps=1e-12)
         return self.pair_loss(unit @ unit.T, unit, labels)
 

@@ -11,27 +11,46 @@ Determinism: for a given seed on CPU a run is bit-for-bit reproducible, and a
 run resumed from a checkpoint ends with the same weights as an uninterrupted
 one, because the checkpoint carries the shuffling generator's state and the
 global RNG state (dropout) along with model, head and optimizer state.
+
+Its neighbours, each with one job: the checkpoint format (:mod:`corel.checkpoints`), the
+"not learning" judgement (:mod:`corel.guards`), the progress types and callbacks
+(:mod:`corel.progress`), the device (:mod:`corel.device`); their public names are
+importable from here too. The stacked loop is :mod:`corel.vectorized`.
 """
 
 from __future__ import annotations
 
-import copy
-import io
-import itertools
 import json
-import math
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from corel.checkpoints import (
+    CHECKPOINT_FORMAT,
+    check_resumable,
+    checkpoint_from_bytes,
+    checkpoint_to_bytes,
+    cpu_state,
+    model_from_checkpoint,
+    restore_rng,
+    rng_state,
+)
 from corel.data import Dataset, load_dataset
-from corel.loss_catalog import declaration
-from corel.losses import _check_labels
+from corel.device import pick_device, to_device
+from corel.guards import (
+    CHANCE_EPOCHS,
+    ChanceGuard,
+    NotLearningError,
+    chance_accuracy,
+    not_learning,
+)
+from corel.losses import check_labels
 from corel.models import Classifier, build_classifier
+from corel.progress import Callback, EpochMetrics
 from corel.spec import ExperimentSpec
 
 __all__ = [
@@ -44,6 +63,7 @@ __all__ = [
     "NotLearningError",
     "Run",
     "accuracy",
+    "adam",
     "build_model",
     "chance_accuracy",
     "checkpoint_from_bytes",
@@ -59,146 +79,7 @@ __all__ = [
     "train_step",
 ]
 
-CHECKPOINT_FORMAT = 1
 EVAL_BATCH = 2048
-# The fewest epochs at chance in a row after which a run has failed (see not_learning).
-CHANCE_EPOCHS = 5
-
-
-@dataclass(frozen=True)
-class EpochMetrics:
-    """What one epoch produced. ``test_accuracy`` is measured only when validation improves."""
-
-    epoch: int  # 1-based
-    train_loss: float
-    train_accuracy: float
-    val_accuracy: float
-    seconds: float
-    is_best: bool
-    test_accuracy: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class Callback:
-    """Receives progress; return True from a hook to ask training to stop."""
-
-    def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> bool | None:
-        return None
-
-    def on_batch_end(self, step: int) -> bool | None:
-        return None
-
-
-class NotLearningError(ValueError):
-    """Training stopped because the model is not learning (see :func:`not_learning`)."""
-
-
-def chance_accuracy(labels: torch.Tensor) -> float:
-    """The accuracy of always answering the most frequent class of ``labels``."""
-    if len(labels) == 0:
-        return float("nan")
-    return float(torch.bincount(labels).max()) / len(labels)
-
-
-_UNBOUNDED = ("{loss} with lam = {lam} < {least:g} has no minimum: its loss falls "
-              "without bound as the representations move away from every class vector, so "
-              "the repulsion wins and training diverges. Use lam >= {least:g}.")
-
-
-def chance_ceiling(chance: float, n_val: int | None = None) -> float:
-    """The highest validation accuracy still "at chance": 5% of the way from chance to
-    perfect (0.145 for ten balanced classes), or two standard errors of an accuracy that
-    is chance on ``n_val`` rows, whichever is more (a small validation set is noisy:
-    0.2 above chance for 22 rows of three classes)."""
-    margin = 0.05 * (1.0 - chance)
-    if n_val:
-        margin = max(margin, 2.0 * math.sqrt(chance * (1.0 - chance) / n_val))
-    return chance + margin
-
-
-def not_learning(
-    history: Sequence[EpochMetrics], chance: float, spec: ExperimentSpec, epochs: int = CHANCE_EPOCHS,
-    n_val: int | None = None,
-) -> str | None:
-    """Why a run has failed to train, or None while it has not.
-
-    "At chance" is a validation accuracy at most :func:`chance_ceiling` (``n_val``: the
-    number of validation rows, for the noise of a small set). A run has failed when
-
-    * its training loss is not finite;
-    * it is Gaussian-COREL with lam < 0.5, whose loss has no minimum, and either its
-      training loss has been negative and falling for ``epochs`` epochs (a loss that
-      cannot go below 0 at lam >= 0.5: the representations are running away, whatever
-      the accuracy of the moment) or it has been at chance for that long;
-    * it has been at chance for its last ``max(epochs, spec.epochs / 3)`` epochs: it
-      never learned, or learned and then collapsed. (A slow start is not a failure:
-      Center loss at lam 0.7 on AG News sits at chance for 10 of 40 epochs, then
-      reaches 83%.)
-    * it has finished, however few its epochs, and never got above chance: a run at
-      chance is not a success, whatever its length.
-
-    ``epochs=0`` turns the check off.
-    """
-    if not history or epochs <= 0 or math.isnan(chance):
-        return None  # (no validation rows: nothing to judge by)
-    last = history[-1]
-    if not math.isfinite(last.train_loss):
-        return (f"the training loss became {last.train_loss} at epoch {last.epoch}: training "
-                f"diverged. Try a smaller learning rate (the paper's is 1e-4).")
-    decl = declaration(spec.loss)
-    least = decl.min_lam  # below it the loss has no minimum (the declaration says where)
-    diverging = least is not None and spec.lam < least
-    unbounded = _UNBOUNDED.format(loss=decl.display, lam=spec.lam, least=least or 0.0)
-    if diverging and len(history) >= epochs:
-        losses = [m.train_loss for m in history[-epochs:]]
-        if losses[0] < 0 and all(b < a for a, b in itertools.pairwise(losses)):
-            return (f"the model is not learning: its training loss has been negative and "
-                    f"falling for {epochs} epochs (now {last.train_loss:.4g}), so the "
-                    f"representations are running away. {unbounded}")
-    patience = epochs if diverging else max(epochs, math.ceil(spec.epochs / 3))
-    ceiling = chance_ceiling(chance, n_val)
-    best = max(history, key=lambda m: m.val_accuracy)
-    finished = len(history) >= spec.epochs
-    if finished and best.val_accuracy <= ceiling:
-        patience = len(history)
-    elif len(history) < patience or any(m.val_accuracy > ceiling for m in history[-patience:]):
-        return None
-    span = f"{patience} epochs" if patience != 1 else "its one epoch"
-    story = (f"validation accuracy has stayed at chance for {span} (at most "
-             f"{max(m.val_accuracy for m in history[-patience:]):.3f}; always answering the most "
-             f"frequent class scores {chance:.3f})")
-    if best.val_accuracy > ceiling:
-        story += f", after reaching {best.val_accuracy:.3f} at epoch {best.epoch}"
-    if diverging:
-        why = unbounded
-    else:
-        why = (f"Try a smaller learning rate (the paper's is 1e-4; this run's is {spec.lr:g})"
-               + (" or another lam" if "lam" in decl.params else "") + ".")
-    return f"the model is not learning: {story}. {why}"
-
-
-class ChanceGuard(Callback):
-    """Ends training with :class:`NotLearningError` once :func:`not_learning` says so."""
-
-    def __init__(self, chance: float, epochs: int = CHANCE_EPOCHS, n_val: int | None = None) -> None:
-        self.chance = chance
-        self.epochs = epochs
-        self.n_val = n_val
-
-    def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> bool | None:
-        verdict = not_learning(run.history, self.chance, run.spec, self.epochs, self.n_val)
-        if verdict is not None:
-            raise NotLearningError(verdict)
-        return None
-
-
-def pick_device(device: str | torch.device | None = None) -> torch.device:
-    """The given device, else CUDA when this machine has a GPU, else CPU."""
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def train_step(
@@ -263,9 +144,6 @@ class Run:
 
     def checkpoint(self) -> dict[str, Any]:
         """Everything needed to resume or serve: loadable with ``weights_only=True``."""
-        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "shuffle": self.shuffle.get_state()}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
         return {
             "format": CHECKPOINT_FORMAT,
             "spec": self.spec.model_dump_json(),
@@ -274,9 +152,9 @@ class Run:
             "num_classes": self.data.num_classes,
             "class_names": list(self.data.class_names),
             "preprocessing": json.dumps(self.data.preprocessing),
-            "model": _cpu_state(self.model.state_dict()),
+            "model": cpu_state(self.model.state_dict()),
             "optimizer": self.optimizer.state_dict(),
-            "rng": rng,
+            "rng": rng_state(self.shuffle, self.device),
             "history": [m.to_dict() for m in self.history],
             "best": {
                 "epoch": self.best_epoch,
@@ -306,9 +184,11 @@ class FitResult:
     test_accuracy: float | None
     stopped: bool
     run: Run
+    # Why a stacked group's member failed to learn (a solo run raises NotLearningError).
+    failed: str | None = None
 
     @classmethod
-    def from_run(cls, run: Run, stopped: bool) -> FitResult:
+    def from_run(cls, run: Run, stopped: bool, failed: str | None = None) -> FitResult:
         """The result of a finished (or stopped) run, with the best epoch's weights loaded."""
         if run.best_state is not None:
             run.model.load_state_dict(run.best_state)
@@ -321,11 +201,8 @@ class FitResult:
             test_accuracy=run.test_accuracy,
             stopped=stopped,
             run=run,
+            failed=failed,
         )
-
-
-def _cpu_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
 def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int] | None:
@@ -342,7 +219,7 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
     model, data = run.model, run.data
     model.train()
     n = len(data.y_train)
-    _check_labels(data.y_train, n, data.num_classes)
+    check_labels(data.y_train, n, data.num_classes)
     order = torch.randperm(n, generator=run.shuffle).to(run.device)
     x, y = data.x_train, data.y_train
     total_loss = torch.zeros((), dtype=torch.float64, device=run.device)
@@ -377,7 +254,7 @@ def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | No
     if is_best:
         test_acc = accuracy(model, data.x_test, data.y_test)
         run.best_epoch, run.best_val_accuracy, run.test_accuracy = run.epoch, val_acc, test_acc
-        run.best_state = _cpu_state(model.state_dict())
+        run.best_state = cpu_state(model.state_dict())
     metrics = EpochMetrics(
         epoch=run.epoch,
         train_loss=total_loss / n,
@@ -389,15 +266,6 @@ def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | No
     )
     run.history.append(metrics)
     return metrics
-
-
-def _to_device(data: Dataset, device: torch.device) -> Dataset:
-    if device.type == "cpu":
-        return data
-    moved = copy.copy(data)
-    for name in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
-        setattr(moved, name, getattr(data, name).to(device))
-    return moved
 
 
 def start_run(
@@ -412,16 +280,11 @@ def start_run(
     if not isinstance(spec, ExperimentSpec):
         spec = ExperimentSpec.model_validate(spec)
     if checkpoint is not None:
-        # Where the files are is not part of a run's identity: a run resumed on
-        # another machine reads the same data from another path.
-        where = {"dataset_path", "word_vectors"}
-        saved = ExperimentSpec.model_validate_json(checkpoint["spec"])
-        if saved.model_dump(exclude=where) != spec.model_dump(exclude=where):
-            raise ValueError("the checkpoint was made for a different spec; cannot resume from it")
+        check_resumable(checkpoint, spec)
     dev = pick_device(device)
     if data is None:
         data = load_dataset(spec, data_dir)
-    data = _to_device(data, dev)
+    data = to_device(data, dev)
     torch.manual_seed(spec.seed)
     model = build_model(spec, data, dev)
     optimizer = make_optimizer(model, spec.lr)
@@ -444,17 +307,21 @@ def build_model(spec: ExperimentSpec, data: Dataset, device: torch.device) -> Cl
     return model.to(device)
 
 
-def make_optimizer(model: Classifier, lr: float) -> torch.optim.Adam:
+def adam(params: Iterable[torch.Tensor], lr: float) -> torch.optim.Adam:
     """Adam (the paper's optimiser), fused into one kernel per step where torch has one."""
+    tensors = list(params)
     try:
-        return torch.optim.Adam(model.parameters(), lr=lr, fused=True)
+        return torch.optim.Adam(tensors, lr=lr, fused=True)
     except (RuntimeError, ValueError):
-        return torch.optim.Adam(model.parameters(), lr=lr)
+        return torch.optim.Adam(tensors, lr=lr)
+
+
+def make_optimizer(model: Classifier, lr: float) -> torch.optim.Adam:
+    """The run's optimiser: :func:`adam` over the model's parameters."""
+    return adam(model.parameters(), lr)
 
 
 def _restore(run: Run, ckpt: dict[str, Any]) -> None:
-    if ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"unsupported checkpoint format {ckpt.get('format')!r}")
     run.model.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(ckpt["optimizer"])
     run.epoch = int(ckpt["epoch"])
@@ -463,10 +330,7 @@ def _restore(run: Run, ckpt: dict[str, Any]) -> None:
     run.best_epoch, run.best_val_accuracy = int(best["epoch"]), float(best["val_accuracy"])
     run.test_accuracy = best["test_accuracy"]
     run.best_state = best["model"]
-    torch.set_rng_state(ckpt["rng"]["torch"])
-    run.shuffle.set_state(ckpt["rng"]["shuffle"])
-    if "cuda" in ckpt["rng"] and run.device.type == "cuda":
-        torch.cuda.set_rng_state(ckpt["rng"]["cuda"], run.device)
+    restore_rng(ckpt, run.shuffle, run.device)
 
 
 def fit(
@@ -500,31 +364,3 @@ def fit(
             stopped = True
             break
     return FitResult.from_run(run, stopped)
-
-
-def checkpoint_to_bytes(checkpoint: dict[str, Any]) -> bytes:
-    buf = io.BytesIO()
-    torch.save(checkpoint, buf)
-    return buf.getvalue()
-
-
-def checkpoint_from_bytes(blob: bytes) -> dict[str, Any]:
-    """Load a checkpoint without unpickling arbitrary objects (``weights_only=True``)."""
-    ckpt: dict[str, Any] = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-    return ckpt
-
-
-def model_from_checkpoint(
-    checkpoint: dict[str, Any], device: str | torch.device | None = None
-) -> tuple[ExperimentSpec, Classifier]:
-    """Rebuild the classifier a checkpoint holds, in eval mode, for serving.
-
-    The model has the precision it was trained in (the checkpoint's ``head.W``).
-    """
-    spec = ExperimentSpec.model_validate_json(checkpoint["spec"])
-    model = build_classifier(spec, tuple(checkpoint["input_shape"]), int(checkpoint["num_classes"]))
-    dtype = checkpoint["model"]["head.W"].dtype
-    if dtype != torch.float32:
-        model = model.to(dtype)
-    model.load_state_dict(checkpoint["model"])
-    return spec, model.to(pick_device(device)).eval()

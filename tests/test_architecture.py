@@ -39,3 +39,36 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from worker.tasks import x\n    import app.cli\n")
     assert imported_packages(module) == {(2, "worker"), (3, "app")}
+
+
+def private_imports(path: Path, package: str) -> list[tuple[int, str]]:
+    """``from m import _name`` in a module of ``package`` (dotted): another module's private
+    name. A subpackage's modules share their private helpers (``corel.data``'s loaders
+    and splits); the modules of a top-level package (``corel.training`` and
+    ``corel.vectorized``, ``app.peers`` and ``app.reproduce``) do not."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ImportFrom) and node.module):
+            continue
+        inside = package.count(".") >= 1 and node.module.rpartition(".")[0] == package
+        found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names
+                  if alias.name.startswith("_") and not alias.name.startswith("__") and not inside]
+    return found
+
+
+def test_no_module_imports_another_module_s_private_names():
+    wrong = []
+    for top in ("corel", "app", "worker", "bench"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            package = ".".join(path.relative_to(REPO).parent.parts)
+            wrong += [f"{path.relative_to(REPO)}:{line} imports {name}"
+                      for line, name in private_imports(path, package)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_private_check_sees_one(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from corel.losses import _check, public\nfrom corel.data.splits import _subset\n")
+    assert private_imports(module, "corel") == [(1, "corel.losses._check"), (2, "corel.data.splits._subset")]
+    assert private_imports(module, "corel.data") == [(1, "corel.losses._check")]

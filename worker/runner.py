@@ -41,21 +41,14 @@ from app.models import (
 )
 from app.services import builtin
 from app.settings import Settings
+from corel.checkpoints import checkpoint_from_bytes, checkpoint_to_bytes
+from corel.grouping import group_key
+from corel.guards import NotLearningError
+from corel.progress import Callback, EpochMetrics, GroupCallback
 from corel.spec import ExperimentSpec
-from corel.training import (
-    Callback,
-    EpochMetrics,
-    FitResult,
-    NotLearningError,
-    Run,
-    chance_accuracy,
-    checkpoint_from_bytes,
-    checkpoint_to_bytes,
-    embed_all,
-    fit,
-    not_learning,
-)
-from corel.vectorized import GroupCallback, StackedRun, fit_group, group_key
+from corel.stacked import StackedRun
+from corel.training import FitResult, Run, embed_all, fit
+from corel.vectorized import fit_group
 from worker.metrics import METRICS
 
 log = logging.getLogger("corel.worker")
@@ -350,16 +343,15 @@ def train_experiment(experiment_id: int, factory: sessionmaker[Session], setting
 class GroupRecorder(GroupCallback):
     """Like DatabaseRecorder, for a stacked group: one transaction per epoch holds every
     member's metrics and resumable checkpoint. A cancelled member is marked cancelled at
-    the next epoch's end (its computation rides along until then); the group stops when
-    no member is left."""
+    the next epoch's end (its computation rides along until then), a member that
+    ``fit_group``'s guard found not learning (``group.failed``) failed, with its verdict;
+    the group stops when no member is left."""
 
     def __init__(self, ids: list[int], factory: sessionmaker[Session], settings: Settings):
         self.ids = ids
         self.active = set(ids)
         self.factory = factory
         self.heartbeat_every = settings.heartbeat_seconds
-        self.chance_epochs = settings.chance_epochs
-        self.chance: float | None = None
         self.last_beat = time.monotonic()
 
     def _cancelled(self, session: Session) -> set[int]:
@@ -401,10 +393,7 @@ class GroupRecorder(GroupCallback):
                 _upsert_checkpoint(session, experiment_id, "resume", m.epoch,
                                    checkpoint_to_bytes(run.checkpoint()))
                 recorded += 1
-                if self.chance is None:
-                    self.chance = chance_accuracy(group.data.y_val)
-                verdict = not_learning(run.history, self.chance, run.spec, self.chance_epochs,
-                                       len(group.data.y_val))
+                verdict = group.failed.get(i)
                 if verdict is not None:  # this member has failed; the others go on
                     lifecycle.end(session, experiment_id, Status.FAILED,
                                   error=f"{NotLearningError.__name__}: {verdict}")
@@ -448,7 +437,7 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
         prepare_data(members, jobs[0].spec.dataset, factory, settings)
         checkpoints = None if epochs == {0} else [job.checkpoint for job in jobs if job.checkpoint]
         results = fit_group([job.spec for job in jobs], [recorder], checkpoints=checkpoints,
-                            device=settings.device,
+                            device=settings.device, chance_epochs=settings.chance_epochs,
                             data_dir=builtin.data_dir_for(settings, jobs[0].spec.dataset))
     except Exception as exc:
         if is_transient(exc):

@@ -176,7 +176,7 @@ def latent_download(
     "/{experiment_id:int}/checkpoint", response_class=Response,
     responses={200: {"content": {"application/octet-stream": {}},
                      "description": "torch.save bytes: the model, its spec and class names"}},
-    summary="Download the best-validation checkpoint (load with corel.training.checkpoint_from_bytes)",
+    summary="Download the best-validation checkpoint (load with corel.checkpoints.checkpoint_from_bytes)",
 )
 def checkpoint_download(experiment_id: int, session: SessionDep) -> Response:
     clustering_service.succeeded_experiment(session, experiment_id, "the checkpoint download")
@@ -203,8 +203,8 @@ def export_model(
 ) -> Response:
     exp = clustering_service.succeeded_experiment(session, experiment_id, "an export")
     blob = clustering_service.best_checkpoint(session, experiment_id)
+    from corel.checkpoints import checkpoint_from_bytes
     from corel.export import export
-    from corel.training import checkpoint_from_bytes
 
     trained_on = None
     if exp.dataset_id is not None:  # the user's upload, as they know it

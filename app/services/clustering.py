@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 from app.errors import Conflict, InvalidInput
 from app.models import Base, Checkpoint, ClusteringResult, Experiment, LatentSpace, Status
 from app.services.experiments import get_experiment
+from corel.checkpoints import checkpoint_from_bytes
 from corel.clustering import ALGORITHMS, METRICS, cluster, default_metric
-from corel.training import checkpoint_from_bytes
 
 SPLITS: tuple[str, ...] = ("test", "validation")
 

@@ -17,8 +17,8 @@ from app.schemas import ExperimentCreate, SweepCreate
 from app.services.clustering import clustering_report
 from app.services.retrieval import retrieval_report
 from corel import report
+from corel.grouping import group_specs
 from corel.loss_catalog import DECLARATIONS, declaration
-from corel.vectorized import group_specs
 
 
 # The loss parameters each loss uses; the others are collapsed in a grid (a CCE run

@@ -13,7 +13,7 @@ over a few steps, where rounding cannot grow.
 import pytest
 import torch
 
-import corel.vectorized
+import corel.stacked
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
 from corel.training import (
@@ -201,7 +201,7 @@ def test_a_wrongly_scaled_member_gradient_is_caught(digits64, monkeypatch, scale
     epsilon's share: after 316 steps a factor of 1.001 moves the weights by ~1e-6, hidden
     in float32 noise on another CPU (~1e-3) but 1,000 times TOL in float64.
     """
-    adam = corel.vectorized._adam
+    adam = corel.stacked.adam
 
     def skewed_adam(params, lr):
         optimizer = adam(params, lr)
@@ -217,7 +217,7 @@ def test_a_wrongly_scaled_member_gradient_is_caught(digits64, monkeypatch, scale
         optimizer.step = skewed_step
         return optimizer
 
-    monkeypatch.setattr(corel.vectorized, "_adam", skewed_adam)
+    monkeypatch.setattr(corel.stacked, "adam", skewed_adam)
     specs = sweep("gaussian")
     keep = KeepGroup()
     fit_group(specs, [keep], data=digits64)
@@ -457,3 +457,30 @@ def test_a_group_refuses_labels_outside_the_classes(digits):
     bad.y_train[3] = -1
     with pytest.raises(ValueError, match=r"labels must lie in 0\.\.9"):
         fit_group(sweep("gaussian"), data=bad)
+
+
+def test_fit_group_judges_each_member_as_fit_does(digits):
+    """The one "not learning" judgement (corel.guards) runs inside fit_group: the member at
+    lam 0.3 (Gaussian-COREL without a minimum) fails with fit's verdict, the other goes
+    on to the end; with chance_epochs=0 nobody is judged."""
+    from corel.guards import NotLearningError
+
+    base = {"dataset": "digits", "loss": "gaussian", "epochs": 10, "lr": 3e-3, "batch_size": 64}
+    specs = [ExperimentSpec(**base, lam=lam) for lam in (0.3, 0.85)]
+    seen: list[dict[int, str]] = []
+
+    class Watch(GroupCallback):
+        def on_epoch_end(self, metrics, group):
+            seen.append(dict(group.failed))
+
+    results = fit_group(specs, [Watch()], data=digits)
+    assert results[0].failed is not None and "not learning" in results[0].failed
+    assert results[1].failed is None and len(results[1].history) == 10
+    assert results[1].test_accuracy > 0.9
+    # The callbacks saw the verdict in the epoch it was given (before they recorded it).
+    first = next(i for i, failed in enumerate(seen) if failed)
+    assert seen[first] == {0: results[0].failed}
+    with pytest.raises(NotLearningError) as solo:
+        fit(specs[0], data=digits)
+    assert "lam >= 0.5" in str(solo.value) and "lam >= 0.5" in results[0].failed
+    assert all(r.failed is None for r in fit_group(specs, data=digits, chance_epochs=0))

@@ -1,0 +1,88 @@
+"""The checkpoint format: what a run writes after each epoch (to resume it, alone or in a
+stacked group, on this machine or another) and what a served model is rebuilt from.
+
+A checkpoint is a dict of tensors and plain values, loadable with ``weights_only=True``:
+``format``, ``spec`` (JSON), ``epoch``, ``input_shape``, ``num_classes``,
+``class_names``, ``preprocessing`` (JSON), ``model`` (a state dict on the CPU),
+``optimizer``, ``rng`` (``torch``, ``shuffle``, and ``cuda`` when trained on a GPU),
+``history`` and ``best``. A serving checkpoint (``Run.best_checkpoint``) has the best
+epoch's weights and no optimizer or RNG state.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+
+from corel.device import pick_device
+from corel.models import Classifier, build_classifier
+from corel.spec import ExperimentSpec
+
+CHECKPOINT_FORMAT = 1
+# Where files are, not what they hold: a run resumed on another machine reads the same
+# data from another path.
+LOCATIONS = ("dataset_path", "word_vectors")
+
+
+def cpu_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of a state dict on the CPU (what a checkpoint holds)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+def check_resumable(checkpoint: dict[str, Any], spec: ExperimentSpec, what: str = "the checkpoint") -> None:
+    """ValueError unless ``checkpoint`` is of this format and was made for ``spec``
+    (up to where its files are)."""
+    if checkpoint.get("format") != CHECKPOINT_FORMAT:
+        prefix = "" if what == "the checkpoint" else f"{what}: "
+        raise ValueError(f"{prefix}unsupported checkpoint format {checkpoint.get('format')!r}")
+    where = set(LOCATIONS)
+    saved = ExperimentSpec.model_validate_json(checkpoint["spec"])
+    if saved.model_dump(exclude=where) != spec.model_dump(exclude=where):
+        raise ValueError(f"{what} was made for a different spec; cannot resume from it")
+
+
+def rng_state(shuffle: torch.Generator, device: torch.device) -> dict[str, Any]:
+    """The random state a checkpoint carries: the global one (dropout), the data order's,
+    and the GPU's when the run is on one."""
+    rng: dict[str, Any] = {"torch": torch.get_rng_state(), "shuffle": shuffle.get_state()}
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    return rng
+
+
+def restore_rng(checkpoint: dict[str, Any], shuffle: torch.Generator, device: torch.device) -> None:
+    """Set the random state :func:`rng_state` saved (the GPU's only on a GPU)."""
+    torch.set_rng_state(checkpoint["rng"]["torch"])
+    shuffle.set_state(checkpoint["rng"]["shuffle"])
+    if "cuda" in checkpoint["rng"] and device.type == "cuda":
+        torch.cuda.set_rng_state(checkpoint["rng"]["cuda"], device)
+
+
+def checkpoint_to_bytes(checkpoint: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(checkpoint, buf)
+    return buf.getvalue()
+
+
+def checkpoint_from_bytes(blob: bytes) -> dict[str, Any]:
+    """Load a checkpoint without unpickling arbitrary objects (``weights_only=True``)."""
+    ckpt: dict[str, Any] = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    return ckpt
+
+
+def model_from_checkpoint(
+    checkpoint: dict[str, Any], device: str | torch.device | None = None
+) -> tuple[ExperimentSpec, Classifier]:
+    """Rebuild the classifier a checkpoint holds, in eval mode, for serving.
+
+    The model has the precision it was trained in (the checkpoint's ``head.W``).
+    """
+    spec = ExperimentSpec.model_validate_json(checkpoint["spec"])
+    model = build_classifier(spec, tuple(checkpoint["input_shape"]), int(checkpoint["num_classes"]))
+    dtype = checkpoint["model"]["head.W"].dtype
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    model.load_state_dict(checkpoint["model"])
+    return spec, model.to(pick_device(device)).eval()

@@ -1,0 +1,482 @@
+"""A group of specs that differ only in loss parameters, as one stacked model.
+
+A sweep over lambda (or gamma, or alpha) trains many runs with the same data,
+model, batch size, lr and seed: the same initial weights, the same batches in the
+same order. :class:`StackedRun` trains such a group at once:
+
+* the members' tensors are stacked on a leading member axis
+  (``torch.func.stack_module_state``);
+* one forward pass runs every member on the shared batch: the FFNN as batched
+  matrix products, other encoders under ``torch.vmap(functional_call(...))``,
+  and the heads' similarities and losses (the functions of :mod:`corel.similarity`
+  and :mod:`corel.losses`) under ``torch.vmap`` with per-member lam/gamma/alpha;
+* the members' losses are summed before ``backward``, which hands every member
+  exactly the gradient of its own loss;
+* one Adam over the stacked tensors is, element for element, M Adams with the
+  same lr; Center loss moves each member's centers with its own alpha.
+
+So member i ends as ``corel.training.fit(spec_i)`` would have left it, up to
+floating-point rounding: stacked matrix products, and the batched cross-entropy's
+mean, may round differently from single ones, and differently again with another
+CPU's kernels. Training amplifies that as it amplifies any rounding: over ~300 float32
+Adam steps a one-ulp difference can reach ~1e-3, and Gaussian-COREL at lam < 0.5
+(float32: lam <= 0.5) is chaotic, so a solo run whose first layer is nudged by one
+ulp drifts ~1e-3 away within a few epochs even in float64. To check the equivalence
+itself, train in float64 (``fit_group(specs, data=data.astype(torch.float64))``): at
+lam >= 0.5 members then agree with their solo runs to 1e-13 or better on any CPU.
+
+:meth:`StackedRun.member_run` hands member i back as an ordinary
+:class:`corel.training.Run`; its checkpoint is what the solo run would have
+written, and ``fit(spec_i, checkpoint=...)`` resumes it alone.
+
+Not vectorized: text specs, whose dropout masks the solo runs draw from the global
+RNG. ``learn_gamma`` is supported (gamma is then a stacked parameter).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, stack_module_state
+
+from corel import losses, similarity
+from corel.checkpoints import check_resumable, cpu_state, restore_rng
+from corel.data import Dataset
+from corel.device import pick_device, to_device
+from corel.grouping import as_spec, check_group
+from corel.loss_catalog import declaration
+from corel.losses import check_labels
+from corel.models import FFNN, Classifier
+from corel.progress import EpochMetrics, GroupCallback
+from corel.spec import ExperimentSpec
+from corel.training import EVAL_BATCH, Run, adam, build_model, make_optimizer
+
+__all__ = ["StackedRun"]
+
+_ADAM_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+Tensors = dict[str, torch.Tensor]
+
+
+def _center_update(
+    centers: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, alpha: torch.Tensor
+) -> torch.Tensor:
+    """Wen et al.'s centroid step (Eq. 4), as :meth:`corel.losses.CenterLoss.after_batch`.
+
+    mu_j <- mu_j - alpha * sum_{i: y_i = j} (mu_j - h_i) / (1 + n_j), returned, not in place.
+    """
+    h = h.to(centers.dtype)
+    counts = torch.bincount(labels, minlength=centers.shape[0]).to(h.dtype)
+    sums = torch.zeros_like(centers).index_add(0, labels, h)
+    delta = (counts.unsqueeze(1) * centers - sums) / (1.0 + counts).unsqueeze(1)
+    return centers - alpha * delta
+
+
+def _mlp_plan(encoder: nn.Module) -> list[tuple[str, Any]] | None:
+    """The FFNN's layers as steps for :func:`_mlp_forward`; None for any other encoder."""
+    if not isinstance(encoder, FFNN):
+        return None
+    plan: list[tuple[str, Any]] = []
+    for name, layer in encoder.net.named_children():
+        if isinstance(layer, nn.Flatten) and (layer.start_dim, layer.end_dim) == (1, -1):
+            plan.append(("flatten", None))
+        elif isinstance(layer, nn.Linear) and layer.bias is not None:
+            plan.append(("linear", f"encoder.net.{name}"))
+        elif isinstance(layer, nn.LeakyReLU):
+            plan.append(("leaky_relu", layer.negative_slope))
+        else:  # dropout (text models) and anything new: the generic vmap path
+            return None
+    if not any(kind == "linear" for kind, _ in plan):
+        return None
+    return plan
+
+
+def _mlp_forward(plan: list[tuple[str, Any]], params: Tensors, x: torch.Tensor) -> torch.Tensor:
+    """M stacked FFNNs on shared inputs x (N, ...) -> (M, N, out) with batched matrix products.
+
+    The same function as ``vmap(functional_call(ffnn))``, arranged for speed: the first
+    layer, whose input all members share, is one (N, D) x (D, M * out) product, and its
+    weight gradient comes out in the stacked parameter's own layout.
+    """
+    shared = True  # x is the members' common input until the first linear layer
+    for kind, arg in plan:
+        if kind == "flatten":
+            x = x.flatten(1 if shared else 2)
+        elif kind == "linear":
+            W, b = params[f"{arg}.weight"], params[f"{arg}.bias"]
+            members, out, dim = W.shape
+            if shared:
+                z = F.linear(x, W.reshape(members * out, dim), b.reshape(members * out))
+                x = z.view(len(x), members, out).transpose(0, 1).contiguous()
+                shared = False
+            else:
+                x = torch.baddbmm(b.unsqueeze(1), x, W.transpose(1, 2))
+        else:
+            x = F.leaky_relu(x, arg)
+    return x
+
+
+class StackedRun:
+    """M members, differing only in lam/gamma/alpha, trained together.
+
+    Build one with :meth:`start`. ``params`` and ``buffers`` hold every member's tensors stacked on a leading
+    axis of size M, under the names of ``Classifier.state_dict()``; ``optimizer``
+    is one Adam over ``params``. Per-member bookkeeping (history, best epoch,
+    best weights, test accuracy) mirrors :class:`corel.training.Run` field by field.
+    """
+
+    def __init__(
+        self,
+        specs: list[ExperimentSpec],
+        data: Dataset,
+        members: list[Classifier],
+        device: torch.device,
+    ) -> None:
+        self.specs = specs
+        self.data = data
+        self.device = device
+        self.members = members
+        self.loss_name = specs[0].loss
+        self.shuffle = torch.Generator().manual_seed(specs[0].seed)
+        self.epoch = 0
+        size = len(specs)
+        self.histories: list[list[EpochMetrics]] = [[] for _ in range(size)]
+        self.best_epoch = [0] * size
+        self.best_val_accuracy = [-1.0] * size
+        self.test_accuracy: list[float | None] = [None] * size
+        self.best_state: list[Tensors | None] = [None] * size
+        # Members that failed to learn (index: why), marked by corel.guards.GroupChanceGuard.
+        self.failed: dict[int, str] = {}
+
+        params, buffers = stack_module_state(members)
+        self.params: Tensors = params
+        self.buffers: Tensors = buffers
+        self.optimizer = adam(self.params.values(), specs[0].lr)
+        dtype = self.params["head.W"].dtype
+
+        def per_member(values: list[float]) -> torch.Tensor:
+            # Rounded from double once, as a Python float is when it meets a float32 tensor.
+            return torch.tensor(values, dtype=torch.float64).to(device=device, dtype=dtype)
+
+        self.lam = per_member([s.lam for s in specs])
+        self.one_minus_lam = per_member([1.0 - s.lam for s in specs])
+        self.alpha = per_member([s.alpha for s in specs])
+        # The skeleton functional_call runs with; only its structure is used.
+        self._template = members[0]
+        self._state_keys = list(self._template.state_dict())
+        self._mlp = _mlp_plan(self._template.encoder)
+        self._vmapped_encoder = torch.vmap(self._member_encode, in_dims=(0, 0, None))
+        self._vmapped_loss = torch.vmap(self._member_loss, in_dims=(0, 0, 0, 0, 0, None))
+        self._vmapped_predict = torch.vmap(self._member_predict, in_dims=(0, 0, 0))
+        self._vmapped_center_update = torch.vmap(_center_update, in_dims=(0, 0, None, 0))
+
+    # ----------------------------------------------------------------------------------
+    # Construction
+
+    @classmethod
+    def start(
+        cls,
+        specs: Sequence[ExperimentSpec | dict[str, Any]],
+        data: Dataset,
+        device: str | torch.device | None = None,
+        checkpoints: Sequence[dict[str, Any]] | None = None,
+    ) -> StackedRun:
+        """Build the group fresh, or resumed from one checkpoint per member.
+
+        Each member's classifier is built exactly as :func:`corel.training.start_run`
+        builds it (``torch.manual_seed(spec.seed)``, then ``build_model``), then
+        the members are stacked. ``checkpoints[i]`` is what ``Run.checkpoint()`` (or
+        ``member_run(i).checkpoint()``) wrote for ``specs[i]``, all at the same epoch.
+        """
+        group = [as_spec(s) for s in specs]
+        check_group(group)
+        if checkpoints is not None:
+            _check_checkpoints(group, checkpoints)
+        dev = pick_device(device)
+        data = to_device(data, dev)
+        members = []
+        for i, spec in enumerate(group):
+            torch.manual_seed(spec.seed)
+            model = build_model(spec, data, dev)
+            if checkpoints is not None:
+                model.load_state_dict(checkpoints[i]["model"])
+            members.append(model)
+        run = cls(group, data, members, dev)
+        if checkpoints is not None:
+            run._restore(checkpoints)
+        return run
+
+    def _restore(self, checkpoints: Sequence[dict[str, Any]]) -> None:
+        first = checkpoints[0]
+        saved = [c["optimizer"] for c in checkpoints]
+        state: dict[int, dict[str, Any]] = {}
+        for index, entry in first["optimizer"]["state"].items():
+            state[index] = {
+                name: torch.stack([s["state"][index][name] for s in saved])
+                if name in _ADAM_MOMENTS
+                else value
+                for name, value in entry.items()
+            }
+        self.optimizer.load_state_dict(
+            {"state": state, "param_groups": first["optimizer"]["param_groups"]}
+        )
+        self.epoch = int(first["epoch"])
+        for i, ckpt in enumerate(checkpoints):
+            self.histories[i] = [EpochMetrics(**m) for m in ckpt["history"]]
+            best = ckpt["best"]
+            self.best_epoch[i], self.best_val_accuracy[i] = (
+                int(best["epoch"]),
+                float(best["val_accuracy"]),
+            )
+            self.test_accuracy[i] = best["test_accuracy"]
+            self.best_state[i] = best["model"]
+        restore_rng(first, self.shuffle, self.device)
+
+    @property
+    def size(self) -> int:
+        """The number of members M."""
+        return len(self.specs)
+
+    @property
+    def epochs(self) -> int:
+        """Epochs to train (the same for every member)."""
+        return self.specs[0].epochs
+
+    # ----------------------------------------------------------------------------------
+    # One member's math, vmapped over the member axis
+
+    def _gamma(self, params: Tensors, buffers: Tensors, dtype: torch.dtype) -> torch.Tensor:
+        if "head.log_gamma" in params:
+            return params["head.log_gamma"].exp().to(dtype)
+        return buffers["head.fixed_gamma"].to(dtype)
+
+    def _similarities(self, params: Tensors, buffers: Tensors, h: torch.Tensor) -> torch.Tensor:
+        """The head's s(h, w_k), as the loss head's ``similarities`` computes it."""
+        W = params["head.W"]
+        kind = declaration(self.loss_name).similarity
+        if kind == "dot":  # the dot-product heads (CCE's) carry a bias
+            return similarity.dot(h, W) + params["head.bias"]
+        if kind == "cosine":
+            return similarity.cosine(h, W)
+        # s_gau(h, w; gamma) = gamma * s_gau(h, w; 1): gamma is a per-member tensor here,
+        # which similarity.gaussian's range check cannot look at under vmap. Both sides
+        # round the same product, so this is bit for bit the head's value.
+        return self._gamma(params, buffers, h.dtype) * similarity.gaussian(h, W, 1.0)
+
+    def _member_encode(self, params: Tensors, buffers: Tensors, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = functional_call(self._template, {**params, **buffers}, (x,))
+        return out
+
+    def _member_loss(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        lam: torch.Tensor,
+        one_minus_lam: torch.Tensor,
+        h: torch.Tensor,
+        y: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, similarities) of one member from its representations h, as ``Classifier.loss``."""
+        sim = self._similarities(params, buffers, h)
+        # The head's own functional form, as its loss() computes it.
+        state = {name.removeprefix("head."): t for name, t in buffers.items() if name.startswith("head.")}
+        loss = losses.LOSSES[self.loss_name].functional_loss(sim, h, y, lam, one_minus_lam, state)
+        return loss, sim
+
+    def _member_predict(self, params: Tensors, buffers: Tensors, h: torch.Tensor) -> torch.Tensor:
+        return self._similarities(params, buffers, h).argmax(dim=1)
+
+    # ----------------------------------------------------------------------------------
+    # Training and evaluation
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Every member's representations of the shared inputs x: (M, N, hidden).
+
+        The FFNN runs as batched matrix products (its first layer as one product for all
+        members); other encoders run under ``vmap``.
+        """
+        if self._mlp is not None:
+            return _mlp_forward(self._mlp, self.params, x)
+        return self._vmapped_encoder(self.params, self.buffers, x)
+
+    def train_pass(
+        self, callbacks: Sequence[GroupCallback] = ()
+    ) -> tuple[list[float], list[int]] | None:
+        """One pass over the training set for every member: (summed losses, corrects).
+
+        The order is one ``randperm`` from the shared shuffle generator, as in
+        :func:`corel.training.train_pass`. None if a callback asked to stop.
+        """
+        self._template.train()
+        data = self.data
+        n = len(data.y_train)
+        check_labels(data.y_train, n, data.num_classes)
+        batch_size = self.specs[0].batch_size
+        order = torch.randperm(n, generator=self.shuffle).to(self.device)
+        x, y = data.x_train, data.y_train
+        # Accumulated in double precision, as the solo loop does with Python floats.
+        total_loss = torch.zeros(self.size, dtype=torch.float64, device=self.device)
+        correct = torch.zeros(self.size, dtype=torch.int64, device=self.device)
+        params, optimizer = self.params, self.optimizer
+        for step, start in enumerate(range(0, n, batch_size)):
+            idx = order[start : start + batch_size]
+            xb, yb = x.index_select(0, idx), y.index_select(0, idx)
+            optimizer.zero_grad(set_to_none=True)
+            h = self.encode(xb)
+            loss, sim = self._vmapped_loss(
+                params, self.buffers, self.lam, self.one_minus_lam, h, yb
+            )
+            # d(sum_m L_m)/d(theta_m) = dL_m/d(theta_m): each member gets its own gradient.
+            loss.sum().backward()
+            optimizer.step()
+            if self.loss_name == "center":
+                with torch.no_grad():
+                    centers = self.buffers["head.centers"]
+                    self.buffers["head.centers"] = self._vmapped_center_update(
+                        centers, h.detach(), yb, self.alpha
+                    )
+            total_loss += loss.detach().double() * len(idx)
+            correct += (sim.detach().argmax(2) == yb).sum(1)
+            if any(cb.on_batch_end(step) for cb in callbacks):
+                return None
+        return total_loss.tolist(), [int(c) for c in correct.tolist()]
+
+    @torch.inference_mode()
+    def accuracies(self, x: torch.Tensor, y: torch.Tensor) -> list[float]:
+        """Every member's accuracy on (x, y), in eval mode, as ``corel.training.accuracy``."""
+        if len(y) == 0:
+            return [float("nan")] * self.size
+        was_training = self._template.training
+        self._template.eval()
+        try:
+            chunks = [self.encode(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)]
+            h = torch.cat(chunks, dim=1)
+            preds = self._vmapped_predict(self.params, self.buffers, h)
+        finally:
+            self._template.train(was_training)
+        return (preds == y).float().mean(dim=1).tolist()
+
+    def run_epoch(self, callbacks: Sequence[GroupCallback] = ()) -> list[EpochMetrics] | None:
+        """Train one epoch, then validate every member (and test those whose validation improved).
+
+        ``seconds`` is the group's wall time for the epoch, the same for every member.
+        """
+        started = time.perf_counter()
+        passed = self.train_pass(callbacks)
+        if passed is None:
+            return None
+        total_loss, correct = passed
+        data = self.data
+        n = len(data.y_train)
+        self.epoch += 1
+        val_acc = self.accuracies(data.x_val, data.y_val)
+        improved = [v > best for v, best in zip(val_acc, self.best_val_accuracy, strict=True)]
+        test_acc = self.accuracies(data.x_test, data.y_test) if any(improved) else None
+        seconds = time.perf_counter() - started
+        metrics = []
+        for i in range(self.size):
+            member_test = test_acc[i] if test_acc is not None and improved[i] else None
+            if improved[i]:
+                self.best_epoch[i], self.best_val_accuracy[i] = self.epoch, val_acc[i]
+                self.test_accuracy[i] = member_test
+                self.best_state[i] = self.member_state(i)
+            m = EpochMetrics(
+                epoch=self.epoch,
+                train_loss=total_loss[i] / n,
+                train_accuracy=correct[i] / n,
+                val_accuracy=val_acc[i],
+                seconds=seconds,
+                is_best=improved[i],
+                test_accuracy=member_test,
+            )
+            self.histories[i].append(m)
+            metrics.append(m)
+        return metrics
+
+    # ----------------------------------------------------------------------------------
+    # Members as ordinary runs
+
+    def member_state(self, i: int) -> Tensors:
+        """Member i's ``Classifier.state_dict()`` (same keys, same order), on the CPU."""
+        stacked = {**self.params, **self.buffers}
+        return cpu_state({k: stacked[k][i] for k in self._state_keys})
+
+    def member_optimizer_state(self, i: int) -> dict[str, Any]:
+        """Member i's slice of the stacked Adam, as ``make_optimizer(model).state_dict()`` has it."""
+        full = self.optimizer.state_dict()
+        state = {
+            index: {
+                name: value[i].clone() if name in _ADAM_MOMENTS else value.clone()
+                for name, value in entry.items()
+            }
+            for index, entry in full["state"].items()
+        }
+        groups = [{**g, "params": list(g["params"])} for g in full["param_groups"]]
+        return {"state": state, "param_groups": groups}
+
+    def member_run(self, i: int) -> Run:
+        """Member i as a :class:`corel.training.Run`, as ``fit(specs[i])`` would hold it now.
+
+        Its ``checkpoint()`` and ``best_checkpoint()`` are what that solo run would write
+        at this epoch, and ``fit(specs[i], checkpoint=...)`` resumes it alone. It is a
+        snapshot: its model and optimizer are copies (the model object is reused by the
+        next ``member_run(i)``), and training the group further does not change it.
+        """
+        model = self.members[i]
+        model.load_state_dict(self.member_state(i))
+        optimizer = make_optimizer(model, self.specs[i].lr)
+        optimizer.load_state_dict(self.member_optimizer_state(i))
+        shuffle = torch.Generator().manual_seed(self.specs[i].seed)
+        shuffle.set_state(self.shuffle.get_state())
+        return Run(
+            spec=self.specs[i],
+            data=self.data,
+            model=model,
+            optimizer=optimizer,
+            shuffle=shuffle,
+            device=self.device,
+            epoch=self.epoch,
+            history=list(self.histories[i]),
+            best_epoch=self.best_epoch[i],
+            best_val_accuracy=self.best_val_accuracy[i],
+            test_accuracy=self.test_accuracy[i],
+            best_state=self.best_state[i],
+        )
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """Every member's resumable checkpoint, in the format of ``Run.checkpoint()``."""
+        return [self.member_run(i).checkpoint() for i in range(self.size)]
+
+
+def _check_checkpoints(
+    specs: Sequence[ExperimentSpec], checkpoints: Sequence[dict[str, Any]]
+) -> None:
+    if len(checkpoints) != len(specs):
+        raise ValueError(
+            f"got {len(checkpoints)} checkpoints for {len(specs)} specs; need one per member"
+        )
+    for i, (spec, ckpt) in enumerate(zip(specs, checkpoints, strict=True)):
+        check_resumable(ckpt, spec, f"checkpoint {i}")
+    first = checkpoints[0]
+    for i, ckpt in enumerate(checkpoints):
+        if int(ckpt["epoch"]) != int(first["epoch"]):
+            raise ValueError(
+                f"checkpoint {i} is at epoch {ckpt['epoch']}, checkpoint 0 at {first['epoch']}; "
+                "a group resumes only from checkpoints of the same epoch"
+            )
+        if not torch.equal(ckpt["rng"]["shuffle"], first["rng"]["shuffle"]):
+            raise ValueError(f"checkpoint {i} has another data order than checkpoint 0")
+        steps = {k: v["step"] for k, v in ckpt["optimizer"]["state"].items()}
+        first_steps = {k: v["step"] for k, v in first["optimizer"]["state"].items()}
+        if steps.keys() != first_steps.keys() or any(
+            not torch.equal(torch.as_tensor(v), torch.as_tensor(first_steps[k]))
+            for k, v in steps.items()
+        ):
+            raise ValueError(
+                f"checkpoint {i} has taken another number of optimizer steps than checkpoint 0"
+            )
