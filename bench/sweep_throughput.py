@@ -23,6 +23,7 @@ import statistics
 import time
 
 import torch
+from flops import sgemm_gflops, step_flops  # bench/flops.py, beside this file
 
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
@@ -99,6 +100,11 @@ def main() -> None:
         f"sequential (train_pass)   : median {b:9.0f} model-samples/s  "
         f"(runs: {', '.join(f'{v:.0f}' for v in sequential)})"
     )
+    flops = step_flops(start_run(specs[0], data=data, device="cpu").model)
+    gemm = sgemm_gflops()
+    print(f"stacked step: {a * flops / 1e9:.1f} GFLOP/s of model arithmetic (6 per weight), "
+          f"sgemm here {gemm:.1f} GFLOP/s")
+    print(f"stacked fraction of sgemm: {a * flops / 1e9 / gemm:.2f} (target >= 0.8)")
     print(f"ratio stacked / sequential: {a / b:.2f}x (target >= 2x)")
     print(
         "largest weight difference stacked vs solo after one epoch, per lam: "
