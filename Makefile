@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # `make serve` installs the service alone; `make test` adds the test toolchain on top.
 SERVICE_STAMP := $(VENV)/.installed-service
 
-.PHONY: test test-cluster serve install lint clean
+.PHONY: test test-cluster test-gpu serve install lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ test: $(STAMP)
 # host, an API host and two worker hosts; needs root. CI runs it after `make test`.
 test-cluster: $(STAMP)
 	COREL_TEST_CLUSTER=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/cluster
+
+# The tests that need CUDA (tests/gpu); fails on a machine where torch sees no GPU.
+test-gpu: $(STAMP)
+	COREL_REQUIRE_CUDA=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m gpu tests/gpu
 
 # MNIST and AG News's test split, where a checkout has ../shared/datasets beside it (unless
 # COREL_DATA_DIR says otherwise).

@@ -113,6 +113,10 @@ class Experiment(Base):
     # the dataset, with how far it is in phase_detail; None otherwise.
     phase: Mapped[str | None] = mapped_column(String(32))
     phase_detail: Mapped[str | None] = mapped_column(String(300))
+    # What the worker trained on and in, from its first epoch: "cpu" or "cuda:0 (NVIDIA
+    # H200)"; "fp32" or "bf16" (the spec's, where the device can).
+    device: Mapped[str | None] = mapped_column(String(120))
+    precision: Mapped[str | None] = mapped_column(String(8))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(255))

@@ -146,6 +146,12 @@ class ExperimentRead(BaseModel):
     phase_detail: str | None = Field(
         description="How far the phase is, e.g. 'MNIST: train-images-idx3-ubyte.gz (file 1 "
         "of 4): 4.2 of 9.9 MB'.")
+    device: str | None = Field(
+        default=None, description="The device it trained on, from its first epoch: 'cpu', or "
+        "'cuda:0 (NVIDIA H200)'.")
+    precision: Literal["fp32", "bf16"] | None = Field(
+        default=None, description="The precision it trained in, from its first epoch: the "
+        "spec's, where the device can (a GPU without bfloat16 trains a bf16 spec in fp32).")
     cancel_requested: bool
     attempts: int
     created_at: Timestamp

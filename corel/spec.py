@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from corel.loss_catalog import DECLARATIONS, LOSS_NAMES, MINERS, OPTION_FIELDS, declaration
 
+Precision = Literal["fp32", "bf16"]
 DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images"]
 ModelName = Literal["ffnn", "cnn"]
 
@@ -117,6 +118,12 @@ class ExperimentSpec(BaseModel):
     batch_size: int = Field(default=128, gt=0, le=65_536)
     lr: float = Field(default=1e-4, gt=0.0, le=1.0)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    precision: Precision = Field(
+        default="fp32",
+        description="fp32, or bf16: the forward pass and the similarities under bfloat16 "
+        "autocast (on the CPU too), the loss's reductions, the weights and Adam's state in "
+        "float32. Evaluation and serving use the float32 weights.",
+    )
     val_fraction: float | None = Field(
         default=None, gt=0.0, lt=1.0,
         description="Uploaded datasets (npz, text, images): the share of rows held out for "

@@ -47,7 +47,7 @@ from torch.func import functional_call, stack_module_state
 from corel import losses, similarity
 from corel.checkpoints import check_resumable, cpu_state, restore_rng
 from corel.data import Dataset
-from corel.device import pick_device, to_device
+from corel.device import autocast, effective_precision, pick_device, to_device
 from corel.grouping import as_spec, check_group
 from corel.loss_catalog import declaration
 from corel.losses import check_labels
@@ -142,6 +142,7 @@ class StackedRun:
         self.device = device
         self.members = members
         self.loss_name = specs[0].loss
+        self.precision = effective_precision(device, specs[0].precision)
         self.shuffle = torch.Generator().manual_seed(specs[0].seed)
         self.epoch = 0
         size = len(specs)
@@ -282,7 +283,10 @@ class StackedRun:
         y: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, similarities) of one member from its representations h, as ``Classifier.loss``."""
-        sim = self._similarities(params, buffers, h)
+        with autocast(self.device, self.precision):  # bf16: as corel.training.forward_loss
+            sim = self._similarities(params, buffers, h)
+        if self.precision != "fp32":
+            h, sim = h.float(), sim.float()
         # The head's own functional form, as its loss() computes it.
         state = {name.removeprefix("head."): t for name, t in buffers.items() if name.startswith("head.")}
         loss = losses.LOSSES[self.loss_name].functional_loss(sim, h, y, lam, one_minus_lam, state)
@@ -327,7 +331,8 @@ class StackedRun:
             idx = order[start : start + batch_size]
             xb, yb = x.index_select(0, idx), y.index_select(0, idx)
             optimizer.zero_grad(set_to_none=True)
-            h = self.encode(xb)
+            with autocast(self.device, self.precision):
+                h = self.encode(xb)
             loss, sim = self._vmapped_loss(
                 params, self.buffers, self.lam, self.one_minus_lam, h, yb
             )

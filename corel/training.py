@@ -40,7 +40,7 @@ from corel.checkpoints import (
     rng_state,
 )
 from corel.data import Dataset, load_dataset
-from corel.device import pick_device, to_device
+from corel.device import autocast, effective_precision, pick_device, to_device
 from corel.guards import (
     CHANCE_EPOCHS,
     ChanceGuard,
@@ -70,6 +70,7 @@ __all__ = [
     "checkpoint_to_bytes",
     "embed_all",
     "fit",
+    "forward_loss",
     "model_from_checkpoint",
     "not_learning",
     "pick_device",
@@ -90,13 +91,30 @@ def train_step(
     return float(loss), int(correct)
 
 
+def forward_loss(
+    model: Classifier, x: torch.Tensor, y: torch.Tensor, *, check: bool = True,
+    precision: str = "fp32",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, h, similarities) of a batch in the run's precision: for bf16 the encoder
+    and the similarities under bfloat16 autocast, the loss (its reductions) in float32
+    from their float32 casts; for fp32 ``model.loss``."""
+    if precision == "fp32":
+        return model.loss(x, y, check=check)
+    device = x.device
+    with autocast(device, precision):
+        h = model.encoder(x)
+        sim = model.head.similarities(h)
+    h, sim = h.float(), sim.float()
+    return model.head.loss(sim, h, y, check=check), h, sim
+
+
 def _step(
     model: Classifier, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-    check: bool,
+    check: bool, precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`train_step` with its results left as tensors on the model's device."""
     optimizer.zero_grad(set_to_none=True)
-    loss, h, sim = model.loss(x, y, check=check)
+    loss, h, sim = forward_loss(model, x, y, check=check, precision=precision)
     loss.backward()
     optimizer.step()
     model.head.after_batch(h.detach(), y)
@@ -141,6 +159,11 @@ class Run:
     best_val_accuracy: float = -1.0
     test_accuracy: float | None = None
     best_state: dict[str, torch.Tensor] | None = None
+
+    @property
+    def precision(self) -> str:
+        """The precision this run trains in (the spec's, where the device can)."""
+        return effective_precision(self.device, self.spec.precision)
 
     def checkpoint(self) -> dict[str, Any]:
         """Everything needed to resume or serve: loadable with ``weights_only=True``."""
@@ -228,7 +251,7 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
         idx = order[start : start + run.spec.batch_size]
         # index_select: the same rows as x[idx], gathered ~2.5x faster.
         xb, yb = x.index_select(0, idx), y.index_select(0, idx)
-        loss, ok = _step(model, run.optimizer, xb, yb, check=False)
+        loss, ok = _step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
         total_loss += loss.double() * len(idx)
         correct += ok
         if any(cb.on_batch_end(step) for cb in callbacks):

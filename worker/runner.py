@@ -42,6 +42,7 @@ from app.models import (
 from app.services import builtin
 from app.settings import Settings
 from corel.checkpoints import checkpoint_from_bytes, checkpoint_to_bytes
+from corel.device import device_name
 from corel.grouping import group_key
 from corel.guards import NotLearningError
 from corel.progress import Callback, EpochMetrics, GroupCallback
@@ -146,6 +147,8 @@ class DatabaseRecorder(Callback):
             self._beat(
                 session,
                 current_epoch=metrics.epoch,
+                device=device_name(run.device),
+                precision=run.precision,
                 best_epoch=run.best_epoch,
                 best_val_accuracy=run.best_val_accuracy,
                 test_accuracy=run.test_accuracy,
@@ -383,7 +386,8 @@ class GroupRecorder(GroupCallback):
                     self.active.discard(experiment_id)
                     continue
                 mine = lifecycle.heartbeat(
-                    session, experiment_id, current_epoch=m.epoch, best_epoch=run.best_epoch,
+                    session, experiment_id, current_epoch=m.epoch, device=device_name(group.device),
+                    precision=group.precision, best_epoch=run.best_epoch,
                     best_val_accuracy=run.best_val_accuracy, test_accuracy=run.test_accuracy,
                     train_seconds=Experiment.train_seconds + m.seconds)
                 if not mine:

@@ -248,3 +248,17 @@ def test_offsets_out_of_range_are_422(client, offset):
         r = client.get(path, params={"offset": offset})
         assert r.status_code == 422, (path, r.text)
         assert "offset" in r.json()["detail"]
+
+
+def test_a_run_records_the_device_and_precision_it_trained_in(client, worker):
+    spec = {"dataset": "digits", "loss": "cosine", "lam": 0.8, "epochs": 2, "batch_size": 64,
+            "lr": 3e-3}
+    ids = {p: client.post("/experiments", json={**spec, "precision": p}).json()["id"]
+           for p in ("bf16", "fp32")}
+    for precision, eid in ids.items():
+        body = wait_for(client, eid, finished)
+        assert body["status"] == "succeeded", body
+        assert (body["device"], body["precision"]) == ("cpu", precision)
+        assert body["spec"]["precision"] == precision
+    r = client.post("/experiments", json={**spec, "precision": "fp16"})
+    assert r.status_code == 422 and "bf16" in r.text, r.text

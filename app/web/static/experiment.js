@@ -67,7 +67,8 @@ corel.pages.experiment = async function () {
       el("div", { class: "kpi" }, el("b", { id: "kpi-test" }, pct(exp.test_accuracy)), el("span", {}, "test accuracy % (best-val epoch)")),
       el("div", { class: "kpi" }, el("b", {}, exp.best_epoch || "–"), el("span", {}, "best epoch")),
       el("div", { class: "kpi" }, el("b", {}, num(exp.train_seconds, 1)), el("span", {}, "train seconds")),
-      el("div", { class: "kpi" }, el("b", { id: "kpi-prediction" }, exp.prediction || "–"), el("span", {}, "predicts with")));
+      el("div", { class: "kpi" }, el("b", { id: "kpi-prediction" }, exp.prediction || "–"), el("span", {}, "predicts with")),
+      el("div", { class: "kpi" }, el("b", { id: "kpi-device" }, exp.device ? exp.device + " · " + exp.precision : "–"), el("span", {}, "trained on")));
   }
 
   function spec() {

@@ -1,0 +1,68 @@
+"""The GPU path: a run, a stacked group, bf16, serving and checkpoints, on CUDA. Each test
+checks ``device.type == "cuda"`` where the work happens, so that a CPU-only device choice
+fails it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from corel.checkpoints import checkpoint_from_bytes, checkpoint_to_bytes, model_from_checkpoint
+from corel.data import load_dataset
+from corel.serving import ServedModel
+from corel.spec import ExperimentSpec
+from corel.stacked import StackedRun
+from corel.training import fit, start_run, train_pass
+
+pytestmark = pytest.mark.gpu
+
+BASE = {"dataset": "digits", "epochs": 2, "batch_size": 64, "lr": 1e-3, "loss": "cosine", "lam": 0.8}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset(ExperimentSpec(dataset="digits"))
+
+
+def test_a_run_trains_on_the_gpu_with_its_data_there(digits):
+    run = start_run(BASE, data=digits)  # the default device: CUDA when there is one
+    assert run.device.type == "cuda"
+    assert all(p.device.type == "cuda" for p in run.model.parameters())
+    assert run.data.x_train.device.type == "cuda" and run.data.y_train.device.type == "cuda"
+    seen: list[torch.device] = []
+    hook = run.model.encoder.register_forward_pre_hook(lambda m, args: seen.append(args[0].device))
+    assert train_pass(run) is not None
+    hook.remove()
+    assert seen and all(d.type == "cuda" for d in seen)  # every batch, on the device
+
+
+def test_bf16_on_the_gpu(digits):
+    result = fit({**BASE, "precision": "bf16"}, data=digits)
+    assert result.run.device.type == "cuda" and result.run.precision == "bf16"
+    assert result.test_accuracy is not None and result.test_accuracy > 0.8
+
+
+def test_a_stacked_group_on_the_gpu(digits):
+    specs = [ExperimentSpec(**{**BASE, "lam": lam}) for lam in (0.6, 0.8, 0.95)]
+    group = StackedRun.start(specs, digits)
+    assert group.device.type == "cuda"
+    assert all(t.device.type == "cuda" for t in group.params.values())
+    assert group.run_epoch() is not None
+
+
+def test_a_gpu_checkpoint_serves_on_the_gpu_and_on_the_cpu(digits):
+    result = fit(BASE, data=digits)
+    blob = checkpoint_to_bytes(result.run.best_checkpoint())
+    on_gpu = ServedModel.from_bytes(blob, "cuda")
+    assert on_gpu.device.type == "cuda"
+    rows = np.asarray(digits.x_test[:32].cpu())
+    h_gpu = on_gpu.embed(on_gpu.prepare(rows))
+    on_cpu = ServedModel.from_bytes(blob, "cpu")
+    assert on_cpu.device.type == "cpu"
+    h_cpu = on_cpu.embed(on_cpu.prepare(rows))
+    torch.testing.assert_close(h_gpu, h_cpu, rtol=1e-4, atol=1e-4)
+    # And a CPU checkpoint loads on the GPU.
+    cpu_run = fit(BASE, data=digits, device="cpu")
+    _, model = model_from_checkpoint(checkpoint_from_bytes(checkpoint_to_bytes(cpu_run.run.best_checkpoint())), "cuda")
+    assert model.head.W.device.type == "cuda"
