@@ -93,7 +93,7 @@ JOB_KINDS = (JobKind("experiment", Experiment, TRAIN_TASK, True),
 
 def announce(session: Session, model: Job, ids: Iterable[int]) -> None:
     """Publish the change (sent when the session commits) if this kind has live streams."""
-    if model is Experiment:
+    if any(kind.model is model and kind.events for kind in JOB_KINDS):
         publish(session, ids)
 
 
