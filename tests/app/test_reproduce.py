@@ -104,8 +104,13 @@ def test_rows_pick_part_of_a_budget_and_unknown_rows_are_named():
 def test_final_lambdas_take_the_papers_table_2_where_it_is_known():
     fashion = next(r for r in BUDGETS["paper"] if r.key == "fashion-mnist/ffnn")
     lams, source = final_lambdas(fashion, {"center": 0.6, "cosine": 0.6, "gaussian": 0.7})
-    assert lams == {"center": 0.6, "cosine": 0.6, "gaussian": PAPER_TABLE2[("fashion-mnist", "ffnn")]["gaussian"]}
-    assert source == {"center": "tuned", "cosine": "tuned", "gaussian": "paper"}
+    # The paper's Table 2 (../shared/paper-tables.md): Fashion-MNIST FFNN.
+    assert lams == {"center": 0.15, "cosine": 0.65, "gaussian": 0.5}
+    assert source == {"center": "paper", "cosine": "paper", "gaussian": "paper"}
+    # A loss the table does not name keeps its tuned lambda.
+    lams, source = final_lambdas(fashion, {"center": 0.6, "arcface-like": 0.3})
+    assert lams == {"center": PAPER_TABLE2[("fashion-mnist", "ffnn")]["center"], "arcface-like": 0.3}
+    assert source == {"center": "paper", "arcface-like": "tuned"}
     digits = BUDGETS["smoke"][0]
     assert final_lambdas(digits, {"gaussian": 0.85}) == ({"gaussian": 0.85}, {"gaussian": "tuned"})
 

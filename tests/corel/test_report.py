@@ -90,3 +90,7 @@ def test_clustering_table_averages_over_seeds_at_the_tuned_lambda():
 def test_paper_numbers_are_there():
     assert report.PAPER_TABLE1[("fashion-mnist", "ffnn")]["gaussian"] == 88.88
     assert report.PAPER_TABLE1[("mnist", "cnn")]["cce"] == 99.15
+    # Table 2, every setting: the CNN rows train at these.
+    assert report.PAPER_TABLE2[("fashion-mnist", "cnn")] == {"center": 0.35, "cosine": 0.15, "gaussian": 0.85}
+    assert report.PAPER_TABLE2[("mnist", "ffnn")]["cosine"] == 0.20
+    assert all(set(lams) == {"center", "cosine", "gaussian"} for lams in report.PAPER_TABLE2.values())
