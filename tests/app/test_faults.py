@@ -19,7 +19,7 @@ from app.migrate import upgrade
 from app.settings import Settings
 from corel.spec import ExperimentSpec
 from corel.training import fit
-from tests.app.conftest import Workers, finished, wait_for
+from tests.app.conftest import Workers, finished, npz_bytes, wait_for
 from tests.app.faults import PrivatePostgres, PrivateRedis, postgres_bin
 from tests.conftest import require
 
@@ -268,8 +268,6 @@ def test_an_embedding_job_survives_a_database_blink_mid_transaction(private, ser
     result (held there by a lock the test takes on the results' table); the worker tries
     again, claims its own job again, and stores it once, with the vectors of a job that
     met no fault."""
-    import io
-
     import numpy as np
     import psycopg
     from sklearn.datasets import load_digits
@@ -279,9 +277,8 @@ def test_an_embedding_job_survives_a_database_blink_mid_transaction(private, ser
     pg, _ = private
     _, workers, client = service
     d = load_digits()
-    buf = io.BytesIO()
-    np.savez(buf, x=d.data[:500].astype(np.float32), y=d.target[:500])
-    dataset = client.post("/datasets", files={"file": ("d.npz", buf.getvalue())}).json()["id"]
+    upload = npz_bytes(x=d.data[:500].astype(np.float32), y=d.target[:500])
+    dataset = client.post("/datasets", files={"file": ("d.npz", upload)}).json()["id"]
     eid = client.post("/experiments", json={"dataset": "npz", "dataset_id": dataset, "epochs": 2,
                                             "lr": 0.003, "batch_size": 64}).json()["id"]
     workers.start()

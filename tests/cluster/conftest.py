@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from tests.app.conftest import npz_bytes
 from tests.cluster.hosts import Cluster, cluster_available
 from tests.conftest import require
 
@@ -52,12 +52,6 @@ def cluster() -> Iterator[Cluster]:
 def api(cluster: Cluster) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=cluster.url, timeout=30) as client:
         yield client
-
-
-def npz_bytes(**arrays: Any) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
