@@ -45,7 +45,7 @@ def private_imports(path: Path, package: str) -> list[tuple[int, str]]:
     """``from m import _name`` in a module of ``package`` (dotted): another module's private
     name. A subpackage's modules share their private helpers (``corel.data``'s loaders
     and splits); the modules of a top-level package (``corel.training`` and
-    ``corel.vectorized``, ``app.peers`` and ``app.reproduce``) do not."""
+    ``corel.vectorized``, ``app.main`` and ``app.errors``) do not."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
     for node in ast.walk(tree):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from app.peers import BUDGETS, LOSSES, markers, paired_test
+from app.cli.peers import BUDGETS, LOSSES, markers, paired_test
 from corel.cli import main
 from corel.loss_catalog import declaration
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from app.reproduce import BUDGETS, final_lambdas, markers, select_rows, write_block
+from app.cli.reproduce import BUDGETS, final_lambdas, markers, select_rows, write_block
 from corel.cli import main
 from corel.report import PAPER_TABLE2
 

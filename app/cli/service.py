@@ -1,4 +1,4 @@
-"""Service commands of the ``corel`` CLI: serve, worker, db."""
+"""Service commands of the ``corel`` CLI: serve, worker, db, reproduce."""
 
 from __future__ import annotations
 
@@ -16,10 +16,6 @@ if TYPE_CHECKING:
 
 
 def register(sub: Any) -> None:
-    from app import client_cli, watch_cli
-
-    client_cli.register(sub)
-    watch_cli.register(sub)
     serve = sub.add_parser(
         "serve",
         help="run the API; with no broker configured, also an embedded broker and worker",
@@ -299,8 +295,8 @@ def _reproduce_peers(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from app.peers import BUDGETS, PeerReproduction, markers, render
-    from app.reproduce import write_block
+    from app.cli.peers import BUDGETS, PeerReproduction, markers, render
+    from app.cli.reproduce import write_block
 
     rows = BUDGETS[args.budget]
     command = f"corel reproduce --peers --budget {args.budget}"
@@ -322,7 +318,7 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from app.reproduce import Reproduction, render, select_rows, write_block
+    from app.cli.reproduce import Reproduction, render, select_rows, write_block
 
     try:
         rows = select_rows(args.budget, args.rows)

@@ -32,8 +32,8 @@ import httpx
 import numpy as np
 from scipy import stats
 
+from app.cli.reproduce import cpu_name
 from app.models import Status
-from app.reproduce import cpu_name
 from corel.loss_catalog import PAPER_LOSSES, PEER_LOSSES, declaration
 
 LOSSES: tuple[str, ...] = PAPER_LOSSES + PEER_LOSSES
