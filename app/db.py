@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy.exc
-from sqlalchemy import MetaData, create_engine, event, make_url
+from sqlalchemy import MetaData, create_engine, event, make_url, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -231,6 +231,12 @@ def make_engine(
     if answer_timeout is not None:
         _watch(engine, answer_timeout, statement_timeout)
     return engine
+
+
+def ping(engine: Engine) -> None:
+    """One round trip to the database (``SELECT 1``); raises if it does not answer."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from app.auth import token_problem
 from app.db import session_scope
 from app.errors import Unauthorized
-from app.guard import token_problem
 from app.queue import TaskQueue
 from app.settings import Settings
 
@@ -45,7 +45,7 @@ QueueDep = Annotated[TaskQueue, Depends(get_queue)]
 def require_token(request: Request, settings: SettingsDep) -> None:
     """When COREL_API_TOKEN is set, mutating endpoints need 'Authorization: Bearer <token>'.
 
-    :class:`app.guard.RequestGuard` has checked this before the body was read; this
+    :class:`app.middleware.RequestGuard` has checked this before the body was read; this
     dependency keeps the routes safe on their own (and documents them in OpenAPI).
     """
     if settings.api_token is None:

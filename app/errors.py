@@ -1,9 +1,23 @@
-"""Domain errors carry their HTTP status; one handler renders them."""
+"""Domain errors carry their HTTP status; :func:`install_error_handlers` renders every
+error the API answers as ``{"error": ..., "detail": ...}``."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
+from http import HTTPStatus
 from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.db import DATABASE_UNAVAILABLE
+
+log = logging.getLogger("corel.api")
+
+RETRY_AFTER = 5  # seconds, in every 503's Retry-After
 
 MAX_ID = 2**31 - 1
 """Largest row id (PostgreSQL ``integer``); a larger one cannot exist."""
@@ -79,3 +93,51 @@ def describe_error(err: Mapping[str, Any], whole: str = "body") -> str:
 
 def describe_errors(errors: Iterable[Mapping[str, Any]], whole: str = "body") -> str:
     return "; ".join(describe_error(e, whole) for e in errors)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """The app's four exception handlers: domain errors (their own status), Starlette's
+    HTTP errors, a database that does not answer (503), and invalid requests (422)."""
+
+    @app.exception_handler(DomainError)
+    async def _domain_error(_: Request, exc: DomainError) -> JSONResponse:
+        headers = {"Retry-After": str(RETRY_AFTER)} if exc.status_code == 503 else None
+        return JSONResponse(
+            status_code=exc.status_code, content={"error": exc.error, "detail": exc.detail, **exc.extra},
+            headers=headers,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own answers (400 unparsable body, 404 no such path, 405, 413) in
+        # the shape of every other error.
+        try:
+            error = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
+        except ValueError:
+            error = "error"
+        return JSONResponse(status_code=exc.status_code, headers=exc.headers,
+                            content={"error": error, "detail": str(exc.detail)})
+
+    async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        # The request did nothing durable (its transaction rolled back): safe to retry.
+        log.warning("database unavailable", extra={"error": type(exc).__name__})
+        return JSONResponse(
+            status_code=503, headers={"Retry-After": str(RETRY_AFTER)},
+            content={"error": "service_unavailable",
+                     "detail": "the database is unreachable or not answering; nothing was "
+                               f"changed, retry in {RETRY_AFTER} s"})
+
+    for unavailable in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(unavailable, _database_unavailable)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"field": ".".join(str(p) for p in e.get("loc", ())), "message": describe_error(e)}
+            for e in exc.errors()
+        ]
+        return JSONResponse(
+            status_code=422,
+            content={"error": "invalid_request", "detail": "; ".join(e["message"] for e in errors),
+                     "errors": errors},
+        )

@@ -3,7 +3,7 @@
 Each app has a registry of its own (not prometheus_client's global one), so that
 several apps in one process, as in the tests, count apart.
 
-* Requests: counted and timed by a pure ASGI middleware, labelled by the route's
+* Requests: counted and timed by :class:`app.middleware.RequestMetrics`, labelled by the route's
   *template* (``/experiments/{experiment_id}``, never the raw path, so that the
   number of series stays bounded; paths that match no route share one label).
 * Inference: inputs per answered ``/embed`` and ``/predict`` request, and the time
@@ -40,6 +40,7 @@ from sqlalchemy.engine import Engine
 from starlette.routing import Match
 
 from app.models import STATUSES, Experiment, Status, as_utc, utcnow
+from app.openapi import path_pattern
 from app.services.model_cache import ModelCache
 from app.settings import Settings
 
@@ -211,55 +212,10 @@ class RouteTemplates:
             paths = list(self.document()["paths"])
             # Literal paths before templates: /experiments/compare, not /experiments/{id}.
             paths.sort(key=lambda p: "{" in p)
-            self._paths = [(re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(p)) + "$"), p)
-                           for p in paths]
+            self._paths = [(path_pattern(p), p) for p in paths]
         path = scope["path"]
         return next((template for pattern, template in self._paths if pattern.match(path)),
                     UNMATCHED)
-
-
-class RequestMetrics:
-    """Counts and times every HTTP request (pure ASGI: no per-request task or copy).
-
-    An event stream (``text/event-stream``) is counted and timed when its answer
-    starts: it may stay open for hours, and its length says nothing of the service.
-    """
-
-    def __init__(self, app: Any, metrics: ApiMetrics, templates: RouteTemplates) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.templates = templates
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-        observed = False
-
-        def observe() -> None:
-            nonlocal observed
-            observed = True
-            method = scope["method"] if scope["method"] in METHODS else "OTHER"
-            labels = (self.templates(scope), method, str(status))
-            self.metrics.requests.labels(*labels).inc()
-            self.metrics.request_seconds.labels(*labels).observe(time.perf_counter() - started)
-
-        async def send_and_record(message: Any) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                if any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-                       for k, v in message.get("headers", ())):
-                    observe()
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_record)
-        finally:
-            if not observed:
-                observe()
 
 
 router = APIRouter(tags=["operations"])

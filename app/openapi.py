@@ -9,6 +9,7 @@ become components to resolve.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI
@@ -40,6 +41,12 @@ DESCRIPTIONS = {
     "422": "Invalid input: what is wrong and what is allowed",
     "503": "The database or the broker is unavailable; retry after Retry-After seconds",
 }
+
+
+def path_pattern(template: str) -> re.Pattern[str]:
+    """A regular expression that matches the paths of a document's path ``template``
+    (``/experiments/{experiment_id}``: any one segment where the template has a field)."""
+    return re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)) + "$")
 
 
 def _error(code: str) -> dict[str, Any]:

@@ -46,7 +46,7 @@ async def upload(
         description="feature tables: standardise each feature with the training split's mean and "
         "standard deviation (recorded, and applied again at serve time)")] = False,
 ):
-    # app.guard.RequestGuard has refused a body that declares more (413, unread).
+    # app.middleware.RequestGuard has refused a body that declares more (413, unread).
     limit = settings.max_upload_bytes
     name = file.filename or ""
     chosen = datasets_service.guess_kind(name, kind)

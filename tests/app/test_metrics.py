@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from app.main import create_app
-from app.metrics import UNMATCHED, ApiMetrics, RequestMetrics, RouteTemplates
+from app.metrics import UNMATCHED, ApiMetrics, RouteTemplates
+from app.middleware import RequestMetrics
 from app.settings import Settings
 from tests.app.conftest import finished, wait_for
 
