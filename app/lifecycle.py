@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.broker import EMBED_TASK, INDEX_TASK, TRAIN_TASK
 from app.db import DATABASE_UNAVAILABLE, session_scope
-from app.errors import Conflict, NotFound, ServiceUnavailable, check_id
+from app.errors import Conflict, ServiceUnavailable
 from app.models import (
     FINISHED,
     EmbeddingJob,
@@ -155,16 +155,7 @@ def commit_and_send(
                              f"({reason}); {RETRY}")
 
 
-# --- the API's side: find, cancel -----------------------------------------------------
-
-def get_row(session: Session, model: type[J], row_id: int, what: str) -> J:
-    """The row, or a 404 that names it (``what``: "experiment", "embedding job", "index")."""
-    check_id(what, row_id)
-    row = session.get(model, row_id)
-    if row is None:
-        raise NotFound(f"{what} {row_id} does not exist")
-    return row
-
+# --- the API's side: cancel ---------------------------------------------------------
 
 def cancel(session: Session, row: J, what: str) -> J:
     """Queued: cancelled at once. Running: flagged; the worker stops at its next check.

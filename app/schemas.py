@@ -10,7 +10,9 @@ from pydantic.json_schema import SkipJsonSchema
 
 from app.errors import MAX_ID
 from app.models import STATUSES, as_utc
+from corel.clustering import METRICS
 from corel.loss_catalog import DECLARATIONS, OPTION_FIELDS
+from corel.retrieval import GEOMETRIES
 from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, ExperimentSpec, spec_warnings
 
 T = TypeVar("T")
@@ -19,6 +21,16 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 """app.models.Status, as the OpenAPI document states it."""
 if set(get_args(Status)) != set(STATUSES):
     raise ImportError("app.schemas.Status differs from app.models.Status")
+
+# Query and answer types of the reports: FastAPI refuses another value with a 422 that
+# names the allowed ones and what was sent (app.errors.describe_error).
+Split = Literal["test", "validation"]
+"""The stored latent spaces a clustering report reads."""
+Geometry = Literal["euclidean", "cosine"]
+"""corel.clustering.METRICS and corel.retrieval.GEOMETRIES, as a type."""
+if get_args(Geometry) != METRICS or get_args(Geometry) != GEOMETRIES:
+    raise ImportError("app.schemas.Geometry differs from corel.clustering.METRICS or "
+                      "corel.retrieval.GEOMETRIES")
 
 
 # A timestamp as the API shows it: always with its UTC offset, whatever the database.

@@ -72,3 +72,42 @@ def test_the_private_check_sees_one(tmp_path):
     module.write_text("from corel.losses import _check, public\nfrom corel.data.splits import _subset\n")
     assert private_imports(module, "corel") == [(1, "corel.losses._check"), (2, "corel.data.splits._subset")]
     assert private_imports(module, "corel.data") == [(1, "corel.losses._check")]
+
+
+
+SESSION_QUERIES = {"execute", "scalar", "scalars", "get", "query"}
+
+
+def sql_in(path: Path) -> list[tuple[int, str]]:
+    """SQL run by the module itself: an import of SQLAlchemy (``select``, ``text``, ...)
+    or a query on a ``session`` (``session.scalars(...)``, ``session.get(...)``), where a
+    route should call a service."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sqlalchemy":
+            found.append((node.lineno, f"imports {node.module}"))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, f"imports {a.name}") for a in node.names
+                      if a.name.split(".")[0] == "sqlalchemy"]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and isinstance(node.func.value, ast.Name) and node.func.value.id == "session"
+              and node.func.attr in SESSION_QUERIES):
+            found.append((node.lineno, f"calls session.{node.func.attr}"))
+    return found
+
+
+def test_routes_call_services_and_run_no_sql():
+    routes = sorted((REPO / "app" / "routes").rglob("*.py"))
+    assert routes, "no modules under app/routes/"
+    wrong = [f"{path.relative_to(REPO)}:{line} {what}"
+             for path in routes for line, what in sql_in(path)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_sql_check_sees_one(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from sqlalchemy import select\nimport sqlalchemy.orm\n"
+                      "def f(session):\n    return session.get(A, 1), service.get(session, 1)\n")
+    assert sql_in(module) == [(1, "imports sqlalchemy"), (2, "imports sqlalchemy.orm"),
+                              (4, "calls session.get")]

@@ -14,10 +14,11 @@ from pydantic import BaseModel, Field
 
 import app.services.clustering as clustering_service
 import app.services.compare as compare_service
+import app.services.downloads as downloads_service
 import app.services.figures as figures_service
 import app.services.retrieval as retrieval_service
 from app.deps import SessionDep
-from app.models import DatasetUpload
+from app.schemas import Geometry, Split
 from app.services.compare import IDS_PATTERN, MAX_IDS
 
 router = APIRouter(prefix="/experiments", tags=["analysis"])
@@ -43,8 +44,8 @@ class ClusteringScores(BaseModel):
 
 class ClusteringRead(BaseModel):
     experiment_id: int
-    split: Literal["test", "validation"]
-    metric: Literal["euclidean", "cosine"]
+    split: Split
+    metric: Geometry
     metric_source: Literal["default", "query"]
     n_samples: int
     results: dict[str, ClusteringScores]
@@ -60,7 +61,7 @@ class RetrievalRead(BaseModel):
                                "class (R: the reference rows of that class), averaged.")
     mean_average_precision_at_r: float = Field(description="MAP@R (Musgrave et al., 2020), as "
                                                "pytorch-metric-learning computes it.")
-    geometry: Literal["euclidean", "cosine"]
+    geometry: Geometry
     n_queries: int
     n_reference: int
     seconds: float
@@ -100,9 +101,9 @@ def clustering(
     experiment_id: int,
     session: SessionDep,
     metric: Annotated[
-        Literal["euclidean", "cosine"] | None, Query(description="default: the loss's own geometry")
+        Geometry | None, Query(description="default: the loss's own geometry")
     ] = None,
-    on: Annotated[Literal["test", "validation"], Query(description="the split")] = "test",
+    on: Annotated[Split, Query(description="the split")] = "test",
 ):
     return clustering_service.clustering_report(session, experiment_id, split=on, metric=metric)
 
@@ -115,7 +116,7 @@ def retrieval(
     experiment_id: int,
     session: SessionDep,
     geometry: Annotated[
-        Literal["euclidean", "cosine"] | None, Query(description="default: the loss's own geometry")
+        Geometry | None, Query(description="default: the loss's own geometry")
     ] = None,
 ):
     return retrieval_service.retrieval_report(session, experiment_id, geometry)
@@ -163,10 +164,7 @@ def latent_download(
     experiment_id: int, session: SessionDep,
     format_: Annotated[LatentFormat, Query(alias="format")] = "npy",
 ) -> Response:
-    clustering_service.succeeded_experiment(session, experiment_id, "the latent-space download")
-    reps, labels = clustering_service.load_latent(session, experiment_id, "test")
-    names = clustering_service.class_names(session, experiment_id) if format_ != "npy" else None
-    body = figures_service.latent_file(reps, labels, format_, names)
+    body = downloads_service.latent_space_file(session, experiment_id, format_)
     name = f"experiment-{experiment_id}-test-latent.{format_}"
     return Response(body, media_type=LATENT_FORMATS[format_],
                     headers={"content-disposition": f'attachment; filename="{name}"'})
@@ -179,8 +177,7 @@ def latent_download(
     summary="Download the best-validation checkpoint (load with corel.checkpoints.checkpoint_from_bytes)",
 )
 def checkpoint_download(experiment_id: int, session: SessionDep) -> Response:
-    clustering_service.succeeded_experiment(session, experiment_id, "the checkpoint download")
-    data = clustering_service.best_checkpoint(session, experiment_id)
+    data = downloads_service.checkpoint(session, experiment_id)
     name = f"experiment-{experiment_id}-best.pt"
     return Response(data, media_type="application/octet-stream",
                     headers={"content-disposition": f'attachment; filename="{name}"',
@@ -201,17 +198,8 @@ def export_model(
     experiment_id: int, session: SessionDep,
     format_: Annotated[Literal["onnx", "torchscript"], Query(alias="format")] = "onnx",
 ) -> Response:
-    exp = clustering_service.succeeded_experiment(session, experiment_id, "an export")
-    blob = clustering_service.best_checkpoint(session, experiment_id)
-    from corel.checkpoints import checkpoint_from_bytes
-    from corel.export import export
-
-    trained_on = None
-    if exp.dataset_id is not None:  # the user's upload, as they know it
-        upload = session.get(DatasetUpload, exp.dataset_id)
-        trained_on = {"dataset": "upload", "dataset_id": exp.dataset_id, "format": exp.dataset,
-                      "filename": upload.filename if upload is not None else None}
+    body = downloads_service.exported_model(session, experiment_id, format_)
     suffix, media = EXPORTS[format_]
     name = f"experiment-{experiment_id}.{suffix}"
-    return Response(export(checkpoint_from_bytes(blob), format_, trained_on), media_type=media,
+    return Response(body, media_type=media,
                     headers={"content-disposition": f'attachment; filename="{name}"'})

@@ -7,12 +7,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, Query, UploadFile, status
-from sqlalchemy import func, select
 
 import app.services.datasets as datasets_service
 from app.deps import AuthDep, SessionDep, SettingsDep
 from app.errors import MAX_OFFSET, PayloadTooLarge
-from app.models import DatasetUpload
 from app.schemas import BuiltinDatasetRead, BuiltinDatasets, DatasetRead, Page
 from app.services import builtin as builtin_service
 
@@ -72,10 +70,7 @@ def list_(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ):
-    rows = session.scalars(
-        select(DatasetUpload).order_by(DatasetUpload.id.desc()).limit(limit).offset(offset)
-    ).all()
-    total = session.scalar(select(func.count()).select_from(DatasetUpload)) or 0
+    rows, total = datasets_service.list_uploads(session, limit, offset)
     return Page[DatasetRead](
         items=[DatasetRead.model_validate(r) for r in rows], total=total, limit=limit, offset=offset
     )

@@ -7,12 +7,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
-from sqlalchemy import select
 
 import app.services.experiments as experiments_service
 import app.services.sweeps as sweeps_service
 from app.deps import SessionDep
-from app.models import Experiment
 from app.services.progress_stream import experiment_position, stream, sweep_position
 
 router = APIRouter()
@@ -77,8 +75,7 @@ def sweep_events(
     last_event_id: Annotated[str | None, Header(description=LAST_EVENT_ID)] = None,
 ) -> StreamingResponse:
     sweeps_service.get_sweep(session, sweep_id)
-    members = list(session.scalars(
-        select(Experiment.id).where(Experiment.sweep_id == sweep_id).order_by(Experiment.id)))
+    members = sweeps_service.member_ids(session, sweep_id)
     sent = sweep_position(last_event_id, len(members))
     state = request.app.state
     return _sse(stream(state.events, state.sessionmaker, members, sent, sweep=True))

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.errors import MAX_ID, InvalidInput, NotFound, check_id
+from app.errors import MAX_ID, InvalidInput, NotFound
 from app.models import DatasetBlob, DatasetUpload, utcnow
+from app.services.lookup import get_or_404
 from corel.data import tables, validate_ag_news_csv, validate_npz
 from corel.data.image_folders import read_image_folder
 
@@ -176,9 +178,14 @@ def referenced_upload(session: Session, dataset_id: int) -> DatasetUpload:
     return upload
 
 
+def list_uploads(session: Session, limit: int, offset: int) -> tuple[list[DatasetUpload], int]:
+    """A page of uploads, newest first, and how many there are."""
+    rows = session.scalars(
+        select(DatasetUpload).order_by(DatasetUpload.id.desc()).limit(limit).offset(offset)
+    ).all()
+    total = session.scalar(select(func.count()).select_from(DatasetUpload)) or 0
+    return list(rows), total
+
+
 def get_upload(session: Session, dataset_id: int) -> DatasetUpload:
-    check_id("dataset", dataset_id)
-    upload = session.get(DatasetUpload, dataset_id)
-    if upload is None:
-        raise NotFound(f"dataset {dataset_id} does not exist")
-    return upload
+    return get_or_404(session, DatasetUpload, dataset_id, "dataset")

@@ -8,10 +8,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput
-from app.lifecycle import cancel, get_row
+from app.lifecycle import cancel
 from app.models import DatasetUpload, EmbeddingJob, EmbeddingResult, Status, utcnow
-from app.services.clustering import succeeded_experiment
 from app.services.datasets import referenced_upload
+from app.services.lookup import get_or_404, succeeded_experiment
 from corel.spec import MODALITY
 
 # Upload kinds whose rows a job can read, and the modality each feeds.
@@ -39,7 +39,7 @@ def create_job(session: Session, experiment_id: int, dataset_id: int) -> Embeddi
 
 
 def get_job(session: Session, job_id: int) -> EmbeddingJob:
-    return get_row(session, EmbeddingJob, job_id, "embedding job")
+    return get_or_404(session, EmbeddingJob, job_id, "embedding job")
 
 
 def cancel_job(session: Session, job_id: int) -> EmbeddingJob:

@@ -10,10 +10,11 @@ from app.errors import Conflict, InvalidInput
 from app.models import EpochMetric, Experiment, Status, utcnow
 from app.schemas import ExperimentCreate
 from app.services.datasets import referenced_upload
+from app.services.lookup import get_or_404
 
 
 def get_experiment(session: Session, experiment_id: int) -> Experiment:
-    return lifecycle.get_row(session, Experiment, experiment_id, "experiment")
+    return get_or_404(session, Experiment, experiment_id, "experiment")
 
 
 def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:

@@ -23,8 +23,8 @@ from threadpoolctl import threadpool_limits
 
 from app.errors import Conflict
 from app.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
-from app.services.clustering import best_checkpoint, load_latent, store_once, succeeded_experiment
 from app.services.experiments import get_experiment
+from app.services.lookup import best_checkpoint, load_latent, store_once, succeeded_experiment
 from corel.checkpoints import checkpoint_from_bytes
 from corel.loss_catalog import DECLARATIONS, declaration
 

@@ -14,11 +14,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, InvalidInput
-from app.lifecycle import cancel, get_row
+from app.lifecycle import cancel
 from app.models import LatentSpace, NeighborIndex, NeighborIndexChunk, Status, utcnow
 from app.schemas import IndexCreate
-from app.services.clustering import succeeded_experiment
 from app.services.embedding_jobs import get_job
+from app.services.lookup import get_or_404, succeeded_experiment
 from app.settings import Settings
 from corel.clustering import default_metric
 from corel.index import VectorIndex
@@ -61,7 +61,7 @@ def create_index(session: Session, experiment_id: int, body: IndexCreate, settin
 
 
 def get_index(session: Session, index_id: int) -> NeighborIndex:
-    return get_row(session, NeighborIndex, index_id, "index")
+    return get_or_404(session, NeighborIndex, index_id, "index")
 
 
 def list_indexes(session: Session, experiment_id: int) -> list[NeighborIndex]:

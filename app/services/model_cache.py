@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import torch
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, NotFound, check_id
+from app.errors import Conflict
 from app.models import Checkpoint, Experiment, Status
+from app.services.lookup import best_checkpoint, get_or_404
 from corel.models import Classifier
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
@@ -63,20 +63,13 @@ class LoadedModel:
 
 
 def load_from_database(session: Session, experiment_id: int, device: str | None) -> LoadedModel:
-    check_id("experiment", experiment_id)
-    exp = session.get(Experiment, experiment_id)
-    if exp is None:
-        raise NotFound(f"experiment {experiment_id} does not exist")
+    exp = get_or_404(session, Experiment, experiment_id, "experiment")
     if exp.status != Status.SUCCEEDED:
         raise Conflict(
             f"experiment {experiment_id} is {exp.status}; only a succeeded experiment can "
             "embed or predict"
         )
-    row = session.scalar(
-        select(Checkpoint).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best")
-    )
-    if row is None:
-        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    row = best_checkpoint(session, experiment_id, Checkpoint)
     return LoadedModel(
         experiment_id=experiment_id,
         served=ServedModel.from_bytes(row.data, device),

@@ -21,8 +21,8 @@ from app.db import session_scope
 from app.errors import Conflict, InvalidInput
 from app.schemas import NeighborsRequest
 from app.services import inference
-from app.services.clustering import class_names
 from app.services.indexes import index_to_search, load_index
+from app.services.lookup import class_names
 from app.services.retrieval import training_rows
 from corel.clustering import default_metric
 from corel.index import VectorIndex

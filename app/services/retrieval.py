@@ -12,9 +12,10 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict
 from app.models import RetrievalResult
-from app.services.clustering import check_choice, load_latent, store_once, succeeded_experiment
+from app.schemas import Geometry
+from app.services.lookup import load_latent, store_once, succeeded_experiment
 from corel.clustering import default_metric
-from corel.retrieval import GEOMETRIES, retrieval_metrics
+from corel.retrieval import retrieval_metrics
 
 
 def training_rows(session: Session, experiment_id: int, needs: str) -> tuple[Any, Any]:
@@ -29,10 +30,8 @@ def training_rows(session: Session, experiment_id: int, needs: str) -> tuple[Any
 
 
 def retrieval_report(session: Session, experiment_id: int,
-                     geometry: str | None = None) -> dict[str, Any]:
+                     geometry: Geometry | None = None) -> dict[str, Any]:
     """precision@1, R-precision, MAP@R, geometry, n_queries, n_reference (and seconds)."""
-    if geometry is not None:
-        check_choice("geometry", geometry, GEOMETRIES)
     exp = succeeded_experiment(session, experiment_id, "retrieval")
     chosen = geometry or default_metric(exp.loss)
     stored = select(RetrievalResult).where(RetrievalResult.experiment_id == experiment_id,

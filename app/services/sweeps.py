@@ -11,10 +11,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 import app.services.experiments as experiments_service
-from app.errors import Conflict, InvalidInput, NotFound, check_id, describe_errors
+from app.errors import Conflict, InvalidInput, describe_errors
 from app.models import FINISHED, STATUSES, Experiment, Status, Sweep, utcnow
 from app.schemas import ExperimentCreate, SweepCreate
 from app.services.clustering import clustering_report
+from app.services.lookup import get_or_404
 from app.services.retrieval import retrieval_report
 from corel import report
 from corel.grouping import group_specs
@@ -82,11 +83,13 @@ def create_sweep(session: Session, body: SweepCreate, limit: int) -> tuple[Sweep
 
 
 def get_sweep(session: Session, sweep_id: int) -> Sweep:
-    check_id("sweep", sweep_id)
-    sweep = session.get(Sweep, sweep_id)
-    if sweep is None:
-        raise NotFound(f"sweep {sweep_id} does not exist")
-    return sweep
+    return get_or_404(session, Sweep, sweep_id, "sweep")
+
+
+def member_ids(session: Session, sweep_id: int) -> list[int]:
+    """The ids of the sweep's experiments, in order."""
+    return list(session.scalars(
+        select(Experiment.id).where(Experiment.sweep_id == sweep_id).order_by(Experiment.id)))
 
 
 def builtin_datasets(session: Session, sweep_id: int) -> set[str]:
@@ -110,8 +113,7 @@ def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
     for status, n in rows:
         counts[status] = int(n)
     done = sum(counts[s] for s in FINISHED)
-    ids = list(session.scalars(
-        select(Experiment.id).where(Experiment.sweep_id == sweep.id).order_by(Experiment.id)))
+    ids = member_ids(session, sweep.id)
     return {"id": sweep.id, "base": sweep.base, "grid": sweep.grid,
             "lam_by_loss": sweep.lam_by_loss, "size": sweep.size,
             "vectorize": sweep.vectorize, "counts": counts, "done": done,

@@ -74,3 +74,16 @@ def test_bad_retrieval_requests(client, settings, digits_runs):
     engine.dispose()
     r = client.get(f"/experiments/{other}/retrieval")
     assert r.status_code == 409 and "train it again" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(("path", "params", "says"), [
+    ("clustering", {"on": "train"}, "on: Input should be 'test' or 'validation'; got 'train'"),
+    ("clustering", {"metric": "manhattan"},
+     "metric: Input should be 'euclidean' or 'cosine'; got 'manhattan'"),
+    ("retrieval", {"geometry": "manhattan"},
+     "geometry: Input should be 'euclidean' or 'cosine'; got 'manhattan'"),
+])
+def test_a_report_s_unknown_choice_is_a_422_naming_the_allowed_ones(client, path, params, says):
+    # Refused by the query's type, before any experiment is looked up.
+    r = client.get(f"/experiments/2000000000/{path}", params=params)
+    assert r.status_code == 422 and says in r.json()["detail"], r.text

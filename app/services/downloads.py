@@ -1,0 +1,42 @@
+"""What a succeeded experiment offers for download: its test latent space, its best
+checkpoint, and the trained model exported as one file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.models import DatasetUpload
+from app.services.figures import latent_file
+from app.services.lookup import best_checkpoint, class_names, load_latent, succeeded_experiment
+
+
+def latent_space_file(session: Session, experiment_id: int, fmt: str) -> bytes:
+    """The stored test representations with their labels (and class names, but in npy)."""
+    succeeded_experiment(session, experiment_id, "the latent-space download")
+    reps, labels = load_latent(session, experiment_id, "test")
+    names = class_names(session, experiment_id) if fmt != "npy" else None
+    return latent_file(reps, labels, fmt, names)
+
+
+def checkpoint(session: Session, experiment_id: int) -> bytes:
+    """The best-validation checkpoint's bytes."""
+    succeeded_experiment(session, experiment_id, "the checkpoint download")
+    data: bytes = best_checkpoint(session, experiment_id)
+    return data
+
+
+def exported_model(session: Session, experiment_id: int, fmt: str) -> bytes:
+    """The encoder and head as one ONNX or TorchScript file, saying what it was trained on."""
+    exp = succeeded_experiment(session, experiment_id, "an export")
+    blob = best_checkpoint(session, experiment_id)
+    from corel.checkpoints import checkpoint_from_bytes
+    from corel.export import export
+
+    trained_on: dict[str, Any] | None = None
+    if exp.dataset_id is not None:  # the user's upload, as they know it
+        upload = session.get(DatasetUpload, exp.dataset_id)
+        trained_on = {"dataset": "upload", "dataset_id": exp.dataset_id, "format": exp.dataset,
+                      "filename": upload.filename if upload is not None else None}
+    return export(checkpoint_from_bytes(blob), fmt, trained_on)
