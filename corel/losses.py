@@ -117,20 +117,23 @@ def _attractive_repulsive_core(
     one_minus_lam: float | torch.Tensor,
     repulsion: str,
 ) -> torch.Tensor:
-    """:func:`attractive_repulsive` without its checks, for use under ``torch.vmap``.
+    """:func:`attractive_repulsive` without its checks, for the stacked trainer too.
 
-    ``lam`` and ``1 - lam`` may be (batched) 0-d tensors; ``1 - lam`` is passed in
-    so that a caller can form it in double precision, as the float path does.
+    ``lam`` and ``1 - lam`` may be 0-d tensors (one member under ``torch.vmap``), or, for
+    a stack of M members' similarities ``sim`` (M, N, K) with shared ``labels`` (N,),
+    (M, 1) tensors: the result is then the M members' batch means. ``1 - lam`` is passed
+    in so that a caller can form it in double precision, as the float path does.
     """
-    attract = sim.gather(1, labels.unsqueeze(1)).squeeze(1)
+    index = labels.expand(sim.shape[:-1]).unsqueeze(-1)
+    attract = sim.gather(-1, index).squeeze(-1)
     if repulsion == "logsumexp":
-        repulse = torch.logsumexp(sim, dim=1)
+        repulse = torch.logsumexp(sim, dim=-1)
     elif repulsion == "max_squared":
-        own = F.one_hot(labels, sim.shape[1]).bool()
-        repulse = sim.masked_fill(own, float("-inf")).amax(dim=1).square()
+        own = F.one_hot(labels, sim.shape[-1]).bool()  # (N, K): the same for every member
+        repulse = sim.masked_fill(own, float("-inf")).amax(dim=-1).square()
     else:
         raise ValueError(f"repulsion must be one of {', '.join(REPULSIONS)}; got {repulsion!r}")
-    return (-lam * attract + one_minus_lam * repulse).mean()
+    return (-lam * attract + one_minus_lam * repulse).mean(-1)
 
 
 def center_loss_term(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
@@ -143,7 +146,17 @@ def center_loss_term(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tenso
 
 
 def _center_core(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (h - centers[labels]).square().sum(1).mean()
+    # h (..., N, H) and centers (..., K, H): a stack of members' terms where h is 3-D.
+    return 0.5 * (h - centers.index_select(-2, labels)).square().sum(-1).mean(-1)
+
+
+def _cross_entropy(sim: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """F.cross_entropy's batch mean, or for a stack of members' sim (M, N, K), each one's."""
+    if sim.dim() == 2:
+        return F.cross_entropy(sim, labels)
+    rows = F.cross_entropy(sim.flatten(0, -2), labels.expand(sim.shape[:-1]).flatten(),
+                           reduction="none")
+    return rows.view(sim.shape[:-1]).mean(-1)
 
 
 class LossHead(nn.Module):
@@ -164,6 +177,10 @@ class LossHead(nn.Module):
     """
 
     name: ClassVar[str]
+    stacks_without_vmap: ClassVar[bool] = False
+    """True where :meth:`functional_loss` also takes a stack of M members at once (sim
+    (M, N, K), h (M, N, H), lam (M, 1), state tensors (M, ...)) and returns their M losses:
+    the stacked trainer then calls it directly rather than under ``torch.vmap``."""
     uses_class_means: ClassVar[bool] = False
     """True for a head that predicts with class means set by the training loop
     (``set_class_means(h_train, y_train)`` after every epoch)."""
@@ -235,6 +252,7 @@ class CCE(LossHead):
     """
 
     name = "cce"
+    stacks_without_vmap = True
 
     def __init__(self, num_classes: int, embedding_size: int) -> None:
         super().__init__(num_classes, embedding_size)
@@ -249,7 +267,7 @@ class CCE(LossHead):
         sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor,
         lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor, state: Mapping[str, torch.Tensor],
     ) -> torch.Tensor:
-        return F.cross_entropy(sim, labels)
+        return _cross_entropy(sim, labels)
 
 
 class CenterLoss(CCE):
@@ -280,7 +298,9 @@ class CenterLoss(CCE):
         sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor,
         lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor, state: Mapping[str, torch.Tensor],
     ) -> torch.Tensor:
-        return F.cross_entropy(sim, labels) + lam * _center_core(h, labels, state["centers"])
+        if isinstance(lam, torch.Tensor) and lam.dim() == 2:  # a stack's (M, 1) lambdas
+            lam = lam.squeeze(1)
+        return _cross_entropy(sim, labels) + lam * _center_core(h, labels, state["centers"])
 
     @torch.no_grad()
     def after_batch(self, h: torch.Tensor, labels: torch.Tensor) -> None:
@@ -305,6 +325,7 @@ class CosineCOREL(LossHead):
     """
 
     name = "cosine"
+    stacks_without_vmap = True
 
     def __init__(self, num_classes: int, embedding_size: int, lam: float = 0.5) -> None:
         super().__init__(num_classes, embedding_size)
@@ -361,6 +382,7 @@ class GaussianCOREL(LossHead):
     """
 
     name = "gaussian"
+    stacks_without_vmap = True
     fixed_gamma: torch.Tensor
 
     def __init__(

@@ -7,24 +7,33 @@ prediction of every COREL variant is ``argmax_k s(h, w_k)``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["SIMILARITIES", "check_pair", "cosine", "dot", "gaussian"]
+__all__ = ["SIMILARITIES", "SquaredDistances", "check_pair", "cosine", "dot", "gaussian", "squared_distances"]
 
 # Below this norm a vector counts as zero; its cosine similarity is then 0.
 _EPS = 1e-12
 
 
 def check_pair(h: torch.Tensor, W: torch.Tensor) -> None:
-    """Raise ValueError unless h is (N, H) and W is (K, H), both floating point."""
+    """Raise ValueError unless h is (N, H) and W is (K, H), both floating point.
+
+    A stack of M such pairs, h (M, N, H) and W (M, K, H), is checked the same way (the
+    stacked trainer scores every member at once); the leading sizes must agree.
+    """
     if not isinstance(h, torch.Tensor) or not isinstance(W, torch.Tensor):
         raise ValueError("h and W must be torch tensors")
-    if h.dim() != 2:
+    if h.dim() < 2:
         raise ValueError(f"h must have shape (N, H); got {tuple(h.shape)}")
-    if W.dim() != 2:
+    if W.dim() < 2:
         raise ValueError(f"W must have shape (K, H); got {tuple(W.shape)}")
-    if h.shape[1] != W.shape[1]:
+    if h.dim() != W.dim() or h.shape[:-2] != W.shape[:-2]:
+        raise ValueError(f"h must have shape (N, H) and W (K, H) (or the same stack of them); "
+                         f"got h {tuple(h.shape)} and W {tuple(W.shape)}")
+    if h.shape[-1] != W.shape[-1]:
         raise ValueError(
             f"h and W must share the feature dimension H; got h {tuple(h.shape)} "
             f"and W {tuple(W.shape)}"
@@ -36,20 +45,20 @@ def check_pair(h: torch.Tensor, W: torch.Tensor) -> None:
 def dot(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """s_dot(h, w_k) = h . w_k — the similarity behind cross-entropy (CCE)."""
     check_pair(h, W)
-    return h @ W.T
+    return h @ W.mT
 
 
 def cosine(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """s_cos(h, w_k) = h . w_k / (|h| |w_k|), in [-1, 1] (Cosine-COREL)."""
     check_pair(h, W)
-    return F.normalize(h, dim=1, eps=_EPS) @ F.normalize(W, dim=1, eps=_EPS).T
+    return F.normalize(h, dim=-1, eps=_EPS) @ F.normalize(W, dim=-1, eps=_EPS).mT
 
 
 def gaussian(h: torch.Tensor, W: torch.Tensor, gamma: float | torch.Tensor = 0.5) -> torch.Tensor:
     """s_gau(h, w_k) = -gamma |h - w_k|^2 (Gaussian-COREL), gamma > 0.
 
-    The distance is taken from the differences h - w_k (``cdist`` without its
-    matrix-product shortcut) rather than expanded as |h|^2 - 2 h.w_k + |w_k|^2:
+    The squared distance is summed from the differences h - w_k
+    (:func:`squared_distances`) rather than expanded as |h|^2 - 2 h.w_k + |w_k|^2:
     the expansion cancels catastrophically when |h| is large and h is close to
     w_k (at |h| ~ 500 a point on its class vector came out 0.03 away in float32).
     At zero distance the gradient is 0, as it is for the squared distance.
@@ -64,8 +73,44 @@ def gaussian(h: torch.Tensor, W: torch.Tensor, gamma: float | torch.Tensor = 0.5
 def _gaussian(h: torch.Tensor, W: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     """:func:`gaussian` without its checks, for a head whose gamma is positive by
     construction (reading a tensor's sign to check it would wait for a GPU every step)."""
-    dist = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist")
-    return -gamma * dist.square()
+    return -gamma * squared_distances(h, W)
+
+
+def squared_distances(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """|h_n - w_k|^2 for h (..., N, H) and W (..., K, H): (..., N, K), summed from the
+    differences, never expanded as |h|^2 - 2 h.w + |w|^2 (see :func:`gaussian`).
+
+    With gradients it is one autograd node, :class:`SquaredDistances`, whose backward
+    reuses the differences (d/dh_n = 2 sum_k g_nk (h_n - w_k)); elsewhere (inference,
+    ``torch.func`` transforms, a trace or an export) the same sum as plain operations.
+    """
+    if torch.is_autocast_enabled(h.device.type):  # in float32 under autocast, as cdist is
+        h, W = h.float(), W.float()
+    if (torch.is_grad_enabled() and (h.requires_grad or W.requires_grad)
+            and not torch._C._are_functorch_transforms_active()
+            and not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export()):
+        out: torch.Tensor = SquaredDistances.apply(h, W)
+        return out
+    return (h.unsqueeze(-2) - W.unsqueeze(-3)).square().sum(-1)
+
+
+class SquaredDistances(torch.autograd.Function):
+    """|h_n - w_k|^2 as one node: the forward keeps the differences for the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        diff = h.unsqueeze(-2) - W.unsqueeze(-3)  # (..., N, K, H)
+        ctx.save_for_backward(diff)
+        return diff.square().sum(-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        (diff,) = ctx.saved_tensors
+        # d|h - w|^2 = 2 (h - w) . (dh - dw)
+        weighted = diff * (2.0 * grad).unsqueeze(-1)
+        grad_h = weighted.sum(-2) if ctx.needs_input_grad[0] else None
+        grad_w = -weighted.sum(-3) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w
 
 
 SIMILARITIES = {"dot": dot, "cosine": cosine, "gaussian": gaussian}

@@ -52,9 +52,10 @@ from corel.grouping import as_spec, check_group
 from corel.loss_catalog import declaration
 from corel.losses import check_labels
 from corel.models import FFNN, Classifier
+from corel.optim import adam
 from corel.progress import EpochMetrics, GroupCallback
 from corel.spec import ExperimentSpec
-from corel.training import EVAL_BATCH, Run, adam, build_model, make_optimizer
+from corel.training import EVAL_BATCH, Run, build_model, make_optimizer, pass_totals
 
 __all__ = ["StackedRun"]
 
@@ -257,17 +258,21 @@ class StackedRun:
         return buffers["head.fixed_gamma"].to(dtype)
 
     def _similarities(self, params: Tensors, buffers: Tensors, h: torch.Tensor) -> torch.Tensor:
-        """The head's s(h, w_k), as the loss head's ``similarities`` computes it."""
+        """The head's s(h, w_k), as the loss head's ``similarities`` computes it: of one
+        member under vmap (h (N, H)), or of every member at once (h (M, N, H))."""
         W = params["head.W"]
         kind = declaration(self.loss_name).similarity
+        stacked = h.dim() == 3
         if kind == "dot":  # the dot-product heads (CCE's) carry a bias
-            return similarity.dot(h, W) + params["head.bias"]
+            bias = params["head.bias"]
+            return similarity.dot(h, W) + (bias.unsqueeze(-2) if stacked else bias)
         if kind == "cosine":
             return similarity.cosine(h, W)
         # s_gau(h, w; gamma) = gamma * s_gau(h, w; 1): gamma is a per-member tensor here,
         # which similarity.gaussian's range check cannot look at under vmap. Both sides
         # round the same product, so this is bit for bit the head's value.
-        return self._gamma(params, buffers, h.dtype) * similarity.gaussian(h, W, 1.0)
+        gamma = self._gamma(params, buffers, h.dtype)
+        return (gamma.view(-1, 1, 1) if stacked else gamma) * similarity.gaussian(h, W, 1.0)
 
     def _member_encode(self, params: Tensors, buffers: Tensors, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = functional_call(self._template, {**params, **buffers}, (x,))
@@ -290,6 +295,22 @@ class StackedRun:
         # The head's own functional form, as its loss() computes it.
         state = {name.removeprefix("head."): t for name, t in buffers.items() if name.startswith("head.")}
         loss = losses.LOSSES[self.loss_name].functional_loss(sim, h, y, lam, one_minus_lam, state)
+        return loss, sim
+
+    def _stacked_loss(self, h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(losses (M,), similarities (M, N, K)) of every member at once: the head's own
+        functional form on the stack, for heads that take one (``stacks_without_vmap``);
+        what ``vmap(_member_loss)`` computes, without vmap's per-operation cost."""
+        head = losses.LOSSES[self.loss_name]
+        if not head.stacks_without_vmap:
+            loss, sim = self._vmapped_loss(self.params, self.buffers, self.lam, self.one_minus_lam, h, y)
+            return loss, sim
+        with autocast(self.device, self.precision):  # bf16: as corel.training.forward_loss
+            sim = self._similarities(self.params, self.buffers, h)
+        if self.precision != "fp32":
+            h, sim = h.float(), sim.float()
+        state = {name.removeprefix("head."): t for name, t in self.buffers.items() if name.startswith("head.")}
+        loss = head.functional_loss(sim, h, y, self.lam.unsqueeze(1), self.one_minus_lam.unsqueeze(1), state)
         return loss, sim
 
     def _member_predict(self, params: Tensors, buffers: Tensors, h: torch.Tensor) -> torch.Tensor:
@@ -323,19 +344,17 @@ class StackedRun:
         batch_size = self.specs[0].batch_size
         order = torch.randperm(n, generator=self.shuffle).to(self.device)
         x, y = data.x_train, data.y_train
-        # Accumulated in double precision, as the solo loop does with Python floats.
-        total_loss = torch.zeros(self.size, dtype=torch.float64, device=self.device)
-        correct = torch.zeros(self.size, dtype=torch.int64, device=self.device)
-        params, optimizer = self.params, self.optimizer
+        # Per step into buffers, added up at the end of the pass, as the solo loop does.
+        losses = torch.empty(-(-n // batch_size), self.size, dtype=torch.float64, device=self.device)
+        predicted = torch.empty(self.size, n, dtype=torch.int64, device=self.device)
+        optimizer = self.optimizer
         for step, start in enumerate(range(0, n, batch_size)):
             idx = order[start : start + batch_size]
             xb, yb = x.index_select(0, idx), y.index_select(0, idx)
             optimizer.zero_grad(set_to_none=True)
             with autocast(self.device, self.precision):
                 h = self.encode(xb)
-            loss, sim = self._vmapped_loss(
-                params, self.buffers, self.lam, self.one_minus_lam, h, yb
-            )
+            loss, sim = self._stacked_loss(h, yb)
             # d(sum_m L_m)/d(theta_m) = dL_m/d(theta_m): each member gets its own gradient.
             loss.sum().backward()
             optimizer.step()
@@ -345,10 +364,11 @@ class StackedRun:
                     self.buffers["head.centers"] = self._vmapped_center_update(
                         centers, h.detach(), yb, self.alpha
                     )
-            total_loss += loss.detach().double() * len(idx)
-            correct += (sim.detach().argmax(2) == yb).sum(1)
+            losses[step] = loss.detach()
+            torch.argmax(sim.detach(), 2, out=predicted[:, start : start + batch_size])
             if any(cb.on_batch_end(step) for cb in callbacks):
                 return None
+        total_loss, correct = pass_totals(losses, predicted, y.index_select(0, order), batch_size)
         return total_loss.tolist(), [int(c) for c in correct.tolist()]
 
     @torch.inference_mode()

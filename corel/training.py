@@ -50,6 +50,7 @@ from corel.guards import (
 )
 from corel.losses import check_labels
 from corel.models import Classifier, build_classifier
+from corel.optim import adam
 from corel.progress import Callback, EpochMetrics
 from corel.spec import ExperimentSpec
 
@@ -87,8 +88,8 @@ def train_step(
     model: Classifier, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
 ) -> tuple[float, int]:
     """One Adam step on a batch; returns (loss, number of correct predictions)."""
-    loss, correct = _step(model, optimizer, x, y, check=True)
-    return float(loss), int(correct)
+    loss, sim = _step(model, optimizer, x, y, check=True)
+    return float(loss), int((sim.argmax(1) == y).sum())
 
 
 def forward_loss(
@@ -112,15 +113,14 @@ def _step(
     model: Classifier, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
     check: bool, precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`train_step` with its results left as tensors on the model's device."""
+    """:func:`train_step` with its results left as tensors on the model's device: the
+    loss and the similarities it was computed from (before this step), detached."""
     optimizer.zero_grad(set_to_none=True)
     loss, h, sim = forward_loss(model, x, y, check=check, precision=precision)
     loss.backward()
     optimizer.step()
     model.head.after_batch(h.detach(), y)
-    # Training accuracy from the similarities the loss used (before this step).
-    correct = (sim.detach().argmax(1) == y).sum()
-    return loss.detach(), correct
+    return loss.detach(), sim.detach()
 
 
 @torch.inference_mode()
@@ -235,28 +235,45 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
     run's own generator, so it is reproducible and resumable. None if a callback
     asked to stop.
 
-    Per step it does only the step: the labels are validated once for the pass, and
-    the loss and correct counts add up on the device (in float64, as Python floats
-    would), so nothing waits for a GPU until the pass ends.
+    Per step it does only the step and two writes: the labels are validated once for
+    the pass, each step's loss and predictions go into buffers on the device, and the
+    pass adds them up at its end (:func:`pass_totals`), so nothing waits for a GPU
+    until the pass ends.
     """
     model, data = run.model, run.data
     model.train()
     n = len(data.y_train)
     check_labels(data.y_train, n, data.num_classes)
+    batch = run.spec.batch_size
     order = torch.randperm(n, generator=run.shuffle).to(run.device)
     x, y = data.x_train, data.y_train
-    total_loss = torch.zeros((), dtype=torch.float64, device=run.device)
-    correct = torch.zeros((), dtype=torch.int64, device=run.device)
-    for step, start in enumerate(range(0, n, run.spec.batch_size)):
-        idx = order[start : start + run.spec.batch_size]
+    losses = torch.empty(-(-n // batch), dtype=torch.float64, device=run.device)
+    predicted = torch.empty(n, dtype=torch.int64, device=run.device)
+    for step, start in enumerate(range(0, n, batch)):
+        idx = order[start : start + batch]
         # index_select: the same rows as x[idx], gathered ~2.5x faster.
         xb, yb = x.index_select(0, idx), y.index_select(0, idx)
-        loss, ok = _step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
-        total_loss += loss.double() * len(idx)
-        correct += ok
+        loss, sim = _step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
+        losses[step] = loss
+        # Training accuracy from the similarities the loss used (before this step).
+        torch.argmax(sim, 1, out=predicted[start : start + batch])
         if any(cb.on_batch_end(step) for cb in callbacks):
             return None
+    total_loss, correct = pass_totals(losses, predicted, y.index_select(0, order), batch)
     return float(total_loss), int(correct)
+
+
+def pass_totals(
+    losses: torch.Tensor, predicted: torch.Tensor, labels: torch.Tensor, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed loss, correct) of a pass from its per-step batch means ``losses`` (steps,
+    ...) and its predictions ``predicted`` (..., n) of the rows ``labels`` (n,), in order:
+    each batch mean times its batch's size, added up in float64 (as Python floats would)."""
+    n = labels.shape[0]
+    sizes = torch.full((losses.shape[0],), float(batch_size), dtype=torch.float64, device=losses.device)
+    sizes[-1] = n - batch_size * (losses.shape[0] - 1)
+    weighted = losses.double() * (sizes if losses.dim() == 1 else sizes.unsqueeze(1))
+    return weighted.sum(0), (predicted == labels).sum(-1)
 
 
 def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | None:
@@ -328,15 +345,6 @@ def build_model(spec: ExperimentSpec, data: Dataset, device: torch.device) -> Cl
     if data.dtype != torch.float32:
         model = model.to(data.dtype)
     return model.to(device)
-
-
-def adam(params: Iterable[torch.Tensor], lr: float) -> torch.optim.Adam:
-    """Adam (the paper's optimiser), fused into one kernel per step where torch has one."""
-    tensors = list(params)
-    try:
-        return torch.optim.Adam(tensors, lr=lr, fused=True)
-    except (RuntimeError, ValueError):
-        return torch.optim.Adam(tensors, lr=lr)
 
 
 def make_optimizer(model: Classifier, lr: float) -> torch.optim.Adam:

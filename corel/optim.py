@@ -1,0 +1,75 @@
+"""Adam, the paper's optimiser, as torch's fused kernel without the per-step Python around it.
+
+``torch.optim.Adam(fused=True)`` spends more time in ``Optimizer.step``'s Python (hooks,
+profiler records, regrouping the tensors by device and dtype, the state look-ups of
+``_init_group``) than in its one kernel when the model is as small as the paper's FFNN.
+:class:`FusedAdam` is that optimiser, with the same state, ``state_dict`` and kernel: its
+``step`` hands the same lists to the same ``torch._fused_adam_`` call once every parameter
+has its state, so the weights and moments it leaves are bit for bit those of
+``torch.optim.Adam(fused=True)`` (``tests/corel/test_optim.py``). The first step (which
+creates the state), and anything unusual (a closure, step hooks, several groups, AMSGrad,
+weight decay, a parameter without a gradient), go through ``torch.optim.Adam.step``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["FusedAdam", "adam"]
+
+
+class FusedAdam(torch.optim.Adam):
+    """``torch.optim.Adam(params, lr, fused=True)`` with a lean ``step`` (see the module)."""
+
+    def __init__(self, params: Iterable[torch.Tensor], lr: float) -> None:
+        super().__init__(params, lr=lr, fused=True)
+
+    def _lean_lists(self) -> tuple[list[torch.Tensor], ...] | None:
+        if len(self.param_groups) != 1 or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks:
+            return None
+        group = self.param_groups[0]
+        if group["amsgrad"] or group["weight_decay"] or group["maximize"] or group["differentiable"]:
+            return None
+        params: list[torch.Tensor] = group["params"]
+        grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
+        for p in params:
+            state = self.state.get(p)
+            if p.grad is None or not state or p.grad.is_sparse:
+                return None
+            grads.append(p.grad)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        if len({(p.device, p.dtype) for p in params}) != 1:
+            return None  # torch groups them by device and dtype; one kernel call each
+        return params, grads, exp_avgs, exp_avg_sqs, steps
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        lists = None if closure is not None else self._lean_lists()
+        if lists is None:
+            return super().step(closure)
+        params, grads, exp_avgs, exp_avg_sqs, steps = lists
+        group = self.param_groups[0]
+        beta1, beta2 = group["betas"]
+        # What torch.optim.adam._fused_adam does for one device and dtype.
+        torch._foreach_add_(steps, 1)
+        torch._fused_adam_(
+            params, grads, exp_avgs, exp_avg_sqs, [], steps,
+            amsgrad=False, lr=group["lr"], beta1=float(beta1), beta2=float(beta2),
+            weight_decay=0.0, eps=group["eps"], maximize=False, grad_scale=None, found_inf=None,
+        )
+        return None
+
+
+def adam(params: Iterable[torch.Tensor], lr: float) -> torch.optim.Adam:
+    """Adam (the paper's optimiser) with lr ``lr``: :class:`FusedAdam` where torch has the
+    fused kernel for these tensors, else the plain ``torch.optim.Adam``."""
+    tensors = list(params)
+    try:
+        return FusedAdam(tensors, lr)
+    except (RuntimeError, ValueError):
+        return torch.optim.Adam(tensors, lr=lr)

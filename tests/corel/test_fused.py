@@ -1,0 +1,152 @@
+"""The FFNN as one autograd node (corel.fused) and the lean Adam step (corel.optim): the
+same numbers as autograd and torch.optim.Adam, bit for bit, and really used in training."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from corel.fused import LeakyMLP, fusable
+from corel.models import FFNN
+from corel.optim import FusedAdam
+from corel.similarity import squared_distances
+
+
+def _pair(dtype, dropout=0.0):
+    torch.manual_seed(0)
+    model = FFNN((1, 28, 28), hidden=32, dropout=dropout).to(dtype)
+    return model, copy.deepcopy(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_the_fused_ffnn_gives_autograds_outputs_and_gradients_bit_for_bit(dtype, input_grad):
+    fused, plain = _pair(dtype)
+    x = torch.randn(37, 1, 28, 28, dtype=dtype, requires_grad=input_grad)
+    x_plain = x.detach().clone().requires_grad_(input_grad)
+    out = fused(x)
+    assert type(out.grad_fn).__name__ == "LeakyMLPBackward"  # the fused node ran
+    ref = plain.net(x_plain)
+    assert type(ref.grad_fn).__name__ != "LeakyMLPBackward"
+    assert torch.equal(out, ref)
+    g = torch.randn_like(out)
+    out.backward(g)
+    ref.backward(g)
+    for (name, a), b in zip(fused.named_parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad), name
+        assert a.grad.stride() == b.grad.stride(), name
+    if input_grad:
+        assert torch.equal(x.grad, x_plain.grad)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_the_fused_ffnn_stands_aside_where_the_plain_modules_must_run():
+    model, _ = _pair(torch.float32)
+    x = torch.randn(4, 1, 28, 28)
+    with torch.no_grad():
+        assert model(x).grad_fn is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert type(model(x).grad_fn).__name__ != "LeakyMLPBackward"
+    traced = torch.jit.trace(model, x, check_trace=False)  # a trace records the modules
+    assert torch.equal(traced(x), model(x).detach())
+    dropout, _ = _pair(torch.float32, dropout=0.5)
+    assert fusable(dropout.net) is None
+    assert type(dropout(x).grad_fn).__name__ != "LeakyMLPBackward"
+    assert fusable(nn.Sequential(nn.Linear(3, 3), nn.ReLU())) is None
+
+
+def test_the_fused_node_checks_its_gradient_numerically():
+    torch.manual_seed(1)
+    params = [torch.randn(5, 4, dtype=torch.float64, requires_grad=True),
+              torch.randn(5, dtype=torch.float64, requires_grad=True),
+              torch.randn(3, 5, dtype=torch.float64, requires_grad=True),
+              torch.randn(3, dtype=torch.float64, requires_grad=True)]
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, *p: LeakyMLP.apply(x, 0.1, *p), (x, *params))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_adam_steps_as_torchs_fused_adam_bit_for_bit(dtype):
+    torch.manual_seed(0)
+    ours_model = nn.Sequential(nn.Linear(20, 16), nn.LeakyReLU(0.1), nn.Linear(16, 3)).to(dtype)
+    theirs_model = copy.deepcopy(ours_model)
+    ours = FusedAdam(ours_model.parameters(), lr=1e-3)
+    theirs = torch.optim.Adam(theirs_model.parameters(), lr=1e-3, fused=True)
+    for step in range(6):
+        x = torch.randn(8, 20, dtype=dtype)
+        for model, opt in ((ours_model, ours), (theirs_model, theirs)):
+            opt.zero_grad(set_to_none=True)
+            model(x).square().mean().backward()
+            if step > 0:  # after the first step the lean path is the one taken
+                assert opt is theirs or ours._lean_lists() is not None
+            opt.step()
+    for a, b in zip(ours_model.parameters(), theirs_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    mine, want = ours.state_dict(), theirs.state_dict()
+    assert mine["param_groups"] == want["param_groups"]
+    for index, entry in want["state"].items():
+        for name, value in entry.items():
+            assert torch.equal(mine["state"][index][name], value), name
+    # Its state loads into torch's Adam and back.
+    plain = torch.optim.Adam(theirs_model.parameters(), lr=1e-3, fused=True)
+    plain.load_state_dict(mine)
+    ours.load_state_dict(want)
+
+
+def test_fused_adam_takes_torchs_path_for_what_it_does_not_cover():
+    model = nn.Linear(3, 2)
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    assert opt._lean_lists() is None  # no state yet: the first step creates it
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    model.bias.grad = None
+    model(torch.randn(4, 3)).sum().backward()
+    model.bias.grad = None
+    assert opt._lean_lists() is None  # a parameter without a gradient
+    before = model.bias.detach().clone()
+    opt.step()
+    assert torch.equal(model.bias, before)  # torch's Adam skips it, as it should
+
+
+def test_squared_distances_are_the_definition_with_a_checked_gradient():
+    torch.manual_seed(2)
+    h = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    got = squared_distances(h, W)
+    assert type(got.grad_fn).__name__ == "SquaredDistancesBackward"
+    want = torch.tensor([[float(((h[n] - W[k]) ** 2).sum()) for k in range(3)] for n in range(7)],
+                        dtype=torch.float64)
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-14)
+    assert torch.autograd.gradcheck(squared_distances, (h, W))
+    # A stack of pairs is each pair's distances; under no_grad the same values.
+    hs, Ws = torch.randn(4, 7, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64)
+    stacked = squared_distances(hs.requires_grad_(), Ws)
+    for m in range(4):
+        torch.testing.assert_close(stacked[m], squared_distances(hs[m], Ws[m]), rtol=0, atol=0)
+    with torch.no_grad():
+        assert torch.equal(squared_distances(h, W), got.detach())
+
+
+@pytest.mark.parametrize("loss", ["cce", "center", "cosine", "gaussian"])
+def test_the_stacked_loss_without_vmap_is_the_vmapped_members(loss):
+    from corel.data import load_dataset
+    from corel.spec import ExperimentSpec
+    from corel.stacked import StackedRun
+
+    data = load_dataset(ExperimentSpec(dataset="digits")).astype(torch.float64)
+    specs = [ExperimentSpec(dataset="digits", model="ffnn", loss=loss, lam=lam, epochs=1)
+             for lam in (0.3, 0.6, 0.9)]
+    group = StackedRun.start(specs, data, device="cpu")
+    if loss == "center":  # centers away from zero, so that the term is not trivial
+        group.buffers["head.centers"] = torch.randn_like(group.buffers["head.centers"])
+    x, y = data.x_train[:50], data.y_train[:50]
+    h = group.encode(x)
+    got, got_sim = group._stacked_loss(h, y)
+    want, want_sim = group._vmapped_loss(group.params, group.buffers, group.lam,
+                                         group.one_minus_lam, h, y)
+    assert got.shape == (3,)
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(got_sim, want_sim, rtol=1e-13, atol=1e-13)
