@@ -45,13 +45,13 @@ def check_pair(h: torch.Tensor, W: torch.Tensor) -> None:
 def dot(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """s_dot(h, w_k) = h . w_k — the similarity behind cross-entropy (CCE)."""
     check_pair(h, W)
-    return h @ W.mT
+    return h @ W.transpose(-2, -1)
 
 
 def cosine(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """s_cos(h, w_k) = h . w_k / (|h| |w_k|), in [-1, 1] (Cosine-COREL)."""
     check_pair(h, W)
-    return F.normalize(h, dim=-1, eps=_EPS) @ F.normalize(W, dim=-1, eps=_EPS).mT
+    return F.normalize(h, dim=-1, eps=_EPS) @ F.normalize(W, dim=-1, eps=_EPS).transpose(-2, -1)
 
 
 def gaussian(h: torch.Tensor, W: torch.Tensor, gamma: float | torch.Tensor = 0.5) -> torch.Tensor:
