@@ -20,14 +20,88 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def to_device(data: Dataset, device: torch.device) -> Dataset:
-    """``data`` with every split on ``device`` (the same object on the CPU)."""
+# Data takes at most this share of the device's free memory to be held there for a run;
+# the rest is left to the model, its gradients, Adam's moments and the activations.
+RESIDENT_SHARE = 0.5
+
+
+def data_bytes(data: Dataset) -> int:
+    """The bytes of every split's tensors."""
+    return sum(getattr(data, name).numel() * getattr(data, name).element_size() for name in SPLITS)
+
+
+def fits_on_device(data: Dataset, device: torch.device) -> bool:
+    """Whether ``data`` is held on ``device`` for the whole run: always on the CPU; on a
+    GPU where it takes at most :data:`RESIDENT_SHARE` of the free memory."""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return data_bytes(data) <= RESIDENT_SHARE * free
+
+
+def to_device(data: Dataset, device: torch.device, resident: bool | None = None) -> Dataset:
+    """``data`` for a run on ``device`` (the same object on the CPU).
+
+    Where it fits (:func:`fits_on_device`; ``resident`` overrides), every split is moved
+    there once, so that no batch crosses from the host. Otherwise the inputs stay on the
+    host in pinned (page-locked) memory, which :class:`Batches` copies from asynchronously
+    a batch at a time, and only the labels move.
+    """
     if device.type == "cpu":
         return data
+    if resident is None:
+        resident = fits_on_device(data, device)
     moved = copy.copy(data)
     for name in SPLITS:
-        setattr(moved, name, getattr(data, name).to(device))
+        tensor = getattr(data, name)
+        if resident or name.startswith("y_"):
+            setattr(moved, name, tensor.to(device))
+        else:
+            setattr(moved, name, tensor.cpu().pin_memory())
     return moved
+
+
+class Batches:
+    """A pass's training batches by index, on ``device``.
+
+    Data held on the device (or on the CPU, for a CPU run): one ``index_select`` of the
+    rows a batch. Inputs held on the host (:func:`to_device`): gathered into one of two
+    pinned staging buffers, then copied with ``non_blocking=True``, so that the copy of one
+    batch overlaps the work on the previous one; a buffer is written again only once its
+    last copy has finished.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_size: int):
+        self.x, self.y, self.device = x, y, device
+        self.host = x.device != device
+        self._staging: list[torch.Tensor] = []
+        self._copied: list[Any] = []
+        if self.host:
+            shape = (batch_size, *x.shape[1:])
+            self._staging = [torch.empty(shape, dtype=x.dtype, pin_memory=True) for _ in range(2)]
+            self._copied = [None, None]
+        self._turn = 0
+
+    def order(self, permutation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the permutation on the device, on the host) for :meth:`take`."""
+        return permutation.to(self.device), permutation
+
+    def take(self, idx: torch.Tensor, idx_host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows ``idx`` (on the device; ``idx_host``: the same on the host) as (x, y)."""
+        yb = self.y.index_select(0, idx)
+        if not self.host:
+            # index_select: the same rows as x[idx], gathered ~2.5x faster.
+            return self.x.index_select(0, idx), yb
+        turn, self._turn = self._turn, 1 - self._turn
+        if self._copied[turn] is not None:
+            self._copied[turn].synchronize()
+        staging = self._staging[turn][: len(idx_host)]
+        torch.index_select(self.x, 0, idx_host, out=staging)
+        xb = staging.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._copied[turn] = event
+        return xb, yb
 
 
 def effective_precision(device: torch.device, precision: str) -> str:

@@ -19,6 +19,7 @@ it is stored.
 
 from __future__ import annotations
 
+import copy
 import json
 import struct
 from collections.abc import Callable
@@ -110,6 +111,23 @@ class VectorIndex:
         return len(self.labels)
 
     @property
+    def device(self) -> torch.device:
+        """Where exact search runs: the rows' device (an HNSW graph searches on the CPU)."""
+        return self._exact.device if self._exact is not None else torch.device("cpu")
+
+    def to(self, device: str | torch.device) -> VectorIndex:
+        """This index with its exact rows on ``device`` (a GPU searches them there); the
+        same object where nothing moves (already there, or an HNSW graph: faiss here is
+        its CPU build)."""
+        device = torch.device(device)
+        if self._exact is None or self._exact.device == device:
+            return self
+        moved = copy.copy(self)
+        moved._exact = self._exact.to(device)
+        moved._norms = self._norms.to(device) if self._norms is not None else None
+        return moved
+
+    @property
     def dim(self) -> int:
         return self._dim
 
@@ -198,6 +216,7 @@ class VectorIndex:
     def _search_exact(self, q: torch.Tensor, k: int, chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
         assert self._exact is not None
         ref = self._exact
+        q = q.to(ref.device)
         dists, rows = [], []
         for start in range(0, len(q), chunk):
             part = q[start:start + chunk]
@@ -215,7 +234,7 @@ class VectorIndex:
             order = torch.argsort(exact, dim=1, stable=True)[:, :k]
             dists.append(torch.gather(exact, 1, order))
             rows.append(torch.gather(wide, 1, order))
-        return torch.cat(dists).numpy(), torch.cat(rows).numpy()
+        return torch.cat(dists).cpu().numpy(), torch.cat(rows).cpu().numpy()
 
     # -- bytes ------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -227,7 +246,7 @@ class VectorIndex:
             payload = _faiss().serialize_index(self._faiss).tobytes()
         else:
             assert self._exact is not None
-            payload = self._exact.numpy().tobytes()
+            payload = self._exact.cpu().numpy().tobytes()
         header["ordered"] = self._order is not None
         head = json.dumps(header).encode()
         order = self._order.tobytes() if self._order is not None else b""

@@ -47,7 +47,7 @@ from torch.func import functional_call, stack_module_state
 from corel import losses, similarity
 from corel.checkpoints import check_resumable, cpu_state, restore_rng
 from corel.data import Dataset
-from corel.device import autocast, effective_precision, pick_device, to_device
+from corel.device import Batches, autocast, effective_precision, pick_device, to_device
 from corel.grouping import as_spec, check_group
 from corel.loss_catalog import declaration
 from corel.losses import check_labels
@@ -342,15 +342,14 @@ class StackedRun:
         n = len(data.y_train)
         check_labels(data.y_train, n, data.num_classes)
         batch_size = self.specs[0].batch_size
-        order = torch.randperm(n, generator=self.shuffle).to(self.device)
-        x, y = data.x_train, data.y_train
+        batches = Batches(data.x_train, data.y_train, self.device, batch_size)
+        order, order_host = batches.order(torch.randperm(n, generator=self.shuffle))
         # Per step into buffers, added up at the end of the pass, as the solo loop does.
         losses = torch.empty(-(-n // batch_size), self.size, dtype=torch.float64, device=self.device)
         predicted = torch.empty(self.size, n, dtype=torch.int64, device=self.device)
         optimizer = self.optimizer
         for step, start in enumerate(range(0, n, batch_size)):
-            idx = order[start : start + batch_size]
-            xb, yb = x.index_select(0, idx), y.index_select(0, idx)
+            xb, yb = batches.take(order[start : start + batch_size], order_host[start : start + batch_size])
             optimizer.zero_grad(set_to_none=True)
             with autocast(self.device, self.precision):
                 h = self.encode(xb)
@@ -368,7 +367,7 @@ class StackedRun:
             torch.argmax(sim.detach(), 2, out=predicted[:, start : start + batch_size])
             if any(cb.on_batch_end(step) for cb in callbacks):
                 return None
-        total_loss, correct = pass_totals(losses, predicted, y.index_select(0, order), batch_size)
+        total_loss, correct = pass_totals(losses, predicted, data.y_train.index_select(0, order), batch_size)
         return total_loss.tolist(), [int(c) for c in correct.tolist()]
 
     @torch.inference_mode()
@@ -379,7 +378,8 @@ class StackedRun:
         was_training = self._template.training
         self._template.eval()
         try:
-            chunks = [self.encode(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)]
+            chunks = [self.encode(x[i : i + EVAL_BATCH].to(self.device, non_blocking=True))
+                      for i in range(0, len(x), EVAL_BATCH)]
             h = torch.cat(chunks, dim=1)
             preds = self._vmapped_predict(self.params, self.buffers, h)
         finally:

@@ -40,7 +40,7 @@ from corel.checkpoints import (
     rng_state,
 )
 from corel.data import Dataset, load_dataset
-from corel.device import autocast, effective_precision, pick_device, to_device
+from corel.device import Batches, autocast, effective_precision, pick_device, to_device
 from corel.guards import (
     CHANCE_EPOCHS,
     ChanceGuard,
@@ -125,11 +125,14 @@ def _step(
 
 @torch.inference_mode()
 def embed_all(model: Classifier, x: torch.Tensor, batch_size: int = EVAL_BATCH) -> torch.Tensor:
-    """Representations of every row of x, in eval mode, on x's device."""
+    """Representations of every row of x, in eval mode, on the model's device (rows held
+    on the host are copied there a chunk at a time)."""
     was_training = model.training
     model.eval()
+    device = model.head.W.device
     try:
-        return torch.cat([model.encoder(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+        return torch.cat([model.encoder(x[i : i + batch_size].to(device, non_blocking=True))
+                          for i in range(0, len(x), batch_size)])
     finally:
         model.train(was_training)
 
@@ -245,21 +248,19 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
     n = len(data.y_train)
     check_labels(data.y_train, n, data.num_classes)
     batch = run.spec.batch_size
-    order = torch.randperm(n, generator=run.shuffle).to(run.device)
-    x, y = data.x_train, data.y_train
+    batches = Batches(data.x_train, data.y_train, run.device, batch)
+    order, order_host = batches.order(torch.randperm(n, generator=run.shuffle))
     losses = torch.empty(-(-n // batch), dtype=torch.float64, device=run.device)
     predicted = torch.empty(n, dtype=torch.int64, device=run.device)
     for step, start in enumerate(range(0, n, batch)):
-        idx = order[start : start + batch]
-        # index_select: the same rows as x[idx], gathered ~2.5x faster.
-        xb, yb = x.index_select(0, idx), y.index_select(0, idx)
+        xb, yb = batches.take(order[start : start + batch], order_host[start : start + batch])
         loss, sim = _step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
         losses[step] = loss
         # Training accuracy from the similarities the loss used (before this step).
         torch.argmax(sim, 1, out=predicted[start : start + batch])
         if any(cb.on_batch_end(step) for cb in callbacks):
             return None
-    total_loss, correct = pass_totals(losses, predicted, y.index_select(0, order), batch)
+    total_loss, correct = pass_totals(losses, predicted, data.y_train.index_select(0, order), batch)
     return float(total_loss), int(correct)
 
 

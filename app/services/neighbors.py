@@ -25,6 +25,7 @@ from app.services.indexes import index_to_search, load_index
 from app.services.lookup import class_names
 from app.services.retrieval import training_rows
 from corel.clustering import default_metric
+from corel.device import pick_device
 from corel.index import VectorIndex
 
 
@@ -37,7 +38,8 @@ def _exact_over_training(state: Any, experiment_id: int, loss: str) -> VectorInd
         raise Conflict(f"experiment {experiment_id} has {len(labels)} training rows, more than "
                        f"exact search takes (COREL_EXACT_SEARCH_MAX_ROWS, {limit}), and no index; "
                        f"build one with POST /experiments/{experiment_id}/index, then search again")
-    return VectorIndex.build(reps, labels, default_metric(loss), "exact", class_names=names)
+    index = VectorIndex.build(reps, labels, default_metric(loss), "exact", class_names=names)
+    return index.to(pick_device(state.settings.device))  # exact search on the GPU, where there is one
 
 
 def _reference(state: Any, experiment_id: int, loss: str, index_id: int | None) -> tuple[int | None, VectorIndex]:
@@ -51,7 +53,7 @@ def _reference(state: Any, experiment_id: int, loss: str, index_id: int | None) 
 
     def load() -> VectorIndex:
         with session_scope(state.sessionmaker) as session:
-            return load_index(session, chosen)
+            return load_index(session, chosen).to(pick_device(state.settings.device))
     return chosen, state.references.get(("index", chosen), load)
 
 

@@ -115,3 +115,17 @@ def test_bad_input_is_a_value_error_that_says_what_is_allowed():
         index.search(x[:1, :5], 3)
     with pytest.raises(ValueError, match="not a corel index"):
         VectorIndex.from_bytes(b"nonsense" * 10)
+
+
+def test_an_exact_index_moves_to_a_device_and_a_graph_stays():
+    from corel.index import VectorIndex
+
+    rng = np.random.default_rng(0)
+    rows, labels = rng.normal(size=(40, 6)).astype(np.float32), rng.integers(0, 3, 40)
+    exact = VectorIndex.build(rows, labels, "euclidean", "exact")
+    assert exact.device.type == "cpu" and exact.to("cpu") is exact
+    moved = exact.to("meta")  # a device without data: where a GPU would be
+    assert moved.device.type == "meta" and exact.device.type == "cpu"
+    assert moved is not exact and moved.labels is exact.labels
+    graph = VectorIndex.build(rows, labels, "euclidean", "hnsw")
+    assert graph.to("meta") is graph and graph.device.type == "cpu"

@@ -66,3 +66,60 @@ def test_a_gpu_checkpoint_serves_on_the_gpu_and_on_the_cpu(digits):
     cpu_run = fit(BASE, data=digits, device="cpu")
     _, model = model_from_checkpoint(checkpoint_from_bytes(checkpoint_to_bytes(cpu_run.run.best_checkpoint())), "cuda")
     assert model.head.W.device.type == "cuda"
+
+
+def test_data_too_large_for_the_gpu_stays_pinned_on_the_host_and_batches_cross_asynchronously(
+        digits, monkeypatch):
+    import corel.device
+
+    resident = fit(BASE, data=digits)  # digits fits: held on the GPU
+    assert resident.run.data.x_train.device.type == "cuda"
+    monkeypatch.setattr(corel.device, "fits_on_device", lambda data, device: False)
+    run = start_run(BASE, data=digits)
+    assert run.device.type == "cuda"
+    assert run.data.x_train.device.type == "cpu" and run.data.x_train.is_pinned()
+    assert run.data.y_train.device.type == "cuda"
+    seen: list[torch.device] = []
+    hook = run.model.encoder.register_forward_pre_hook(lambda m, args: seen.append(args[0].device))
+    assert train_pass(run) is not None
+    hook.remove()
+    assert seen and all(d.type == "cuda" for d in seen)  # every batch copied to the GPU
+    hosted = fit(BASE, data=digits)
+    assert hosted.run.data.x_train.device.type == "cpu"
+    # The same batches in the same order as the resident run: the same training.
+    assert hosted.history[-1].train_loss == pytest.approx(resident.history[-1].train_loss, rel=1e-4)
+    for name, value in resident.model.state_dict().items():
+        torch.testing.assert_close(hosted.model.state_dict()[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_exact_neighbour_search_runs_on_the_gpu(digits):
+    from corel.index import VectorIndex
+
+    rows = np.asarray(digits.x_train.cpu().flatten(1), dtype=np.float32)
+    labels = np.asarray(digits.y_train.cpu())
+    for geometry in ("euclidean", "cosine"):
+        on_cpu = VectorIndex.build(rows, labels, geometry, "exact")
+        on_gpu = on_cpu.to("cuda")
+        assert on_gpu.device.type == "cuda" and on_cpu.device.type == "cpu"
+        d_gpu, r_gpu = on_gpu.search(rows[:50], 5)
+        d_cpu, r_cpu = on_cpu.search(rows[:50], 5)
+        np.testing.assert_allclose(d_gpu, d_cpu, rtol=1e-4, atol=1e-4)
+        assert (r_gpu[:, 0] == r_cpu[:, 0]).mean() > 0.95
+        assert VectorIndex.from_bytes(on_gpu.to_bytes()).device.type == "cpu"
+
+
+def test_a_gpu_trained_run_exports_and_runs_under_onnxruntime_on_the_cpu(digits):
+    import onnxruntime as ort
+
+    from corel.export import export
+
+    result = fit(BASE, data=digits)
+    assert result.run.device.type == "cuda"
+    checkpoint = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    session = ort.InferenceSession(export(checkpoint, "onnx"), providers=["CPUExecutionProvider"])
+    served = ServedModel.from_checkpoint(checkpoint, "cpu")
+    rows = np.asarray(digits.x_test[:16].cpu(), dtype=np.float32)
+    h, sims = session.run(None, {"x": rows})
+    torch.testing.assert_close(torch.from_numpy(h), served.embed(served.prepare(rows)).cpu(),
+                               rtol=1e-4, atol=1e-4)
+    assert sims.shape == (16, digits.num_classes)
