@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -62,6 +63,11 @@ class DatasetUpload(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     summary: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Who created it (app.services.access): None when created with no users (open mode)
+    # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign
+    # key: adding one would rebuild the table on SQLite, and users are never deleted.
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     blob: Mapped[DatasetBlob] = relationship(cascade="all, delete-orphan", lazy="raise")
 
 
@@ -86,6 +92,11 @@ class Sweep(Base):
     size: Mapped[int] = mapped_column(Integer)
     vectorize: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Who created it (app.services.access): None when created with no users (open mode)
+    # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign
+    # key: adding one would rebuild the table on SQLite, and users are never deleted.
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Experiment(Base):
@@ -128,6 +139,11 @@ class Experiment(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Who created it (app.services.access): None when created with no users (open mode)
+    # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign
+    # key: adding one would rebuild the table on SQLite, and users are never deleted.
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class EpochMetric(Base):
@@ -249,6 +265,10 @@ class LeasedJob:
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Who created the job (app.services.access): None when created with no users (open mode)
+    # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign
+    # key: adding one would rebuild the table on SQLite, and users are never deleted.
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
 
 
 class EmbeddingJob(LeasedJob, Base):
@@ -317,3 +337,71 @@ class NeighborIndexChunk(Base):
     )
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+# --- users, their tokens, sharing, and the audit log (app/auth.py, app/services/access.py) ---
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiToken(Base):
+    """A user's bearer token, stored only as the SHA-256 of the token (tokens are 256
+    random bits: no salt or slow hash needed). Checked on every request, so revoking or
+    expiring one takes effect on the next request in every API process."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    scope: Mapped[str] = mapped_column(String(8))  # "read" | "write" | "admin"
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Share(Base):
+    """One user's access ("read" or "write") to an experiment, a sweep or an upload: one
+    of the three ids is set. Foreign keys with cascades, so that a deleted resource's
+    shares go with it and never grant access to a later row with the same id."""
+
+    __tablename__ = "shares"
+    __table_args__ = (UniqueConstraint("experiment_id", "user_id"),
+                      UniqueConstraint("sweep_id", "user_id"),
+                      UniqueConstraint("dataset_id", "user_id"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    experiment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"))
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    access: Mapped[str] = mapped_column(String(8))  # "read" | "write"
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AuditEntry(Base):
+    """One write through the API: who, when, what, which row, and how it ended. A write
+    that succeeded is recorded in the write's own transaction, one that failed in a
+    transaction of its own (app/services/audit.py)."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    user_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), index=True)
+    token_id: Mapped[int | None] = mapped_column(Integer)
+    client: Mapped[str | None] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(160), index=True)  # "POST /experiments/{id}/cancel"
+    resource: Mapped[str | None] = mapped_column(String(32), index=True)
+    resource_id: Mapped[int | None] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(16))  # "ok" | "failed"
+    status: Mapped[int | None] = mapped_column(Integer)
+    detail: Mapped[str | None] = mapped_column(String(500))
