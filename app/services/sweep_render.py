@@ -41,6 +41,9 @@ def rows_by_table(rep: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append({"table": "clustering", "loss": r["loss"], "lam": r["lam"],
                          "algorithm": r["algorithm"], "score": score, "value": r[score], "n": r["n"],
                          "metric": r["metric"]})
+            if r.get("paper"):
+                rows.append({"table": "clustering_paper", "loss": r["loss"], "algorithm": r["algorithm"],
+                             "score": score, "value": r["paper"][score]})
     retrieval = rep.get("retrieval")
     if retrieval:
         for r in retrieval["rows"]:
@@ -99,13 +102,21 @@ def to_markdown(rep: dict[str, Any], paper: dict[str, float] | None = None) -> s
                   f"{short_name(c['runner_up'])} over {len(c['paired_seeds'])} "
                   f"seeds: p = {p} ({c['significance']})."]
     if rep["clustering"]:
+        with_paper = any("paper" in r for r in rep["clustering"])
         lines += ["", "### Clustering of the test latent space (mean over seeds; paper Tables 3-4)", "",
-                  "| loss | algorithm | geometry | accuracy | ARI | V-measure | silhouette |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| loss | algorithm | geometry | accuracy | ARI | V-measure | silhouette |"
+                  + (" paper accuracy | paper ARI | paper V-measure | paper silhouette |" if with_paper else ""),
+                  "|---|---|---|---|---|---|---|" + ("---|---|---|---|" if with_paper else "")]
         for r in rep["clustering"]:
             sil = "-" if r["silhouette"] is None else f"{r['silhouette']:.3f}"
-            lines.append(f"| {short_name(r['loss'])} | {r['algorithm']} | {r['metric']} | "
-                         f"{_pct(r['accuracy'])} | {r['ari']:.3f} | {r['v_measure']:.3f} | {sil} |")
+            line = (f"| {short_name(r['loss'])} | {r['algorithm']} | {r['metric']} | "
+                    f"{_pct(r['accuracy'])} | {r['ari']:.3f} | {r['v_measure']:.3f} | {sil} |")
+            if with_paper:
+                paper = r.get("paper")
+                line += (" - | - | - | - |" if paper is None else
+                         f" {_pct(paper['accuracy'])} | {paper['ari']:.3f} | {paper['v_measure']:.3f} | "
+                         f"{paper['silhouette']:.3f} |")
+            lines.append(line)
     retrieval = rep.get("retrieval")
     if retrieval and retrieval["rows"]:
         lines += ["", "### Retrieval: MAP@R of the test split among the training split (%, mean over "

@@ -13,6 +13,9 @@ from PIL import Image
 from scipy import stats
 
 from app.main import create_app
+from app.services.sweep_render import rows_by_table, to_markdown
+from corel import report as corel_report
+from tests.corel.test_report import records as report_records
 
 BASE = {"dataset": "digits", "model": "ffnn", "epochs": 2, "lr": 3e-3, "batch_size": 64}
 
@@ -202,3 +205,16 @@ def test_a_grid_over_a_peer_loss_option_reports_one_row_per_value(client, worker
     assert set(rows) == set(rep["lambda_tuning"]) and all(row["n"] == 2 for row in rows.values())
     md = client.get(f"/sweeps/{sid}/report", params={"format": "markdown", "clustering": "false"}).text
     assert "| arcface (scale=8) |" in md
+
+
+def test_the_markdown_report_puts_the_papers_clustering_beside_ours():
+    published = corel_report.PAPER_CLUSTERING[("fashion-mnist", "cnn")]
+    rep = {"sweep_id": 1, "dataset": "fashion-mnist", "model": "cnn", "size": 5, "succeeded": 5,
+           "not_succeeded": {}, "lambda_tuning": corel_report.lambda_tuning(report_records()),
+           "test_accuracy": {"rows": [], "comparison": None},
+           "clustering": corel_report.clustering_table(report_records(), paper=published), "retrieval": None}
+    text = to_markdown(rep, None)
+    assert "| paper accuracy | paper ARI | paper V-measure | paper silhouette |" in text
+    assert "| 91.30 | 0.824 | 0.840 | 0.740 |" in text
+    paper_rows = [r for r in rows_by_table(rep) if r["table"] == "clustering_paper"]
+    assert {r["score"]: r["value"] for r in paper_rows} == published[("gaussian", "kmeans")]

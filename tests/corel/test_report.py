@@ -94,3 +94,17 @@ def test_paper_numbers_are_there():
     assert report.PAPER_TABLE2[("fashion-mnist", "cnn")] == {"center": 0.35, "cosine": 0.15, "gaussian": 0.85}
     assert report.PAPER_TABLE2[("mnist", "ffnn")]["cosine"] == 0.20
     assert all(set(lams) == {"center", "cosine", "gaussian"} for lams in report.PAPER_TABLE2.values())
+
+
+def test_clustering_rows_carry_the_papers_scores_of_their_setting():
+    paper = report.PAPER_CLUSTERING[("fashion-mnist", "cnn")]
+    assert paper[("gaussian", "kmeans")] == {"accuracy": 0.913, "ari": 0.824, "v_measure": 0.840,
+                                             "silhouette": 0.740}
+    assert paper[("cce", "gmm")]["silhouette"] == 0.296
+    assert report.PAPER_CLUSTERING[("ag-news", "cnn")][("cosine", "kmeans")]["silhouette"] == 0.891
+    assert all(len(rows) == 8 for rows in report.PAPER_CLUSTERING.values())
+    row = report.clustering_table(records(), paper=paper)[0]
+    assert row["paper"] == paper[("gaussian", "kmeans")]
+    assert row["paper"] is not paper[("gaussian", "kmeans")]  # a copy: the table stays as published
+    assert report.clustering_table(records(), paper={})[0]["paper"] is None
+    assert "paper" not in report.clustering_table(records())[0]
