@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
+import anyio.to_thread
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from app.auth import token_problem
+from app.auth import Principal
 from app.db import session_scope
-from app.errors import Unauthorized
+from app.errors import Forbidden, Unauthorized
 from app.queue import TaskQueue
+from app.services import access, audit
 from app.settings import Settings
 
 
@@ -27,9 +29,21 @@ def get_session(request: Request) -> Iterator[Session]:
     ``yield`` (the commit) before it sends the response, so a 2xx always stands for a
     committed write, and a failed commit becomes an error answer instead of a lost write.
     (With the default request scope it would run only after the response has gone.)
+
+    The session carries the request's principal (its new rows get their owner from it),
+    and a write's audit entry is committed with it (app/services/audit.py); a write that
+    fails is recorded once the session has been rolled back.
     """
-    with session_scope(request.app.state.sessionmaker) as session:
-        yield session
+    draft = None
+    factory = request.app.state.sessionmaker
+    try:
+        with session_scope(factory) as session:
+            draft = audit.begin(session, request)
+            yield session
+    except Exception as exc:
+        if draft is not None:
+            audit.record_failure(factory, draft, exc)
+        raise
 
 
 def get_queue(request: Request) -> TaskQueue:
@@ -42,17 +56,59 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 QueueDep = Annotated[TaskQueue, Depends(get_queue)]
 
 
-def require_token(request: Request, settings: SettingsDep) -> None:
-    """When COREL_API_TOKEN is set, mutating endpoints need 'Authorization: Bearer <token>'.
+def get_principal(request: Request) -> Principal:
+    """Who the request acts for, as :class:`app.middleware.RequestGuard` found it."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None:
+        raise Unauthorized("this endpoint needs an 'Authorization: Bearer <token>' header")
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def require_token(principal: PrincipalDep) -> None:
+    """Mutating endpoints need a token that may write.
 
     :class:`app.middleware.RequestGuard` has checked this before the body was read; this
     dependency keeps the routes safe on their own (and documents them in OpenAPI).
     """
-    if settings.api_token is None:
-        return
-    problem = token_problem(settings, request.headers.get("authorization", ""))
-    if problem is not None:
-        raise Unauthorized(problem)
+    if not principal.can_write:
+        raise Forbidden("this token may only read (scope read)")
 
 
 AuthDep = Depends(require_token)
+
+
+async def require_access(request: Request, kind: str, row_id: int, need: access.Need = "read") -> None:
+    """:func:`app.services.access.check` for a row a request names outside its path (the
+    experiment of /embed and /predict), in a session of its own; admins pass without a
+    query, so the hot inference path of the open mode never waits on the database."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None or principal.admin:
+        return
+
+    def check() -> None:
+        with request.app.state.sessionmaker() as session:
+            access.check(session, principal, kind, row_id, need)
+
+    await anyio.to_thread.run_sync(check)
+
+
+async def check_path_access(request: Request) -> None:
+    """Every row the path names (an experiment, a sweep, an upload, a job, an index) must
+    be one the principal may read, or change when the request changes it
+    (:func:`app.services.access.check_path`): a 404 otherwise, or a 403. Installed on the
+    whole app, so that no route can forget it; admins pass without a query."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None or principal.admin:
+        return
+    params = request.path_params
+    if not any(isinstance(params.get(name), int) for name in access.PATH_PARAMS):
+        return
+
+    def check() -> None:
+        with request.app.state.sessionmaker() as session:
+            access.check_path(session, principal, request.method, request.url.path, params)
+
+    await anyio.to_thread.run_sync(check)

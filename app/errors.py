@@ -50,6 +50,11 @@ class Unauthorized(DomainError):
     error = "unauthorized"
 
 
+class Forbidden(DomainError):
+    status_code = 403
+    error = "forbidden"
+
+
 class NotFound(DomainError):
     status_code = 404
     error = "not_found"

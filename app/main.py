@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from app import openapi
+from app.auth import FailureBudget, UsersExist
 from app.broker import broker_memory_since, make_celery
 from app.db import make_engine, make_sessionmaker
+from app.deps import check_path_access
 from app.errors import install_error_handlers
 from app.lifecycle import reconcile_in_background
 from app.logging import configure_logging
@@ -30,7 +32,9 @@ from app.routes import (
     indexes,
     inference,
     losses,
+    shares,
     sweeps,
+    users,
 )
 from app.services.events import EventHub
 from app.services.inference import InferenceRunner
@@ -92,8 +96,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         # Served by app/web from local files, not from a CDN (a blank page offline).
         docs_url=None, redoc_url=None,
+        # Whatever a path names (an experiment, a sweep, ...), the caller must be allowed to
+        # see it: checked for every route, so that none can forget (app/services/access.py).
+        dependencies=[Depends(check_path_access)],
     )
     app.state.settings = settings
+    # Read by app.middleware.RequestGuard: whether the open mode has ended, and failed
+    # authentications per client address.
+    app.state.users_exist = UsersExist(lambda: app.state.sessionmaker)
+    app.state.auth_failures = FailureBudget()
     app.state.metrics = metrics = ApiMetrics(settings)
 
     install_error_handlers(app)
@@ -110,6 +121,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(embedding_jobs.router)
     app.include_router(indexes.router)
     app.include_router(losses.router)
+    app.include_router(shares.router)
+    app.include_router(users.router)
     app.include_router(web_router)  # the dashboard: / and /ui/...
     app.include_router(metrics_router)
     openapi.install(app, token_routes=settings.api_token is not None)

@@ -10,16 +10,32 @@ do so through :func:`on_response_start`.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import anyio.to_thread
 import orjson
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 
-from app.auth import needs_token, token_problem
+from app.auth import (
+    ANONYMOUS_READER,
+    BOOTSTRAP,
+    OPEN,
+    TOKEN_PREFIX,
+    Principal,
+    bearer,
+    is_admin_path,
+    is_open_path,
+    is_write,
+    lookup_token,
+    query_has_token,
+)
+from app.db import DATABASE_UNAVAILABLE
+from app.errors import RETRY_AFTER
 from app.metrics import METHODS, ApiMetrics, RouteTemplates
 from app.openapi import path_pattern
 from app.settings import Settings
@@ -147,13 +163,12 @@ class RequestGuard(HttpMiddleware):
     async def handle(self, scope: Any, receive: Any, send: Any) -> None:
         headers = {k.lower(): v for k, v in scope.get("headers", ())}
         method, path = scope["method"], scope["path"]
-        if needs_token(self.settings, method, path):
-            problem = token_problem(
-                self.settings, headers.get(b"authorization", b"").decode("latin-1"))
-            if problem is not None:
-                await _answer(send, 401, "unauthorized", problem,
-                              {"www-authenticate": "Bearer"})
-                return
+        if not is_open_path(path):
+            principal = await self.authenticate(scope, headers, send)
+            if principal is None:
+                return  # answered
+            # Read by app.deps (the routes) and app.services.audit.
+            scope.setdefault("state", {})["principal"] = principal
         limit = self.body_limit(path)
         declared = headers.get(b"content-length", b"").decode("latin-1").strip()
         if declared and (not declared.isdigit() or int(declared) > limit):
@@ -162,6 +177,84 @@ class RequestGuard(HttpMiddleware):
                           f"this one declares {declared}")
             return
         await self.limited[limit](scope, receive, send)
+
+    async def authenticate(self, scope: Any, headers: dict[bytes, bytes],
+                           send: Any) -> Principal | None:
+        """The request's principal (see app.auth), or None once a refusal is sent: 401
+        (no, a malformed, an unknown, a revoked or an expired token; a token in the URL),
+        403 (a token whose scope does not allow this), 429 (too many failures from this
+        address), 503 (the database cannot say)."""
+        settings, state = self.settings, scope["app"].state
+        method, path = scope["method"], scope["path"]
+        address = (scope.get("client") or ("unknown",))[0]
+        unauthorized = {"www-authenticate": "Bearer"}
+        if query_has_token(scope.get("query_string", b"")):
+            await _answer(send, 401, "unauthorized", "send the token in an 'Authorization: "
+                          "Bearer <token>' header, never in the URL", unauthorized)
+            return None
+        authorization = headers.get(b"authorization", b"").decode("latin-1")
+        try:
+            if settings.api_token is None and not await _users_exist(state):
+                return OPEN  # no users yet: open, as before there were any
+            if not authorization:
+                if not settings.api_token_reads and method in ("GET", "HEAD", "OPTIONS"):
+                    return ANONYMOUS_READER
+                await _answer(send, 401, "unauthorized", "this endpoint needs an "
+                              "'Authorization: Bearer <token>' header", unauthorized)
+                return None
+            budget = state.auth_failures
+            wait = budget.retry_after(address)
+            if wait:
+                log.warning("authentication refused: too many failures",
+                            extra={"client": address, "path": path, "retry_after": wait})
+                await _answer(send, 429, "too_many_requests", "too many failed authentications "
+                              f"from this address; retry in {wait} s", {"retry-after": str(wait)})
+                return None
+            principal = await self.resolve(state, bearer(authorization))
+        except DATABASE_UNAVAILABLE as exc:
+            log.warning("database unavailable", extra={"error": type(exc).__name__})
+            await _answer(send, 503, "service_unavailable", "the database is unreachable or "
+                          f"not answering; nothing was changed, retry in {RETRY_AFTER} s",
+                          {"retry-after": str(RETRY_AFTER)})
+            return None
+        if isinstance(principal, str):
+            budget.fail(address)
+            log.warning("authentication failed", extra={"client": address, "path": path,
+                                                        "reason": principal})
+            await _answer(send, 401, "unauthorized", principal, unauthorized)
+            return None
+        if is_admin_path(path) and not principal.admin:
+            await _answer(send, 403, "forbidden", f"this endpoint needs an admin token; this "
+                          f"one's scope is {principal.scope}")
+            return None
+        if is_write(method, path) and not principal.can_write:
+            await _answer(send, 403, "forbidden", "this token may only read (scope read); "
+                          f"{method} {path} needs a write token")
+            return None
+        return principal
+
+    async def resolve(self, state: Any, token: str | None) -> Principal | str:
+        """The principal of a bearer token, or why it is refused."""
+        if token is None:
+            return "this endpoint needs an 'Authorization: Bearer <token>' header"
+        if self.settings.api_token is not None and hmac.compare_digest(
+                token.encode(), self.settings.api_token.get_secret_value().encode()):
+            return BOOTSTRAP
+        if not token.startswith(TOKEN_PREFIX):
+            return "the bearer token is not valid"
+
+        def lookup() -> Principal | str:
+            with state.sessionmaker() as session:
+                return lookup_token(session, token)
+
+        return await anyio.to_thread.run_sync(lookup)
+
+
+async def _users_exist(state: Any) -> bool:
+    known = state.users_exist.cached()
+    if known is None:  # the first request: wait for the answer once
+        known = await anyio.to_thread.run_sync(state.users_exist.probe)
+    return bool(known)
 
 
 async def _answer(send: Any, status: int, error: str, detail: str,

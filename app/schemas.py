@@ -504,3 +504,86 @@ class EmbeddingJobRead(BaseModel):
     created_at: Timestamp
     started_at: Timestamp | None
     finished_at: Timestamp | None
+
+
+# --- users, tokens, shares and the audit log (issue 25) --------------------------------
+
+class UserCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
+    admin: bool = False
+
+
+class UserRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    admin: bool
+    created_at: datetime
+
+
+class TokenCreate(BaseModel):
+    scope: Literal["read", "write", "admin"] = "write"
+    expires_days: float | None = Field(default=None, gt=0, le=3650,
+                                       description="days until the token stops working; none: never")
+
+
+class TokenRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    user_id: int
+    scope: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenRead):
+    token: str = Field(description="The token itself: shown this once, stored only as a hash.")
+
+
+class ShareCreate(BaseModel):
+    """Share with a user (``user_id`` and ``access``), or make readable by every user or
+    not (``public``)."""
+
+    user_id: int | None = Field(default=None, ge=1, le=MAX_ID)
+    access: Literal["read", "write"] = "read"
+    public: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ShareCreate:
+        if (self.user_id is None) == (self.public is None):
+            raise ValueError('give either "user_id" (with "access") or "public"')
+        return self
+
+
+class ShareRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    user_id: int
+    access: str
+
+
+class SharesRead(BaseModel):
+    resource: str
+    id: int
+    owner_id: int | None
+    public: bool
+    shares: list[ShareRead]
+
+
+class AuditRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    at: datetime
+    user_id: int | None
+    token_id: int | None
+    client: str | None
+    action: str
+    resource: str | None
+    resource_id: int | None
+    outcome: str
+    status: int | None
+    detail: str | None

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
+from app.deps import require_access
 from app.errors import MAX_ID, InvalidInput, PayloadTooLarge, check_id, describe_errors
 from app.openapi import without_nulls
 from app.schemas import InferenceRequest, NeighborsRequest
@@ -223,6 +224,7 @@ async def _run(
 ) -> tuple[InferenceRequest, LoadedModel, torch.Tensor, torch.Tensor | None]:
     """The request, its model, and the representations (and similarities) of its inputs."""
     req: InferenceRequest = await _read_request(request)
+    await require_access(request, "experiment", req.experiment_id)
     loaded, h, sims = await inference.infer(request.app.state, req, similarities)
     return req, loaded, h, sims
 

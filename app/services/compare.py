@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import MAX_ID, Conflict, InvalidInput, NotFound
 from app.models import Experiment, Status
+from app.services import access
 from app.services.clustering import clustering_report
 from corel.clustering import ALGORITHMS
 from corel.loss_catalog import declaration
@@ -61,7 +62,10 @@ def _shown_spec(exp: Experiment) -> dict[str, Any]:
 
 def compare(session: Session, ids: list[int]) -> dict[str, Any]:
     possible = [i for i in ids if 1 <= i <= MAX_ID]  # others cannot exist (and PG refuses them)
-    found = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_(possible)))}
+    # Another user's private run is as missing as one that does not exist.
+    visible = access.readable(access.principal_of(session), Experiment)
+    found = {e.id: e for e in session.scalars(
+        select(Experiment).where(Experiment.id.in_(possible), visible))}
     missing = [i for i in ids if i not in found]
     if missing:
         raise NotFound(

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import MAX_ID, InvalidInput, NotFound
 from app.models import DatasetBlob, DatasetUpload, utcnow
+from app.services import access
 from app.services.lookup import get_or_404
 from corel.data import tables, validate_ag_news_csv, validate_npz
 from corel.data.image_folders import read_image_folder
@@ -175,15 +176,21 @@ def referenced_upload(session: Session, dataset_id: int) -> DatasetUpload:
     upload = session.get(DatasetUpload, dataset_id) if 1 <= dataset_id <= MAX_ID else None
     if upload is None:
         raise NotFound(f"dataset_id {dataset_id} does not exist; upload with POST /datasets")
+    try:
+        access.require(session, "dataset", dataset_id, "read")
+    except NotFound as exc:  # another user's private upload: as if there were none
+        raise NotFound(f"dataset_id {dataset_id} does not exist; upload with POST /datasets") from exc
     return upload
 
 
 def list_uploads(session: Session, limit: int, offset: int) -> tuple[list[DatasetUpload], int]:
     """A page of uploads, newest first, and how many there are."""
+    visible = access.readable(access.principal_of(session), DatasetUpload)
     rows = session.scalars(
-        select(DatasetUpload).order_by(DatasetUpload.id.desc()).limit(limit).offset(offset)
+        select(DatasetUpload).where(visible).order_by(DatasetUpload.id.desc()).limit(limit)
+        .offset(offset)
     ).all()
-    total = session.scalar(select(func.count()).select_from(DatasetUpload)) or 0
+    total = session.scalar(select(func.count()).select_from(DatasetUpload).where(visible)) or 0
     return list(rows), total
 
 

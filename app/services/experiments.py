@@ -9,6 +9,7 @@ from app import lifecycle
 from app.errors import Conflict, InvalidInput
 from app.models import EpochMetric, Experiment, Status, utcnow
 from app.schemas import ExperimentCreate
+from app.services import access
 from app.services.datasets import referenced_upload
 from app.services.lookup import get_or_404
 
@@ -63,7 +64,7 @@ def list_experiments(
     offset: int,
     sweep_id: int | None = None,
 ) -> tuple[list[Experiment], int]:
-    query = select(Experiment)
+    query = select(Experiment).where(access.readable(access.principal_of(session), Experiment))
     if sweep_id is not None:
         query = query.where(Experiment.sweep_id == sweep_id)
     if status:

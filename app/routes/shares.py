@@ -1,0 +1,62 @@
+"""Sharing: POST /experiments/{id}/shares, /sweeps/{id}/shares and /datasets/{id}/shares
+(the owner or an admin), and GET of the same: who may read or change the row."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.deps import SessionDep
+from app.schemas import ShareCreate, ShareRead, SharesRead
+from app.services import access
+
+router = APIRouter(tags=["sharing"])
+
+SHARE_SUMMARY = "Share with a user (read or write), or make readable by every user (owner or admin)"
+
+
+def _share(session: SessionDep, kind: str, row_id: int, body: ShareCreate) -> SharesRead:
+    access.share(session, kind, row_id, body.user_id, body.access, body.public)
+    return _shares(session, kind, row_id)
+
+
+def _shares(session: SessionDep, kind: str, row_id: int) -> SharesRead:
+    row = access.require(session, kind, row_id, "read")
+    return SharesRead(resource=kind, id=row_id, owner_id=row.owner_id, public=row.public,
+                      shares=[ShareRead.model_validate(s)
+                              for s in access.shares_of(session, kind, row_id)])
+
+
+@router.post("/experiments/{experiment_id:int}/shares", response_model=SharesRead,
+             tags=["experiments"], summary=SHARE_SUMMARY)
+def share_experiment(experiment_id: int, body: ShareCreate, session: SessionDep):
+    return _share(session, "experiment", experiment_id, body)
+
+
+@router.get("/experiments/{experiment_id:int}/shares", response_model=SharesRead,
+            tags=["experiments"], summary="Who may read or change an experiment")
+def experiment_shares(experiment_id: int, session: SessionDep):
+    return _shares(session, "experiment", experiment_id)
+
+
+@router.post("/sweeps/{sweep_id:int}/shares", response_model=SharesRead, tags=["sweeps"],
+             summary=SHARE_SUMMARY)
+def share_sweep(sweep_id: int, body: ShareCreate, session: SessionDep):
+    return _share(session, "sweep", sweep_id, body)
+
+
+@router.get("/sweeps/{sweep_id:int}/shares", response_model=SharesRead, tags=["sweeps"],
+            summary="Who may read or change a sweep")
+def sweep_shares(sweep_id: int, session: SessionDep):
+    return _shares(session, "sweep", sweep_id)
+
+
+@router.post("/datasets/{dataset_id:int}/shares", response_model=SharesRead, tags=["datasets"],
+             summary=SHARE_SUMMARY)
+def share_dataset(dataset_id: int, body: ShareCreate, session: SessionDep):
+    return _share(session, "dataset", dataset_id, body)
+
+
+@router.get("/datasets/{dataset_id:int}/shares", response_model=SharesRead, tags=["datasets"],
+            summary="Who may read or change an uploaded dataset")
+def dataset_shares(dataset_id: int, session: SessionDep):
+    return _shares(session, "dataset", dataset_id)

@@ -1,0 +1,61 @@
+"""Admin routes: users, their tokens, and the audit log (app.auth refuses other scopes)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, status
+
+from app.deps import SessionDep, SettingsDep
+from app.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT
+from app.schemas import AuditRead, Page, TokenCreate, TokenCreated, TokenRead, UserCreate, UserRead
+from app.services import audit as audit_service
+from app.services import users as users_service
+
+router = APIRouter(tags=["users"])
+
+
+@router.post("/users", status_code=status.HTTP_201_CREATED, response_model=UserRead,
+             summary="Add a user (admin)")
+def create_user(body: UserCreate, session: SessionDep, request: Request):
+    user = users_service.create_user(session, body.name, body.admin)
+    request.app.state.users_exist.seen()  # the open mode ends with the first user
+    return user
+
+
+@router.get("/users", response_model=list[UserRead], summary="Every user (admin)")
+def list_users(session: SessionDep):
+    return users_service.list_users(session)
+
+
+@router.post("/users/{user_id:int}/tokens", status_code=status.HTTP_201_CREATED,
+             response_model=TokenCreated,
+             summary="A new token for a user (admin); the answer is the only place it is shown")
+def create_token(user_id: int, body: TokenCreate, session: SessionDep):
+    row, token = users_service.create_token(session, user_id, body.scope, body.expires_days)
+    return TokenCreated.model_validate({**TokenRead.model_validate(row).model_dump(), "token": token})
+
+
+@router.delete("/tokens/{token_id:int}", response_model=TokenRead,
+               summary="Revoke a token (admin): it fails from the next request on")
+def revoke_token(token_id: int, session: SessionDep):
+    return users_service.revoke_token(session, token_id)
+
+
+@router.get("/audit", response_model=Page[AuditRead], summary="The audit log, newest first (admin)")
+def audit(
+    session: SessionDep,
+    settings: SettingsDep,
+    user_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+    action: Annotated[str | None, Query(max_length=160,
+                                        description="entries whose action contains this")] = None,
+    resource: Annotated[str | None, Query(max_length=32)] = None,
+    resource_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+    limit: Annotated[int, Query(ge=1, description=PAGE_LIMIT)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+):
+    limit = min(limit, settings.page_size_limit)
+    rows, total = audit_service.page(session, user_id=user_id, action=action, resource=resource,
+                                     resource_id=resource_id, limit=limit, offset=offset)
+    return Page[AuditRead](items=[AuditRead.model_validate(r) for r in rows], total=total,
+                           limit=limit, offset=offset)

@@ -1,0 +1,175 @@
+"""What a principal may see and change: owners, shares, public rows.
+
+- An admin (the open mode, the bootstrap admin, an admin token) may do anything.
+- Experiments, sweeps and uploads are private to their owner, who (or an admin) may share
+  one with another user for reading or writing, or make it readable by every user. A
+  sweep's members are readable (writable) by whoever may read (write) the sweep.
+- Embedding jobs and indexes belong to who created them.
+- Rows without an owner (created with no users, or by the bootstrap admin) are read as
+  before by an admin and, with COREL_API_TOKEN_READS=false, by anonymous readers.
+
+A row the principal may not read is a 404, as if it did not exist; one it may read but
+not change is a 403.
+
+The request's session carries its principal (``session.info["principal"]``, set by
+:func:`app.deps.get_session`): new rows get their owner from it (:func:`own_new_rows`), and
+services that follow a reference in a body (an upload's ``dataset_id``) check it with
+:func:`require`. Sessions without one (workers, the CLI) are not restricted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from sqlalchemy import ColumnElement, false, or_, select, true
+from sqlalchemy.orm import Session
+
+from app.auth import Principal
+from app.errors import Forbidden, InvalidInput, NotFound
+from app.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, Share, Sweep, User
+from app.services.lookup import get_or_404
+
+Need = Literal["read", "write", "manage"]
+Level = Literal["read", "write", "manage"]
+RANK = {"read": 1, "write": 2, "manage": 3}
+
+# The kinds of owned rows: the path parameter that names one, its model, and its words.
+KINDS: dict[str, tuple[type[Any], str]] = {
+    "experiment": (Experiment, "experiment"),
+    "sweep": (Sweep, "sweep"),
+    "dataset": (DatasetUpload, "dataset"),
+    "embedding_job": (EmbeddingJob, "embedding job"),
+    "index": (NeighborIndex, "index"),
+}
+PATH_PARAMS = {"experiment_id": "experiment", "sweep_id": "sweep", "dataset_id": "dataset",
+               "job_id": "embedding_job", "index_id": "index"}
+SHARE_COLUMNS = {"experiment": Share.experiment_id, "sweep": Share.sweep_id,
+                 "dataset": Share.dataset_id}
+OWNED = tuple(model for model, _ in KINDS.values())
+
+
+def principal_of(session: Session) -> Principal | None:
+    principal: Principal | None = session.info.get("principal")
+    return principal
+
+
+def readable(principal: Principal | None, model: type[Any]) -> ColumnElement[bool]:
+    """A WHERE clause: the rows of ``model`` that ``principal`` may read."""
+    if principal is None or principal.admin:
+        return true()
+    kind = next(k for k, (m, _) in KINDS.items() if m is model)
+    if principal.user_id is None:  # an anonymous reader: what has no owner, and what is public
+        return or_(model.owner_id.is_(None), model.public.is_(True)) if kind in SHARE_COLUMNS \
+            else model.owner_id.is_(None)
+    clauses: list[ColumnElement[bool]] = [model.owner_id == principal.user_id]
+    if kind in SHARE_COLUMNS:
+        column = SHARE_COLUMNS[kind]
+        clauses += [model.public.is_(True),
+                    model.id.in_(select(column).where(Share.user_id == principal.user_id,
+                                                      column.is_not(None)))]
+    if model is Experiment:
+        clauses.append(Experiment.sweep_id.in_(select(Sweep.id).where(readable(principal, Sweep))))
+    return or_(*clauses) if clauses else false()
+
+
+def level_of(session: Session, principal: Principal | None, kind: str, row: Any) -> Level | None:
+    """How far ``principal`` may go with ``row``: None (not even see it), read, write, or
+    manage (share it; its owner and admins)."""
+    if principal is None or principal.admin:
+        return "manage"
+    uid = principal.user_id
+    if uid is None:
+        public = kind in SHARE_COLUMNS and row.public
+        return "read" if row.owner_id is None or public else None
+    if row.owner_id == uid:
+        return "manage"
+    level: Level | None = None
+    if kind in SHARE_COLUMNS:
+        column = SHARE_COLUMNS[kind]
+        shared = session.scalar(select(Share.access).where(column == row.id, Share.user_id == uid))
+        level = "write" if shared == "write" else "read" if shared == "read" or row.public else None
+    if kind == "experiment" and row.sweep_id is not None and level != "write":
+        sweep = session.get(Sweep, row.sweep_id)
+        via = level_of(session, principal, "sweep", sweep) if sweep is not None else None
+        if via is not None:
+            level = "write" if RANK[via] >= RANK["write"] else level or "read"
+    return level
+
+
+def check(session: Session, principal: Principal | None, kind: str, row_id: int,
+          need: Need = "read") -> Any:
+    """The row, if ``principal`` may do what ``need`` says with it: NotFound when it may
+    not read it (or it does not exist), Forbidden when it may read but not change it."""
+    model, what = KINDS[kind]
+    row = get_or_404(session, model, row_id, what)
+    level = level_of(session, principal, kind, row)
+    if level is None:
+        raise NotFound(f"{what} {row_id} does not exist")
+    if RANK[level] < RANK[need]:
+        if need == "manage":
+            raise Forbidden(f"only the owner of {what} {row_id} or an admin may share it")
+        raise Forbidden(f"{what} {row_id} is shared with you for reading only")
+    if need != "read" and principal is not None and not principal.can_write:
+        raise Forbidden("this token may only read (scope read)")
+    return row
+
+
+def require(session: Session, kind: str, row_id: int, need: Need = "read") -> Any:
+    """:func:`check` for the principal of the request this session serves."""
+    return check(session, principal_of(session), kind, row_id, need)
+
+
+def need_of(method: str, path: str) -> Need:
+    """What a request needs of the rows its path names: sharing one needs its owner (or an
+    admin), cancelling or deleting one write access, anything else (reading it, embedding
+    with it, building an index or a batch job from it) read access."""
+    if path.endswith("/shares"):
+        return "manage"
+    if method == "DELETE" or path.endswith("/cancel"):
+        return "write"
+    return "read"
+
+
+def check_path(session: Session, principal: Principal, method: str, path: str,
+               params: dict[str, Any]) -> None:
+    """Every row the request's path names, checked for :func:`need_of` the request."""
+    need = need_of(method, path)
+    for name, kind in PATH_PARAMS.items():
+        if isinstance(params.get(name), int):
+            check(session, principal, kind, params[name], need)
+
+
+def own_new_rows(session: Session) -> None:
+    """Give the rows this session is about to insert their owner: the request's user."""
+    principal = principal_of(session)
+    if principal is None or principal.user_id is None:
+        return
+    for row in session.new:
+        if isinstance(row, OWNED) and row.owner_id is None:
+            row.owner_id = principal.user_id
+
+
+def share(session: Session, kind: str, row_id: int, user_id: int | None,
+          access: Literal["read", "write"] | None, public: bool | None) -> Any:
+    """Share a row with a user (``access``), or make it readable by every user or not
+    (``public``). Idempotent: sharing again changes the access."""
+    row = require(session, kind, row_id, "manage")
+    if public is not None:
+        row.public = public
+    if user_id is not None:
+        if session.get(User, user_id) is None:
+            raise InvalidInput(f"user_id: user {user_id} does not exist")
+        column = SHARE_COLUMNS[kind]
+        existing = session.scalar(select(Share).where(column == row_id, Share.user_id == user_id))
+        if existing is None:
+            session.add(Share(user_id=user_id, access=access or "read",
+                              **{column.key: row_id}))
+        else:
+            existing.access = access or "read"
+    session.flush()
+    return row
+
+
+def shares_of(session: Session, kind: str, row_id: int) -> list[Share]:
+    column = SHARE_COLUMNS[kind]
+    return list(session.scalars(select(Share).where(column == row_id).order_by(Share.id)))

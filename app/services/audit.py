@@ -1,0 +1,147 @@
+"""The audit log: every write through the API, who made it, on which row, how it ended.
+
+:func:`begin` is called by :func:`app.deps.get_session` for each request. For a write it
+adds the entry to the request's own session just before that session commits, so the
+entry and the write are committed together or not at all (a route that commits early,
+such as ``POST /experiments`` before it sends the task, commits the entry with it). A
+write that fails is recorded by :func:`record_failure` in a transaction of its own, once
+the request's has been rolled back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy import ColumnElement, event, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.exceptions import HTTPException
+
+from app.auth import Principal, is_write
+from app.db import session_scope
+from app.errors import DomainError
+from app.models import ApiToken, AuditEntry, Share, User
+from app.services import access
+
+log = logging.getLogger("corel.api")
+
+# What a created row is called in the log.
+CREATED: dict[type[Any], str] = {**{model: kind for kind, (model, _) in access.KINDS.items()},
+           User: "user", ApiToken: "token", Share: "share"}
+PATH_KINDS = {**access.PATH_PARAMS, "user_id": "user", "token_id": "token"}
+
+
+@dataclass
+class Draft:
+    principal: Principal | None
+    client: str | None
+    action: str
+    status: int | None
+    resource: str | None = None
+    resource_id: int | None = None
+    entry: AuditEntry | None = None
+    committed: bool = False
+
+    def row(self, outcome: str, status: int | None, detail: str | None = None) -> AuditEntry:
+        p = self.principal
+        return AuditEntry(user_id=p.user_id if p else None, token_id=p.token_id if p else None,
+                          client=self.client, action=self.action[:160], resource=self.resource,
+                          resource_id=self.resource_id, outcome=outcome, status=status,
+                          detail=detail[:500] if detail else None)
+
+
+def begin(session: Session, request: Request) -> Draft | None:
+    """Bind the request's principal to ``session`` (owners, access checks) and, for a
+    write, arrange for its audit entry; returns the draft of that entry (None: a read)."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    session.info["principal"] = principal
+    event.listen(session, "before_flush", lambda s, *_: access.own_new_rows(s))
+    if not is_write(request.method, request.url.path):
+        return None
+    route = request.scope.get("route")
+    template = getattr(route, "path", request.url.path).replace(":int", "")
+    client = request.client.host if request.client else None
+    draft = Draft(principal, client, f"{request.method} {template}",
+                  getattr(route, "status_code", None) or 200)
+    for name, kind in PATH_KINDS.items():
+        if isinstance(request.path_params.get(name), int):
+            draft.resource, draft.resource_id = kind, request.path_params[name]
+            break
+
+    def created(s: Session, _: Any) -> None:
+        if draft.resource is not None:
+            return
+        for row in s.new:
+            kind = CREATED.get(type(row))
+            if kind is not None:
+                draft.resource, draft.resource_id = kind, row.id
+                return
+
+    def before_commit(s: Session) -> None:
+        if draft.entry is None:
+            draft.entry = draft.row("ok", draft.status)
+            s.add(draft.entry)
+
+    def after_commit(_: Session) -> None:
+        if draft.entry is not None:
+            draft.committed = True
+
+    def after_rollback(_: Session) -> None:
+        if not draft.committed:
+            draft.entry = None  # rolled back with the write: add it again at the next commit
+
+    event.listen(session, "after_flush", created)
+    event.listen(session, "before_commit", before_commit)
+    event.listen(session, "after_commit", after_commit)
+    event.listen(session, "after_soft_rollback", lambda s, _: after_rollback(s))
+    return draft
+
+
+def status_of(exc: BaseException) -> tuple[int, str]:
+    if isinstance(exc, DomainError):
+        return exc.status_code, exc.detail
+    if isinstance(exc, RequestValidationError):
+        return 422, "invalid request"
+    if isinstance(exc, HTTPException):
+        return exc.status_code, str(exc.detail)
+    return 500, type(exc).__name__
+
+
+def record_failure(factory: sessionmaker[Session], draft: Draft, exc: BaseException) -> None:
+    """Record that the write ``draft`` describes failed with ``exc``, in a transaction of
+    its own (the request's has been rolled back). Never raises: a database that is away
+    loses this entry, not the answer."""
+    status, detail = status_of(exc)
+    try:
+        with session_scope(factory) as session:
+            if draft.committed and draft.entry is not None:
+                # The write was committed early and then undone (a task that could not
+                # be sent): its entry says so.
+                session.execute(update(AuditEntry).where(AuditEntry.id == draft.entry.id)
+                                .values(outcome="failed", status=status, detail=detail[:500]))
+            else:
+                session.add(draft.row("failed", status, detail))
+    except Exception as error:
+        log.warning("audit entry not written", extra={"action": draft.action,
+                                                      "error": type(error).__name__})
+
+
+def page(session: Session, *, user_id: int | None, action: str | None, resource: str | None,
+         resource_id: int | None, limit: int, offset: int) -> tuple[list[AuditEntry], int]:
+    """A page of the log, newest first, and how many entries match."""
+    where: list[ColumnElement[bool]] = []
+    if user_id is not None:
+        where.append(AuditEntry.user_id == user_id)
+    if action:
+        where.append(AuditEntry.action.contains(action))
+    if resource:
+        where.append(AuditEntry.resource == resource)
+    if resource_id is not None:
+        where.append(AuditEntry.resource_id == resource_id)
+    total = session.scalar(select(func.count()).select_from(AuditEntry).where(*where)) or 0
+    rows = session.scalars(select(AuditEntry).where(*where).order_by(AuditEntry.id.desc())
+                           .limit(limit).offset(offset))
+    return list(rows), int(total)
