@@ -150,3 +150,21 @@ def test_the_stacked_loss_without_vmap_is_the_vmapped_members(loss):
     assert got.shape == (3,)
     torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
     torch.testing.assert_close(got_sim, want_sim, rtol=1e-13, atol=1e-13)
+
+
+def test_large_problems_measure_distances_with_cdist_and_agree():
+    from corel import similarity
+
+    torch.manual_seed(3)
+    h = torch.randn(400, 40, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(20, 40, dtype=torch.float64, requires_grad=True)
+    assert 400 * 20 * 40 > similarity.MATERIALISED_DIFFERENCES
+    big = squared_distances(h, W)
+    assert type(big.grad_fn).__name__ != "SquaredDistancesBackward"  # cdist, squared
+    small = torch.cat([squared_distances(h[i:i + 100], W) for i in range(0, 400, 100)])
+    assert type(small.grad_fn).__name__ == "CatBackward0"
+    torch.testing.assert_close(big, small, rtol=1e-12, atol=1e-12)
+    g_big = torch.autograd.grad(big.sum(), (h, W))
+    g_small = torch.autograd.grad(small.sum(), (h, W))
+    for a, b in zip(g_big, g_small, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
