@@ -1,0 +1,270 @@
+"""Users, tokens, scopes, sharing and the audit log (issue 25), on the embedded default
+(SQLite) and on PostgreSQL, each on a database of its own: users created here must not
+end the open mode of the suite's shared database."""
+
+from __future__ import annotations
+
+import hmac
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+from sqlalchemy import select, update
+
+import app.services.experiments as experiments_service
+from app.db import make_engine, make_sessionmaker
+from app.errors import Conflict
+from app.main import create_app
+from app.migrate import upgrade
+from app.models import ApiToken, AuditEntry, Experiment, utcnow
+from app.settings import Settings
+from tests.app.conftest import PG_ADMIN_URL, _pg_available, settings_env
+from tests.conftest import REPO, require
+
+BOOT = "bootstrap-s3cret"
+RUN = {"dataset": "digits", "epochs": 1}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def own_settings(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Settings]:
+    if request.param == "sqlite":
+        url, name = f"sqlite:///{tmp_path / 'corel.sqlite3'}", None
+    else:
+        require(_pg_available(), f"PostgreSQL at {PG_ADMIN_URL}")
+        name = f"corel_users_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        url = f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    s = Settings(database_url=url, var_dir=tmp_path, broker_url="memory://", log_level="WARNING",
+                 api_token=SecretStr(BOOT))
+    upgrade(s)
+    yield s
+    if name is not None:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture()
+def api(own_settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(own_settings)) as c:
+        yield c
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+ADMIN = auth(BOOT)
+
+
+def user_token(c: TestClient, name: str, scope: str = "write", admin: bool = False,
+               expires_days: float | None = None) -> tuple[int, int, str]:
+    """(user id, token id, token) of a new user."""
+    r = c.post("/users", json={"name": name, "admin": admin}, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    uid = r.json()["id"]
+    r = c.post(f"/users/{uid}/tokens", json={"scope": scope, "expires_days": expires_days},
+               headers=ADMIN)
+    assert r.status_code == 201, r.text
+    return uid, r.json()["id"], r.json()["token"]
+
+
+def submit(c: TestClient, token: str) -> int:
+    r = c.post("/experiments", json=RUN, headers=auth(token))
+    assert r.status_code == 202, r.text
+    return int(r.json()["id"])
+
+
+def test_open_until_the_first_user_then_tokens(own_settings: Settings) -> None:
+    open_settings = own_settings.model_copy(update={"api_token": None})
+    with TestClient(create_app(open_settings)) as c:
+        assert c.get("/experiments").status_code == 200  # no users: open, as before
+        r = c.post("/users", json={"name": "first", "admin": True})
+        assert r.status_code == 201
+        r = c.get("/experiments")
+        assert r.status_code == 401 and "Authorization: Bearer" in r.json()["detail"]
+        assert c.post("/users/1/tokens", json={"scope": "admin"}).status_code == 401
+    with TestClient(create_app(own_settings)) as c:  # COREL_API_TOKEN stays an admin token
+        assert c.get("/users", headers=ADMIN).json()[0]["name"] == "first"
+
+
+def test_missing_malformed_unknown_revoked_and_expired_tokens_are_401(
+        api: TestClient, own_settings: Settings) -> None:
+    _, token_id, token = user_token(api, "alice")
+    assert api.get("/experiments", headers=auth(token)).status_code == 200
+    for headers in ({}, {"Authorization": f"Basic {token}"}, {"Authorization": "Bearer"},
+                    {"Authorization": f"Bearer {token} extra"},
+                    auth("corel_" + "x" * 43)):
+        r = api.get("/experiments", headers=headers)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", headers
+    assert api.delete(f"/tokens/{token_id}", headers=ADMIN).status_code == 200
+    r = api.get("/experiments", headers=auth(token))
+    assert r.status_code == 401 and "revoked" in r.json()["detail"]
+    _, expiring_id, expiring = user_token(api, "bob", expires_days=1)
+    assert api.get("/experiments", headers=auth(expiring)).status_code == 200
+    factory = make_sessionmaker(engine := make_engine(own_settings.db_url))
+    with factory.begin() as session:
+        session.execute(update(ApiToken).where(ApiToken.id == expiring_id)
+                        .values(expires_at=utcnow() - timedelta(seconds=1)))
+    engine.dispose()
+    r = api.get("/experiments", headers=auth(expiring))
+    assert r.status_code == 401 and "expired" in r.json()["detail"]
+
+
+def test_a_token_in_the_query_string_is_refused(api: TestClient) -> None:
+    _, _, token = user_token(api, "alice")
+    for name in ("token", "access_token"):
+        r = api.get(f"/experiments?{name}={token}", headers=auth(token))
+        assert r.status_code == 401 and "never in the URL" in r.json()["detail"]
+
+
+def test_scopes_read_may_not_write_and_only_admins_manage_users(api: TestClient) -> None:
+    _, _, reader = user_token(api, "reader", scope="read")
+    _, _, writer = user_token(api, "writer")
+    assert api.get("/experiments", headers=auth(reader)).status_code == 200
+    r = api.post("/experiments", json=RUN, headers=auth(reader))
+    assert r.status_code == 403 and r.json()["error"] == "forbidden"
+    for method, path, body in (("POST", "/users", {"name": "x"}), ("GET", "/users", None),
+                               ("GET", "/audit", None), ("DELETE", "/tokens/1", None)):
+        assert api.request(method, path, json=body, headers=auth(writer)).status_code == 403
+    r = api.post("/users", json={"name": "no-admin"}, headers=ADMIN)
+    r = api.post(f"/users/{r.json()['id']}/tokens", json={"scope": "admin"}, headers=ADMIN)
+    assert r.status_code == 422  # an admin token needs an admin user
+
+
+def test_another_users_private_run_is_404_until_shared(api: TestClient) -> None:
+    a_id, _, a = user_token(api, "alice")
+    b_id, _, b = user_token(api, "bob")
+    _, _, c = user_token(api, "carol")
+    run = submit(api, a)
+    assert api.get(f"/experiments/{run}", headers=auth(a)).status_code == 200
+    for method, path, body in (("GET", f"/experiments/{run}", None),
+                               ("GET", f"/experiments/{run}/metrics", None),
+                               ("POST", f"/experiments/{run}/cancel", None),
+                               ("DELETE", f"/experiments/{run}", None),
+                               ("POST", "/embed", {"experiment_id": run, "arrays": [[0.0] * 64]}),
+                               ("POST", f"/experiments/{run}/neighbors", {"arrays": [[0.0] * 64]}),
+                               ("POST", f"/experiments/{run}/shares", {"public": True}),
+                               ("GET", f"/experiments/compare?ids={run}", None)):
+        r = api.request(method, path, json=body, headers=auth(b))
+        assert r.status_code == 404, (method, path, r.text)
+    listed = api.get("/experiments", headers=auth(b)).json()
+    assert listed["total"] == 0 and listed["items"] == []
+    assert [e["id"] for e in api.get("/experiments", headers=auth(a)).json()["items"]] == [run]
+    assert api.get("/experiments", headers=ADMIN).json()["total"] == 1
+
+    r = api.post(f"/experiments/{run}/shares", json={"user_id": 999_999, "access": "read"},
+                 headers=auth(a))
+    assert r.status_code == 422 and "does not exist" in r.json()["detail"]
+    r = api.post(f"/experiments/{run}/shares", json={"user_id": b_id, "access": "read"},
+                 headers=auth(a))
+    assert r.status_code == 200 and r.json()["shares"] == [{"user_id": b_id, "access": "read"}]
+    assert api.get(f"/experiments/{run}", headers=auth(b)).status_code == 200
+    assert api.get("/experiments", headers=auth(b)).json()["total"] == 1
+    assert api.post(f"/experiments/{run}/cancel", headers=auth(b)).status_code == 403
+    assert api.post(f"/experiments/{run}/shares", json={"public": True},
+                    headers=auth(b)).status_code == 403  # only its owner or an admin shares
+    assert api.get(f"/experiments/{run}", headers=auth(c)).status_code == 404
+    assert api.post(f"/experiments/{run}/shares", json={"public": True},
+                    headers=auth(a)).status_code == 200
+    assert api.get(f"/experiments/{run}", headers=auth(c)).status_code == 200
+    assert api.post(f"/experiments/{run}/cancel", headers=auth(c)).status_code == 403
+    api.post(f"/experiments/{run}/shares", json={"user_id": b_id, "access": "write"},
+             headers=auth(a))
+    r = api.post(f"/experiments/{run}/cancel", headers=auth(b))
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert a_id != b_id
+
+
+def test_the_audit_entry_is_written_with_the_write_and_not_without_it(
+        api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    a_id, a_token_id, a = user_token(api, "alice")
+    run = submit(api, a)
+    r = api.get("/audit", params={"user_id": a_id}, headers=ADMIN)
+    entry = r.json()["items"][0]
+    assert r.json()["total"] == 1 and entry["action"] == "POST /experiments"
+    assert (entry["resource"], entry["resource_id"], entry["outcome"], entry["token_id"]) == (
+        "experiment", run, "ok", a_token_id)
+    api.post(f"/experiments/{run}/cancel", headers=auth(a))
+    r = api.get("/audit", params={"resource": "experiment", "resource_id": run,
+                                  "action": "cancel"}, headers=ADMIN)
+    assert [e["action"] for e in r.json()["items"]] == ["POST /experiments/{experiment_id}/cancel"]
+
+    # A write rolled back after its row was flushed: neither the row nor an "ok" entry
+    # stays, and the failure is recorded in a transaction of its own.
+    real = experiments_service.create_experiment
+
+    def flush_then_fail(session: Any, body: Any) -> Experiment:
+        real(session, body)
+        raise Conflict("refused after the flush")
+
+    monkeypatch.setattr(experiments_service, "create_experiment", flush_then_fail)
+    assert api.post("/experiments", json=RUN, headers=auth(a)).status_code == 409
+    assert api.get("/experiments", headers=auth(a)).json()["total"] == 1
+    items = api.get("/audit", params={"user_id": a_id, "action": "POST /experiments"},
+                    headers=ADMIN).json()["items"]
+    assert [(e["outcome"], e["status"]) for e in items] == [("failed", 409), ("ok", 200), ("ok", 202)]
+    assert "refused after the flush" in items[0]["detail"]
+
+
+def test_failed_authentications_are_slowed_down_per_address(api: TestClient,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    _, _, token = user_token(api, "alice")
+    for _ in range(10):
+        assert api.get("/experiments", headers=auth("corel_wrong")).status_code == 401
+    r = api.get("/experiments", headers=auth("corel_wrong"))
+    assert r.status_code == 429 and int(r.headers["retry-after"]) > 0
+    # The address is held off whatever it sends, until its failures leave the minute.
+    assert api.get("/experiments", headers=auth(token)).status_code == 429
+    assert any("authentication failed" in rec.message for rec in caplog.records)
+    api.app.state.auth_failures._failures.clear()  # type: ignore[attr-defined]
+    assert api.get("/experiments", headers=auth(token)).status_code == 200
+
+
+def test_tokens_are_compared_as_digests_in_constant_time(api: TestClient,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, token = user_token(api, "alice")
+    compared: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(a: Any, b: Any) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    last = token[:-1] + ("A" if token[-1] != "A" else "B")
+    first = "x" + token[1:]  # not even the prefix: refused without a lookup
+    for wrong in (last, first, BOOT[:-1] + "X"):
+        assert api.get("/experiments", headers=auth(wrong)).status_code == 401
+    assert api.get("/experiments", headers=auth(token)).status_code == 200
+    # The bootstrap token, and the stored digest of a user's token, went through it.
+    assert any(len(a) == 64 for a, _ in compared) and any(b == BOOT.encode() for _, b in compared)
+
+
+def test_the_cli_adds_users_and_creates_and_revokes_tokens(api: TestClient,
+                                                           own_settings: Settings) -> None:
+    env = settings_env(own_settings)
+
+    def corel(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "corel.cli", *args], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+
+    r = corel("users", "add", "dana", "--admin")
+    assert r.returncode == 0 and "dana (admin)" in r.stdout, r.stderr
+    assert corel("users", "add", "dana").returncode == 1
+    r = corel("tokens", "create", "dana", "--scope", "admin", "--expires", "2")
+    assert r.returncode == 0 and "shown this once" in r.stderr, r.stderr
+    token = r.stdout.strip()
+    token_id = int(r.stderr.split()[1])
+    assert api.get("/users", headers=auth(token)).status_code == 200
+    assert corel("tokens", "create", "nobody").returncode == 1
+    r = corel("tokens", "revoke", str(token_id))
+    assert r.returncode == 0, r.stderr
+    assert api.get("/users", headers=auth(token)).status_code == 401
