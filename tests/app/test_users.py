@@ -16,14 +16,14 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
-from sqlalchemy import select, update
+from sqlalchemy import update
 
 import app.services.experiments as experiments_service
 from app.db import make_engine, make_sessionmaker
 from app.errors import Conflict
 from app.main import create_app
 from app.migrate import upgrade
-from app.models import ApiToken, AuditEntry, Experiment, utcnow
+from app.models import ApiToken, Experiment, utcnow
 from app.settings import Settings
 from tests.app.conftest import PG_ADMIN_URL, _pg_available, settings_env
 from tests.conftest import REPO, require
