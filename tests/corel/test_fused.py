@@ -1,5 +1,6 @@
-"""The FFNN as one autograd node (corel.fused) and the lean Adam step (corel.optim): the
-same numbers as autograd and torch.optim.Adam, bit for bit, and really used in training."""
+"""The FFNN as one autograd node (corel.fused), the lean Adam step (corel.optim) and the
+stacked loss without vmap: the same numbers as autograd, torch.optim.Adam and vmap, and
+really used in training."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from torch import nn
 from corel.fused import LeakyMLP, fusable
 from corel.models import FFNN
 from corel.optim import FusedAdam
-from corel.similarity import squared_distances
 
 
 def _pair(dtype, dropout=0.0):
@@ -111,24 +111,6 @@ def test_fused_adam_takes_torchs_path_for_what_it_does_not_cover():
     assert torch.equal(model.bias, before)  # torch's Adam skips it, as it should
 
 
-def test_squared_distances_are_the_definition_with_a_checked_gradient():
-    torch.manual_seed(2)
-    h = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
-    W = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
-    got = squared_distances(h, W)
-    assert type(got.grad_fn).__name__ == "SquaredDistancesBackward"
-    want = torch.tensor([[float(((h[n] - W[k]) ** 2).sum()) for k in range(3)] for n in range(7)],
-                        dtype=torch.float64)
-    torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-14)
-    assert torch.autograd.gradcheck(squared_distances, (h, W))
-    # A stack of pairs is each pair's distances; under no_grad the same values.
-    hs, Ws = torch.randn(4, 7, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64)
-    stacked = squared_distances(hs.requires_grad_(), Ws)
-    for m in range(4):
-        torch.testing.assert_close(stacked[m], squared_distances(hs[m], Ws[m]), rtol=0, atol=0)
-    with torch.no_grad():
-        assert torch.equal(squared_distances(h, W), got.detach())
-
 
 @pytest.mark.parametrize("loss", ["cce", "center", "cosine", "gaussian"])
 def test_the_stacked_loss_without_vmap_is_the_vmapped_members(loss):
@@ -150,21 +132,3 @@ def test_the_stacked_loss_without_vmap_is_the_vmapped_members(loss):
     assert got.shape == (3,)
     torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
     torch.testing.assert_close(got_sim, want_sim, rtol=1e-13, atol=1e-13)
-
-
-def test_large_problems_measure_distances_with_cdist_and_agree():
-    from corel import similarity
-
-    torch.manual_seed(3)
-    h = torch.randn(400, 40, dtype=torch.float64, requires_grad=True)
-    W = torch.randn(20, 40, dtype=torch.float64, requires_grad=True)
-    assert similarity.MATERIALISED_DIFFERENCES < 400 * 20 * 40
-    big = squared_distances(h, W)
-    assert type(big.grad_fn).__name__ != "SquaredDistancesBackward"  # cdist, squared
-    small = torch.cat([squared_distances(h[i:i + 100], W) for i in range(0, 400, 100)])
-    assert type(small.grad_fn).__name__ == "CatBackward0"
-    torch.testing.assert_close(big, small, rtol=1e-12, atol=1e-12)
-    g_big = torch.autograd.grad(big.sum(), (h, W))
-    g_small = torch.autograd.grad(small.sum(), (h, W))
-    for a, b in zip(g_big, g_small, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
