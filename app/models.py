@@ -68,6 +68,9 @@ class DatasetUpload(Base):
     # key: adding one would rebuild the table on SQLite, and users are never deleted.
     owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
     public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The owner as the read schemas show it: a read-only join on owner_id (no foreign key).
+    owner: Mapped[User | None] = relationship(
+        primaryjoin="foreign(DatasetUpload.owner_id) == User.id", viewonly=True)
     blob: Mapped[DatasetBlob] = relationship(cascade="all, delete-orphan", lazy="raise")
 
 
@@ -97,6 +100,9 @@ class Sweep(Base):
     # key: adding one would rebuild the table on SQLite, and users are never deleted.
     owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
     public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The owner as the read schemas show it: a read-only join on owner_id (no foreign key).
+    owner: Mapped[User | None] = relationship(
+        primaryjoin="foreign(Sweep.owner_id) == User.id", viewonly=True)
 
 
 class Experiment(Base):
@@ -144,6 +150,9 @@ class Experiment(Base):
     # key: adding one would rebuild the table on SQLite, and users are never deleted.
     owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
     public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The owner as the read schemas show it: a read-only join on owner_id (no foreign key).
+    owner: Mapped[User | None] = relationship(
+        primaryjoin="foreign(Experiment.owner_id) == User.id", viewonly=True)
 
 
 class EpochMetric(Base):

@@ -138,6 +138,20 @@ class ExperimentCreate(ExperimentSpec):
         return ExperimentSpec.model_validate(self.model_dump(exclude={"dataset_id"}))
 
 
+class OwnerRead(BaseModel):
+    """Who owns a row: a user's id and name; null for rows made with no users (the open
+    mode) or by the bootstrap admin (COREL_API_TOKEN)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+
+
+OWNER = Field(default=None, description="Its owner (id and name); null: made with no users "
+              "or by the bootstrap admin (COREL_API_TOKEN).")
+
+
 class ExperimentRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -169,6 +183,7 @@ class ExperimentRead(BaseModel):
     created_at: Timestamp
     started_at: Timestamp | None
     finished_at: Timestamp | None
+    owner: OwnerRead | None = OWNER
     warnings: list[str] = Field(
         default_factory=list,
         description="What the spec allows but will most likely not train (Gaussian-COREL "
@@ -251,6 +266,7 @@ class DatasetRead(BaseModel):
                         "folder is stored converted; this is of the user's own file).")
     summary: dict[str, Any]
     created_at: Timestamp
+    owner: OwnerRead | None = OWNER
 
 
 class ErrorBody(BaseModel):
@@ -474,6 +490,7 @@ class SweepSummary(BaseModel):
     done: int
     finished: bool
     created_at: Timestamp
+    owner: OwnerRead | None = OWNER
 
 
 class SweepRead(SweepSummary):
@@ -561,6 +578,7 @@ class ShareCreate(BaseModel):
 class ShareRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
+    id: int = Field(description="The share's id: DELETE .../shares/{share_id} removes it.")
     user_id: int
     access: str
 
@@ -587,3 +605,13 @@ class AuditRead(BaseModel):
     outcome: str
     status: int | None
     detail: str | None
+
+
+class MeRead(BaseModel):
+    """Who the caller is, as its token says (the dashboard shows the admin pages by it)."""
+
+    user_id: int | None = Field(description="The user; null for the open mode (no token and no "
+                                "users), the bootstrap admin (COREL_API_TOKEN) and anonymous readers.")
+    name: str
+    scope: Literal["read", "write", "admin"]
+    admin: bool

@@ -1,5 +1,6 @@
 """Sharing: POST /experiments/{id}/shares, /sweeps/{id}/shares and /datasets/{id}/shares
-(the owner or an admin), and GET of the same: who may read or change the row."""
+(the owner or an admin), GET of the same (who may read or change the row), and DELETE
+.../shares/{share_id} (the owner or an admin) to take one share back."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ from app.services import access
 
 router = APIRouter(tags=["sharing"])
 
+UNSHARE_SUMMARY = "Take a share back (owner or admin): that user's access ends at once"
 SHARE_SUMMARY = "Share with a user (read or write), or make readable by every user (owner or admin)"
 
 
 def _share(session: SessionDep, kind: str, row_id: int, body: ShareCreate) -> SharesRead:
     access.share(session, kind, row_id, body.user_id, body.access, body.public)
+    return _shares(session, kind, row_id)
+
+
+def _unshare(session: SessionDep, kind: str, row_id: int, share_id: int) -> SharesRead:
+    access.unshare(session, kind, row_id, share_id)
     return _shares(session, kind, row_id)
 
 
@@ -38,6 +45,12 @@ def experiment_shares(experiment_id: int, session: SessionDep):
     return _shares(session, "experiment", experiment_id)
 
 
+@router.delete("/experiments/{experiment_id:int}/shares/{share_id:int}", response_model=SharesRead,
+               tags=["experiments"], summary=UNSHARE_SUMMARY)
+def unshare_experiment(experiment_id: int, share_id: int, session: SessionDep):
+    return _unshare(session, "experiment", experiment_id, share_id)
+
+
 @router.post("/sweeps/{sweep_id:int}/shares", response_model=SharesRead, tags=["sweeps"],
              summary=SHARE_SUMMARY)
 def share_sweep(sweep_id: int, body: ShareCreate, session: SessionDep):
@@ -50,6 +63,12 @@ def sweep_shares(sweep_id: int, session: SessionDep):
     return _shares(session, "sweep", sweep_id)
 
 
+@router.delete("/sweeps/{sweep_id:int}/shares/{share_id:int}", response_model=SharesRead,
+               tags=["sweeps"], summary=UNSHARE_SUMMARY)
+def unshare_sweep(sweep_id: int, share_id: int, session: SessionDep):
+    return _unshare(session, "sweep", sweep_id, share_id)
+
+
 @router.post("/datasets/{dataset_id:int}/shares", response_model=SharesRead, tags=["datasets"],
              summary=SHARE_SUMMARY)
 def share_dataset(dataset_id: int, body: ShareCreate, session: SessionDep):
@@ -60,3 +79,9 @@ def share_dataset(dataset_id: int, body: ShareCreate, session: SessionDep):
             summary="Who may read or change an uploaded dataset")
 def dataset_shares(dataset_id: int, session: SessionDep):
     return _shares(session, "dataset", dataset_id)
+
+
+@router.delete("/datasets/{dataset_id:int}/shares/{share_id:int}", response_model=SharesRead,
+               tags=["datasets"], summary=UNSHARE_SUMMARY)
+def unshare_dataset(dataset_id: int, share_id: int, session: SessionDep):
+    return _unshare(session, "dataset", dataset_id, share_id)

@@ -1,4 +1,5 @@
-"""Admin routes: users, their tokens, and the audit log (app.auth refuses other scopes)."""
+"""Admin routes: users, their tokens, and the audit log (app.auth refuses other scopes);
+and GET /me, which any caller may ask: who its token says it is."""
 
 from __future__ import annotations
 
@@ -6,13 +7,29 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
 
-from app.deps import SessionDep, SettingsDep
+from app.deps import PrincipalDep, SessionDep, SettingsDep
 from app.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT
-from app.schemas import AuditRead, Page, TokenCreate, TokenCreated, TokenRead, UserCreate, UserRead
+from app.schemas import (
+    AuditRead,
+    MeRead,
+    Page,
+    TokenCreate,
+    TokenCreated,
+    TokenRead,
+    UserCreate,
+    UserRead,
+)
 from app.services import audit as audit_service
 from app.services import users as users_service
 
 router = APIRouter(tags=["users"])
+
+
+@router.get("/me", response_model=MeRead, summary="Who the caller is: its user, name, scope and "
+            "whether it is an admin")
+def me(principal: PrincipalDep) -> MeRead:
+    return MeRead(user_id=principal.user_id, name=principal.name, scope=principal.scope,
+                  admin=principal.admin)
 
 
 @router.post("/users", status_code=status.HTTP_201_CREATED, response_model=UserRead,

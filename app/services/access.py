@@ -123,7 +123,7 @@ def need_of(method: str, path: str) -> Need:
     """What a request needs of the rows its path names: sharing one needs its owner (or an
     admin), cancelling or deleting one write access, anything else (reading it, embedding
     with it, building an index or a batch job from it) read access."""
-    if path.endswith("/shares"):
+    if path.endswith("/shares") or "/shares/" in path:
         return "manage"
     if method == "DELETE" or path.endswith("/cancel"):
         return "write"
@@ -166,6 +166,19 @@ def share(session: Session, kind: str, row_id: int, user_id: int | None,
                               **{column.key: row_id}))
         else:
             existing.access = access or "read"
+    session.flush()
+    return row
+
+
+def unshare(session: Session, kind: str, row_id: int, share_id: int) -> Any:
+    """Remove one share of a row (its owner or an admin): that user's access ends with the
+    next request. A share of another row is a 404, as one that does not exist."""
+    row = require(session, kind, row_id, "manage")
+    column = SHARE_COLUMNS[kind]
+    found = session.scalar(select(Share).where(Share.id == share_id, column == row_id))
+    if found is None:
+        raise NotFound(f"share {share_id} of {KINDS[kind][1]} {row_id} does not exist")
+    session.delete(found)
     session.flush()
     return row
 

@@ -118,7 +118,8 @@ def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
     return {"id": sweep.id, "base": sweep.base, "grid": sweep.grid,
             "lam_by_loss": sweep.lam_by_loss, "size": sweep.size,
             "vectorize": sweep.vectorize, "counts": counts, "done": done,
-            "finished": done == sweep.size, "experiment_ids": ids, "created_at": sweep.created_at}
+            "finished": done == sweep.size, "experiment_ids": ids, "created_at": sweep.created_at,
+            "owner": sweep.owner}
 
 
 def list_sweeps(session: Session, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
@@ -141,7 +142,8 @@ def list_sweeps(session: Session, limit: int, offset: int) -> tuple[list[dict[st
         done = sum(c[s] for s in FINISHED)
         items.append({"id": sweep.id, "base": sweep.base, "grid": sweep.grid,
                       "lam_by_loss": sweep.lam_by_loss, "size": sweep.size, "counts": c,
-                      "done": done, "finished": done == sweep.size, "created_at": sweep.created_at})
+                      "done": done, "finished": done == sweep.size, "created_at": sweep.created_at,
+                      "owner": sweep.owner})
     return items, total
 
 

@@ -31,7 +31,9 @@ router = APIRouter(include_in_schema=False)
 
 # Pages: (template, title) by path; the nav shows those with a label.
 NAV = (("/", "Experiments"), ("/ui/new", "New experiment"), ("/ui/sweeps", "Sweeps"),
-       ("/ui/compare", "Compare"), ("/ui/playground", "Playground"))
+       ("/ui/datasets", "Uploads"), ("/ui/compare", "Compare"), ("/ui/playground", "Playground"))
+# Shown only when GET /me says the token is an admin's (app.js); the API refuses the rest.
+ADMIN_NAV = (("/ui/audit", "Audit"),)
 CACHE = {"cache-control": "public, max-age=3600"}
 
 
@@ -61,6 +63,8 @@ PAGES = (
     ("/ui/sweeps", "sweeps.html", "Sweeps"),
     ("/ui/sweeps/{sweep_id:int}", "sweep.html", "Sweep {sweep_id}"),
     ("/ui/playground", "playground.html", "Playground"),
+    ("/ui/datasets", "datasets.html", "Uploads"),
+    ("/ui/audit", "audit.html", "Audit"),
 )
 
 
@@ -78,7 +82,7 @@ def _page_route(template: str, title: str) -> Callable[[Request], HTMLResponse]:
     def page(request: Request) -> HTMLResponse:
         params = dict(request.path_params)
         return templates.TemplateResponse(request, template, {
-            "title": title.format(**params), "nav": NAV, "path": request.url.path,
+            "title": title.format(**params), "nav": NAV, "admin_nav": ADMIN_NAV, "path": request.url.path,
             "datasets": DATASETS, "losses": losses_for_pages(), **params})
 
     return page

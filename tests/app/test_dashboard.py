@@ -479,3 +479,158 @@ def test_a_run_that_failed_before_its_first_epoch_says_so_instead_of_an_empty_ch
     assert "DownloadError" in page.inner_text("#error-box")
     assert page.inner_text("#latent-note") == "None: the experiment failed."
     shot(page, "experiment-failed-early")
+
+
+# --- users, owners, sharing and the audit log (issue 25) --------------------------------
+# On a server of their own (SQLite): users created here must not end the open mode of the
+# suite's shared database.
+
+TEAM_ADMIN = "team-bootstrap-s3cret"
+
+
+@pytest.fixture
+def team(tmp_path) -> Iterator[dict[str, Any]]:
+    """A served app with COREL_API_TOKEN and three users: ann and bob (write tokens) and
+    root (an admin token); ann owns an experiment, a sweep and an upload, bob and the
+    bootstrap admin an experiment each."""
+    import httpx
+
+    from app.migrate import upgrade
+    from app.settings import Settings
+    from tests.app.conftest import npz_bytes
+
+    s = Settings(database_url=f"sqlite:///{tmp_path / 'team.sqlite3'}", var_dir=tmp_path,
+                 broker_url="memory://", log_level="WARNING", api_token=SecretStr(TEAM_ADMIN))
+    upgrade(s)
+    with serving(create_app(s)) as url, httpx.Client(base_url=url, timeout=30) as c:
+        boot = {"Authorization": f"Bearer {TEAM_ADMIN}"}
+        team: dict[str, Any] = {"url": url, "client": c, "admin": TEAM_ADMIN, "contexts": []}
+        for name, scope in (("ann", "write"), ("bob", "write"), ("root", "admin")):
+            uid = c.post("/users", json={"name": name, "admin": scope == "admin"}, headers=boot).json()["id"]
+            token = c.post(f"/users/{uid}/tokens", json={"scope": scope}, headers=boot).json()["token"]
+            team[name] = {"id": uid, "token": token, "auth": {"Authorization": f"Bearer {token}"}}
+        ann, bob = team["ann"]["auth"], team["bob"]["auth"]
+        team["ann_run"] = c.post("/experiments", json={**FAST, "epochs": 1}, headers=ann).json()["id"]
+        team["bob_run"] = c.post("/experiments", json={**FAST, "epochs": 1}, headers=bob).json()["id"]
+        team["boot_run"] = c.post("/experiments", json={**FAST, "epochs": 1}, headers=boot).json()["id"]
+        r = c.post("/sweeps", json={"base": {**FAST, "epochs": 1}, "grid": {"seed": [0, 1]}}, headers=ann)
+        team["ann_sweep"] = r.json()["id"]
+        y = np.arange(60) % 3
+        x = (np.random.default_rng(0).normal(size=(60, 4)) + 3 * np.eye(3, 4)[y]).astype(np.float32)
+        r = c.post("/datasets", files={"file": ("ann-blobs.npz", npz_bytes(x=x, y=y))}, headers=ann)
+        assert r.status_code == 201, r.text
+        team["ann_upload"] = r.json()["id"]
+        yield team
+        for context in team["contexts"]:
+            context.close()
+
+
+def _as(browser: Any, team: dict[str, Any], token: str) -> Any:
+    """A page of the team's server whose tab holds ``token`` (as if typed in the dialog)."""
+    context = browser.new_context(viewport={"width": 1360, "height": 900}, base_url=team["url"])
+    team["contexts"].append(context)
+    context.add_init_script(f"sessionStorage.setItem('corel-api-token', {token!r})")
+    pg = context.new_page()
+    pg.errors = []
+    pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
+    return pg
+
+
+def test_the_lists_show_each_row_s_owner(browser, team):
+    pg = _as(browser, team, team["admin"])
+    pg.goto("/")
+    pg.wait_for_selector(f'#experiments tbody tr[data-id="{team["boot_run"]}"]')
+    owner = {i: pg.inner_text(f'#experiments tr[data-id="{i}"] td.owner')
+             for i in (team["ann_run"], team["bob_run"], team["boot_run"])}
+    assert owner == {team["ann_run"]: "ann", team["bob_run"]: "bob", team["boot_run"]: "–"}
+    assert "bootstrap admin · admin" in pg.inner_text("#whoami")
+    shot(pg, "owners-experiments")
+    pg.goto("/ui/sweeps")
+    pg.wait_for_selector(f'#sweeps tbody tr[data-id="{team["ann_sweep"]}"]')
+    assert pg.inner_text(f'#sweeps tr[data-id="{team["ann_sweep"]}"] td.owner') == "ann"
+    pg.goto("/ui/datasets")
+    pg.wait_for_selector(f'#datasets tbody tr[data-id="{team["ann_upload"]}"]')
+    assert pg.inner_text(f'#datasets tr[data-id="{team["ann_upload"]}"] td.owner') == "ann"
+    shot(pg, "owners-uploads")
+    # bob sees his own run only: ann's is private to her.
+    bob = _as(browser, team, team["bob"]["token"])
+    bob.goto("/")
+    bob.wait_for_selector(f'#experiments tbody tr[data-id="{team["bob_run"]}"]')
+    assert bob.locator("#experiments tbody tr[data-id]").count() == 1
+    assert not pg.errors and not bob.errors, (pg.errors, bob.errors)
+
+
+def test_sharing_through_the_page_lets_the_other_user_read_the_run(browser, team):
+    c, run, bob = team["client"], team["ann_run"], team["bob"]
+    assert c.get(f"/experiments/{run}", headers=bob["auth"]).status_code == 404
+    pg = _as(browser, team, team["ann"]["token"])
+    pg.goto(f"/ui/experiments/{run}")
+    pg.wait_for_selector("#share .share-form")
+    assert "owner ann" in pg.inner_text("#subtitle")
+    pg.fill("#share .share-user", str(bob["id"]))
+    pg.select_option("#share .share-access", "read")
+    pg.click("#share .share-add")
+    pg.wait_for_selector(f'#share li[data-user="{bob["id"]}"]')
+    assert "read" in pg.inner_text(f'#share li[data-user="{bob["id"]}"]')
+    shot(pg, "share-experiment")
+    assert c.get(f"/experiments/{run}", headers=bob["auth"]).status_code == 200
+    # Shared for reading: bob may not cancel it.
+    assert c.post(f"/experiments/{run}/cancel", headers=bob["auth"]).status_code == 403
+    # A user that does not exist: the API's 422 beside the form.
+    pg.fill("#share .share-user", "9999")
+    pg.click("#share .share-add")
+    pg.wait_for_function("document.querySelector('#share .share-error').textContent.includes('does not exist')")
+    # Taken back: a 404 for bob again.
+    pg.click(f'#share li[data-user="{bob["id"]}"] [data-action=unshare]')
+    pg.wait_for_selector(f'#share li[data-user="{bob["id"]}"]', state="detached")
+    assert c.get(f"/experiments/{run}", headers=bob["auth"]).status_code == 404
+    # Made public from the sweep's page: every user may read it.
+    sweep = team["ann_sweep"]
+    assert c.get(f"/sweeps/{sweep}", headers=bob["auth"]).status_code == 404
+    pg.goto(f"/ui/sweeps/{sweep}")
+    pg.wait_for_selector("#share .share-public[data-public=false]")
+    pg.click("#share .share-public")
+    pg.wait_for_selector("#share .share-public[data-public=true]")
+    assert c.get(f"/sweeps/{sweep}", headers=bob["auth"]).status_code == 200
+    # An upload, for writing, from the uploads page.
+    upload = team["ann_upload"]
+    pg.goto("/ui/datasets")
+    pg.click(f'#datasets tr[data-id="{upload}"] [data-action=share]')
+    pg.wait_for_selector("#share .share-form")
+    pg.fill("#share .share-user", str(bob["id"]))
+    pg.select_option("#share .share-access", "write")
+    pg.click("#share .share-add")
+    pg.wait_for_selector(f'#share li[data-user="{bob["id"]}"]')
+    assert c.get(f"/datasets/{upload}", headers=bob["auth"]).status_code == 200
+    shot(pg, "share-upload")
+    assert not pg.errors, pg.errors
+
+
+def test_the_audit_page_is_an_admin_s(browser, team):
+    ann = _as(browser, team, team["ann"]["token"])
+    ann.goto("/")
+    ann.wait_for_selector("#whoami:not([hidden])")
+    assert "ann · write" in ann.inner_text("#whoami")
+    assert ann.locator("nav a[href='/ui/audit']").is_hidden()
+    ann.goto("/ui/audit")  # by its address: the API refuses, the page says why
+    ann.wait_for_selector("#flash:not([hidden])")
+    assert "admin token" in ann.inner_text("#flash")
+    assert not ann.locator("#audit tbody tr[data-id]").count()
+    shot(ann, "audit-refused")
+
+    root = _as(browser, team, team["root"]["token"])
+    root.goto("/")
+    root.wait_for_selector("nav a[href='/ui/audit']:not([hidden])")
+    root.click("nav a[href='/ui/audit']")
+    root.wait_for_selector("#audit tbody tr[data-id]")
+    actions = root.locator("#audit tbody td code").all_inner_texts()
+    assert "POST /experiments" in actions and "POST /users" in actions, actions
+    root.select_option("#audit-filters select[name=user_id]", str(team["ann"]["id"]))
+    root.click("#audit-filters button[type=submit]")
+    root.wait_for_function("[...document.querySelectorAll('#audit tbody td.user')]"
+                           ".every((td) => td.textContent === 'ann')")
+    users = root.locator("#audit tbody td.user").all_inner_texts()
+    assert users and set(users) == {"ann"}, users
+    assert "user_id=" in root.url
+    shot(root, "audit")
+    assert not ann.errors and not root.errors, (ann.errors, root.errors)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
@@ -25,7 +26,7 @@ from app.main import create_app
 from app.migrate import upgrade
 from app.models import ApiToken, Experiment, utcnow
 from app.settings import Settings
-from tests.app.conftest import PG_ADMIN_URL, _pg_available, settings_env
+from tests.app.conftest import PG_ADMIN_URL, _pg_available, npz_bytes, settings_env
 from tests.conftest import REPO, require
 
 BOOT = "bootstrap-s3cret"
@@ -165,7 +166,8 @@ def test_another_users_private_run_is_404_until_shared(api: TestClient) -> None:
     assert r.status_code == 422 and "does not exist" in r.json()["detail"]
     r = api.post(f"/experiments/{run}/shares", json={"user_id": b_id, "access": "read"},
                  headers=auth(a))
-    assert r.status_code == 200 and r.json()["shares"] == [{"user_id": b_id, "access": "read"}]
+    assert r.status_code == 200
+    assert [(x["user_id"], x["access"]) for x in r.json()["shares"]] == [(b_id, "read")]
     assert api.get(f"/experiments/{run}", headers=auth(b)).status_code == 200
     assert api.get("/experiments", headers=auth(b)).json()["total"] == 1
     assert api.post(f"/experiments/{run}/cancel", headers=auth(b)).status_code == 403
@@ -180,6 +182,64 @@ def test_another_users_private_run_is_404_until_shared(api: TestClient) -> None:
              headers=auth(a))
     r = api.post(f"/experiments/{run}/cancel", headers=auth(b))
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert a_id != b_id
+
+
+def test_me_answers_who_the_token_is(own_settings: Settings) -> None:
+    """GET /me: any caller's name, scope and admin flag (the dashboard shows its admin
+    pages by it); no token and no users: the open mode, an admin."""
+    with TestClient(create_app(own_settings.model_copy(update={"api_token": None}))) as c:
+        assert c.get("/me").json() == {"user_id": None, "name": "open", "scope": "admin",
+                                       "admin": True}
+    with TestClient(create_app(own_settings)) as c:
+        assert c.get("/me").status_code == 401
+        assert c.get("/me", headers=ADMIN).json() == {
+            "user_id": None, "name": "bootstrap admin", "scope": "admin", "admin": True}
+        uid, _, read = user_token(c, "reader", scope="read")
+        assert c.get("/me", headers=auth(read)).json() == {
+            "user_id": uid, "name": "reader", "scope": "read", "admin": False}
+        _, _, boss = user_token(c, "boss", scope="admin", admin=True)
+        assert c.get("/me", headers=auth(boss)).json()["admin"] is True
+
+
+def test_list_items_carry_their_owner(api: TestClient) -> None:
+    a_id, _, a = user_token(api, "alice")
+    mine = submit(api, a)
+    api.post("/experiments", json=RUN, headers=ADMIN)
+    owners = {e["id"]: e["owner"] for e in api.get("/experiments", headers=ADMIN).json()["items"]}
+    assert owners[mine] == {"id": a_id, "name": "alice"} and list(owners.values()).count(None) == 1
+    assert api.get(f"/experiments/{mine}", headers=auth(a)).json()["owner"]["name"] == "alice"
+    r = api.post("/sweeps", json={"base": RUN, "grid": {"seed": [0]}}, headers=auth(a))
+    sweep = r.json()["id"]
+    assert api.get("/sweeps", headers=ADMIN).json()["items"][0]["owner"]["name"] == "alice"
+    assert api.get(f"/sweeps/{sweep}", headers=auth(a)).json()["owner"]["id"] == a_id
+
+
+@pytest.mark.parametrize("kind", ["experiments", "sweeps", "datasets"])
+def test_a_share_is_taken_back_with_delete(api: TestClient, kind: str) -> None:
+    a_id, _, a = user_token(api, "alice")
+    b_id, _, b = user_token(api, "bob")
+    if kind == "experiments":
+        row = submit(api, a)
+    elif kind == "sweeps":
+        row = api.post("/sweeps", json={"base": RUN, "grid": {"seed": [0]}}, headers=auth(a)).json()["id"]
+    else:
+        r = api.post("/datasets", files={"file": ("b.npz", npz_bytes(x=np.eye(6, 3), y=np.arange(6) % 2))},
+                     headers=auth(a))
+        assert r.status_code == 201, r.text
+        row = r.json()["id"]
+    r = api.post(f"/{kind}/{row}/shares", json={"user_id": b_id, "access": "write"}, headers=auth(a))
+    share_id = r.json()["shares"][0]["id"]
+    assert api.get(f"/{kind}/{row}", headers=auth(b)).status_code == 200
+    # Only the owner (or an admin) takes it back, even from someone who may write.
+    assert api.delete(f"/{kind}/{row}/shares/{share_id}", headers=auth(b)).status_code == 403
+    r = api.delete(f"/{kind}/{row}/shares/{share_id}", headers=auth(a))
+    assert r.status_code == 200 and r.json()["shares"] == []
+    assert api.get(f"/{kind}/{row}", headers=auth(b)).status_code == 404
+    assert api.delete(f"/{kind}/{row}/shares/{share_id}", headers=auth(a)).status_code == 404
+    assert api.delete(f"/{kind}/{row}/shares/{share_id}", headers=ADMIN).status_code == 404
+    entries = api.get("/audit", params={"action": "/shares/"}, headers=ADMIN).json()["items"]
+    assert (a_id, "ok", 200) in [(e["user_id"], e["outcome"], e["status"]) for e in entries]
     assert a_id != b_id
 
 

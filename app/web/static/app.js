@@ -178,12 +178,83 @@ const corel = (() => {
   function query() { return new URLSearchParams(location.search); }
   const FINISHED = ["succeeded", "failed", "cancelled"];
 
+  // The pager under a list: "a–b of n", and Previous / Next calling go(new offset).
+  function pager(page, size, offset, go) {
+    document.getElementById("page-info").textContent = page.total
+      ? (offset + 1) + "–" + (offset + page.items.length) + " of " + page.total : "";
+    const prev = document.getElementById("prev"), next = document.getElementById("next");
+    prev.disabled = offset === 0;
+    next.disabled = offset + size >= page.total;
+    prev.onclick = () => go(Math.max(0, offset - size));
+    next.onclick = () => go(offset + size);
+  }
+
+  // A row's owner as the API gives it ({id, name} or null: made with no users, or by the
+  // bootstrap admin).
+  function owner(o) { return o ? o.name : "–"; }
+
+  // Who the token is (GET /me): its name and scope in the header; the admin pages' links
+  // shown only to an admin. "Change token" asks for another one.
+  async function whoami() {
+    const me = await api("/me");
+    document.querySelectorAll("[data-admin-only]").forEach((a) => { a.hidden = !me.admin; });
+    const who = document.getElementById("whoami");
+    who.replaceChildren(me.name + " · " + me.scope,
+      el("button", { type: "button", class: "link", id: "change-token",
+        onclick: async () => { await askToken(""); location.reload(); } }, "change token"));
+    who.hidden = false;
+    return me;
+  }
+
+  // Sharing a row (an experiment, a sweep, an upload) through its /shares routes: who has
+  // it, share it with a user id for reading or writing, remove a share, make it public.
+  const SHARE_PATHS = { experiment: "/experiments/", sweep: "/sweeps/", dataset: "/datasets/" };
+  function shareControl(box, kind, id) {
+    const base = SHARE_PATHS[kind] + id + "/shares";
+    const note = el("p", { class: "error share-error" });
+    async function change(opts) {
+      note.textContent = "";
+      try { render(await api(base + (opts.path || ""), opts)); }
+      catch (e) { note.textContent = e.message; }
+    }
+    function render(state) {
+      const user = el("input", { type: "number", min: 1, name: "user_id", placeholder: "user id", class: "share-user" });
+      const accessSel = el("select", { name: "access", class: "share-access" },
+        el("option", { value: "read" }, "read"), el("option", { value: "write" }, "write"));
+      const list = el("ul", { class: "shares" }, ...state.shares.map((s) => el("li", { "data-user": s.user_id },
+        "user " + s.user_id + ": " + s.access + " ",
+        el("button", { type: "button", class: "link danger", "data-action": "unshare",
+          onclick: () => change({ method: "DELETE", path: "/" + s.id }) }, "remove"))));
+      if (!state.shares.length) list.append(el("li", { class: "muted" }, "Not shared with anyone."));
+      box.replaceChildren(
+        el("p", { class: "muted" }, "Owner: " + (state.owner_id === null ? "none (made with no users or by the admin token)" : "user " + state.owner_id) +
+          ". " + (state.public ? "Readable by every user." : "Private to its owner and those below.")),
+        list,
+        el("form", { class: "toolbar share-form", onsubmit: (ev) => {
+          ev.preventDefault();
+          if (!user.value) { note.textContent = "Give the id of the user to share with."; return; }
+          change({ method: "POST", json: { user_id: Number(user.value), access: accessSel.value } });
+        } }, el("label", {}, "User id", user), el("label", {}, "Access", accessSel),
+          el("button", { type: "submit", class: "share-add" }, "Share"),
+          el("span", { style: "flex:1" }),
+          el("button", { type: "button", class: "secondary share-public", "data-public": String(state.public),
+            onclick: () => change({ method: "POST", json: { public: !state.public } }) },
+            state.public ? "Make private" : "Make public")),
+        note);
+    }
+    return api(base).then(render).catch((e) => { box.replaceChildren(el("p", { class: "muted" }, e.message)); });
+  }
+
   const pages = {};
   document.addEventListener("DOMContentLoaded", () => {
     const page = document.body.dataset.page;
+    whoami().catch(() => {});
     if (pages[page]) pages[page]().catch((e) => flash(e.message));
+    // A share control wherever a page asks for one (experiment, sweep).
+    document.querySelectorAll("[data-share-kind]").forEach((box) =>
+      shareControl(box, box.dataset.shareKind, Number(box.dataset.shareId)));
   });
 
   return { api, stream, el, pct, num, lossLabel, badge, progressBar, flash, query, pages,
-           ApiError, COLOURS, LOSSES, LOSS_NAMES, FINISHED, sleep };
+           ApiError, COLOURS, LOSSES, LOSS_NAMES, FINISHED, sleep, owner, shareControl, pager };
 })();

@@ -40,7 +40,8 @@ corel.pages.experiment = async function () {
     document.getElementById("status").replaceChildren(badge(exp.status));
     document.getElementById("progress").replaceChildren(progressBar(exp));
     document.getElementById("subtitle").textContent =
-      lossLabel(exp.spec) + " on " + exp.spec.dataset + " (" + (exp.spec.model || "ffnn") + "), seed " + exp.spec.seed;
+      lossLabel(exp.spec) + " on " + exp.spec.dataset + " (" + (exp.spec.model || "ffnn") + "), seed " + exp.spec.seed +
+      (exp.owner ? "; owner " + exp.owner.name : "");
     document.getElementById("cancel").hidden = FINISHED.includes(exp.status);
     const phase = document.getElementById("phase");
     const preparing = exp.status === "running" && exp.phase;

@@ -32,6 +32,7 @@ corel.pages.experiments = async function () {
       el("td", { class: "num" }, corel.LOSSES[spec.loss] && !corel.LOSSES[spec.loss].lam ? "–" : spec.lam),
       el("td", { class: "num best-val" }, pct(e.best_val_accuracy)),
       el("td", { class: "num test" }, pct(e.test_accuracy)),
+      el("td", { class: "owner" }, corel.owner(e.owner)),
       el("td", { class: "muted" }, new Date(e.created_at).toLocaleString()),
       actions);
   }
@@ -82,7 +83,7 @@ corel.pages.experiments = async function () {
     history.replaceState(null, "", "/?" + q.toString());
     const page = await api("/experiments?" + q.toString());
     tbody.replaceChildren(...page.items.map(row));
-    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 12, class: "muted" }, "No experiment matches.")));
+    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 13, class: "muted" }, "No experiment matches.")));
     document.getElementById("page-info").textContent = page.total
       ? (offset + 1) + "–" + (offset + page.items.length) + " of " + page.total : "";
     document.getElementById("prev").disabled = offset === 0;

@@ -20,14 +20,11 @@ corel.pages.sweeps = async function () {
       el("td", { class: "muted" }, Object.entries(s.grid).map(([k, v]) => k + ": " + v.join(", ")).join("; ")),
       el("td", {}, doneBar(s)),
       el("td", { class: "num" }, s.counts.failed),
+      el("td", { class: "owner" }, corel.owner(s.owner)),
       el("td", { class: "muted" }, new Date(s.created_at).toLocaleString()))));
-    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 6, class: "muted" }, "No sweep yet.")));
-    document.getElementById("page-info").textContent = page.total ? (offset + 1) + "–" + (offset + page.items.length) + " of " + page.total : "";
-    document.getElementById("prev").disabled = offset === 0;
-    document.getElementById("next").disabled = offset + PAGE >= page.total;
+    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No sweep yet.")));
+    corel.pager(page, PAGE, offset, (o) => { offset = o; load().catch((e) => corel.flash(e.message)); });
   }
-  document.getElementById("prev").onclick = () => { offset = Math.max(0, offset - PAGE); load(); };
-  document.getElementById("next").onclick = () => { offset += PAGE; load(); };
   await load();
 };
 
