@@ -148,6 +148,46 @@ def _cannot_listen(host: str, port: int) -> str | None:
     return None
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a --host value) is reachable only from this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any address
+
+
+def open_to_the_network(settings: Any, host: str) -> str | None:
+    """Why the API must not listen on ``host``: with no COREL_API_TOKEN and no users it
+    is open to anyone who reaches it (app.auth's open mode), which only the loopback
+    keeps to this machine. None when it may."""
+    if settings.api_token is not None or is_loopback(host):
+        return None
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.db import make_engine, make_sessionmaker
+    from app.models import User
+
+    engine = make_engine(settings.database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            if session.scalar(select(User.id).limit(1)) is not None:
+                return None
+        why = "it has no COREL_API_TOKEN and no users, so anyone who reaches it could use it"
+    except SQLAlchemyError as exc:
+        why = (f"it has no COREL_API_TOKEN and whether it has users is unknown (the database "
+               f"answered {type(exc).__name__}; run `corel db upgrade`)")
+    finally:
+        engine.dispose()
+    return (f"{why}. Set COREL_API_TOKEN (the admin token), or create an admin user "
+            "(`corel users add NAME --admin`, then `corel tokens create NAME --scope admin`), "
+            "or listen on the loopback only (--host 127.0.0.1)")
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -168,6 +208,10 @@ def _serve(args: argparse.Namespace) -> int:
     embedded = not settings.broker_url
     if embedded or settings.is_sqlite:
         upgrade(settings)
+    refused = open_to_the_network(settings, args.host)
+    if refused:
+        print(f"corel: refusing to serve on {args.host}: {refused}", file=sys.stderr)
+        return 2
     worker = None
     _exit_on_sigterm(0)  # stopping a server is no failure (make serve said "Error 143")
     if embedded and not args.no_worker:

@@ -328,3 +328,28 @@ def test_the_cli_adds_users_and_creates_and_revokes_tokens(api: TestClient,
     r = corel("tokens", "revoke", str(token_id))
     assert r.returncode == 0, r.stderr
     assert api.get("/users", headers=auth(token)).status_code == 401
+
+
+def test_serve_refuses_the_network_with_no_token_and_no_users(own_settings: Settings) -> None:
+    """With no COREL_API_TOKEN and no users the API is open: `corel serve` keeps that to the
+    loopback, and refuses --host 0.0.0.0 saying what to set."""
+    from app.cli.service import is_loopback, open_to_the_network
+
+    assert all(map(is_loopback, ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost")))
+    assert not any(map(is_loopback, ("0.0.0.0", "::", "10.1.2.3", "corel.example")))
+    bare = own_settings.model_copy(update={"api_token": None})
+    assert open_to_the_network(bare, "127.0.0.1") is None
+    assert open_to_the_network(own_settings, "0.0.0.0") is None  # COREL_API_TOKEN set
+    refused = open_to_the_network(bare, "0.0.0.0")
+    assert refused and "COREL_API_TOKEN" in refused and "corel users add" in refused
+    env = settings_env(bare)
+    env.pop("COREL_API_TOKEN", None)
+    env.pop("COREL_BROKER_URL", None)  # the embedded default, as `make serve`
+    done = subprocess.run([sys.executable, "-m", "corel.cli", "serve", "--host", "0.0.0.0",
+                           "--port", "0", "--no-worker"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "refusing to serve on 0.0.0.0" in done.stderr and "COREL_API_TOKEN" in done.stderr
+    with TestClient(create_app(bare)) as c:  # one user, and the network is allowed
+        assert c.post("/users", json={"name": "first", "admin": True}).status_code == 201
+    assert open_to_the_network(bare, "0.0.0.0") is None
