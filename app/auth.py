@@ -216,14 +216,17 @@ class UsersExist:
             self._refreshing = False
         return bool(self._known)
 
-    def cached(self) -> bool | None:
-        """The answer without waiting (None: never asked yet); starts a refresh when stale."""
+    def cached(self, refresh_unknown: bool = False) -> bool | None:
+        """The answer without waiting (None: never asked yet); starts a refresh when stale
+        (``refresh_unknown``: also when never asked)."""
         if self._known:
             return True
         with self._lock:
             stale = time.monotonic() - self._at > self.max_age
-            if self._known is None or not stale or self._refreshing:
+            if self._refreshing or not (stale or (refresh_unknown and self._known is None)):
                 return self._known
+            if self._known is None and not refresh_unknown:
+                return None
             self._refreshing = True
 
         def refresh() -> None:

@@ -45,6 +45,7 @@ from app.services.model_cache import ModelCache
 from app.settings import Settings
 
 UNMATCHED = "unmatched"  # the route label of a path that matches no route
+METRICS_PATH = "/metrics"
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 SCRAPE_TIMEOUT = 1.5  # seconds the database and the broker each get per scrape
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -222,7 +223,7 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get(
-    "/metrics", summary="Prometheus metrics of the API (text exposition format)",
+    METRICS_PATH, summary="Prometheus metrics of the API (text exposition format)",
     response_class=Response,
     responses={200: {"description": "Metrics in the Prometheus text format",
                      "content": {"text/plain": {"schema": {"type": "string"}}}}},

@@ -36,7 +36,7 @@ from app.auth import (
 )
 from app.db import DATABASE_UNAVAILABLE
 from app.errors import RETRY_AFTER
-from app.metrics import METHODS, ApiMetrics, RouteTemplates
+from app.metrics import METHODS, METRICS_PATH, ApiMetrics, RouteTemplates
 from app.openapi import path_pattern
 from app.settings import Settings
 
@@ -194,7 +194,12 @@ class RequestGuard(HttpMiddleware):
             return None
         authorization = headers.get(b"authorization", b"").decode("latin-1")
         try:
-            if settings.api_token is None and not await _users_exist(state):
+            if settings.api_token is None and path == METRICS_PATH:
+                # A scrape answers while the database does not (it reports it down), so it
+                # never waits on whether users exist: open until they are known to.
+                if not state.users_exist.cached(refresh_unknown=True):
+                    return OPEN
+            elif settings.api_token is None and not await _users_exist(state):
                 return OPEN  # no users yet: open, as before there were any
             if not authorization:
                 if not settings.api_token_reads and method in ("GET", "HEAD", "OPTIONS"):
