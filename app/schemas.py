@@ -526,6 +526,9 @@ class EmbeddingJobRead(BaseModel):
 # --- users, tokens, shares and the audit log (issue 25) --------------------------------
 
 class UserCreate(BaseModel):
+    # strict: a JSON boolean is not 0, nor "5" the integer 5 (as the schema says).
+    model_config = ConfigDict(strict=True)
+
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
     admin: bool = False
 
@@ -540,6 +543,8 @@ class UserRead(BaseModel):
 
 
 class TokenCreate(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     scope: Literal["read", "write", "admin"] = "write"
     expires_days: float | None = Field(default=None, gt=0, le=3650,
                                        description="days until the token stops working; none: never")
@@ -563,6 +568,8 @@ class TokenCreated(TokenRead):
 class ShareCreate(BaseModel):
     """Share with a user (``user_id`` and ``access``), or make readable by every user or
     not (``public``)."""
+
+    model_config = ConfigDict(strict=True)
 
     user_id: int | None = Field(default=None, ge=1, le=MAX_ID)
     access: Literal["read", "write"] = "read"

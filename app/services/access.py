@@ -24,7 +24,7 @@ from typing import Any, Literal
 from sqlalchemy import ColumnElement, false, or_, select, true
 from sqlalchemy.orm import Session
 
-from app.auth import Principal
+from app.auth import READ_METHODS, Principal
 from app.errors import Forbidden, InvalidInput, NotFound
 from app.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, Share, Sweep, User
 from app.services.lookup import get_or_404
@@ -121,8 +121,11 @@ def require(session: Session, kind: str, row_id: int, need: Need = "read") -> An
 
 def need_of(method: str, path: str) -> Need:
     """What a request needs of the rows its path names: sharing one needs its owner (or an
-    admin), cancelling or deleting one write access, anything else (reading it, embedding
-    with it, building an index or a batch job from it) read access."""
+    admin), cancelling or deleting one write access, anything else (reading it or who it
+    is shared with, embedding with it, building an index or a batch job from it) read
+    access."""
+    if method in READ_METHODS:
+        return "read"
     if path.endswith("/shares") or "/shares/" in path:
         return "manage"
     if method == "DELETE" or path.endswith("/cancel"):

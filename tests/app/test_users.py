@@ -169,6 +169,7 @@ def test_another_users_private_run_is_404_until_shared(api: TestClient) -> None:
     assert r.status_code == 200
     assert [(x["user_id"], x["access"]) for x in r.json()["shares"]] == [(b_id, "read")]
     assert api.get(f"/experiments/{run}", headers=auth(b)).status_code == 200
+    assert api.get(f"/experiments/{run}/shares", headers=auth(b)).status_code == 200
     assert api.get("/experiments", headers=auth(b)).json()["total"] == 1
     assert api.post(f"/experiments/{run}/cancel", headers=auth(b)).status_code == 403
     assert api.post(f"/experiments/{run}/shares", json={"public": True},
@@ -353,3 +354,37 @@ def test_serve_refuses_the_network_with_no_token_and_no_users(own_settings: Sett
     with TestClient(create_app(bare)) as c:  # one user, and the network is allowed
         assert c.post("/users", json={"name": "first", "admin": True}).status_code == 201
     assert open_to_the_network(bare, "0.0.0.0") is None
+
+
+@pytest.mark.parametrize("api_token", [None, BOOT])
+def test_the_openapi_document_lists_the_token_answers(tmp_path: Any, api_token: str | None) -> None:
+    """401 and 429 (with Retry-After) on every guarded operation, 403 on the writes and the
+    admin routes, 404 wherever the path names a row; the bearer scheme says which tokens.
+    The token is required with COREL_API_TOKEN; without, optional (open until a user)."""
+    s = Settings(database_url=f"sqlite:///{tmp_path / 'doc.sqlite3'}", var_dir=tmp_path,
+                 broker_url="memory://", api_token=SecretStr(api_token) if api_token else None)
+    doc = create_app(s).openapi()
+    scheme = doc["components"]["securitySchemes"]["bearer"]
+    assert scheme["scheme"] == "bearer"
+    assert "corel tokens create" in scheme["description"] and "COREL_API_TOKEN" in scheme["description"]
+    writes = {("post", "/experiments"), ("delete", "/experiments/{experiment_id}"),
+              ("post", "/experiments/{experiment_id}/shares"), ("post", "/datasets"),
+              ("post", "/experiments/{experiment_id}/cancel")}
+    admin = {("get", "/users"), ("post", "/users"), ("post", "/users/{user_id}/tokens"),
+             ("delete", "/tokens/{token_id}"), ("get", "/audit")}
+    reads = {("get", "/experiments"), ("get", "/me"), ("post", "/embed"),
+             ("post", "/experiments/{experiment_id}/neighbors")}
+    want_security = [{"bearer": []}] if api_token else [{"bearer": []}, {}]
+    for method, path in writes | admin | reads:
+        op = doc["paths"][path][method]
+        codes = set(op["responses"])
+        assert {"401", "429"} <= codes, (method, path)
+        assert ("403" in codes) == ((method, path) not in reads), (method, path)
+        assert "Retry-After" in op["responses"]["429"]["headers"]
+        assert op["security"] == want_security
+        if "{" in path:
+            assert "404" in codes, (method, path)
+    for path in ("/health", "/ready"):
+        assert not {"401", "403", "429"} & set(doc["paths"][path]["get"]["responses"])
+        assert "security" not in doc["paths"][path]["get"]
+
