@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from app.auth import Principal
 from app.db import session_scope
-from app.errors import Forbidden, Unauthorized
+from app.errors import DomainError, Forbidden, Unauthorized
 from app.queue import TaskQueue
 from app.services import access, audit
 from app.settings import Settings
@@ -98,8 +98,9 @@ async def require_access(request: Request, kind: str, row_id: int, need: access.
 async def check_path_access(request: Request) -> None:
     """Every row the path names (an experiment, a sweep, an upload, a job, an index) must
     be one the principal may read, or change when the request changes it
-    (:func:`app.services.access.check_path`): a 404 otherwise, or a 403. Installed on the
-    whole app, so that no route can forget it; admins pass without a query."""
+    (:func:`app.services.access.check_path`): a 404 otherwise, or a 403, audited when the
+    request is a write. Installed on the whole app, so that no route can forget it; admins
+    pass without a query."""
     principal: Principal | None = getattr(request.state, "principal", None)
     if principal is None or principal.admin:
         return
@@ -111,4 +112,9 @@ async def check_path_access(request: Request) -> None:
         with request.app.state.sessionmaker() as session:
             access.check_path(session, principal, request.method, request.url.path, params)
 
-    await anyio.to_thread.run_sync(check)
+    try:
+        await anyio.to_thread.run_sync(check)
+    except DomainError as exc:  # a refused write is audited all the same
+        await anyio.to_thread.run_sync(audit.record_refusal, request.app.state.sessionmaker,
+                                       request, principal, exc.status_code, exc.detail)
+        raise

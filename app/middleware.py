@@ -20,6 +20,7 @@ from typing import Any
 import anyio.to_thread
 import orjson
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
+from starlette.requests import Request
 
 from app.auth import (
     ANONYMOUS_READER,
@@ -38,6 +39,7 @@ from app.db import DATABASE_UNAVAILABLE
 from app.errors import RETRY_AFTER
 from app.metrics import METHODS, METRICS_PATH, ApiMetrics, RouteTemplates
 from app.openapi import path_pattern
+from app.services import audit
 from app.settings import Settings
 
 log = logging.getLogger("corel.api")
@@ -228,13 +230,16 @@ class RequestGuard(HttpMiddleware):
                                                         "reason": principal})
             await _answer(send, 401, "unauthorized", principal, unauthorized)
             return None
+        refusal = None
         if is_admin_path(path) and not principal.admin:
-            await _answer(send, 403, "forbidden", f"this endpoint needs an admin token; this "
-                          f"one's scope is {principal.scope}")
-            return None
-        if is_write(method, path) and not principal.can_write:
-            await _answer(send, 403, "forbidden", "this token may only read (scope read); "
-                          f"{method} {path} needs a write token")
+            refusal = f"this endpoint needs an admin token; this one's scope is {principal.scope}"
+        elif is_write(method, path) and not principal.can_write:
+            refusal = f"this token may only read (scope read); {method} {path} needs a write token"
+        if refusal is not None:
+            # A refused write of a known user is audited (app.services.audit).
+            await anyio.to_thread.run_sync(audit.record_refusal, state.sessionmaker,
+                                           Request(scope), principal, 403, refusal)
+            await _answer(send, 403, "forbidden", refusal)
             return None
         return principal
 

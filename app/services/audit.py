@@ -5,7 +5,10 @@ adds the entry to the request's own session just before that session commits, so
 entry and the write are committed together or not at all (a route that commits early,
 such as ``POST /experiments`` before it sends the task, commits the entry with it). A
 write that fails is recorded by :func:`record_failure` in a transaction of its own, once
-the request's has been rolled back.
+the request's has been rolled back. A write refused before its handler runs (a token whose
+scope does not allow it, in :class:`app.middleware.RequestGuard`; a row its path names that
+the user may not see or change, in :func:`app.deps.check_path_access`) is recorded by
+:func:`record_refusal`, with the outcome "refused", also in a transaction of its own.
 """
 
 from __future__ import annotations
@@ -53,14 +56,9 @@ class Draft:
                           detail=detail[:500] if detail else None)
 
 
-def begin(session: Session, request: Request) -> Draft | None:
-    """Bind the request's principal to ``session`` (owners, access checks) and, for a
-    write, arrange for its audit entry; returns the draft of that entry (None: a read)."""
-    principal: Principal | None = getattr(request.state, "principal", None)
-    session.info["principal"] = principal
-    event.listen(session, "before_flush", lambda s, *_: access.own_new_rows(s))
-    if not is_write(request.method, request.url.path):
-        return None
+def draft_of(request: Request, principal: Principal | None) -> Draft:
+    """The entry a request would leave: its route's template once it is routed (its path
+    before), and the first row its path names."""
     route = request.scope.get("route")
     template = getattr(route, "path", request.url.path).replace(":int", "")
     client = request.client.host if request.client else None
@@ -70,6 +68,18 @@ def begin(session: Session, request: Request) -> Draft | None:
         if isinstance(request.path_params.get(name), int):
             draft.resource, draft.resource_id = kind, request.path_params[name]
             break
+    return draft
+
+
+def begin(session: Session, request: Request) -> Draft | None:
+    """Bind the request's principal to ``session`` (owners, access checks) and, for a
+    write, arrange for its audit entry; returns the draft of that entry (None: a read)."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    session.info["principal"] = principal
+    event.listen(session, "before_flush", lambda s, *_: access.own_new_rows(s))
+    if not is_write(request.method, request.url.path):
+        return None
+    draft = draft_of(request, principal)
 
     def created(s: Session, _: Any) -> None:
         if draft.resource is not None:
@@ -125,8 +135,27 @@ def record_failure(factory: sessionmaker[Session], draft: Draft, exc: BaseExcept
             else:
                 session.add(draft.row("failed", status, detail))
     except Exception as error:
-        log.warning("audit entry not written", extra={"action": draft.action,
-                                                      "error": type(error).__name__})
+        _not_written(draft, error)
+
+
+def record_refusal(factory: sessionmaker[Session], request: Request, principal: Principal,
+                   status: int, detail: str) -> None:
+    """Record a write refused before its handler ran, in a transaction of its own: only
+    where a user is known (not the open mode or the bootstrap admin, who are never
+    refused; not a token that names no user) and the request is a write. Never raises."""
+    if principal.user_id is None or not is_write(request.method, request.url.path):
+        return
+    draft = draft_of(request, principal)
+    try:
+        with session_scope(factory) as session:
+            session.add(draft.row("refused", status, detail))
+    except Exception as error:
+        _not_written(draft, error)
+
+
+def _not_written(draft: Draft, error: BaseException) -> None:
+    log.warning("audit entry not written", extra={"action": draft.action,
+                                                  "error": type(error).__name__})
 
 
 def page(session: Session, *, user_id: int | None, action: str | None, resource: str | None,

@@ -374,7 +374,7 @@ def test_the_openapi_document_lists_the_token_answers(tmp_path: Any, api_token: 
              ("delete", "/tokens/{token_id}"), ("get", "/audit")}
     reads = {("get", "/experiments"), ("get", "/me"), ("post", "/embed"),
              ("post", "/experiments/{experiment_id}/neighbors")}
-    want_security = [{"bearer": []}] if api_token else [{"bearer": []}, {}]
+    want_security: list[dict[str, list[str]]] = [{"bearer": []}] if api_token else [{"bearer": []}, {}]
     for method, path in writes | admin | reads:
         op = doc["paths"][path][method]
         codes = set(op["responses"])
@@ -388,3 +388,35 @@ def test_the_openapi_document_lists_the_token_answers(tmp_path: Any, api_token: 
         assert not {"401", "403", "429"} & set(doc["paths"][path]["get"]["responses"])
         assert "security" not in doc["paths"][path]["get"]
 
+
+def test_a_refused_write_leaves_an_audit_entry(api: TestClient) -> None:
+    """A write refused before its handler runs, by the token's scope or by the access check
+    of the row its path names, is audited "refused" with its status; a refused read is not,
+    nor is a token that names no user."""
+    _, _, a = user_token(api, "alice")
+    b_id, b_token_id, b = user_token(api, "bob")
+    r_id, _, reader = user_token(api, "reader", scope="read")
+    run = submit(api, a)
+    assert api.delete(f"/experiments/{run}", headers=auth(b)).status_code == 404
+    assert api.get(f"/experiments/{run}", headers=auth(b)).status_code == 404
+    api.post(f"/experiments/{run}/shares", json={"user_id": b_id, "access": "read"}, headers=auth(a))
+    assert api.post(f"/experiments/{run}/cancel", headers=auth(b)).status_code == 403
+    assert api.post("/experiments", json=RUN, headers=auth(reader)).status_code == 403
+    assert api.post("/users", json={"name": "x"}, headers=auth(b)).status_code == 403
+    assert api.post("/experiments", json=RUN, headers=auth("corel_" + "x" * 43)).status_code == 401
+
+    def entries(user_id: int) -> list[tuple[str, str | None, int | None, str, int]]:
+        items = api.get("/audit", params={"user_id": user_id}, headers=ADMIN).json()["items"]
+        return [(e["action"], e["resource"], e["resource_id"], e["outcome"], e["status"])
+                for e in items]
+
+    assert entries(b_id) == [
+        ("POST /users", None, None, "refused", 403),
+        ("POST /experiments/{experiment_id}/cancel", "experiment", run, "refused", 403),
+        ("DELETE /experiments/{experiment_id}", "experiment", run, "refused", 404)]
+    assert entries(r_id) == [("POST /experiments", None, None, "refused", 403)]
+    item = api.get("/audit", params={"user_id": b_id}, headers=ADMIN).json()["items"][-1]
+    assert item["token_id"] == b_token_id and "does not exist" in item["detail"]
+    everything = api.get("/audit", headers=ADMIN).json()["items"]
+    assert [e["outcome"] for e in everything].count("refused") == 4  # not the 401
+    assert api.get(f"/experiments/{run}", headers=auth(a)).json()["status"] != "cancelled"
