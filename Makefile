@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # `make serve` installs the service alone; `make test` adds the test toolchain on top.
 SERVICE_STAMP := $(VENV)/.installed-service
 
-.PHONY: test test-cluster test-gpu serve install lint clean
+.PHONY: test test-as-user test-cluster test-gpu serve install lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/corel
 	$(BIN)/python -m pytest -q
+
+# The service tests again, acting for a user with a write token (tests/app/conftest.py):
+# the owner, sharing and access checks on every request. CI runs it after `make test`.
+test-as-user: $(STAMP)
+	COREL_TEST_AS_USER=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/app -m "not own_auth"
 
 # Hosts of their own (tests/cluster): network namespaces joined by veth pairs, a database
 # host, an API host and two worker hosts; needs root. CI runs it after `make test`.

@@ -1,5 +1,16 @@
 """Real services for the service tests: a fresh PostgreSQL database per run, a
-Redis database of our own as the broker, and real Celery worker processes."""
+Redis database of our own as the broker, and real Celery worker processes.
+
+COREL_TEST_AS_USER=1 (``make test-as-user``): the session's database gets a user with a
+write token at its start, so the open mode ends, and every app the tests build
+(``create_app``, whether driven by a TestClient or served by :func:`serving`) answers a
+request that carries no ``Authorization`` header as if it carried that user's token: the
+suite's requests then act for a user who owns what they create and may see nothing else.
+Rows a test writes to the database itself (a job a lost worker left running, an
+experiment half trained) get that user as their owner, as if it had created them through
+the API. Tests that set up their own authentication (the open mode, COREL_API_TOKEN, other
+users) are marked ``own_auth`` and left out of that run.
+"""
 
 from __future__ import annotations
 
@@ -20,11 +31,77 @@ import psycopg
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from sqlalchemy import event
+from sqlalchemy.orm import Session as OrmSession
 
-from app.main import create_app
+import app.main
+from app.db import make_engine, make_sessionmaker, session_scope
 from app.migrate import upgrade
+from app.services.access import OWNED
+from app.services.users import create_token, create_user
 from app.settings import Settings
 from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
+
+AS_USER = os.environ.get("COREL_TEST_AS_USER", "") not in ("", "0")
+# The token and id of the session's user (COREL_TEST_AS_USER), once its database exists.
+AS_USER_TOKEN: list[str] = []
+AS_USER_ID: list[int] = []
+
+
+class DefaultAuthorization:
+    """An ASGI wrapper: an HTTP request without an ``Authorization`` header gets the session
+    user's (COREL_TEST_AS_USER); one with a header keeps it."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = scope.get("headers") or []
+        if scope["type"] == "http" and AS_USER_TOKEN and not any(
+                k.lower() == b"authorization" for k, _ in headers):
+            token = AS_USER_TOKEN[0].encode()
+            scope = {**scope, "headers": [*headers, (b"authorization", b"Bearer " + token)]}
+        await self.app(scope, receive, send)
+
+
+def create_app(settings: Settings) -> Any:
+    """:func:`app.main.create_app`; with COREL_TEST_AS_USER, requests act for the session's
+    user by default (:class:`DefaultAuthorization`, outermost)."""
+    built = _create_app(settings)
+    if AS_USER:
+        built.add_middleware(DefaultAuthorization)
+    return built
+
+
+_create_app = app.main.create_app
+if AS_USER:  # the test modules import create_app from app.main after this conftest
+    app.main.create_app = create_app  # type: ignore[assignment]
+
+
+def add_session_user(s: Settings) -> None:
+    """A user with a write token in the session's database (COREL_TEST_AS_USER), and the
+    owner of the rows the tests write to the database themselves."""
+    engine = make_engine(s.db_url)
+    try:
+        with session_scope(make_sessionmaker(engine)) as session:
+            user = create_user(session, "suite-user")
+            _, token = create_token(session, user.id, "write")
+            AS_USER_ID.append(user.id)
+    finally:
+        engine.dispose()
+    AS_USER_TOKEN.append(token)
+    event.listen(OrmSession, "before_flush", _owned_by_the_session_user)
+
+
+def _owned_by_the_session_user(session: OrmSession, *_: Any) -> None:
+    """A session that serves no request (a test's own, not the API's, which carries its
+    principal): the rows it adds are the session user's."""
+    if "principal" in session.info:
+        return
+    for row in session.new:
+        if isinstance(row, OWNED) and row.owner_id is None:
+            row.owner_id = AS_USER_ID[0]
+
 
 PG_ADMIN_URL = os.environ.get("COREL_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("COREL_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
@@ -84,6 +161,8 @@ def settings(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFacto
         data_dir=str(SHARED_DATASETS) if SHARED_DATASETS.is_dir() else "",
     )
     upgrade(s)  # migrations run once per test session
+    if AS_USER and not AS_USER_TOKEN:
+        add_session_user(s)
     return s
 
 

@@ -342,6 +342,7 @@ def test_a_run_is_cancelled_then_deleted_from_the_table(page, client, worker):
     assert client.get(f"/experiments/{long_run}").status_code == 404
 
 
+@pytest.mark.own_auth
 def test_with_a_token_the_dashboard_asks_once_and_sends_it(browser, settings, worker):
     secured = settings.model_copy(update={"api_token": SecretStr("s3cret-for-the-tab")})
     with serving(create_app(secured)) as url:
@@ -536,6 +537,7 @@ def _as(browser: Any, team: dict[str, Any], token: str) -> Any:
     return pg
 
 
+@pytest.mark.own_auth
 def test_the_lists_show_each_row_s_owner(browser, team):
     pg = _as(browser, team, team["admin"])
     pg.goto("/")
@@ -560,6 +562,7 @@ def test_the_lists_show_each_row_s_owner(browser, team):
     assert not pg.errors and not bob.errors, (pg.errors, bob.errors)
 
 
+@pytest.mark.own_auth
 def test_sharing_through_the_page_lets_the_other_user_read_the_run(browser, team):
     c, run, bob = team["client"], team["ann_run"], team["bob"]
     assert c.get(f"/experiments/{run}", headers=bob["auth"]).status_code == 404

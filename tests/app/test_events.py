@@ -429,6 +429,7 @@ def test_silence_gets_a_keepalive_comment(sqlite_settings, sqlite_factory, monke
     assert ended
 
 
+@pytest.mark.own_auth
 def test_the_stream_needs_the_token_like_every_read(sqlite_settings, sqlite_factory) -> None:
     guarded = sqlite_settings.model_copy(update={"api_token": SecretStr("s3cret")})
     app = create_app(guarded)

@@ -112,6 +112,7 @@ def test_requests_are_counted_by_route_template(client) -> None:
                    for _, lab, _ in after)
 
 
+@pytest.mark.own_auth
 def test_the_metrics_route_follows_the_token_rule_of_reads(settings) -> None:
     guarded = settings.model_copy(update={"api_token": SecretStr(TOKEN)})
     with TestClient(create_app(guarded)) as c:

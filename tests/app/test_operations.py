@@ -57,6 +57,7 @@ def test_submit_when_the_broker_is_down_is_503_and_leaves_no_row(settings, clien
     assert client.get("/sweeps", params={"limit": 1}).json()["total"] == sweeps_before
 
 
+@pytest.mark.own_auth
 def test_token_guards_mutating_endpoints(settings):
     guarded = settings.model_copy(update={"api_token": SecretStr("s3cret-token")})
     body = {"dataset": "digits", "epochs": 1}

@@ -29,6 +29,9 @@ from app.settings import Settings
 from tests.app.conftest import PG_ADMIN_URL, _pg_available, npz_bytes, settings_env
 from tests.conftest import REPO, require
 
+# Each test sets up its own users (make test-as-user leaves them out).
+pytestmark = pytest.mark.own_auth
+
 BOOT = "bootstrap-s3cret"
 RUN = {"dataset": "digits", "epochs": 1}
 
