@@ -48,6 +48,15 @@ SHARE_COLUMNS = {"experiment": Share.experiment_id, "sweep": Share.sweep_id,
 OWNED = tuple(model for model, _ in KINDS.values())
 
 
+class Hidden(NotFound):
+    """A row the principal may not read: answered as one that does not exist (the audit
+    log, for admins, records it as refused)."""
+
+
+class Denied(Forbidden):
+    """A row the principal may read but not change as asked."""
+
+
 def principal_of(session: Session) -> Principal | None:
     principal: Principal | None = session.info.get("principal")
     return principal
@@ -104,13 +113,13 @@ def check(session: Session, principal: Principal | None, kind: str, row_id: int,
     row = get_or_404(session, model, row_id, what)
     level = level_of(session, principal, kind, row)
     if level is None:
-        raise NotFound(f"{what} {row_id} does not exist")
+        raise Hidden(f"{what} {row_id} does not exist")
     if RANK[level] < RANK[need]:
         if need == "manage":
-            raise Forbidden(f"only the owner of {what} {row_id} or an admin may share it")
-        raise Forbidden(f"{what} {row_id} is shared with you for reading only")
+            raise Denied(f"only the owner of {what} {row_id} or an admin may share it")
+        raise Denied(f"{what} {row_id} is shared with you for reading only")
     if need != "read" and principal is not None and not principal.can_write:
-        raise Forbidden("this token may only read (scope read)")
+        raise Denied("this token may only read (scope read)")
     return row
 
 

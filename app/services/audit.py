@@ -5,7 +5,8 @@ adds the entry to the request's own session just before that session commits, so
 entry and the write are committed together or not at all (a route that commits early,
 such as ``POST /experiments`` before it sends the task, commits the entry with it). A
 write that fails is recorded by :func:`record_failure` in a transaction of its own, once
-the request's has been rolled back. A write refused before its handler runs (a token whose
+the request's has been rolled back ("refused" where the token or the access check of a row
+it names said no, "failed" otherwise). A write refused before its handler runs (a token whose
 scope does not allow it, in :class:`app.middleware.RequestGuard`; a row its path names that
 the user may not see or change, in :func:`app.deps.check_path_access`) is recorded by
 :func:`record_refusal`, with the outcome "refused", also in a transaction of its own.
@@ -25,7 +26,7 @@ from starlette.exceptions import HTTPException
 
 from app.auth import Principal, is_write
 from app.db import session_scope
-from app.errors import DomainError
+from app.errors import DomainError, Forbidden, Unauthorized
 from app.models import ApiToken, AuditEntry, Share, User
 from app.services import access
 
@@ -125,6 +126,8 @@ def record_failure(factory: sessionmaker[Session], draft: Draft, exc: BaseExcept
     its own (the request's has been rolled back). Never raises: a database that is away
     loses this entry, not the answer."""
     status, detail = status_of(exc)
+    # Refused rather than failed: a token that may not do this, a row it may not see.
+    outcome = "refused" if isinstance(exc, (Unauthorized, Forbidden, access.Hidden)) else "failed"
     try:
         with session_scope(factory) as session:
             if draft.committed and draft.entry is not None:
@@ -133,7 +136,7 @@ def record_failure(factory: sessionmaker[Session], draft: Draft, exc: BaseExcept
                 session.execute(update(AuditEntry).where(AuditEntry.id == draft.entry.id)
                                 .values(outcome="failed", status=status, detail=detail[:500]))
             else:
-                session.add(draft.row("failed", status, detail))
+                session.add(draft.row(outcome, status, detail))
     except Exception as error:
         _not_written(draft, error)
 

@@ -178,8 +178,8 @@ def referenced_upload(session: Session, dataset_id: int) -> DatasetUpload:
         raise NotFound(f"dataset_id {dataset_id} does not exist; upload with POST /datasets")
     try:
         access.require(session, "dataset", dataset_id, "read")
-    except NotFound as exc:  # another user's private upload: as if there were none
-        raise NotFound(f"dataset_id {dataset_id} does not exist; upload with POST /datasets") from exc
+    except access.Hidden as exc:  # another user's private upload: as if there were none
+        raise access.Hidden(f"dataset_id {dataset_id} does not exist; upload with POST /datasets") from exc
     return upload
 
 

@@ -407,6 +407,12 @@ def test_a_refused_write_leaves_an_audit_entry(api: TestClient) -> None:
     assert api.post("/experiments", json=RUN, headers=auth(reader)).status_code == 403
     assert api.post("/users", json={"name": "x"}, headers=auth(b)).status_code == 403
     assert api.post("/experiments", json=RUN, headers=auth("corel_" + "x" * 43)).status_code == 401
+    # A row named in the body, checked by the route itself: refused all the same.
+    r = api.post("/datasets", files={"file": ("a.npz", npz_bytes(x=np.eye(6, 3), y=np.arange(6) % 2))},
+                 headers=auth(a))
+    r = api.post("/experiments", json={"dataset": "npz", "dataset_id": r.json()["id"]},
+                 headers=auth(b))
+    assert r.status_code == 404, r.text
 
     def entries(user_id: int) -> list[tuple[str, str | None, int | None, str, int]]:
         items = api.get("/audit", params={"user_id": user_id}, headers=ADMIN).json()["items"]
@@ -414,12 +420,13 @@ def test_a_refused_write_leaves_an_audit_entry(api: TestClient) -> None:
                 for e in items]
 
     assert entries(b_id) == [
+        ("POST /experiments", None, None, "refused", 404),
         ("POST /users", None, None, "refused", 403),
         ("POST /experiments/{experiment_id}/cancel", "experiment", run, "refused", 403),
         ("DELETE /experiments/{experiment_id}", "experiment", run, "refused", 404)]
     assert entries(r_id) == [("POST /experiments", None, None, "refused", 403)]
-    item = api.get("/audit", params={"user_id": b_id}, headers=ADMIN).json()["items"][-1]
+    item = api.get("/audit", params={"user_id": b_id}, headers=ADMIN).json()["items"][-1]  # DELETE
     assert item["token_id"] == b_token_id and "does not exist" in item["detail"]
     everything = api.get("/audit", headers=ADMIN).json()["items"]
-    assert [e["outcome"] for e in everything].count("refused") == 4  # not the 401
+    assert [e["outcome"] for e in everything].count("refused") == 5  # not the 401
     assert api.get(f"/experiments/{run}", headers=auth(a)).json()["status"] != "cancelled"
