@@ -569,7 +569,8 @@ def test_sharing_through_the_page_lets_the_other_user_read_the_run(browser, team
     pg = _as(browser, team, team["ann"]["token"])
     pg.goto(f"/ui/experiments/{run}")
     pg.wait_for_selector("#share .share-form")
-    assert "owner ann" in pg.inner_text("#subtitle")
+    # The subtitle is filled from the experiment's own read, which may land after the form.
+    pg.wait_for_function("document.querySelector('#subtitle').textContent.includes('owner ann')")
     pg.fill("#share .share-user", str(bob["id"]))
     pg.select_option("#share .share-access", "read")
     pg.click("#share .share-add")
