@@ -159,6 +159,10 @@ def test_another_users_private_run_is_404_until_shared(api: TestClient) -> None:
                                ("GET", f"/experiments/compare?ids={run}", None)):
         r = api.request(method, path, json=body, headers=auth(b))
         assert r.status_code == 404, (method, path, r.text)
+    # An invalid query is a 422 before any row is looked up, whoever asks: it says nothing.
+    for row in (run, 2_000_000_000):
+        r = api.get(f"/experiments/{row}/clustering", params={"on": "train"}, headers=auth(b))
+        assert r.status_code == 422, r.text
     listed = api.get("/experiments", headers=auth(b)).json()
     assert listed["total"] == 0 and listed["items"] == []
     assert [e["id"] for e in api.get("/experiments", headers=auth(a)).json()["items"]] == [run]
