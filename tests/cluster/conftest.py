@@ -13,7 +13,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from tests.app.conftest import npz_bytes
-from tests.cluster.hosts import Cluster, cluster_available
+from tests.cluster.hosts import API_TOKEN, Cluster, cluster_available
 from tests.conftest import require
 
 # Short leases so that a lost host's runs move within seconds; a peer that is silent for
@@ -50,7 +50,8 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def api(cluster: Cluster) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=cluster.url, timeout=30) as client:
+    with httpx.Client(base_url=cluster.url, timeout=30,
+                      headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
         yield client
 
 

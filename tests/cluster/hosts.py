@@ -37,6 +37,7 @@ from tests.app.faults import postgres_bin
 
 REPO = Path(__file__).resolve().parents[2]
 NET = os.environ.get("COREL_TEST_CLUSTER_NET", "10.213.7")  # a /24 of this cluster's own
+API_TOKEN = "cluster-admin-token"  # the API host's COREL_API_TOKEN
 OPERATOR = f"{NET}.254"
 
 
@@ -237,8 +238,11 @@ class Cluster:
 
     def start_api(self) -> str:
         api = self.hosts["api"]
+        # Served on the cluster's network, so with an admin token, as a real deployment
+        # must be (corel serve refuses a non-loopback host in the open mode).
         self.api = api.run([sys.executable, "-m", "corel.cli", "serve", "--host", api.ip, "--port",
-                            "8000", "--no-worker"], self.env("api"), "api.log")
+                            "8000", "--no-worker"], self.env("api", COREL_API_TOKEN=API_TOKEN),
+                           "api.log")
         url = f"http://{api.ip}:8000"
         deadline = time.monotonic() + 60
         while True:
