@@ -287,7 +287,8 @@ class StackedRun:
         h: torch.Tensor,
         y: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, similarities) of one member from its representations h, as ``Classifier.loss``."""
+        """(loss, similarities) of one member from its representations h, as ``Classifier.loss``;
+        or of every member at once, where the head's functional form takes a stack."""
         with autocast(self.device, self.precision):  # bf16: as corel.training.forward_loss
             sim = self._similarities(params, buffers, h)
         if self.precision != "fp32":
@@ -301,17 +302,11 @@ class StackedRun:
         """(losses (M,), similarities (M, N, K)) of every member at once: the head's own
         functional form on the stack, for heads that take one (``stacks_without_vmap``);
         what ``vmap(_member_loss)`` computes, without vmap's per-operation cost."""
-        head = losses.LOSSES[self.loss_name]
-        if not head.stacks_without_vmap:
-            loss, sim = self._vmapped_loss(self.params, self.buffers, self.lam, self.one_minus_lam, h, y)
-            return loss, sim
-        with autocast(self.device, self.precision):  # bf16: as corel.training.forward_loss
-            sim = self._similarities(self.params, self.buffers, h)
-        if self.precision != "fp32":
-            h, sim = h.float(), sim.float()
-        state = {name.removeprefix("head."): t for name, t in self.buffers.items() if name.startswith("head.")}
-        loss = head.functional_loss(sim, h, y, self.lam.unsqueeze(1), self.one_minus_lam.unsqueeze(1), state)
-        return loss, sim
+        if not losses.LOSSES[self.loss_name].stacks_without_vmap:
+            return self._vmapped_loss(self.params, self.buffers, self.lam, self.one_minus_lam, h, y)
+        # The same member function, given the whole stack (h (M, N, H), lambdas (M, 1)).
+        return self._member_loss(self.params, self.buffers, self.lam.unsqueeze(1),
+                                 self.one_minus_lam.unsqueeze(1), h, y)
 
     def _member_predict(self, params: Tensors, buffers: Tensors, h: torch.Tensor) -> torch.Tensor:
         return self._similarities(params, buffers, h).argmax(dim=1)
