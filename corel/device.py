@@ -14,10 +14,14 @@ SPLITS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
-    """The given device, else CUDA when this machine has a GPU, else CPU."""
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The given device, else CUDA when this machine has a GPU, else CPU; a GPU always with
+    its index (``cuda`` is ``cuda:0`` on a one-GPU worker), as tensors on it report theirs,
+    so that ``tensor.device == run.device`` holds for a tensor on the run's device."""
+    picked = torch.device(device if device is not None else
+                          "cuda" if torch.cuda.is_available() else "cpu")
+    if picked.type == "cuda" and picked.index is None:
+        picked = torch.device("cuda", torch.cuda.current_device())
+    return picked
 
 
 # Data takes at most this share of the device's free memory to be held there for a run;
@@ -73,7 +77,9 @@ class Batches:
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_size: int):
         self.x, self.y, self.device = x, y, device
-        self.host = x.device != device
+        # Held on the host for a GPU run (to_device), rather than on the run's device. Not
+        # ``x.device != device``: a tensor on the GPU says cuda:0 where a device may say cuda.
+        self.host = x.device.type == "cpu" and device.type != "cpu"
         self._staging: list[torch.Tensor] = []
         self._copied: list[Any] = []
         if self.host:
