@@ -58,6 +58,7 @@ __all__ = [
     "attractive_repulsive",
     "build_loss",
     "center_loss_term",
+    "class_counts",
     "register_loss",
     "spread_class_vectors",
 ]
@@ -143,6 +144,16 @@ def center_loss_term(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tenso
         raise ValueError("the batch is empty: h has no rows")
     check_labels(labels, h.shape[0], centers.shape[0])
     return _center_core(h, labels, centers)
+
+
+def class_counts(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """How many of ``labels`` fall in each class, as ``dtype``: ``torch.bincount``'s counts
+    without its wait. On a GPU ``bincount`` reads the largest label back to the host to
+    size its result, a synchronisation in every Center-loss step that stalled each run on
+    the whole GPU's queue (47 s a CNN epoch against 7 s for the other losses, 30 runs
+    sharing an H200); adding ones queues like any other kernel, and sums of ones are exact."""
+    return torch.zeros(num_classes, dtype=dtype, device=labels.device).index_add_(
+        0, labels, torch.ones(labels.shape, dtype=dtype, device=labels.device))
 
 
 def _center_core(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
@@ -305,7 +316,7 @@ class CenterLoss(CCE):
     @torch.no_grad()
     def after_batch(self, h: torch.Tensor, labels: torch.Tensor) -> None:
         h = h.detach().to(self.centers.dtype)
-        counts = torch.bincount(labels, minlength=self.num_classes).to(h.dtype)
+        counts = class_counts(labels, self.num_classes, h.dtype)
         sums = torch.zeros_like(self.centers).index_add_(0, labels, h)
         # sum_{i: y_i=j} (mu_j - h_i) = n_j mu_j - sum_i h_i
         delta = (counts.unsqueeze(1) * self.centers - sums) / (1.0 + counts).unsqueeze(1)

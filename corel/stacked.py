@@ -50,7 +50,7 @@ from corel.data import Dataset
 from corel.device import Batches, autocast, effective_precision, pick_device, to_device
 from corel.grouping import as_spec, check_group
 from corel.loss_catalog import declaration
-from corel.losses import check_labels
+from corel.losses import check_labels, class_counts
 from corel.models import FFNN, Classifier
 from corel.optim import adam
 from corel.progress import EpochMetrics, GroupCallback
@@ -72,7 +72,7 @@ def _center_update(
     mu_j <- mu_j - alpha * sum_{i: y_i = j} (mu_j - h_i) / (1 + n_j), returned, not in place.
     """
     h = h.to(centers.dtype)
-    counts = torch.bincount(labels, minlength=centers.shape[0]).to(h.dtype)
+    counts = class_counts(labels, centers.shape[0], h.dtype)
     sums = torch.zeros_like(centers).index_add(0, labels, h)
     delta = (counts.unsqueeze(1) * centers - sums) / (1.0 + counts).unsqueeze(1)
     return centers - alpha * delta

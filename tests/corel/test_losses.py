@@ -164,6 +164,16 @@ def test_center_update_follows_wen_et_al():
     assert "centers" not in dict(head.named_parameters())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_class_counts_are_bincounts_with_absent_classes(dtype):
+    labels = torch.randint(0, 7, (300,), generator=torch.Generator().manual_seed(3))
+    labels = labels[labels != 4]  # class 4 absent; 8 and 9 beyond the largest label
+    counts = losses.class_counts(labels, 10, dtype)
+    assert counts.dtype == dtype and counts.shape == (10,)
+    assert torch.equal(counts, torch.bincount(labels, minlength=10).to(dtype))
+    assert counts[4] == 0 and counts[8] == 0 and counts[9] == 0
+
+
 def test_gamma_learnable_only_on_request():
     assert "log_gamma" not in dict(losses.GaussianCOREL(3, 4).named_parameters())
     head = losses.GaussianCOREL(3, 4, gamma=0.3, learn_gamma=True)
