@@ -12,7 +12,8 @@ prints how far each stacked member ended from its solo run. Expect ~1e-7 for
 most lambdas; at small lam this training amplifies rounding (a solo run whose
 first layer is nudged by one ulp drifts ~1e-3 away in one epoch), and stacked
 matrix products round differently from single ones.
-Run: ``.venv/bin/python bench/sweep_throughput.py``.
+Run: ``.venv/bin/python bench/sweep_throughput.py`` (``--device cuda`` on a GPU, whose own
+float32 matrix-product rate is then the one divided by).
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ import statistics
 import time
 
 import torch
-from flops import sgemm_gflops, step_flops  # bench/flops.py, beside this file
+from flops import (  # bench/flops.py, beside this file
+    describe,
+    sgemm_gflops,
+    step_flops,
+    synchronize,
+)
 
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
@@ -31,22 +37,26 @@ from corel.training import start_run, train_pass
 from corel.vectorized import StackedRun
 
 
-def stacked_epoch(specs: list[ExperimentSpec], data: Dataset) -> tuple[float, list[dict]]:
-    group = StackedRun.start(specs, data, device="cpu")
+def stacked_epoch(specs: list[ExperimentSpec], data: Dataset, device: str) -> tuple[float, list[dict]]:
+    group = StackedRun.start(specs, data, device=device)
+    synchronize(device)
     started = time.perf_counter()
     assert group.train_pass() is not None
+    synchronize(device)
     seconds = time.perf_counter() - started
     return len(specs) * len(data.y_train) / seconds, [
         group.member_state(i) for i in range(len(specs))
     ]
 
 
-def sequential_epochs(specs: list[ExperimentSpec], data: Dataset) -> tuple[float, list[dict]]:
+def sequential_epochs(specs: list[ExperimentSpec], data: Dataset, device: str) -> tuple[float, list[dict]]:
     seconds, states = 0.0, []
     for spec in specs:
-        run = start_run(spec, data=data, device="cpu")
+        run = start_run(spec, data=data, device=device)
+        synchronize(device)
         started = time.perf_counter()
         assert train_pass(run) is not None
+        synchronize(device)
         seconds += time.perf_counter() - started
         states.append({k: v.detach().clone() for k, v in run.model.state_dict().items()})
     return len(specs) * len(data.y_train) / seconds, states
@@ -55,7 +65,7 @@ def sequential_epochs(specs: list[ExperimentSpec], data: Dataset) -> tuple[float
 def differences(a: list[dict], b: list[dict]) -> list[float]:
     """Largest absolute weight difference of each member, stacked vs solo."""
     return [
-        max(float((x[k].double() - y[k].double()).abs().max()) for k in x)
+        max(float((x[k].double().cpu() - y[k].double().cpu()).abs().max()) for k in x)
         for x, y in zip(a, b, strict=True)
     ]
 
@@ -68,6 +78,7 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     args = parser.parse_args()
     if args.threads:
@@ -81,13 +92,14 @@ def main() -> None:
     print(
         f"Fashion-MNIST FFNN ({args.loss}), {len(specs)} members (lam {lams[0]}..{lams[-1]}), "
         f"{len(data.y_train)} training samples, batch {specs[0].batch_size}, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"torch {torch.__version__}, {describe(args.device)}"
     )
+    stacked_epoch(specs, data, args.device)  # warm-up: kernels chosen, caches filled
     stacked, sequential, largest = [], [], [0.0] * len(specs)
     for _ in range(args.repeats):
-        rate, stacked_states = stacked_epoch(specs, data)
+        rate, stacked_states = stacked_epoch(specs, data, args.device)
         stacked.append(rate)
-        rate, solo_states = sequential_epochs(specs, data)
+        rate, solo_states = sequential_epochs(specs, data, args.device)
         sequential.append(rate)
         diffs = differences(stacked_states, solo_states)
         largest = [max(a, b) for a, b in zip(largest, diffs, strict=True)]
@@ -101,7 +113,7 @@ def main() -> None:
         f"(runs: {', '.join(f'{v:.0f}' for v in sequential)})"
     )
     flops = step_flops(start_run(specs[0], data=data, device="cpu").model)
-    gemm = sgemm_gflops()
+    gemm = sgemm_gflops(device=args.device)
     print(f"stacked step: {a * flops / 1e9:.1f} GFLOP/s of model arithmetic (6 per weight), "
           f"sgemm here {gemm:.1f} GFLOP/s")
     print(f"stacked fraction of sgemm: {a * flops / 1e9 / gemm:.2f} (target >= 0.8)")

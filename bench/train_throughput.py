@@ -9,6 +9,12 @@ GFLOP/s of corel's step beside this machine's sgemm rate measured in the same ru
 the two ratios (last two lines: ``fraction of sgemm: F`` and ``ratio corel / DataLoader:
 X``; targets 0.5 and 1.5). Run: ``.venv/bin/python bench/train_throughput.py``.
 
+``--device cuda`` runs both loops on a GPU: corel's with the data held there, the
+DataLoader's with the data on the host, pinned and copied a batch at a time (the usual
+GPU loop); the rate divided by is then the GPU's own float32 matrix product (TF32 off,
+8192^3), and its bfloat16 rate is printed beside it. ``--precision bf16`` trains both
+under bfloat16 autocast and divides by the bfloat16 rate.
+
 Both loops take the same optimizer steps on the same model; what differs is the
 loop around them. The DataLoader loop fetches 128 samples one by one and collates
 them, and steps with ``train_step``, which validates each batch's labels and reads
@@ -24,7 +30,12 @@ import statistics
 import time
 
 import torch
-from flops import sgemm_gflops, step_flops  # bench/flops.py, beside this file
+from flops import (  # bench/flops.py, beside this file
+    describe,
+    sgemm_gflops,
+    step_flops,
+    synchronize,
+)
 from torch.utils.data import DataLoader, TensorDataset
 
 from corel.data import load_dataset
@@ -32,25 +43,32 @@ from corel.spec import ExperimentSpec
 from corel.training import start_run, train_pass, train_step
 
 
-def corel_epoch(spec: ExperimentSpec, data) -> float:
-    run = start_run(spec, data=data, device="cpu")
+def corel_epoch(spec: ExperimentSpec, data, device: str) -> float:
+    run = start_run(spec, data=data, device=device)
+    synchronize(device)
     started = time.perf_counter()
     assert train_pass(run) is not None
+    synchronize(device)
     return len(data.y_train) / (time.perf_counter() - started)
 
 
-def dataloader_epoch(spec: ExperimentSpec, data) -> float:
-    run = start_run(spec, data=data, device="cpu")
+def dataloader_epoch(spec: ExperimentSpec, data, device: str) -> float:
+    run = start_run(spec, data=data, device=device)
+    cuda = torch.device(device).type == "cuda"
     loader = DataLoader(
         TensorDataset(data.x_train, data.y_train),
         batch_size=spec.batch_size,
         shuffle=True,
         generator=torch.Generator().manual_seed(spec.seed),
+        pin_memory=cuda,
     )
     run.model.train()
+    synchronize(device)
     started = time.perf_counter()
     for xb, yb in loader:
-        train_step(run.model, run.optimizer, xb, yb)
+        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        train_step(run.model, run.optimizer, xb, yb, precision=spec.precision)
+    synchronize(device)
     return len(data.y_train) / (time.perf_counter() - started)
 
 
@@ -58,24 +76,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--loss", default="gaussian")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     args = parser.parse_args()
-    spec = ExperimentSpec(dataset="fashion-mnist", model="ffnn", loss=args.loss, lam=0.85, epochs=1)
+    spec = ExperimentSpec(dataset="fashion-mnist", model="ffnn", loss=args.loss, lam=0.85, epochs=1,
+                          precision=args.precision)
     data = load_dataset(spec, args.data_dir)
-    print(f"Fashion-MNIST FFNN ({args.loss}), {len(data.y_train)} training samples, "
-          f"batch {spec.batch_size}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"Fashion-MNIST FFNN ({args.loss}, {args.precision}), {len(data.y_train)} training samples, "
+          f"batch {spec.batch_size}, torch {torch.__version__}, {describe(args.device)}")
+    corel_epoch(spec, data, args.device)  # warm-up: kernels chosen, caches filled
     ours, theirs = [], []
     for _ in range(args.repeats):
-        ours.append(corel_epoch(spec, data))
-        theirs.append(dataloader_epoch(spec, data))
+        ours.append(corel_epoch(spec, data, args.device))
+        theirs.append(dataloader_epoch(spec, data, args.device))
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"corel train_pass      : median {a:9.0f} samples/s  (runs: {', '.join(f'{v:.0f}' for v in ours)})")
     print(f"DataLoader(TensorDS)  : median {b:9.0f} samples/s  (runs: {', '.join(f'{v:.0f}' for v in theirs)})")
     flops = step_flops(start_run(spec, data=data, device="cpu").model)
-    gemm = sgemm_gflops()
+    fp32 = sgemm_gflops(device=args.device)
+    bf16 = sgemm_gflops(device=args.device, dtype=torch.bfloat16) if args.device != "cpu" else None
+    gemm = bf16 if (bf16 and args.precision == "bf16") else fp32
     achieved = a * flops / 1e9
     print(f"FFNN step: {flops / 1e3:.0f} kFLOP per sample (6 per weight); corel {achieved:.1f} GFLOP/s, "
-          f"sgemm here {gemm:.1f} GFLOP/s ({torch.get_num_threads()} threads)")
+          f"sgemm here {fp32:.1f} GFLOP/s ({describe(args.device)})"
+          + (f", bf16 matrix product {bf16:.1f} GFLOP/s" if bf16 else ""))
     print(f"fraction of sgemm: {achieved / gemm:.2f}")
     print(f"ratio corel / DataLoader: {a / b:.2f}")
 

@@ -85,10 +85,12 @@ EVAL_BATCH = 2048
 
 
 def train_step(
-    model: Classifier, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+    model: Classifier, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+    precision: str = "fp32",
 ) -> tuple[float, int]:
-    """One Adam step on a batch; returns (loss, number of correct predictions)."""
-    loss, sim = _step(model, optimizer, x, y, check=True)
+    """One Adam step on a batch in ``precision`` ("fp32" or "bf16"); returns (loss, number
+    of correct predictions)."""
+    loss, sim = _step(model, optimizer, x, y, check=True, precision=precision)
     return float(loss), int((sim.argmax(1) == y).sum())
 
 
