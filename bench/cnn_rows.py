@@ -1,0 +1,236 @@
+"""The paper's CNN rows (Table 1) at its protocol on one GPU, each run its own process.
+
+MNIST and Fashion-MNIST, the CNN, the four losses at the paper's tuned lambdas
+(``corel.report.PAPER_TABLE2``; CCE has none), several seeds, 150 epochs, Adam at 1e-4,
+batch 128, test accuracy at the best-validation epoch: what ``corel.training.fit`` does,
+the code a worker runs. A seed changes the batch order, so runs of different seeds do not
+stack (:mod:`corel.grouping`); instead every run is a process of its own on the same
+device, all at once, which keeps a GPU busy that one small CNN's step leaves mostly idle.
+
+    python bench/cnn_rows.py launch --out rows.jsonl [--seeds 0 1 2] [--epochs 150]
+        [--datasets mnist fashion-mnist] [--stop-after SECONDS] [--precision-check]
+    python bench/cnn_rows.py table rows.jsonl        # the Markdown for docs/reproduction.md
+
+Each process appends a JSON line to ``--out`` after every epoch and a final one with the
+test accuracy at the best-validation epoch, the wall time and the clustering of the test
+latent space at that epoch (K-Means, the paper's Tables 3-4). ``--stop-after`` ends every
+run that is still training that many seconds after the launch (its final line then says
+how many epochs it had: the table marks such rows as short of the protocol).
+``--precision-check`` adds issue 24's bf16 check: Fashion-MNIST FFNN, Gaussian-COREL at
+the paper's lambda, each seed in fp32 and in bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from corel.clustering import default_metric, evaluate_clustering
+from corel.data import load_dataset
+from corel.guards import NotLearningError
+from corel.progress import Callback, EpochMetrics
+from corel.report import PAPER_CLUSTERING, PAPER_TABLE1, PAPER_TABLE2
+from corel.spec import ExperimentSpec
+from corel.training import embed_all, fit
+
+LOSSES = ("cce", "center", "cosine", "gaussian")
+TITLES = {"cce": "CCE", "center": "Center", "cosine": "Cosine-COREL", "gaussian": "Gaussian-COREL"}
+
+
+def jobs(datasets: list[str], seeds: list[int], epochs: int, precision_check: bool,
+         train_subset: int | None = None) -> list[dict[str, Any]]:
+    """Every run's spec fields, the CNN rows first (the longest)."""
+    out: list[dict[str, Any]] = []
+    for dataset in datasets:
+        for loss in LOSSES:
+            lam = PAPER_TABLE2[(dataset, "cnn")].get(loss, 0.5)
+            for seed in seeds:
+                out.append({"dataset": dataset, "model": "cnn", "loss": loss, "lam": lam,
+                            "seed": seed, "epochs": epochs})
+    if precision_check:
+        lam = PAPER_TABLE2[("fashion-mnist", "ffnn")]["gaussian"]
+        for seed in seeds:
+            for precision in ("fp32", "bf16"):
+                out.append({"dataset": "fashion-mnist", "model": "ffnn", "loss": "gaussian", "lam": lam,
+                            "seed": seed, "epochs": epochs, "precision": precision})
+    if train_subset:
+        out = [{**fields, "train_subset": train_subset} for fields in out]
+    return out
+
+
+def job_name(fields: dict[str, Any]) -> str:
+    return (f"{fields['dataset']}/{fields['model']}/{fields['loss']}/seed{fields['seed']}"
+            f"/{fields.get('precision', 'fp32')}")
+
+
+class Progress(Callback):
+    """Appends each epoch to the results file; stops the run at the deadline."""
+
+    def __init__(self, out: Path, name: str, stop_at: float | None) -> None:
+        self.out, self.name, self.stop_at = out, name, stop_at
+
+    def on_epoch_end(self, metrics: EpochMetrics, run: Any) -> bool:
+        append(self.out, {"job": self.name, **metrics.to_dict()})
+        return self.stop_at is not None and time.time() >= self.stop_at
+
+
+def append(out: Path, row: dict[str, Any]) -> None:
+    # One write of one line to a file opened for appending: lines of processes that write
+    # at once do not interleave.
+    with open(out, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def run_one(fields: dict[str, Any], out: Path, stop_at: float | None, data_dir: str | None) -> None:
+    torch.set_num_threads(1)  # many of these share the machine's cores
+    name = job_name(fields)
+    spec = ExperimentSpec(**fields)
+    data = load_dataset(spec, data_dir)
+    started = time.perf_counter()
+    row: dict[str, Any] = {"job": name, "final": True, **fields}
+    try:
+        result = fit(spec, [Progress(out, name, stop_at)], data=data)
+    except NotLearningError as exc:
+        append(out, {**row, "failed": str(exc), "wall_s": time.perf_counter() - started})
+        return
+    row.update(test_accuracy=result.test_accuracy, best_epoch=result.best_epoch,
+               epochs_done=len(result.history), wall_s=time.perf_counter() - started,
+               device=str(result.run.device), precision_used=result.run.precision,
+               gpu=torch.cuda.get_device_name(result.run.device) if result.run.device.type == "cuda" else None,
+               seconds_per_epoch=statistics.median(m.seconds for m in result.history))
+    if fields["model"] == "cnn" and (stop_at is None or time.time() < stop_at + 60):
+        h = embed_all(result.model, result.run.data.x_test).float().cpu().numpy()
+        y = result.run.data.y_test.cpu().numpy()
+        scores = evaluate_clustering(h, y, metric=default_metric(spec.loss), algorithms=("kmeans",))
+        row["clustering"] = {k: v for k, v in scores["kmeans"].items() if isinstance(v, (int, float))}
+    append(out, row)
+
+
+def launch(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    todo = jobs(args.datasets, args.seeds, args.epochs, args.precision_check, args.train_subset)
+    stop_at = time.time() + args.stop_after if args.stop_after else None
+    print(f"{len(todo)} runs at once on {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}"
+          + (f", stopping any still training after {args.stop_after:.0f} s" if stop_at else ""), flush=True)
+    started = time.perf_counter()
+    procs = []
+    for fields in todo:
+        cmd = [sys.executable, __file__, "run", "--out", str(out), "--fields", json.dumps(fields)]
+        if stop_at:
+            cmd += ["--stop-at", str(stop_at)]
+        if args.data_dir:
+            cmd += ["--data-dir", args.data_dir]
+        procs.append((job_name(fields), subprocess.Popen(cmd)))
+    for name, proc in procs:
+        if proc.wait() != 0:
+            print(f"{name}: exit status {proc.returncode}", flush=True)
+    print(f"all {len(todo)} runs ended after {time.perf_counter() - started:.0f} s", flush=True)
+    print(table(out))
+
+
+def finals(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("final")]
+
+
+def table(path: Path) -> str:
+    """Markdown: the CNN rows (mean +- std over seeds against the paper's Table 1), their
+    clustering (Tables 3-4) and the bf16 check, from the final lines of ``path``."""
+    rows = finals(path)
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r["model"] == "cnn":
+            cells[(r["dataset"], r["loss"])].append(r)
+    lines = ["| setting | loss | lambda | test accuracy (%) | seeds | epochs | paper | difference | wall (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (dataset, loss), runs in sorted(cells.items()):
+        done = [r for r in runs if r.get("test_accuracy") is not None]
+        accs = [100 * r["test_accuracy"] for r in done]
+        paper = PAPER_TABLE1.get((dataset, "cnn"), {}).get(loss)
+        lam = "-" if loss == "cce" else f"{runs[0]['lam']:g}"
+        epochs = sorted({r["epochs_done"] for r in done}) or [0]
+        span = f"{epochs[0]}" if len(epochs) == 1 else f"{epochs[0]}-{epochs[-1]}"
+        if not accs:
+            lines.append(f"| {dataset}/cnn | {TITLES[loss]} | {lam} | did not train | 0 | - | "
+                         f"{paper if paper is not None else '-'} | - | - |")
+            continue
+        mean = statistics.mean(accs)
+        std = statistics.stdev(accs) if len(accs) > 1 else 0.0
+        wall = statistics.median(r["wall_s"] for r in done)
+        diff = f"{mean - paper:+.2f}" if paper is not None else "-"
+        lines.append(f"| {dataset}/cnn | {TITLES[loss]} | {lam} | {mean:.2f} +- {std:.2f} | {len(accs)} | "
+                     f"{span} of {runs[0]['epochs']} | {paper if paper is not None else '-'} | {diff} | {wall:.0f} |")
+    clustered = [(k, [r["clustering"] for r in v if r.get("clustering")]) for k, v in sorted(cells.items())]
+    if any(c for _, c in clustered):
+        lines += ["", "K-Means on the test latent space at the best-validation epoch (mean over seeds; "
+                  "paper's Tables 3-4 in brackets):", "",
+                  "| setting | loss | accuracy | ARI | V-measure | silhouette |", "|---|---|---|---|---|---|"]
+        for (dataset, loss), scores in clustered:
+            if not scores:
+                continue
+            paper_row = PAPER_CLUSTERING.get((dataset, "cnn"), {}).get((loss, "kmeans"), {})
+            cols = []
+            for key in ("accuracy", "ari", "v_measure", "silhouette"):
+                mean = statistics.mean(s[key] for s in scores)
+                ref = paper_row.get(key)
+                cols.append(f"{mean:.3f}" + (f" ({ref:.3f})" if ref is not None else ""))
+            lines.append(f"| {dataset}/cnn | {TITLES[loss]} | " + " | ".join(cols) + " |")
+    checks = [r for r in rows if r["model"] == "ffnn" and r.get("test_accuracy") is not None]
+    if checks:
+        by_seed: dict[int, dict[str, float]] = defaultdict(dict)
+        for r in checks:
+            by_seed[r["seed"]][r["precision"]] = 100 * r["test_accuracy"]
+        diffs = [p["bf16"] - p["fp32"] for p in by_seed.values() if {"bf16", "fp32"} <= p.keys()]
+        lines += ["", "bf16 against fp32, Fashion-MNIST FFNN, Gaussian-COREL (test accuracy %, epochs "
+                  f"{sorted({r['epochs_done'] for r in checks})}):", ""]
+        lines += [f"- seed {seed}: fp32 {p.get('fp32', float('nan')):.2f}, bf16 {p.get('bf16', float('nan')):.2f}"
+                  for seed, p in sorted(by_seed.items())]
+        if diffs:
+            lines.append(f"- bf16 - fp32 test accuracy: mean {statistics.mean(diffs):+.2f} points "
+                         f"(max |d| {max(abs(d) for d in diffs):.2f})")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("launch", help="every run at once, one process each")
+    p.add_argument("--out", required=True)
+    p.add_argument("--datasets", nargs="+", default=["mnist", "fashion-mnist"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--epochs", type=int, default=150)
+    p.add_argument("--stop-after", type=float, default=None)
+    p.add_argument("--precision-check", action="store_true")
+    p.add_argument("--train-subset", type=int, default=None, help="a smoke test's smaller training set")
+    p.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
+    p = sub.add_parser("run", help="one run (launch starts these)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--fields", required=True)
+    p.add_argument("--stop-at", type=float, default=None)
+    p.add_argument("--data-dir", default=None)
+    p = sub.add_parser("table", help="the Markdown of a results file")
+    p.add_argument("path")
+    args = parser.parse_args()
+    if args.command == "launch":
+        launch(args)
+    elif args.command == "run":
+        run_one(json.loads(args.fields), Path(args.out), args.stop_at, args.data_dir)
+    else:
+        print(table(Path(args.path)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# What issue 24 asks of a GPU machine, in one go and inside a time budget:
+#   1. the benchmarks on the GPU while it is quiet (train_throughput fp32 and bf16,
+#      sweep_throughput), each against the GPU's own matrix-product rates;
+#   2. the paper's CNN rows (bench/cnn_rows.py: MNIST and Fashion-MNIST, the four losses,
+#      3 seeds, 150 epochs, one process each) with the bf16 check beside them, and
+#      `make test-gpu` while they train; runs still training when the budget ends stop
+#      there and say how many epochs they had.
+# Usage: bench/on_gpu.sh OUT_DIR [BUDGET_SECONDS]   (from the repository root; the data
+# under $COREL_DATA_DIR, else the system locations; PYTHON, else python3, with torch and
+# corel's dependencies importable, corel itself from this checkout).
+set -u
+OUT=${1:?usage: bench/on_gpu.sh OUT_DIR [BUDGET_SECONDS]}
+BUDGET=${2:-540}
+PY=${PYTHON:-python3}
+T0=$(date +%s)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+
+{ nvidia-smi; nproc; "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"; } \
+    >"$OUT/machine.txt" 2>&1
+# Fail fast (and cheaply) when the library does not import here.
+"$PY" -c "import corel.training, corel.stacked, corel.serving" || { echo "corel does not import"; exit 1; }
+
+{
+    echo "== train_throughput fp32"; timeout 150 "$PY" bench/train_throughput.py --device cuda
+    echo "== train_throughput bf16"; timeout 120 "$PY" bench/train_throughput.py --device cuda --precision bf16
+    echo "== sweep_throughput"; timeout 150 "$PY" bench/sweep_throughput.py --device cuda
+} >"$OUT/bench.txt" 2>&1
+echo "benchmarks done at $(( $(date +%s) - T0 )) s"
+
+# Leave 45 s for the clustering of the last runs and the table.
+"$PY" bench/cnn_rows.py launch --out "$OUT/rows.jsonl" --precision-check --stop-after $(( $(left) - 45 )) \
+    >"$OUT/rows.txt" 2>&1 &
+ROWS=$!
+BIN=$(dirname "$(command -v "$PY")")
+if command -v make >/dev/null && [ -x "$BIN/python" ]; then  # make test-gpu, without its venv
+    timeout $(( $(left) - 20 )) make -o .venv/.installed test-gpu BIN="$BIN" >"$OUT/test-gpu.txt" 2>&1
+else  # the same command as make test-gpu's
+    COREL_REQUIRE_CUDA=1 timeout $(( $(left) - 20 )) "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu \
+        >"$OUT/test-gpu.txt" 2>&1
+fi
+echo "make test-gpu: exit status $? at $(( $(date +%s) - T0 )) s"
+wait $ROWS
+echo "CNN rows done at $(( $(date +%s) - T0 )) s"
+tail -45 "$OUT/rows.txt"
+tail -3 "$OUT/test-gpu.txt"
