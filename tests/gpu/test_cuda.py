@@ -56,16 +56,42 @@ def test_a_gpu_checkpoint_serves_on_the_gpu_and_on_the_cpu(digits):
     blob = checkpoint_to_bytes(result.run.best_checkpoint())
     on_gpu = ServedModel.from_bytes(blob, "cuda")
     assert on_gpu.device.type == "cuda"
-    rows = np.asarray(digits.x_test[:32].cpu())
-    h_gpu = on_gpu.embed(on_gpu.prepare(rows))
+    x = digits.x_test[:32].cpu()  # the model's inputs (already prepared)
+    h_gpu = on_gpu.embed(x)
+    assert h_gpu.device.type == "cuda"
     on_cpu = ServedModel.from_bytes(blob, "cpu")
     assert on_cpu.device.type == "cpu"
-    h_cpu = on_cpu.embed(on_cpu.prepare(rows))
-    torch.testing.assert_close(h_gpu, h_cpu, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(h_gpu.cpu(), on_cpu.embed(x), rtol=1e-4, atol=1e-4)
     # And a CPU checkpoint loads on the GPU.
     cpu_run = fit(BASE, data=digits, device="cpu")
     _, model = model_from_checkpoint(checkpoint_from_bytes(checkpoint_to_bytes(cpu_run.run.best_checkpoint())), "cuda")
     assert model.head.W.device.type == "cuda"
+
+
+@pytest.mark.parametrize("loss", ["cce", "center", "cosine", "gaussian"])
+def test_a_training_step_never_waits_for_the_gpu(digits, loss):
+    """No step reads a value back to the host (a ``.item()``, a ``bincount``, a boolean
+    mask): such a wait stalls a run on everything queued on the GPU, and many runs sharing
+    one GPU on each other. CUDA's sync debug mode raises at any synchronising call in the
+    steps after the first (which validates the labels once and creates Adam's state)."""
+    from corel.progress import Callback
+
+    class NoWaits(Callback):
+        def on_batch_end(self, step: int) -> bool:
+            if step == 0:
+                torch.cuda.set_sync_debug_mode("error")
+                return False
+            if step >= 10:
+                torch.cuda.set_sync_debug_mode("default")
+                return True  # train_pass returns None before adding up its pass
+            return False
+
+    run = start_run({**BASE, "loss": loss}, data=digits)
+    assert run.device.type == "cuda"
+    try:
+        assert train_pass(run, [NoWaits()]) is None
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_data_too_large_for_the_gpu_stays_pinned_on_the_host_and_batches_cross_asynchronously(
@@ -118,8 +144,9 @@ def test_a_gpu_trained_run_exports_and_runs_under_onnxruntime_on_the_cpu(digits)
     checkpoint = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
     session = ort.InferenceSession(export(checkpoint, "onnx"), providers=["CPUExecutionProvider"])
     served = ServedModel.from_checkpoint(checkpoint, "cpu")
-    rows = np.asarray(digits.x_test[:16].cpu(), dtype=np.float32)
-    h, sims = session.run(None, {"x": rows})
-    torch.testing.assert_close(torch.from_numpy(h), served.embed(served.prepare(rows)).cpu(),
-                               rtol=1e-4, atol=1e-4)
+    # The file's input is the model's input, after the recorded preprocessing: digits'
+    # rows are that already (served.prepare would apply the preprocessing a second time).
+    x = digits.x_test[:16].cpu().float()
+    h, sims = session.run(None, {"x": x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(h), served.embed(x), rtol=1e-4, atol=1e-4)
     assert sims.shape == (16, digits.num_classes)
