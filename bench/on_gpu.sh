@@ -30,6 +30,23 @@ left() { echo $((BUDGET - ($(date +%s) - T0))); }
 } >"$OUT/bench.txt" 2>&1
 echo "benchmarks done at $(( $(date +%s) - T0 )) s"
 
+# The runs' kernels are small: without MPS the GPU time-slices between the 30 processes
+# and runs one process's kernels at a time (on 2026-11-26 an H200 gave each CNN run 6.8 s
+# an epoch so). NVIDIA's Multi-Process Service lets them run side by side; where it does not
+# start, or a CUDA call fails under it, the runs go on without it. MPS=0 leaves it off.
+MPS_ON=0
+if [ "${MPS:-1}" != 0 ] && command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/corel-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/corel-mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d && timeout 60 "$PY" -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
+        MPS_ON=1
+    else
+        echo quit | nvidia-cuda-mps-control 2>/dev/null
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    fi
+fi
+echo "MPS: $MPS_ON" | tee -a "$OUT/machine.txt"
+
 # Leave 45 s for the clustering of the last runs and the table.
 "$PY" bench/cnn_rows.py launch --out "$OUT/rows.jsonl" --precision-check --stop-after $(( $(left) - 45 )) \
     >"$OUT/rows.txt" 2>&1 &
@@ -44,5 +61,6 @@ fi
 echo "make test-gpu: exit status $? at $(( $(date +%s) - T0 )) s"
 wait $ROWS
 echo "CNN rows done at $(( $(date +%s) - T0 )) s"
+[ "$MPS_ON" = 1 ] && echo quit | nvidia-cuda-mps-control
 tail -45 "$OUT/rows.txt"
 tail -3 "$OUT/test-gpu.txt"
