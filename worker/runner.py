@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -109,16 +109,56 @@ def _upsert_checkpoint(session: Session, experiment_id: int, kind: str, epoch: i
     row.sha256, row.created_at = hashlib.sha256(blob).hexdigest(), utcnow()
 
 
+class LeaseKeeper:
+    """Keeps the claimed rows ``ids`` leased from a thread, every heartbeat interval, while
+    the work cannot beat itself: a download (or the wait for another worker's), and the time
+    from the claim to the first batch (the data's load, the model's build, a cold process's
+    first step), which on a loaded machine can outlast the lease, so that another worker
+    took the run over while this one was about to train it. Stopped at the first batch:
+    from there the loop's own beats hold the lease, and stop holding it if the loop hangs."""
+
+    def __init__(self, ids: Iterable[int], factory: sessionmaker[Session], settings: Settings):
+        self.ids, self.factory, self.every = list(ids), factory, settings.heartbeat_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="corel-lease", daemon=True)
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __enter__(self) -> LeaseKeeper:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                with session_scope(self.factory) as session:
+                    lifecycle.heartbeat_many(session, self.ids)
+            except Exception as exc:  # the next beat, or the lease's expiry, deals with it
+                log.warning("heartbeat failed", extra={"error": str(exc)[:200]})
+
+
 class DatabaseRecorder(Callback):
     """Writes each epoch (metrics + resumable checkpoint) in one transaction,
-    keeps the heartbeat fresh, and stops the run when a cancel is requested."""
+    keeps the heartbeat fresh, and stops the run when a cancel is requested. ``setup``:
+    the lease kept until the first batch, stopped there."""
 
-    def __init__(self, experiment_id: int, factory: sessionmaker[Session], settings: Settings):
+    def __init__(self, experiment_id: int, factory: sessionmaker[Session], settings: Settings,
+                 setup: LeaseKeeper | None = None):
         self.experiment_id = experiment_id
         self.factory = factory
         self.heartbeat_every = settings.heartbeat_seconds
         self.last_beat = time.monotonic()
         self.cancelled = False
+        self.setup = setup
 
     def _beat(self, session: Session, **values: Any) -> None:
         """Heartbeat (with the epoch's figures in ``values``, then published); LostLease
@@ -128,6 +168,9 @@ class DatabaseRecorder(Callback):
         self.cancelled = lifecycle.cancel_requested(session, self.experiment_id)
 
     def on_batch_end(self, step: int) -> bool:
+        if self.setup is not None:
+            self.setup.stop()
+            self.setup = None
         if time.monotonic() - self.last_beat >= self.heartbeat_every:
             try:
                 with session_scope(self.factory) as session:
@@ -288,29 +331,17 @@ def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
 
     log.info("downloading a dataset", extra={"dataset": dataset, "experiments": ids})
     show("preparing data", f"downloading {dataset}")
-    stop = threading.Event()
-
-    def beat() -> None:  # the lease holds while the download (or the wait for one) lasts
-        while not stop.wait(settings.heartbeat_seconds):
-            try:
-                with session_scope(factory) as session:
-                    lifecycle.heartbeat_many(session, ids)
-            except Exception as exc:  # the next beat, or the claim's expiry, deals with it
-                log.warning("heartbeat failed", extra={"error": str(exc)[:200]})
-
-    beater = threading.Thread(target=beat, name="download-heartbeat", daemon=True)
-    beater.start()
     try:
-        builtin.prepare(settings, dataset, progress)
+        with LeaseKeeper(ids, factory, settings):  # while the download (or the wait for one) lasts
+            builtin.prepare(settings, dataset, progress)
     finally:
-        stop.set()
-        beater.join()
         show(None, None)
 
 
 def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Settings) -> str:
     experiment_id = job.experiment_id
-    recorder = DatabaseRecorder(experiment_id, factory, settings)
+    setup = LeaseKeeper([experiment_id], factory, settings).start()
+    recorder = DatabaseRecorder(experiment_id, factory, settings, setup)
     try:
         prepare_data([experiment_id], job.spec.dataset, factory, settings)
         log.info("training", extra={"experiment": experiment_id, "worker": WORKER_ID,
@@ -329,6 +360,8 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
         if is_transient(exc):
             raise  # with_retries resumes it from its last checkpoint
         return _fail(factory, experiment_id, exc)
+    finally:
+        setup.stop()
 
 
 def train_experiment(experiment_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
@@ -350,18 +383,23 @@ class GroupRecorder(GroupCallback):
     ``fit_group``'s guard found not learning (``group.failed``) failed, with its verdict;
     the group stops when no member is left."""
 
-    def __init__(self, ids: list[int], factory: sessionmaker[Session], settings: Settings):
+    def __init__(self, ids: list[int], factory: sessionmaker[Session], settings: Settings,
+                 setup: LeaseKeeper | None = None):
         self.ids = ids
         self.active = set(ids)
         self.factory = factory
         self.heartbeat_every = settings.heartbeat_seconds
         self.last_beat = time.monotonic()
+        self.setup = setup
 
     def _cancelled(self, session: Session) -> set[int]:
         return set(session.scalars(select(Experiment.id).where(
             Experiment.id.in_(self.active), Experiment.cancel_requested.is_(True))))
 
     def on_batch_end(self, step: int) -> bool:
+        if self.setup is not None:
+            self.setup.stop()
+            self.setup = None
         if time.monotonic() - self.last_beat < self.heartbeat_every:
             return False
         with session_scope(self.factory) as session:
@@ -435,7 +473,8 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
             outcome[job.experiment_id] = _train_claimed(job, factory, settings)
         return outcome
     members = [job.experiment_id for job in jobs]
-    recorder = GroupRecorder(members, factory, settings)
+    setup = LeaseKeeper(members, factory, settings).start()
+    recorder = GroupRecorder(members, factory, settings, setup)
     log.info("training a stacked group", extra={"experiments": members, "worker": WORKER_ID})
     try:
         prepare_data(members, jobs[0].spec.dataset, factory, settings)
@@ -449,6 +488,8 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
         for experiment_id in recorder.active:
             outcome[experiment_id] = _fail(factory, experiment_id, exc)
         return outcome
+    finally:
+        setup.stop()
     for experiment_id, result in zip(members, results, strict=True):
         if experiment_id not in recorder.active:
             outcome[experiment_id] = "cancelled-or-lost"

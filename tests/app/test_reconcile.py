@@ -95,3 +95,36 @@ def test_the_loop_wakes_when_the_next_lease_runs_out(tmp_path):
                                   heartbeat_at=now - timedelta(seconds=8)))  # out in about 2 s
     wait = next_lease_expiry(factory, settings)
     assert wait is not None and 1.0 < wait <= 2.0, wait
+
+
+def test_a_claimed_run_keeps_its_lease_until_its_first_batch(tmp_path):
+    """From the claim to the first batch (a download, the data's load, the model's build, a
+    cold process's first step) the training loop cannot beat; on a loaded machine that can
+    outlast the lease, and another worker took the run over. A LeaseKeeper beats for it
+    meanwhile, and stops at the first batch, where the loop's own beats take over."""
+    import time
+
+    from app.lifecycle import WORKER_ID
+    from worker.runner import DatabaseRecorder, LeaseKeeper
+
+    settings = Settings(var_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/corel.sqlite3",
+                        broker_url="memory://", lease_seconds=0.6, heartbeat_seconds=0.1)
+    upgrade(settings)
+    factory = make_sessionmaker(make_engine(settings.db_url))
+    with session_scope(factory) as session:
+        eid = create_experiment(session, ExperimentCreate(dataset="digits")).id
+        session.execute(update(Experiment).where(Experiment.id == eid).values(
+            status="running", worker=WORKER_ID, heartbeat_at=utcnow(), enqueued_at=utcnow()))
+    sent: list[int] = []
+
+    def rounds() -> list[int]:
+        return sorted(i for _, i in reconcile(factory, settings, lambda task, i: sent.append(i)))
+
+    keeper = LeaseKeeper([eid], factory, settings).start()
+    recorder = DatabaseRecorder(eid, factory, settings, keeper)
+    time.sleep(4 * settings.lease_seconds)  # a set-up four leases long
+    assert rounds() == [] and sent == []  # still this worker's
+    recorder.on_batch_end(0)  # the loop's first batch: the keeper stops
+    assert recorder.setup is None and not keeper._thread.is_alive()
+    time.sleep(2 * settings.lease_seconds)  # the loop beats no more (as if it hung)
+    assert rounds() == [eid]  # so the run is sent again, for another worker
