@@ -197,11 +197,17 @@ class Workers:
         self.logdir = logdir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, settings: Settings | None = None,
-              python_path: Path | None = None) -> subprocess.Popen[bytes]:
+    def start(self, settings: Settings | None = None, python_path: Path | None = None,
+              ready_timeout: float = 120.0) -> subprocess.Popen[bytes]:
         """A worker of the session's settings, or of ``settings`` (another queue, ...);
-        ``python_path``: a folder importable there too (a plugin's)."""
-        log = open(self.logdir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        ``python_path``: a folder importable there too (a plugin's).
+
+        Returns once the worker consumes its queue (Celery's "ready." in its log). A test
+        that submitted before then raced every other live worker's reconciler, which sends
+        a row nobody claimed within a lease (4 s here) to its own queue: on a slow machine a
+        booting worker (torch's import alone takes seconds) lost its run to another."""
+        path = self.logdir / f"worker-{len(self.procs)}.log"
+        log = open(path, "wb")  # noqa: SIM115
         env = settings_env(settings or self.settings)
         if python_path is not None:
             env["PYTHONPATH"] = f"{python_path}{os.pathsep}{env['PYTHONPATH']}"
@@ -211,7 +217,22 @@ class Workers:
             cwd=REPO, start_new_session=True,
         )
         self.procs.append(proc)
+        deadline = time.monotonic() + ready_timeout
+        while b" ready." not in path.read_bytes():
+            assert proc.poll() is None, f"the worker exited ({proc.returncode}):\n{self.logs()}"
+            assert time.monotonic() < deadline, f"the worker is not ready after {ready_timeout:g} s"
+            time.sleep(0.1)
         return proc
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGTERM (a warm shutdown), as stop_all does for one worker."""
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -77,7 +77,7 @@ def test_a_missing_dataset_is_downloaded_once_by_the_worker_verified_and_shown(
     s = settings.model_copy(update={"data_dir": "", "var_dir": var, "download": True,
                                     "download_mirror": mirror.url,
                                     "queue": f"corel-download-{uuid.uuid4().hex[:8]}"})
-    workers.start(s)
+    proc = workers.start(s)
     try:
         with TestClient(create_app(s)) as c:
             items = _items(c)
@@ -125,4 +125,5 @@ def test_a_missing_dataset_is_downloaded_once_by_the_worker_verified_and_shown(
             assert items["mnist"]["status"] == "present"
             assert items["mnist"]["where"] == str(var / "datasets" / "mnist")
     finally:
+        workers.stop(proc)  # its reconciler would take other tests' runs to its own queue
         mirror.close()

@@ -253,6 +253,7 @@ def trained(client, workers, metrics_settings) -> Iterator[Trained]:
     body = wait_for(client, r.json()["id"], finished, workers=workers)
     assert body["status"] == "succeeded", body
     yield Trained(body, api_before, url, worker_before)
+    workers.stop(proc)  # its reconciler would take other tests' runs to its own queue
 
 
 def test_a_run_moves_the_succeeded_count(client, trained) -> None:

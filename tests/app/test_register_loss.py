@@ -65,7 +65,7 @@ def test_a_loss_registered_in_one_place_is_accepted_validated_trained_exported_a
     s = settings.model_copy(update={"queue": f"corel-plugin-{uuid.uuid4().hex[:8]}"})
     # Only this worker has the plugin on its path; it registers the loss through its
     # entry point when corel.losses is imported there.
-    workers.start(s, python_path=root)
+    proc = workers.start(s, python_path=root)
     sys.path.insert(0, str(root))
     try:
         import corel_scaledcos
@@ -104,6 +104,7 @@ def test_a_loss_registered_in_one_place_is_accepted_validated_trained_exported_a
             assert predicted.status_code == 200, predicted.text
             assert predicted.json()["similarity"] == "cosine"
     finally:
+        workers.stop(proc)  # its reconciler would take other tests' runs to its own queue
         losses.unregister_loss("scaledcos")
         sys.path.remove(str(root))
         sys.modules.pop("corel_scaledcos", None)
