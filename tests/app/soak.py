@@ -12,7 +12,11 @@ supervisor (compose's ``restart:``, systemd, Kubernetes) would.
 The six kinds of fault are dealt from a shuffled deck, one every ``fault_gap`` seconds, for
 ``fault_seconds``; then the soak waits for every accepted run to finish and checks:
 
-* every accepted run ended ``succeeded`` within ``deadline`` seconds of the last fault;
+* every accepted run ended ``succeeded`` within ``deadline`` seconds of the last fault,
+  beyond the time the training left at that moment takes at the rate the cluster trained at
+  until then (faults included): the drain, which depends on the machine (this check used to
+  fail on a machine half as fast whose recovery was as quick), while the deadline measures
+  the recovery;
 * each of its epochs is recorded once (1..epochs, no gap, no repeat);
 * its figures equal those of the same spec trained once, uninterrupted, in this process
   (with the workers' number of torch threads);
@@ -91,6 +95,8 @@ class SoakReport:
     missing_epochs: int = 0
     unequal: list[int] = field(default_factory=list)
     last_fault_at: float = 0.0
+    # Seconds the epochs left at the last fault take at the soak's own rate until then.
+    drain_seconds: float = 0.0
     all_finished_after: float | None = None  # seconds after the last fault
     redis_state: dict[str, Any] = field(default_factory=dict)
     logdir: Path | None = None
@@ -103,7 +109,7 @@ class SoakReport:
     def ok(self) -> bool:
         return (len(self.accepted) == self.config.runs and self.succeeded == len(self.accepted)
                 and self.all_finished_after is not None
-                and self.all_finished_after <= self.config.deadline
+                and self.all_finished_after <= self.config.deadline + self.drain_seconds
                 and not self.stray_rows and not self.duplicated_epochs
                 and not self.missing_epochs and not self.unequal)
 
@@ -116,7 +122,8 @@ class SoakReport:
         lines = [
             f"seed {self.config.seed}: {len(self.accepted)} accepted, {self.succeeded} succeeded, "
             f"{len(self.unfinished)} unfinished, {len(self.stray_rows)} stray rows; "
-            f"all finished {after} (deadline {self.config.deadline:.0f} s)",
+            f"all finished {after} (the work left then: {self.drain_seconds:.0f} s at the soak's "
+            f"own rate; deadline {self.config.deadline:.0f} s beyond it)",
             f"  faults ({len(self.faults)}): " + ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())),
             f"  epochs recorded twice: {self.duplicated_epochs}; missing: {self.missing_epochs}; "
             f"runs whose figures differ from an uninterrupted run: {len(self.unequal)}",
@@ -288,6 +295,20 @@ def _submit(cluster: Cluster, report: SoakReport, stop_at: float) -> None:
                 time.sleep(1.0)
 
 
+def _drain(cluster: Cluster, report: SoakReport, elapsed: float) -> float:
+    """Seconds the epochs still to train take at the rate epochs were trained so far (0
+    where the database cannot say: the deadline alone then)."""
+    try:
+        rows = _rows(cluster)
+    except psycopg.Error:
+        return 0.0
+    epochs = report.config.epochs
+    done = sum(epochs if rows[i][0] == "succeeded" else rows[i][1] for i in report.accepted if i in rows)
+    left = sum(epochs - rows[i][1] for i in report.accepted
+               if i in rows and rows[i][0] not in ("succeeded", "failed", "cancelled"))
+    return left / (done / elapsed) if done and elapsed > 0 else 0.0
+
+
 def _rows(cluster: Cluster) -> dict[int, tuple[str, int, str | None]]:
     with psycopg.connect(cluster.pg.url(), connect_timeout=5) as conn:
         return {int(i): (s, int(e), err) for i, s, e, err in conn.execute(
@@ -356,9 +377,11 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
             print(f"  [{time.monotonic() - began:6.1f} s] {kind}", flush=True)
             _fault(cluster, kind, rng)
         report.last_fault_at = time.monotonic()
+        report.drain_seconds = _drain(cluster, report, report.last_fault_at - began)
         submitter.join()
-        # Watch until every accepted run has finished, or give up.
-        while time.monotonic() - report.last_fault_at < config.wait:
+        # Watch until every accepted run has finished, or give up (not before the deadline).
+        watch = max(config.wait, config.deadline + report.drain_seconds + 10.0)
+        while time.monotonic() - report.last_fault_at < watch:
             rows = _rows(cluster)
             if all(rows.get(i, ("?",))[0] in ("succeeded", "failed", "cancelled") for i in report.accepted):
                 report.all_finished_after = time.monotonic() - report.last_fault_at
