@@ -111,11 +111,11 @@ def _upsert_checkpoint(session: Session, experiment_id: int, kind: str, epoch: i
 
 class LeaseKeeper:
     """Keeps the claimed rows ``ids`` leased from a thread, every heartbeat interval, while
-    the work cannot beat itself: a download (or the wait for another worker's), and the time
-    from the claim to the first batch (the data's load, the model's build, a cold process's
-    first step), which on a loaded machine can outlast the lease, so that another worker
-    took the run over while this one was about to train it. Stopped at the first batch:
-    from there the loop's own beats hold the lease, and stop holding it if the loop hangs."""
+    the work cannot beat itself: from the claim to the first batch (a download or the wait
+    for another worker's, the data's load, the model's build, a cold process's first step),
+    which on a loaded machine can outlast the lease, so that another worker took the run
+    over while this one was about to train it. Stopped at the first batch: from there the
+    loop's own beats hold the lease, and stop holding it if the loop hangs."""
 
     def __init__(self, ids: Iterable[int], factory: sessionmaker[Session], settings: Settings):
         self.ids, self.factory, self.every = list(ids), factory, settings.heartbeat_seconds
@@ -125,12 +125,6 @@ class LeaseKeeper:
     def start(self) -> LeaseKeeper:
         self._thread.start()
         return self
-
-    def __enter__(self) -> LeaseKeeper:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def stop(self) -> None:
         self._stop.set()
@@ -308,8 +302,9 @@ def _store_results(factory: sessionmaker[Session], experiment_id: int, result: F
 def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
                  settings: Settings) -> None:
     """Download the built-in dataset these claimed runs need, if it is not here: the runs
-    show ``preparing data`` and how far the download is, and keep their heartbeat (also
-    while waiting for another worker's download of it)."""
+    show ``preparing data`` and how far the download is. Their lease is the caller's
+    :class:`LeaseKeeper`'s, which beats from the claim to the first batch, through the
+    download (or the wait for another worker's download of it)."""
     if not builtin.needs_download(settings, dataset):
         return
 
@@ -332,8 +327,7 @@ def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
     log.info("downloading a dataset", extra={"dataset": dataset, "experiments": ids})
     show("preparing data", f"downloading {dataset}")
     try:
-        with LeaseKeeper(ids, factory, settings):  # while the download (or the wait for one) lasts
-            builtin.prepare(settings, dataset, progress)
+        builtin.prepare(settings, dataset, progress)
     finally:
         show(None, None)
 

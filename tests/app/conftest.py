@@ -40,6 +40,7 @@ from app.migrate import upgrade
 from app.services.access import OWNED
 from app.services.users import create_token, create_user
 from app.settings import Settings
+from tests.app.faults import terminate
 from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
 
 AS_USER = os.environ.get("COREL_TEST_AS_USER", "") not in ("", "0")
@@ -226,13 +227,7 @@ class Workers:
 
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGTERM (a warm shutdown), as stop_all does for one worker."""
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        terminate(proc)
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -27,6 +27,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def terminate(proc: subprocess.Popen[bytes] | None, grace: float = 30.0) -> None:
+    """SIGTERM a process started in a session of its own (a warm shutdown for a worker),
+    then SIGKILL its group if it has not exited within ``grace`` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 def postgres_bin() -> Path | None:
     """The directory of initdb/pg_ctl: on PATH, or Debian's /usr/lib/postgresql/N/bin."""
     found = shutil.which("pg_ctl")

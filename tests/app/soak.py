@@ -45,7 +45,7 @@ import redis
 
 from app.migrate import upgrade
 from app.settings import Settings
-from tests.app.faults import PrivatePostgres, PrivateRedis, free_port
+from tests.app.faults import PrivatePostgres, PrivateRedis, free_port, terminate
 
 REPO = Path(__file__).resolve().parents[2]
 FAULTS = ("worker-kill", "api-kill", "postgres-stop", "postgres-freeze", "redis-restart",
@@ -225,14 +225,7 @@ class Cluster:
 
     @staticmethod
     def terminate(proc: subprocess.Popen[bytes] | None) -> None:
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        terminate(proc, grace=20)
 
     def close(self) -> None:
         self.terminate(self.api)
