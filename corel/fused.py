@@ -1,4 +1,5 @@
-"""The FFNN's layers (Linear, then LeakyReLU, repeated) as one autograd node.
+"""The FFNN's layers (Linear, then LeakyReLU, repeated) as one autograd node; the
+Gaussian-COREL similarity and loss as another.
 
 Autograd records five nodes for each Linear + LeakyReLU (and one for the Flatten), and
 each costs per-step Python and C++ dispatch that, for the paper's 784-128-128 FFNN at
@@ -10,6 +11,14 @@ for bit autograd's (``tests/corel/test_fused.py``); it only saves the bookkeepin
 
 :func:`leaky_mlp` decides when it applies: training with gradients, in no transform,
 trace, export or autocast, where the plain modules run instead.
+
+:class:`GaussianAR` does the same for the Gaussian-COREL head (the product's default
+loss): the squared distances, the similarities and the attractive-repulsive loss as one
+node. Autograd records about a dozen nodes for them (cdist, square, the gamma product, the
+gather, logsumexp, the weighted sum and the mean), and at the paper's sizes their
+bookkeeping costs more than their arithmetic. Its backward makes autograd's calls in
+autograd's order (``tests/corel/test_fused.py`` checks the gradients bit for bit);
+:func:`gaussian_ar` decides when it applies, as :func:`leaky_mlp` does.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["LeakyMLP", "fusable", "leaky_mlp"]
+__all__ = ["GaussianAR", "LeakyMLP", "fusable", "gaussian_ar", "leaky_mlp"]
 
 
 class LeakyMLP(torch.autograd.Function):
@@ -80,15 +89,92 @@ def leaky_mlp(x: torch.Tensor, slope: float, linears: list[nn.Linear]) -> torch.
     """The layers on x (N, ...) flattened, as one :class:`LeakyMLP` node, or None where the
     plain modules should run: without gradients, under ``torch.func`` transforms, a trace,
     an export or autocast."""
-    if not torch.is_grad_enabled() or not any(m.weight.requires_grad for m in linears):
-        return None
-    if (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing()
-            or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()):
-        return None
-    if torch.is_autocast_enabled(x.device.type):
+    if not any(m.weight.requires_grad for m in linears) or not _plain_autograd(x):
         return None
     params = [t for m in linears for t in (m.weight, m.bias)]
     if any(p.dtype != x.dtype or p.device != x.device for p in params):
         return None
     out: torch.Tensor = LeakyMLP.apply(x.flatten(1), slope, *params)
     return out
+
+
+def _plain_autograd(x: torch.Tensor) -> bool:
+    """True where a fused node may replace the plain operations on x: with gradients, and
+    in no ``torch.func`` transform, trace, script, export or autocast."""
+    if not torch.is_grad_enabled():
+        return False
+    if (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing()
+            or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()):
+        return False
+    return not torch.is_autocast_enabled(x.device.type)
+
+
+class GaussianAR(torch.autograd.Function):
+    """(loss, sim) of Gaussian-COREL: ``sim = -gamma * cdist(h, W)**2`` (the differences'
+    norms, as :func:`corel.similarity.gaussian`) and the batch mean
+    ``mean_i [-lam sim[i, y_i] + one_minus_lam logsumexp_k sim[i, k]]``.
+
+    h (N, H), W (K, H), gamma 0-d; or a stack of M members: h (M, N, H), W (M, K, H),
+    gamma (M, 1, 1), lam and one_minus_lam (M, 1), and the loss (M,). ``labels`` (N,) are
+    shared and already validated.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, W: torch.Tensor, gamma: torch.Tensor, labels: torch.Tensor,
+                lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor) -> tuple[torch.Tensor, ...]:
+        dist = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist")
+        squared = dist.square()
+        neg_gamma = -gamma
+        sim = neg_gamma * squared
+        index = labels.expand(sim.shape[:-1]).unsqueeze(-1)
+        lse = torch.logsumexp(sim, dim=-1)
+        loss = (-lam * sim.gather(-1, index).squeeze(-1) + one_minus_lam * lse).mean(-1)
+        ctx.save_for_backward(h, W, dist, squared, neg_gamma, sim, lse, index)
+        ctx.lam, ctx.one_minus_lam = lam, one_minus_lam
+        ctx.set_materialize_grads(False)
+        return loss, sim
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor | None, grad_sim: torch.Tensor | None
+                 ) -> tuple[torch.Tensor | None, ...]:
+        h, W, dist, squared, neg_gamma, sim, lse, index = ctx.saved_tensors
+        grad = grad_sim
+        if grad_loss is not None:
+            # The mean's, the weighted sum's, then logsumexp's and the gather's backward.
+            # A stack's lambdas may be float64: autograd rounds each product to sim's dtype.
+            rows = grad_loss.unsqueeze(-1).expand(sim.shape[:-1]) / sim.shape[-2]
+            attract = (rows * (-ctx.lam)).to(sim.dtype)
+            repulse = (rows * ctx.one_minus_lam).to(sim.dtype)
+            from_lse = repulse.unsqueeze(-1) * (sim - lse.unsqueeze(-1)).exp()
+            from_loss = from_lse.scatter_add_(-1, index, attract.unsqueeze(-1))
+            grad = from_loss if grad is None else grad + from_loss
+        if grad is None:
+            return None, None, None, None, None, None
+        grad_gamma = None
+        if ctx.needs_input_grad[2]:
+            grad_gamma = -(grad * squared).sum_to_size(neg_gamma.shape)
+        # The gamma product's, then square's (2 dist), then cdist's backward.
+        grad_dist = (grad * neg_gamma) * (2.0 * dist)
+        grad_h = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_h = torch.ops.aten._cdist_backward(grad_dist.contiguous(), h, W, 2.0, dist)
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.ops.aten._cdist_backward(grad_dist.mT.contiguous(), W, h, 2.0, dist.mT.contiguous())
+        return grad_h, grad_w, grad_gamma, None, None, None
+
+
+def gaussian_ar(
+    h: torch.Tensor, W: torch.Tensor, gamma: torch.Tensor, labels: torch.Tensor,
+    lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(loss, sim) as one :class:`GaussianAR` node, or None where the plain operations
+    should run (see :func:`leaky_mlp`), or where the tensors differ in dtype or device."""
+    if not _plain_autograd(h):
+        return None
+    if any(t.dtype != h.dtype for t in (W, gamma)):
+        return None
+    tensors = [W, gamma, labels] + [t for t in (lam, one_minus_lam) if isinstance(t, torch.Tensor)]
+    if any(t.device != h.device for t in tensors):
+        return None
+    loss, sim = GaussianAR.apply(h, W, gamma, labels, lam, one_minus_lam)
+    return loss, sim

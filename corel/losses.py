@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from corel import similarity
+from corel.fused import gaussian_ar
 from corel.loss_catalog import DECLARATIONS, LossDeclaration, declaration, declare, undeclare
 
 __all__ = [
@@ -236,8 +237,16 @@ class LossHead(nn.Module):
         lam = getattr(self, "lam", 0.5)  # a loss without lambda (CCE) ignores it
         return self.functional_loss(sim, h, labels, lam, 1.0 - lam, dict(self.named_buffers()))
 
+    def loss_and_similarities(
+        self, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(:meth:`loss`, :meth:`similarities`) of a batch: the similarities, then the loss
+        from them; a head may compute both as one fused operation."""
+        sim = self.similarities(h)
+        return self.loss(sim, h, labels, check=check), sim
+
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.loss(self.similarities(h), h, labels)
+        return self.loss_and_similarities(h, labels)[0]
 
     def predict(self, h: torch.Tensor) -> torch.Tensor:
         return self.similarities(h).argmax(dim=1)
@@ -429,6 +438,20 @@ class GaussianCOREL(LossHead):
         lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor, state: Mapping[str, torch.Tensor],
     ) -> torch.Tensor:
         return _attractive_repulsive_core(sim, labels, lam, one_minus_lam, "logsumexp")
+
+    def loss_and_similarities(
+        self, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """In training, one fused node (:class:`corel.fused.GaussianAR`) with autograd's
+        values and gradients bit for bit; elsewhere the similarities, then the loss."""
+        similarity.check_pair(h, self.W)
+        if h.dim() == 2 and h.shape[0] > 0:
+            if check:
+                check_labels(labels, h.shape[0], self.num_classes)
+            fused = gaussian_ar(h, self.W, self.gamma.to(h.dtype), labels, self.lam, 1.0 - self.lam)
+            if fused is not None:
+                return fused
+        return super().loss_and_similarities(h, labels, check=check)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lam={self.lam}, gamma={float(self.gamma.detach()):.4g}"

@@ -146,8 +146,8 @@ class Classifier(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(loss, h, similarities) for a batch; ``check=False``: labels already validated."""
         h = self.encoder(x)
-        sim = self.head.similarities(h)
-        return self.head.loss(sim, h, labels, check=check), h, sim
+        loss, sim = self.head.loss_and_similarities(h, labels, check=check)
+        return loss, h, sim
 
     @torch.inference_mode()
     def embed(self, x: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,7 @@ from corel import losses, similarity
 from corel.checkpoints import check_resumable, cpu_state, restore_rng
 from corel.data import Dataset
 from corel.device import Batches, autocast, effective_precision, pick_device, to_device
+from corel.fused import gaussian_ar
 from corel.grouping import as_spec, check_group
 from corel.loss_catalog import declaration
 from corel.losses import check_labels, class_counts
@@ -289,6 +290,12 @@ class StackedRun:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, similarities) of one member from its representations h, as ``Classifier.loss``;
         or of every member at once, where the head's functional form takes a stack."""
+        if self.loss_name == "gaussian" and self.precision == "fp32" and h.dim() == 3:
+            # The stack as one fused node, as GaussianCOREL.loss_and_similarities does.
+            gamma = self._gamma(params, buffers, h.dtype).view(-1, 1, 1)
+            fused = gaussian_ar(h, params["head.W"], gamma, y, lam, one_minus_lam)
+            if fused is not None:
+                return fused
         with autocast(self.device, self.precision):  # bf16: as corel.training.forward_loss
             sim = self._similarities(params, buffers, h)
         if self.precision != "fp32":

@@ -10,7 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from corel.fused import LeakyMLP, fusable
+from corel import similarity
+from corel.fused import GaussianAR, LeakyMLP, fusable, gaussian_ar
+from corel.losses import GaussianCOREL, _attractive_repulsive_core
 from corel.models import FFNN
 from corel.optim import FusedAdam
 
@@ -85,6 +87,8 @@ def test_fused_adam_steps_as_torchs_fused_adam_bit_for_bit(dtype):
             opt.step()
     for a, b in zip(ours_model.parameters(), theirs_model.parameters(), strict=True):
         assert torch.equal(a, b)
+    ours.zero_grad()
+    assert all(p.grad is None for p in ours_model.parameters())
     mine, want = ours.state_dict(), theirs.state_dict()
     assert mine["param_groups"] == want["param_groups"]
     for index, entry in want["state"].items():
@@ -132,3 +136,78 @@ def test_the_stacked_loss_without_vmap_is_the_vmapped_members(loss):
     assert got.shape == (3,)
     torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
     torch.testing.assert_close(got_sim, want_sim, rtol=1e-13, atol=1e-13)
+
+
+def _gaussian_pair(dtype, stacked, learn):
+    """(inputs, a copy): h, W, log gamma, labels and lambdas of one head or a stack of three."""
+    torch.manual_seed(3)
+    lead = (3,) if stacked else ()
+    h = torch.randn(*lead, 37, 16, dtype=dtype) * 3
+    W = torch.randn(*lead, 5, 16, dtype=dtype) * 3
+    h[..., 0, :] = W[..., 2, :]  # a point on a class vector: zero distance
+    log_gamma = (torch.tensor([-0.7, -0.3, 0.1], dtype=dtype).view(3, 1, 1) if stacked
+                 else torch.tensor(-0.3, dtype=dtype))
+    labels = torch.randint(0, 5, (37,))
+    labels[0] = 2
+    if stacked:  # per-member lambdas in float64, as StackedRun holds them
+        lam = torch.tensor([[0.5], [0.7], [0.9]], dtype=torch.float64)
+        one_minus_lam = 1.0 - lam
+    else:
+        lam, one_minus_lam = 0.85, 1.0 - 0.85
+    def leaves():
+        return [t.clone().requires_grad_(t is not log_gamma or learn) for t in (h, W, log_gamma)]
+    return leaves(), leaves(), labels, lam, one_minus_lam
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("stacked", [False, True])
+@pytest.mark.parametrize("learn", [False, True])
+def test_the_fused_gaussian_loss_gives_autograds_values_and_gradients_bit_for_bit(dtype, stacked, learn):
+    (h, W, lg), (h2, W2, lg2), labels, lam, one_minus_lam = _gaussian_pair(dtype, stacked, learn)
+    loss, sim = gaussian_ar(h, W, lg.exp(), labels, lam, one_minus_lam)
+    assert type(loss.grad_fn).__name__ == "GaussianARBackward"  # the fused node ran
+    sim2 = similarity._gaussian(h2, W2, lg2.exp())
+    loss2 = _attractive_repulsive_core(sim2, labels, lam, one_minus_lam, "logsumexp")
+    assert type(loss2.grad_fn).__name__ != "GaussianARBackward"
+    assert torch.equal(loss, loss2) and torch.equal(sim, sim2)
+    loss.sum().backward()
+    loss2.sum().backward()
+    named = (("h", h, h2), ("W", W, W2)) + ((("gamma", lg, lg2),) if learn else ())
+    for name, a, b in named:
+        assert torch.equal(a.grad, b.grad), name
+    assert torch.isfinite(h.grad[..., 0, :]).all()  # finite at zero distance
+    # Where the similarities also feed another term (a caller's own loss), autograd adds
+    # the three contributions in its own order: the same to rounding.
+    for t in (h, W, lg, h2, W2, lg2):
+        t.grad = None
+    extra = torch.randn_like(sim)
+    loss, sim = gaussian_ar(h, W, lg.exp(), labels, lam, one_minus_lam)
+    (loss.sum() + (sim * extra).sum()).backward()
+    sim2 = similarity._gaussian(h2, W2, lg2.exp())
+    loss2 = _attractive_repulsive_core(sim2, labels, lam, one_minus_lam, "logsumexp")
+    (loss2.sum() + (sim2 * extra).sum()).backward()
+    for name, a, b in named:
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+def test_the_fused_gaussian_loss_checks_its_gradient_numerically():
+    (h, W, lg), _, labels, lam, one_minus_lam = _gaussian_pair(torch.float64, False, True)
+    h = h[1:].detach().requires_grad_()  # cdist's gradient is not smooth at zero distance
+    assert torch.autograd.gradcheck(
+        lambda h, W, g: GaussianAR.apply(h, W, g.exp(), labels[1:], lam, one_minus_lam), (h, W, lg))
+
+
+def test_the_gaussian_head_trains_with_the_fused_node_and_stands_aside_elsewhere():
+    torch.manual_seed(0)
+    head = GaussianCOREL(5, 16, lam=0.8)
+    h, labels = torch.randn(9, 16, requires_grad=True), torch.randint(0, 5, (9,))
+    loss, sim = head.loss_and_similarities(h, labels)
+    assert type(loss.grad_fn).__name__ == "GaussianARBackward"
+    assert torch.equal(sim, head.similarities(h))
+    assert torch.equal(head(h, labels), loss)  # forward takes it too
+    with torch.no_grad():
+        assert torch.equal(head.loss_and_similarities(h, labels)[0], loss)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert type(head.loss_and_similarities(h, labels)[0].grad_fn).__name__ != "GaussianARBackward"
+    with pytest.raises(ValueError, match=r"labels must lie in 0\.\.4"):
+        head.loss_and_similarities(h, torch.full((9,), 5))
