@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -66,48 +67,60 @@ def to_device(data: Dataset, device: torch.device, resident: bool | None = None)
 
 
 class Batches:
-    """A pass's training batches by index, on ``device``.
+    """One pass's training batches, in the order of ``permutation``, on ``device``:
+    iterate for (start, x, y) per batch of ``batch_size`` rows.
 
-    Data held on the device (or on the CPU, for a CPU run): one ``index_select`` of the
-    rows a batch. Inputs held on the host (:func:`to_device`): gathered into one of two
-    pinned staging buffers, then copied with ``non_blocking=True``, so that the copy of one
-    batch overlaps the work on the previous one; a buffer is written again only once its
-    last copy has finished.
+    The labels are gathered once for the pass (:attr:`labels`, in pass order; a batch's are
+    a slice of them). Inputs held on the device (or on the CPU, for a CPU run): one
+    ``index_select`` per batch, into one of two buffers that the pass reuses, so that
+    no batch allocates. Inputs held on the host (:func:`to_device`): gathered into one
+    of two pinned staging buffers, then copied with ``non_blocking=True``, so that the copy
+    of one batch overlaps the work on the previous one; a buffer is written again only
+    once its last copy has finished.
+
+    A batch's tensors are valid until the next batch but one is taken (the loops use
+    each batch in its own step and keep only detached results).
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_size: int):
-        self.x, self.y, self.device = x, y, device
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_size: int,
+                 permutation: torch.Tensor):
+        self.x, self.device, self.batch_size = x, device, batch_size
         # Held on the host for a GPU run (to_device), rather than on the run's device. Not
         # ``x.device != device``: a tensor on the GPU says cuda:0 where a device may say cuda.
         self.host = x.device.type == "cpu" and device.type != "cpu"
-        self._staging: list[torch.Tensor] = []
-        self._copied: list[Any] = []
-        if self.host:
-            shape = (batch_size, *x.shape[1:])
-            self._staging = [torch.empty(shape, dtype=x.dtype, pin_memory=True) for _ in range(2)]
-            self._copied = [None, None]
-        self._turn = 0
+        self.order_host = permutation
+        self.order = permutation.to(device)
+        self.labels = y.index_select(0, self.order)
+        """The pass's labels in its order (on the device)."""
+        shape = (batch_size, *x.shape[1:])
+        # Used in turn: a host copy from one overlaps the step on the other. (A step's
+        # backward has used its batch before the next one is gathered.)
+        self._buffers = [torch.empty(shape, dtype=x.dtype, device=x.device, pin_memory=self.host)
+                         for _ in range(2)]
+        self._copied: list[Any] = [None, None]
 
-    def order(self, permutation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the permutation on the device, on the host) for :meth:`take`."""
-        return permutation.to(self.device), permutation
+    def __len__(self) -> int:
+        return -(-len(self.order) // self.batch_size)
 
-    def take(self, idx: torch.Tensor, idx_host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows ``idx`` (on the device; ``idx_host``: the same on the host) as (x, y)."""
-        yb = self.y.index_select(0, idx)
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        n, size = len(self.order), self.batch_size
+        for turn, start in enumerate(range(0, n, size)):
+            stop = min(start + size, n)
+            yield start, self._take(turn % 2, start, stop), self.labels[start:stop]
+
+    def _take(self, turn: int, start: int, stop: int) -> torch.Tensor:
+        buffer = self._buffers[turn][: stop - start]
         if not self.host:
             # index_select: the same rows as x[idx], gathered ~2.5x faster.
-            return self.x.index_select(0, idx), yb
-        turn, self._turn = self._turn, 1 - self._turn
+            return torch.index_select(self.x, 0, self.order[start:stop], out=buffer)
         if self._copied[turn] is not None:
             self._copied[turn].synchronize()
-        staging = self._staging[turn][: len(idx_host)]
-        torch.index_select(self.x, 0, idx_host, out=staging)
-        xb = staging.to(self.device, non_blocking=True)
+        torch.index_select(self.x, 0, self.order_host[start:stop], out=buffer)
+        xb = buffer.to(self.device, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         self._copied[turn] = event
-        return xb, yb
+        return xb
 
 
 def effective_precision(device: torch.device, precision: str) -> str:

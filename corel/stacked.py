@@ -344,14 +344,13 @@ class StackedRun:
         n = len(data.y_train)
         check_labels(data.y_train, n, data.num_classes)
         batch_size = self.specs[0].batch_size
-        batches = Batches(data.x_train, data.y_train, self.device, batch_size)
-        order, order_host = batches.order(torch.randperm(n, generator=self.shuffle))
-        # Per step into buffers, added up at the end of the pass, as the solo loop does.
-        losses = torch.empty(-(-n // batch_size), self.size, dtype=torch.float64, device=self.device)
+        batches = Batches(data.x_train, data.y_train, self.device, batch_size,
+                          torch.randperm(n, generator=self.shuffle))
+        # Per step kept on the device, added up at the end of the pass, as the solo loop does.
+        losses: list[torch.Tensor] = []
         predicted = torch.empty(self.size, n, dtype=torch.int64, device=self.device)
         optimizer = self.optimizer
-        for step, start in enumerate(range(0, n, batch_size)):
-            xb, yb = batches.take(order[start : start + batch_size], order_host[start : start + batch_size])
+        for step, (start, xb, yb) in enumerate(batches):
             optimizer.zero_grad(set_to_none=True)
             with autocast(self.device, self.precision):
                 h = self.encode(xb)
@@ -365,11 +364,11 @@ class StackedRun:
                     self.buffers["head.centers"] = self._vmapped_center_update(
                         centers, h.detach(), yb, self.alpha
                     )
-            losses[step] = loss.detach()
+            losses.append(loss.detach())
             torch.argmax(sim.detach(), 2, out=predicted[:, start : start + batch_size])
             if any(cb.on_batch_end(step) for cb in callbacks):
                 return None
-        total_loss, correct = pass_totals(losses, predicted, data.y_train.index_select(0, order), batch_size)
+        total_loss, correct = pass_totals(torch.stack(losses), predicted, batches.labels, batch_size)
         return total_loss.tolist(), [int(c) for c in correct.tolist()]
 
     @torch.inference_mode()

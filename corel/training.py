@@ -250,19 +250,17 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
     n = len(data.y_train)
     check_labels(data.y_train, n, data.num_classes)
     batch = run.spec.batch_size
-    batches = Batches(data.x_train, data.y_train, run.device, batch)
-    order, order_host = batches.order(torch.randperm(n, generator=run.shuffle))
-    losses = torch.empty(-(-n // batch), dtype=torch.float64, device=run.device)
+    batches = Batches(data.x_train, data.y_train, run.device, batch, torch.randperm(n, generator=run.shuffle))
+    losses: list[torch.Tensor] = []
     predicted = torch.empty(n, dtype=torch.int64, device=run.device)
-    for step, start in enumerate(range(0, n, batch)):
-        xb, yb = batches.take(order[start : start + batch], order_host[start : start + batch])
+    for step, (start, xb, yb) in enumerate(batches):
         loss, sim = _step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
-        losses[step] = loss
+        losses.append(loss)
         # Training accuracy from the similarities the loss used (before this step).
         torch.argmax(sim, 1, out=predicted[start : start + batch])
         if any(cb.on_batch_end(step) for cb in callbacks):
             return None
-    total_loss, correct = pass_totals(losses, predicted, data.y_train.index_select(0, order), batch)
+    total_loss, correct = pass_totals(torch.stack(losses), predicted, batches.labels, batch)
     return float(total_loss), int(correct)
 
 
