@@ -79,6 +79,10 @@ class SoakConfig:
     # The faults in this order instead of shuffled decks (a test that must meet each kind
     # while work is queued); the soak stops dealing when it runs out.
     deck: tuple[str, ...] | None = None
+    # With a deck of n faults: deal the k-th only once k / (n + 2) of the soak's epochs are
+    # trained (and its gap has passed), so that every fault, the last one included, strikes
+    # with work queued on a machine of any speed (up to ``fault_seconds`` in all).
+    paced: bool = False
     logdir: Path | None = None
 
 
@@ -302,6 +306,22 @@ def _drain(cluster: Cluster, report: SoakReport, elapsed: float) -> float:
     return left / (done / elapsed) if done and elapsed > 0 else 0.0
 
 
+def _wait_for_progress(cluster: Cluster, report: SoakReport, share: float, until: float) -> None:
+    """Return once ``share`` of the soak's epochs (runs x epochs) are trained, or at ``until``
+    (the database down meanwhile counts as not yet)."""
+    total = report.config.runs * report.config.epochs
+    while time.monotonic() < until:
+        try:
+            rows = _rows(cluster)
+        except psycopg.Error:
+            rows = {}
+        epochs = report.config.epochs
+        done = sum(epochs if rows[i][0] == "succeeded" else rows[i][1] for i in report.accepted if i in rows)
+        if done >= share * total:
+            return
+        time.sleep(0.5)
+
+
 def _rows(cluster: Cluster) -> dict[int, tuple[str, int, str | None]]:
     with psycopg.connect(cluster.pg.url(), connect_timeout=5) as conn:
         return {int(i): (s, int(e), err) for i, s, e, err in conn.execute(
@@ -365,6 +385,9 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
                     break
                 deck = list(FAULTS)
                 rng.shuffle(deck)
+            if config.paced and config.deck is not None:
+                share = (len(report.faults) + 1) / (len(config.deck) + 2)
+                _wait_for_progress(cluster, report, share, began + config.fault_seconds)
             kind = deck.pop()
             report.faults.append((round(time.monotonic() - began, 1), kind))
             print(f"  [{time.monotonic() - began:6.1f} s] {kind}", flush=True)
