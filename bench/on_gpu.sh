@@ -9,6 +9,9 @@
 # Usage: bench/on_gpu.sh OUT_DIR [BUDGET_SECONDS]   (from the repository root; the data
 # under $COREL_DATA_DIR, else the system locations; PYTHON, else python3, with torch and
 # corel's dependencies importable, corel itself from this checkout).
+# To fit one session's device time, a session can take part of it: DATASETS="mnist" (the
+# CNN rows of one dataset: 12 runs instead of 24), PRECISION_CHECK=0 (without the 6 bf16
+# runs, measured on 2026-11-26), BENCH=0 (without the benchmarks).
 set -u
 OUT=${1:?usage: bench/on_gpu.sh OUT_DIR [BUDGET_SECONDS]}
 BUDGET=${2:-540}
@@ -23,12 +26,14 @@ left() { echo $((BUDGET - ($(date +%s) - T0))); }
 # Fail fast (and cheaply) when the library does not import here.
 "$PY" -c "import corel.training, corel.stacked, corel.serving" || { echo "corel does not import"; exit 1; }
 
-{
-    echo "== train_throughput fp32"; timeout 150 "$PY" bench/train_throughput.py --device cuda
-    echo "== train_throughput bf16"; timeout 120 "$PY" bench/train_throughput.py --device cuda --precision bf16
-    echo "== sweep_throughput"; timeout 150 "$PY" bench/sweep_throughput.py --device cuda
-} >"$OUT/bench.txt" 2>&1
-echo "benchmarks done at $(( $(date +%s) - T0 )) s"
+if [ "${BENCH:-1}" != 0 ]; then
+    {
+        echo "== train_throughput fp32"; timeout 150 "$PY" bench/train_throughput.py --device cuda
+        echo "== train_throughput bf16"; timeout 120 "$PY" bench/train_throughput.py --device cuda --precision bf16
+        echo "== sweep_throughput"; timeout 150 "$PY" bench/sweep_throughput.py --device cuda
+    } >"$OUT/bench.txt" 2>&1
+    echo "benchmarks done at $(( $(date +%s) - T0 )) s"
+fi
 
 # The runs' kernels are small: without MPS the GPU time-slices between the 30 processes
 # and runs one process's kernels at a time (on 2026-11-26 an H200 gave each CNN run 6.8 s
@@ -48,8 +53,11 @@ fi
 echo "MPS: $MPS_ON" | tee -a "$OUT/machine.txt"
 
 # Leave 45 s for the clustering of the last runs and the table.
-"$PY" bench/cnn_rows.py launch --out "$OUT/rows.jsonl" --precision-check --stop-after $(( $(left) - 45 )) \
-    >"$OUT/rows.txt" 2>&1 &
+CHECK=--precision-check
+[ "${PRECISION_CHECK:-1}" = 0 ] && CHECK=
+# shellcheck disable=SC2086  # DATASETS: names separated by spaces; CHECK: a flag or nothing
+"$PY" bench/cnn_rows.py launch --out "$OUT/rows.jsonl" --datasets ${DATASETS:-mnist fashion-mnist} $CHECK \
+    --stop-after $(( $(left) - 45 )) >"$OUT/rows.txt" 2>&1 &
 ROWS=$!
 BIN=$(dirname "$(command -v "$PY")")
 if command -v make >/dev/null && [ -x "$BIN/python" ]; then  # make test-gpu, without its venv
