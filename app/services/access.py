@@ -25,7 +25,7 @@ from sqlalchemy import ColumnElement, false, or_, select, true
 from sqlalchemy.orm import Session
 
 from app.auth import READ_METHODS, Principal
-from app.errors import Forbidden, InvalidInput, NotFound
+from app.errors import Forbidden, InvalidInput, NotFound, check_id
 from app.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, Share, Sweep, User
 from app.services.lookup import get_or_404
 
@@ -186,6 +186,7 @@ def unshare(session: Session, kind: str, row_id: int, share_id: int) -> Any:
     """Remove one share of a row (its owner or an admin): that user's access ends with the
     next request. A share of another row is a 404, as one that does not exist."""
     row = require(session, kind, row_id, "manage")
+    check_id("share", share_id)  # an id past PostgreSQL's integer: a 404, not a database error
     column = SHARE_COLUMNS[kind]
     found = session.scalar(select(Share).where(Share.id == share_id, column == row_id))
     if found is None:

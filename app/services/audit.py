@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException
 
 from app.auth import Principal, is_write
 from app.db import session_scope
-from app.errors import DomainError, Forbidden, Unauthorized
+from app.errors import MAX_ID, DomainError, Forbidden, Unauthorized
 from app.models import ApiToken, AuditEntry, Share, User
 from app.services import access
 
@@ -66,8 +66,11 @@ def draft_of(request: Request, principal: Principal | None) -> Draft:
     draft = Draft(principal, client, f"{request.method} {template}",
                   getattr(route, "status_code", None) or 200)
     for name, kind in PATH_KINDS.items():
-        if isinstance(request.path_params.get(name), int):
-            draft.resource, draft.resource_id = kind, request.path_params[name]
+        value = request.path_params.get(name)
+        if isinstance(value, int):
+            # An id no row can have (past PostgreSQL's integer) is left out, not written:
+            # the entry would fail to insert and the refusal go unrecorded.
+            draft.resource, draft.resource_id = kind, value if 1 <= value <= MAX_ID else None
             break
     return draft
 

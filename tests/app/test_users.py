@@ -249,6 +249,22 @@ def test_a_share_is_taken_back_with_delete(api: TestClient, kind: str) -> None:
     entries = api.get("/audit", params={"action": "/shares/"}, headers=ADMIN).json()["items"]
     assert (a_id, "ok", 200) in [(e["user_id"], e["outcome"], e["status"]) for e in entries]
     assert a_id != b_id
+    # Found by schemathesis: a share id past PostgreSQL's integer was a 500.
+    for huge in (2**31, 6469693229, 2**63):
+        r = api.delete(f"/{kind}/{row}/shares/{huge}", headers=auth(a))
+        assert r.status_code == 404 and f"share {huge} does not exist" in r.json()["detail"], r.text
+
+
+def test_a_write_naming_an_id_no_row_can_have_is_audited_without_it(api: TestClient) -> None:
+    """Its entry used to fail to insert on PostgreSQL (the id past its integer), so the
+    refusal went unrecorded."""
+    a_id, _, a = user_token(api, "alice")
+    assert api.post(f"/experiments/{2**31}/cancel", headers=auth(a)).status_code == 404
+    assert api.post(f"/sweeps/{2**40}/cancel", headers=auth(a)).status_code == 404
+    items = api.get("/audit", params={"user_id": a_id}, headers=ADMIN).json()["items"]
+    assert [(e["action"], e["resource"], e["resource_id"], e["status"]) for e in items] == [
+        ("POST /sweeps/{sweep_id}/cancel", "sweep", None, 404),
+        ("POST /experiments/{experiment_id}/cancel", "experiment", None, 404)]
 
 
 def test_the_audit_entry_is_written_with_the_write_and_not_without_it(
