@@ -99,9 +99,6 @@ class Batches:
                          for _ in range(2)]
         self._copied: list[Any] = [None, None]
 
-    def __len__(self) -> int:
-        return -(-len(self.order) // self.batch_size)
-
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         n, size = len(self.order), self.batch_size
         for turn, start in enumerate(range(0, n, size)):

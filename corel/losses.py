@@ -444,8 +444,8 @@ class GaussianCOREL(LossHead):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """In training, one fused node (:class:`corel.fused.GaussianAR`) with autograd's
         values and gradients bit for bit; elsewhere the similarities, then the loss."""
-        similarity.check_pair(h, self.W)
-        if h.dim() == 2 and h.shape[0] > 0:
+        if h.dim() == 2 and h.shape[0] > 0:  # else the plain path, which says what is wrong
+            similarity.check_pair(h, self.W)
             if check:
                 check_labels(labels, h.shape[0], self.num_classes)
             fused = gaussian_ar(h, self.W, self.gamma.to(h.dtype), labels, self.lam, 1.0 - self.lam)

@@ -300,7 +300,7 @@ def _drain(cluster: Cluster, report: SoakReport, elapsed: float) -> float:
     except psycopg.Error:
         return 0.0
     epochs = report.config.epochs
-    done = sum(epochs if rows[i][0] == "succeeded" else rows[i][1] for i in report.accepted if i in rows)
+    done = _epochs_done(report, rows)
     left = sum(epochs - rows[i][1] for i in report.accepted
                if i in rows and rows[i][0] not in ("succeeded", "failed", "cancelled"))
     return left / (done / elapsed) if done and elapsed > 0 else 0.0
@@ -315,11 +315,15 @@ def _wait_for_progress(cluster: Cluster, report: SoakReport, share: float, until
             rows = _rows(cluster)
         except psycopg.Error:
             rows = {}
-        epochs = report.config.epochs
-        done = sum(epochs if rows[i][0] == "succeeded" else rows[i][1] for i in report.accepted if i in rows)
-        if done >= share * total:
+        if _epochs_done(report, rows) >= share * total:
             return
         time.sleep(0.5)
+
+
+def _epochs_done(report: SoakReport, rows: dict[int, tuple[str, int, str | None]]) -> int:
+    """Epochs the accepted runs have trained (all of a succeeded run's)."""
+    epochs = report.config.epochs
+    return sum(epochs if rows[i][0] == "succeeded" else rows[i][1] for i in report.accepted if i in rows)
 
 
 def _rows(cluster: Cluster) -> dict[int, tuple[str, int, str | None]]:
