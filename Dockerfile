@@ -5,7 +5,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /srv/corel
 
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends dataset-fashion-mnist \
+    && apt-get install -y --no-install-recommends dataset-fashion-mnist g++ \
     && rm -rf /var/lib/apt/lists/*
 
 COPY pyproject.toml README.md alembic.ini ./
@@ -13,7 +13,8 @@ COPY corel ./corel
 COPY app ./app
 COPY worker ./worker
 COPY migrations ./migrations
-RUN pip install "torch==2.14.1" "torchvision==0.29.1" && pip install ".[service]"
+RUN pip install "torch==2.14.1" "torchvision==0.29.1" && pip install ".[service]" \
+    && python -m corel.native build --optional
 
 RUN useradd --create-home corel && mkdir -p /srv/corel/var && chown corel /srv/corel/var
 USER corel

@@ -23,7 +23,15 @@ $(STAMP): pyproject.toml $(SERVICE_STAMP)
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
-install: $(STAMP)
+# corel's fused nodes compiled for this environment (corel/native; about a minute). Where
+# no C++ compiler is at hand it says so and the Python nodes run (the same numbers, slower);
+# the library's tests then fail, asking for it.
+NATIVE := $(VENV)/.native-built
+$(NATIVE): corel/native/fused.cpp corel/native/__init__.py $(SERVICE_STAMP)
+	$(BIN)/python -m corel.native build --optional
+	touch $(NATIVE)
+
+install: $(STAMP) $(NATIVE)
 
 lint: $(STAMP)
 	$(BIN)/ruff check corel app worker tests bench
@@ -34,7 +42,7 @@ lint: $(STAMP)
 # CPU's rounding fails here, not on the next machine. Then the whole suite.
 KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 
-test: $(STAMP)
+test: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check corel app worker tests bench
 	$(BIN)/mypy
 	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/corel
@@ -42,23 +50,23 @@ test: $(STAMP)
 
 # The service tests again, acting for a user with a write token (tests/app/conftest.py):
 # the owner, sharing and access checks on every request. CI runs it after `make test`.
-test-as-user: $(STAMP)
+test-as-user: $(STAMP) $(NATIVE)
 	COREL_TEST_AS_USER=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/app -m "not own_auth"
 
 # Hosts of their own (tests/cluster): network namespaces joined by veth pairs, a database
 # host, an API host and two worker hosts; needs root. CI runs it after `make test`.
-test-cluster: $(STAMP)
+test-cluster: $(STAMP) $(NATIVE)
 	COREL_TEST_CLUSTER=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/cluster
 
 # The tests that need CUDA (tests/gpu); fails on a machine where torch sees no GPU.
-test-gpu: $(STAMP)
+test-gpu: $(STAMP) $(NATIVE)
 	COREL_REQUIRE_CUDA=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m gpu tests/gpu
 
 # MNIST and AG News's test split, where a checkout has ../shared/datasets beside it (unless
 # COREL_DATA_DIR says otherwise).
 SHARED_DATA := $(wildcard $(CURDIR)/../shared/datasets)
 
-serve: $(SERVICE_STAMP)
+serve: $(SERVICE_STAMP) $(NATIVE)
 	COREL_DATA_DIR="$${COREL_DATA_DIR:-$(SHARED_DATA)}" $(BIN)/corel serve
 
 clean:

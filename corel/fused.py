@@ -19,6 +19,10 @@ gather, logsumexp, the weighted sum and the mean), and at the paper's sizes thei
 bookkeeping costs more than their arithmetic. Its backward makes autograd's calls in
 autograd's order (``tests/corel/test_fused.py`` checks the gradients bit for bit);
 :func:`gaussian_ar` decides when it applies, as :func:`leaky_mlp` does.
+
+Where :mod:`corel.native` is built, both run as its C++ twins of these nodes, which make
+the same calls in the same order (the same numbers bit for bit) without the per-call
+Python; these Python nodes run where it is not.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from corel import native as _native
 
 __all__ = ["GaussianAR", "LeakyMLP", "fusable", "gaussian_ar", "leaky_mlp"]
 
@@ -94,6 +100,10 @@ def leaky_mlp(x: torch.Tensor, slope: float, linears: list[nn.Linear]) -> torch.
     params = [t for m in linears for t in (m.weight, m.bias)]
     if any(p.dtype != x.dtype or p.device != x.device for p in params):
         return None
+    native = _native.module()
+    if native is not None:
+        compiled: torch.Tensor = native.leaky_mlp(x.flatten(1), slope, params)
+        return compiled
     out: torch.Tensor = LeakyMLP.apply(x.flatten(1), slope, *params)
     return out
 
@@ -176,5 +186,12 @@ def gaussian_ar(
     tensors = [W, gamma, labels] + [t for t in (lam, one_minus_lam) if isinstance(t, torch.Tensor)]
     if any(t.device != h.device for t in tensors):
         return None
+    native = _native.module()
+    if native is not None:
+        # The floats as floats, the tensors (a stack's lambdas) as tensors, as the Python node.
+        weights = [t if isinstance(t, torch.Tensor) else None for t in (lam, one_minus_lam)]
+        floats = [0.0 if isinstance(t, torch.Tensor) else float(t) for t in (lam, one_minus_lam)]
+        loss, sim = native.gaussian_ar(h, W, gamma, labels, *floats, *weights)
+        return loss, sim
     loss, sim = GaussianAR.apply(h, W, gamma, labels, lam, one_minus_lam)
     return loss, sim

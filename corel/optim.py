@@ -6,9 +6,10 @@ profiler records, regrouping the tensors by device and dtype, the state look-ups
 :class:`FusedAdam` is that optimiser, with the same state, ``state_dict`` and kernel: its
 ``step`` hands the same lists to the same ``torch._fused_adam_`` call once every parameter
 has its state, so the weights and moments it leaves are bit for bit those of
-``torch.optim.Adam(fused=True)`` (``tests/corel/test_optim.py``). The first step (which
-creates the state), and anything unusual (a closure, step hooks, several groups, AMSGrad,
-weight decay, a parameter without a gradient), go through ``torch.optim.Adam.step``.
+``torch.optim.Adam(fused=True)`` (``tests/corel/test_fused.py``). The first step (which
+creates the state), and anything unusual (a closure, step hooks, a profiler recording,
+several groups, AMSGrad, weight decay, a parameter without a gradient), go through
+``torch.optim.Adam.step``, with torch's profiler record and hooks.
 Its ``zero_grad`` sets the gradients to None as torch's does, without the bookkeeping.
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.optim import optimizer as torch_optimizer
 
 __all__ = ["FusedAdam", "adam"]
 
@@ -58,22 +60,46 @@ class FusedAdam(torch.optim.Adam):
             for p in group["params"]:
                 p.grad = None
 
-    @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> Any:
-        lists = None if closure is not None else self._lean_lists()
+        """Adam's step. With no hooks (global or this optimiser's) and no profiler
+        recording, the fused kernel straight away; otherwise torch's step, with its
+        profiler record and hooks."""
+        lists = None
+        if closure is None and not _global_hooks() and not torch.autograd._profiler_enabled():
+            lists = self._lean_lists()
         if lists is None:
-            return super().step(closure)
+            return self._torch_step(closure)
         params, grads, exp_avgs, exp_avg_sqs, steps = lists
         group = self.param_groups[0]
         beta1, beta2 = group["betas"]
-        # What torch.optim.adam._fused_adam does for one device and dtype.
-        torch._foreach_add_(steps, 1)
-        torch._fused_adam_(
-            params, grads, exp_avgs, exp_avg_sqs, [], steps,
-            amsgrad=False, lr=group["lr"], beta1=float(beta1), beta2=float(beta2),
-            weight_decay=0.0, eps=group["eps"], maximize=False, grad_scale=None, found_inf=None,
-        )
+        with torch.no_grad():
+            # What torch.optim.adam._fused_adam does for one device and dtype.
+            torch._foreach_add_(steps, 1)
+            torch._fused_adam_(
+                params, grads, exp_avgs, exp_avg_sqs, [], steps,
+                amsgrad=False, lr=group["lr"], beta1=float(beta1), beta2=float(beta2),
+                weight_decay=0.0, eps=group["eps"], maximize=False, grad_scale=None, found_inf=None,
+            )
         return None
+
+    # torch wraps an optimiser class's step in its profiler record and hook loop (11 us of
+    # Python a step even with neither); this one does both itself (above), so it is marked
+    # as wrapped already.
+    step.hooked = True  # type: ignore[attr-defined]
+
+    def _torch_step(self, closure: Callable[[], float] | None) -> Any:
+        """torch.optim.Adam.step with torch's profiler record and hooks around it."""
+        plain = torch.optim.Adam.step
+        if getattr(plain, "hooked", False):  # a plain Adam made before wrapped it already
+            return plain(self, closure)
+        return torch.optim.Optimizer.profile_hook_step(plain)(self, closure)
+
+
+def _global_hooks() -> bool:
+    """Whether any step hook is registered for every optimiser
+    (``torch.optim.optimizer.register_optimizer_step_pre_hook`` and its post twin)."""
+    return bool(getattr(torch_optimizer, "_global_optimizer_pre_hooks", None)
+                or getattr(torch_optimizer, "_global_optimizer_post_hooks", None))
 
 
 def adam(params: Iterable[torch.Tensor], lr: float) -> torch.optim.Adam:

@@ -1,6 +1,7 @@
 """The FFNN as one autograd node (corel.fused), the lean Adam step (corel.optim) and the
 stacked loss without vmap: the same numbers as autograd, torch.optim.Adam and vmap, and
-really used in training."""
+really used in training. Each fused node is tested in both its implementations: the
+compiled one (corel.native, which ``make install`` builds) and the Python one."""
 
 from __future__ import annotations
 
@@ -9,12 +10,49 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
-from corel import similarity
+from corel import native, similarity
 from corel.fused import GaussianAR, LeakyMLP, fusable, gaussian_ar
 from corel.losses import GaussianCOREL, _attractive_repulsive_core
 from corel.models import FFNN
 from corel.optim import FusedAdam
+
+
+@pytest.fixture(params=["native", "python"])
+def nodes(request, monkeypatch):
+    """Which implementation of the fused nodes runs: corel.native's or the Python one."""
+    if request.param == "python":
+        monkeypatch.setattr(native, "module", lambda: None)
+    else:
+        assert native.module() is not None, (
+            "corel.native is not built for this environment: `python -m corel.native build` "
+            "(make install runs it)")
+    return request.param
+
+
+def _ran(t, node):
+    """Whether t came out of the fused node ``node`` (either implementation's)."""
+    return t.grad_fn is not None and node in t.grad_fn.name()
+
+
+def _compiled(t):
+    """Whether t's node is a C++ one (corel.native's) rather than a Python Function."""
+    return "CppNode" in t.grad_fn.name()
+
+
+def _node(nodes, name):
+    """The fused node ``name`` of one implementation, called as the Python Function is."""
+    if nodes == "python":
+        return {"LeakyMLP": LeakyMLP, "GaussianAR": GaussianAR}[name].apply
+    compiled = native.module()
+    if name == "LeakyMLP":
+        return lambda x, slope, *params: compiled.leaky_mlp(x, slope, list(params))
+    return lambda h, W, g, labels, lam, one_minus_lam: compiled.gaussian_ar(
+        h, W, g, labels, float(lam), float(one_minus_lam), None, None)
 
 
 def _pair(dtype, dropout=0.0):
@@ -25,14 +63,15 @@ def _pair(dtype, dropout=0.0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("input_grad", [False, True])
-def test_the_fused_ffnn_gives_autograds_outputs_and_gradients_bit_for_bit(dtype, input_grad):
+def test_the_fused_ffnn_gives_autograds_outputs_and_gradients_bit_for_bit(dtype, input_grad, nodes):
     fused, plain = _pair(dtype)
     x = torch.randn(37, 1, 28, 28, dtype=dtype, requires_grad=input_grad)
     x_plain = x.detach().clone().requires_grad_(input_grad)
     out = fused(x)
-    assert type(out.grad_fn).__name__ == "LeakyMLPBackward"  # the fused node ran
+    assert _ran(out, "LeakyMLP")  # the fused node ran
+    assert _compiled(out) == (nodes == "native")
     ref = plain.net(x_plain)
-    assert type(ref.grad_fn).__name__ != "LeakyMLPBackward"
+    assert not _ran(ref, "LeakyMLP")
     assert torch.equal(out, ref)
     g = torch.randn_like(out)
     out.backward(g)
@@ -45,29 +84,30 @@ def test_the_fused_ffnn_gives_autograds_outputs_and_gradients_bit_for_bit(dtype,
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_the_fused_ffnn_stands_aside_where_the_plain_modules_must_run():
+def test_the_fused_ffnn_stands_aside_where_the_plain_modules_must_run(nodes):
     model, _ = _pair(torch.float32)
     x = torch.randn(4, 1, 28, 28)
     with torch.no_grad():
         assert model(x).grad_fn is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert type(model(x).grad_fn).__name__ != "LeakyMLPBackward"
+        assert not _ran(model(x), "LeakyMLP")
     traced = torch.jit.trace(model, x, check_trace=False)  # a trace records the modules
     assert torch.equal(traced(x), model(x).detach())
     dropout, _ = _pair(torch.float32, dropout=0.5)
     assert fusable(dropout.net) is None
-    assert type(dropout(x).grad_fn).__name__ != "LeakyMLPBackward"
+    assert not _ran(dropout(x), "LeakyMLP")
     assert fusable(nn.Sequential(nn.Linear(3, 3), nn.ReLU())) is None
 
 
-def test_the_fused_node_checks_its_gradient_numerically():
+def test_the_fused_node_checks_its_gradient_numerically(nodes):
     torch.manual_seed(1)
     params = [torch.randn(5, 4, dtype=torch.float64, requires_grad=True),
               torch.randn(5, dtype=torch.float64, requires_grad=True),
               torch.randn(3, 5, dtype=torch.float64, requires_grad=True),
               torch.randn(3, dtype=torch.float64, requires_grad=True)]
     x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, *p: LeakyMLP.apply(x, 0.1, *p), (x, *params))
+    node = _node(nodes, "LeakyMLP")
+    assert torch.autograd.gradcheck(lambda x, *p: node(x, 0.1, *p), (x, *params))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -98,6 +138,40 @@ def test_fused_adam_steps_as_torchs_fused_adam_bit_for_bit(dtype):
     plain = torch.optim.Adam(theirs_model.parameters(), lr=1e-3, fused=True)
     plain.load_state_dict(mine)
     ours.load_state_dict(want)
+
+
+def test_fused_adam_keeps_torchs_hooks_and_profiler_record():
+    """The lean step skips torch's wrapper only where it would do nothing: hooks (global
+    or the optimiser's own) still run once a step, and a profiler still sees the step."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    torch.optim.Adam(nn.Linear(2, 2).parameters())  # torch wraps Adam.step: not twice
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    calls = []
+
+    def train(steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            opt.step()
+
+    train(2)  # the state exists: the lean path from here on
+    for register in ((opt.register_step_pre_hook, opt.register_step_post_hook),
+                     (register_optimizer_step_pre_hook, register_optimizer_step_post_hook)):
+        handles = [register[0](lambda *a: calls.append("pre")), register[1](lambda *a: calls.append("post"))]
+        try:
+            train(2)
+        finally:
+            for handle in handles:
+                handle.remove()
+        assert calls == ["pre", "post"] * 2, register
+        calls.clear()
+    calls.clear()
+    train(1)
+    assert calls == []
+    with torch.profiler.profile() as prof:
+        train(1)
+    assert "Optimizer.step#FusedAdam.step" in {e.name for e in prof.events()}
 
 
 def test_fused_adam_takes_torchs_path_for_what_it_does_not_cover():
@@ -162,13 +236,14 @@ def _gaussian_pair(dtype, stacked, learn):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("stacked", [False, True])
 @pytest.mark.parametrize("learn", [False, True])
-def test_the_fused_gaussian_loss_gives_autograds_values_and_gradients_bit_for_bit(dtype, stacked, learn):
+def test_the_fused_gaussian_loss_gives_autograds_values_and_gradients_bit_for_bit(dtype, stacked, learn, nodes):
     (h, W, lg), (h2, W2, lg2), labels, lam, one_minus_lam = _gaussian_pair(dtype, stacked, learn)
     loss, sim = gaussian_ar(h, W, lg.exp(), labels, lam, one_minus_lam)
-    assert type(loss.grad_fn).__name__ == "GaussianARBackward"  # the fused node ran
+    assert _ran(loss, "GaussianAR")  # the fused node ran
+    assert _compiled(loss) == (nodes == "native")
     sim2 = similarity._gaussian(h2, W2, lg2.exp())
     loss2 = _attractive_repulsive_core(sim2, labels, lam, one_minus_lam, "logsumexp")
-    assert type(loss2.grad_fn).__name__ != "GaussianARBackward"
+    assert not _ran(loss2, "GaussianAR")
     assert torch.equal(loss, loss2) and torch.equal(sim, sim2)
     loss.sum().backward()
     loss2.sum().backward()
@@ -190,24 +265,25 @@ def test_the_fused_gaussian_loss_gives_autograds_values_and_gradients_bit_for_bi
         torch.testing.assert_close(a.grad, b.grad, msg=name)
 
 
-def test_the_fused_gaussian_loss_checks_its_gradient_numerically():
+def test_the_fused_gaussian_loss_checks_its_gradient_numerically(nodes):
     (h, W, lg), _, labels, lam, one_minus_lam = _gaussian_pair(torch.float64, False, True)
     h = h[1:].detach().requires_grad_()  # cdist's gradient is not smooth at zero distance
+    node = _node(nodes, "GaussianAR")
     assert torch.autograd.gradcheck(
-        lambda h, W, g: GaussianAR.apply(h, W, g.exp(), labels[1:], lam, one_minus_lam), (h, W, lg))
+        lambda h, W, g: node(h, W, g.exp(), labels[1:], lam, one_minus_lam), (h, W, lg))
 
 
-def test_the_gaussian_head_trains_with_the_fused_node_and_stands_aside_elsewhere():
+def test_the_gaussian_head_trains_with_the_fused_node_and_stands_aside_elsewhere(nodes):
     torch.manual_seed(0)
     head = GaussianCOREL(5, 16, lam=0.8)
     h, labels = torch.randn(9, 16, requires_grad=True), torch.randint(0, 5, (9,))
     loss, sim = head.loss_and_similarities(h, labels)
-    assert type(loss.grad_fn).__name__ == "GaussianARBackward"
+    assert _ran(loss, "GaussianAR")
     assert torch.equal(sim, head.similarities(h))
     assert torch.equal(head(h, labels), loss)  # forward takes it too
     with torch.no_grad():
         assert torch.equal(head.loss_and_similarities(h, labels)[0], loss)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert type(head.loss_and_similarities(h, labels)[0].grad_fn).__name__ != "GaussianARBackward"
+        assert not _ran(head.loss_and_similarities(h, labels)[0], "GaussianAR")
     with pytest.raises(ValueError, match=r"labels must lie in 0\.\.4"):
         head.loss_and_similarities(h, torch.full((9,), 5))

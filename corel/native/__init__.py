@@ -1,0 +1,102 @@
+"""corel's fused autograd nodes compiled: ``fused.cpp`` beside this file, built once per
+environment by ``python -m corel.native build`` (``make install`` runs it).
+
+The C++ nodes make the same ATen calls in the same order as their Python twins in
+:mod:`corel.fused`, so a run gives the same numbers bit for bit with or without them
+(``tests/corel/test_fused.py`` checks both against autograd on the plain modules). They
+save the per-operation Python of a step: on a 2-core CPU, where a small operation's
+Python costs as much as its arithmetic, that is about a tenth of the paper's FFNN step.
+
+:func:`module` is the built extension, or None where it was not built for this Python,
+this torch and this source (a build is keyed by all three, so a stale one never loads),
+or where ``COREL_NATIVE=0``; the Python nodes run then. ``COREL_NATIVE_DIR`` says where
+builds live (default: ``<sys.prefix>/corel-native``, inside the virtual environment).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+__all__ = ["build", "build_path", "module"]
+
+SOURCE = Path(__file__).with_name("fused.cpp")
+NAME = "corel_native"  # the PYBIND11_MODULE's name: its init function is PyInit_corel_native
+
+
+def _command(source: Path, target: Path) -> list[str]:
+    from torch.utils import cpp_extension  # imported here: it is slow to import
+
+    include = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    libraries = cpp_extension.library_paths()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        os.environ.get("CXX", "g++"), "-O2", "-std=c++20", "-shared", "-fPIC", "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={NAME}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+        *(f"-I{p}" for p in include), str(source), "-o", str(target),
+        *(f"-L{p}" for p in libraries), *(f"-Wl,-rpath,{p}" for p in libraries),
+        "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
+    ]
+
+
+def build_path() -> Path:
+    """Where this environment's build of the current source lives (whether or not built)."""
+    key = hashlib.sha256()
+    key.update(SOURCE.read_bytes())
+    for part in (torch.__version__, str(torch.version.git_version), sys.version,
+                 sysconfig.get_config_var("EXT_SUFFIX") or ""):
+        key.update(part.encode())
+    root = Path(os.environ.get("COREL_NATIVE_DIR") or Path(sys.prefix) / "corel-native")
+    return root / f"{NAME}-{key.hexdigest()[:16]}.so"
+
+
+def build(*, force: bool = False, quiet: bool = False) -> Path:
+    """Compile ``fused.cpp`` for this Python and torch (about a minute on 2 cores) unless
+    already built; returns the built file. Raises RuntimeError with the compiler's output
+    when it fails."""
+    target = build_path()
+    if target.exists() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Compiled beside the target, then renamed: a reader never sees half a file.
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        partial = Path(scratch) / target.name
+        command = _command(SOURCE, partial)
+        if not quiet:
+            print(f"corel.native: compiling {SOURCE.name} -> {target}", flush=True)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"corel.native: the compiler failed ({shlex.join(command[:1])}, exit "
+                               f"{done.returncode}):\n{done.stderr[-4000:]}")
+        os.replace(partial, target)
+    module.cache_clear()
+    return target
+
+
+@functools.cache
+def module() -> ModuleType | None:
+    """The built extension (``gaussian_ar``, ``leaky_mlp``), or None (see the module)."""
+    if os.environ.get("COREL_NATIVE", "1") == "0":
+        return None
+    path = build_path()
+    if not path.exists():
+        return None
+    loader = importlib.machinery.ExtensionFileLoader(NAME, str(path))
+    spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
+    if spec is None:
+        return None
+    extension = importlib.util.module_from_spec(spec)
+    loader.exec_module(extension)
+    return extension
