@@ -11,7 +11,7 @@
 # corel's dependencies importable, corel itself from this checkout).
 # To fit one session's device time, a session can take part of it: DATASETS="mnist" (the
 # CNN rows of one dataset: 12 runs instead of 24), PRECISION_CHECK=0 (without the 6 bf16
-# runs, measured on 2026-11-26), BENCH=0 (without the benchmarks).
+# runs, measured on 2026-11-26), BENCH=0 (without the benchmarks); NATIVE=1 (below).
 set -u
 OUT=${1:?usage: bench/on_gpu.sh OUT_DIR [BUDGET_SECONDS]}
 BUDGET=${2:-540}
@@ -25,6 +25,12 @@ left() { echo $((BUDGET - ($(date +%s) - T0))); }
     >"$OUT/machine.txt" 2>&1
 # Fail fast (and cheaply) when the library does not import here.
 "$PY" -c "import corel.training, corel.stacked, corel.serving" || { echo "corel does not import"; exit 1; }
+# NATIVE=1: compile corel's fused nodes for this machine's torch first (about a minute of
+# the budget; a build made elsewhere is keyed to its own torch and Python and never loads).
+if [ "${NATIVE:-0}" = 1 ]; then
+    export COREL_NATIVE_DIR=${COREL_NATIVE_DIR:-$OUT/native}
+    timeout 150 "$PY" -m corel.native build --optional >"$OUT/native.txt" 2>&1
+fi
 
 if [ "${BENCH:-1}" != 0 ]; then
     {

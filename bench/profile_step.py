@@ -4,7 +4,9 @@ A diagnostic, not a benchmark (it prints no ratio): the FFNN on Fashion-MNIST wi
 Gaussian-COREL head, ``--steps`` steps of ``corel.training.train_pass`` and of a 10-member
 ``StackedRun.train_pass`` after a warm-up pass each, and per operator its share of the
 self CPU time, its milliseconds a step and its calls a step. The matrix products are the
-arithmetic; everything else is what the loop costs around it.
+arithmetic; everything else is what the loop costs around it. (Under a profiler
+``FusedAdam.step`` takes torch's wrapped step, so its ``Optimizer.step#`` row is Python
+that an unprofiled step does not run.)
 Run: ``.venv/bin/python bench/profile_step.py [--steps 100] [--rows 20]``.
 """
 
