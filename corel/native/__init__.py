@@ -37,10 +37,12 @@ NAME = "corel_native"  # the PYBIND11_MODULE's name: its init function is PyInit
 
 
 def _command(source: Path, target: Path) -> list[str]:
-    from torch.utils import cpp_extension  # imported here: it is slow to import
-
-    include = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
-    libraries = cpp_extension.library_paths()
+    # torch's headers and libraries as torch.utils.cpp_extension finds them (without
+    # importing it: it needs setuptools, which a service-only environment may lack).
+    root = Path(torch.__file__).parent
+    include = [str(root / "include"), str(root / "include" / "torch" / "csrc" / "api" / "include"),
+               sysconfig.get_paths()["include"]]
+    libraries = [str(root / "lib")]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
         os.environ.get("CXX", "g++"), "-O2", "-std=c++20", "-shared", "-fPIC", "-w",
