@@ -10,7 +10,7 @@ bias and ``grad.mm(weight)`` for the input backward), so its outputs and gradien
 for bit autograd's (``tests/corel/test_fused.py``); it only saves the bookkeeping.
 
 :func:`leaky_mlp` decides when it applies: training with gradients, in no transform,
-trace, export or autocast, where the plain modules run instead.
+trace, export, ``torch.compile`` or autocast, where the plain modules run instead.
 
 :class:`GaussianAR` does the same for the Gaussian-COREL head (the product's default
 loss): the squared distances, the similarities and the attractive-repulsive loss as one
@@ -110,8 +110,9 @@ def leaky_mlp(x: torch.Tensor, slope: float, linears: list[nn.Linear]) -> torch.
 
 def _plain_autograd(x: torch.Tensor) -> bool:
     """True where a fused node may replace the plain operations on x: with gradients, and
-    in no ``torch.func`` transform, trace, script, export or autocast."""
-    if not torch.is_grad_enabled():
+    in no ``torch.func`` transform, trace, script, export, ``torch.compile`` (which traces
+    the plain operations whole, where the compiled node would break its graph) or autocast."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
     if (torch._C._are_functorch_transforms_active() or torch.jit.is_tracing()
             or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()):

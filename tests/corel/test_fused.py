@@ -99,6 +99,23 @@ def test_the_fused_ffnn_stands_aside_where_the_plain_modules_must_run(nodes):
     assert fusable(nn.Sequential(nn.Linear(3, 3), nn.ReLU())) is None
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_under_torch_compile_the_plain_operations_are_traced(nodes):
+    """torch.compile traces the plain modules and loss whole (the compiled node would be a
+    break in its graph): the same outputs, and no fused node in them."""
+    torch._dynamo.reset()
+    model, _ = _pair(torch.float32)
+    x = torch.randn(6, 1, 28, 28)
+    out = torch.compile(model, backend="eager")(x)
+    assert not _ran(out, "LeakyMLP") and torch.equal(out, model(x))
+    head = GaussianCOREL(5, 32, lam=0.8)
+    labels = torch.randint(0, 5, (6,))
+    loss, sim = torch.compile(head.loss_and_similarities, backend="eager")(out, labels)
+    assert not _ran(loss, "GaussianAR")
+    fused_loss, fused_sim = head.loss_and_similarities(out, labels)
+    assert _ran(fused_loss, "GaussianAR") and torch.equal(loss, fused_loss) and torch.equal(sim, fused_sim)
+
+
 def test_the_fused_node_checks_its_gradient_numerically(nodes):
     torch.manual_seed(1)
     params = [torch.randn(5, 4, dtype=torch.float64, requires_grad=True),
