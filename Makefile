@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml $(SERVICE_STAMP)
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
-# corel's fused nodes compiled for this environment (corel/native; about a minute). Where
+# corel's fused nodes compiled for this environment (corel/native; about 40 s on 2 cores). Where
 # no C++ compiler is at hand it says so and the Python nodes run (the same numbers, slower);
 # the library's tests then fail, asking for it.
 NATIVE := $(VENV)/.native-built

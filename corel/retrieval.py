@@ -56,16 +56,22 @@ def neighbours(queries: torch.Tensor, reference: torch.Tensor, k: int, geometry:
     return torch.cat(dists), torch.cat(idx)
 
 
+def _tensor(values: ArrayLike) -> torch.Tensor:
+    """``values`` as a tensor, sharing a writable array's memory; a read-only array (a
+    cached latent space, a memory map) is copied, which torch would otherwise share with a
+    warning that writes through it are undefined."""
+    array = np.asarray(values)
+    return torch.as_tensor(array if array.flags.writeable else array.copy())
+
+
 def retrieval_metrics(queries: ArrayLike, query_labels: ArrayLike, reference: ArrayLike,
                       reference_labels: ArrayLike, geometry: str = "euclidean",
                       chunk: int = 1024) -> dict[str, Any]:
     """precision@1, R-precision and MAP@R of ``queries`` against ``reference`` (see the
     module). Raises ValueError for shapes that do not match or a query class with no
     reference row."""
-    q = torch.as_tensor(np.asarray(queries))
-    r = torch.as_tensor(np.asarray(reference))
-    qy = torch.as_tensor(np.asarray(query_labels)).long().reshape(-1)
-    ry = torch.as_tensor(np.asarray(reference_labels)).long().reshape(-1)
+    q, r = _tensor(queries), _tensor(reference)
+    qy, ry = _tensor(query_labels).long().reshape(-1), _tensor(reference_labels).long().reshape(-1)
     if q.ndim != 2 or r.ndim != 2 or q.shape[1] != r.shape[1]:
         raise ValueError(f"queries and reference must be (N, D) with the same D; got "
                          f"{tuple(q.shape)} and {tuple(r.shape)}")

@@ -91,3 +91,22 @@ def test_refined_euclidean_neighbours_have_exact_distances():
     assert idx[:5, 0].tolist() == [0, 1, 2, 3, 4]
     for i in range(len(q)):
         assert set(idx[i].tolist()) == set(np.argsort(exact[i])[:5].tolist())
+
+
+def test_read_only_arrays_are_read_without_a_warning():
+    """A latent space read from storage is often a read-only array (np.frombuffer, a memory
+    map); torch shares such memory only with a UserWarning. The metrics copy it instead and
+    give what the writable arrays give."""
+    import warnings
+
+    ref, ref_y, q, q_y = _digits()
+    want = retrieval_metrics(q, q_y, ref, ref_y)
+    frozen = []
+    for a in (q, q_y, ref, ref_y):
+        b = np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape)
+        assert not b.flags.writeable
+        frozen.append(b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = retrieval_metrics(frozen[0], frozen[1], frozen[2], frozen[3])
+    assert got == want
