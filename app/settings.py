@@ -65,6 +65,10 @@ class Settings(BaseSettings):
         default=64 * 1024 * 1024, gt=0, description="Body limit of POST /embed and /predict.")
     max_embed_batch: int = Field(default=4096, gt=0)
     max_sweep_size: int = Field(default=2000, gt=0, description="Most experiments in one sweep.")
+    max_group_size: int = Field(
+        default=32, gt=0,  # corel.grouping.MAX_GROUP, without importing torch here
+        description="Most members of one stacked group of a sweep (members that differ only in "
+        "lam, gamma, alpha and seed train as one model); a larger set is split.")
     model_cache_size: int = Field(default=4, gt=0)
     exact_search_max_rows: int = Field(
         default=1_000_000, gt=0,

@@ -26,6 +26,19 @@ CHECKPOINT_FORMAT = 1
 LOCATIONS = ("dataset_path", "word_vectors")
 
 
+def optimizer_state(saved: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's optimizer state to load, its tensors copied. ``Optimizer.load_state_dict``
+    keeps a given tensor whose dtype and device already fit, and Adam then steps it in
+    place: loading the checkpoint's own tensors would change the checkpoint, and a second
+    resume from it would start from the first one's later state."""
+    return {
+        "state": {index: {name: value.clone() if isinstance(value, torch.Tensor) else value
+                          for name, value in entry.items()}
+                  for index, entry in saved["state"].items()},
+        "param_groups": [dict(group) for group in saved["param_groups"]],
+    }
+
+
 def cpu_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A copy of a state dict on the CPU (what a checkpoint holds)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}

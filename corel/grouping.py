@@ -1,5 +1,5 @@
 """Which specs can be trained together as one stacked model (:mod:`corel.stacked`): those
-that differ only in the loss's parameters (lam, gamma, alpha)."""
+that differ only in the loss's parameters (lam, gamma, alpha) and the seed."""
 
 from __future__ import annotations
 
@@ -10,38 +10,57 @@ from corel.checkpoints import LOCATIONS
 from corel.loss_catalog import declaration
 from corel.spec import UPLOADED, ExperimentSpec
 
-__all__ = ["LOSS_PARAMETERS", "as_spec", "check_group", "group_key", "group_specs"]
+__all__ = ["LOSS_PARAMETERS", "MAX_GROUP", "MAY_DIFFER", "as_spec", "check_group", "group_key",
+           "group_specs"]
 
-# What may differ inside a group: the loss parameters, which only enter the loss.
+# The loss parameters, which only enter the loss.
 LOSS_PARAMETERS = ("lam", "gamma", "alpha")
+# What may differ inside a group: those, and the seed (each member's initial weights, which
+# a stack holds per member anyway, and its data order: a group draws one per seed).
+MAY_DIFFER = (*LOSS_PARAMETERS, "seed")
 
 
 def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     """Specs with equal keys can be trained as one :class:`StackedRun`; None: train it alone.
 
-    The key is every spec field except lam, gamma and alpha (and the file locations
+    The key is every spec field except lam, gamma, alpha and seed (and the file locations
     dataset_path and word_vectors, except for uploaded data whose path names the data).
     Text specs are not vectorized (their models use dropout), nor losses whose declaration
     is not ``stackable`` (pytorch-metric-learning's: their parameters are not lambda).
     """
     if spec.modality == "text" or not declaration(spec.loss).stackable:
         return None
-    exclude = set(LOSS_PARAMETERS) | set(LOCATIONS)
+    exclude = set(MAY_DIFFER) | set(LOCATIONS)
     if spec.dataset in UPLOADED:
         exclude.discard("dataset_path")
     return tuple(spec.model_dump(exclude=exclude).items())
 
 
-def group_specs(specs: Sequence[ExperimentSpec]) -> list[list[int]]:
-    """Indices of ``specs`` grouped by :func:`group_key`, in order of first appearance.
+# The most members of one group by default: a lambda grid of 10 over 3 seeds. A group's
+# memory grows with its size (every member's weights, Adam state and batch at once).
+MAX_GROUP = 32
 
-    Specs that cannot be vectorized form groups of one.
+
+def group_specs(specs: Sequence[ExperimentSpec], max_members: int = MAX_GROUP) -> list[list[int]]:
+    """Indices of ``specs`` grouped by :func:`group_key`, in order of first appearance, in
+    groups of at most ``max_members``.
+
+    Inside a group the members of one seed come together (seeds in order of first
+    appearance), so that a group split by the limit keeps seeds whole where it can: members
+    of a seed share their batches. Specs that cannot be vectorized form groups of one.
     """
+    if max_members < 1:
+        raise ValueError(f"max_members must be at least 1; got {max_members}")
     groups: dict[Any, list[int]] = {}
     for i, spec in enumerate(specs):
         key = group_key(spec)
         groups.setdefault(("alone", i) if key is None else ("key", key), []).append(i)
-    return list(groups.values())
+    out: list[list[int]] = []
+    for members in groups.values():
+        seeds = list(dict.fromkeys(specs[i].seed for i in members))
+        members = sorted(members, key=lambda i: seeds.index(specs[i].seed))  # stable
+        out.extend(members[k : k + max_members] for k in range(0, len(members), max_members))
+    return out
 
 
 def as_spec(spec: ExperimentSpec | dict[str, Any]) -> ExperimentSpec:
@@ -63,6 +82,6 @@ def check_group(specs: Sequence[ExperimentSpec]) -> None:
                 name for (name, a), (_, b) in zip(keys[0], key or (), strict=False) if a != b
             ] or ["modality"]
             raise ValueError(
-                f"spec {i} differs from spec 0 in {', '.join(differ)}; only lam, gamma and "
-                "alpha may differ inside a group (see corel.grouping.group_specs)"
+                f"spec {i} differs from spec 0 in {', '.join(differ)}; only lam, gamma, "
+                "alpha and seed may differ inside a group (see corel.grouping.group_specs)"
             )

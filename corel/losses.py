@@ -152,14 +152,20 @@ def class_counts(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> 
     without its wait. On a GPU ``bincount`` reads the largest label back to the host to
     size its result, a synchronisation in every Center-loss step that stalled each run on
     the whole GPU's queue (47 s a CNN epoch against 7 s for the other losses, 30 runs
-    sharing an H200); adding ones queues like any other kernel, and sums of ones are exact."""
-    return torch.zeros(num_classes, dtype=dtype, device=labels.device).index_add_(
+    sharing an H200); adding ones queues like any other kernel, and sums of ones are exact.
+    (Out of place, so that it also runs under ``torch.vmap`` with each member's labels.)"""
+    return torch.zeros(num_classes, dtype=dtype, device=labels.device).index_add(
         0, labels, torch.ones(labels.shape, dtype=dtype, device=labels.device))
 
 
 def _center_core(h: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
-    # h (..., N, H) and centers (..., K, H): a stack of members' terms where h is 3-D.
-    return 0.5 * (h - centers.index_select(-2, labels)).square().sum(-1).mean(-1)
+    # h (..., N, H) and centers (..., K, H): a stack of members' terms where h is 3-D, with
+    # labels shared (N,) or each member's own (M, N).
+    if labels.dim() == 1:
+        own = centers.index_select(-2, labels)
+    else:
+        own = centers.gather(-2, labels.unsqueeze(-1).expand(*labels.shape, centers.shape[-1]))
+    return 0.5 * (h - own).square().sum(-1).mean(-1)
 
 
 def _cross_entropy(sim: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

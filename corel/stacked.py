@@ -1,4 +1,4 @@
-"""A group of specs that differ only in loss parameters, as one stacked model.
+"""A group of specs that differ only in loss parameters and seed, as one stacked model.
 
 A sweep over lambda (or gamma, or alpha) trains many runs with the same data,
 model, batch size, lr and seed: the same initial weights, the same batches in the
@@ -14,6 +14,12 @@ same order. :class:`StackedRun` trains such a group at once:
   exactly the gradient of its own loss;
 * one Adam over the stacked tensors is, element for element, M Adams with the
   same lr; Center loss moves each member's centers with its own alpha.
+
+Members may also differ in seed (the paper's protocol repeats every row with 3 seeds):
+a seed gives a member its own initial weights, which stacking keeps anyway, and its own
+batch order. The group then draws one data order per distinct seed (a *stream*); each
+member trains on its stream's batches, gathered into an (M, N, ...) input, and the FFNN's
+first layer becomes a batched product. Members of one seed still share their batches.
 
 So member i ends as ``corel.training.fit(spec_i)`` would have left it, up to
 floating-point rounding: stacked matrix products, and the batched cross-entropy's
@@ -36,7 +42,7 @@ RNG. ``learn_gamma`` is supported (gamma is then a stacked parameter).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -45,7 +51,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 
 from corel import losses, similarity
-from corel.checkpoints import check_resumable, cpu_state, restore_rng
+from corel.checkpoints import check_resumable, cpu_state, optimizer_state, restore_rng
 from corel.data import Dataset
 from corel.device import Batches, autocast, effective_precision, pick_device, to_device
 from corel.fused import gaussian_ar
@@ -98,14 +104,16 @@ def _mlp_plan(encoder: nn.Module) -> list[tuple[str, Any]] | None:
     return plan
 
 
-def _mlp_forward(plan: list[tuple[str, Any]], params: Tensors, x: torch.Tensor) -> torch.Tensor:
-    """M stacked FFNNs on shared inputs x (N, ...) -> (M, N, out) with batched matrix products.
+def _mlp_forward(plan: list[tuple[str, Any]], params: Tensors, x: torch.Tensor,
+                 shared: bool = True) -> torch.Tensor:
+    """M stacked FFNNs on shared inputs x (N, ...), or on each member's own inputs x
+    (M, N, ...) where ``shared`` is False, -> (M, N, out) with batched matrix products.
 
     The same function as ``vmap(functional_call(ffnn))``, arranged for speed: the first
     layer, whose input all members share, is one (N, D) x (D, M * out) product, and its
     weight gradient comes out in the stacked parameter's own layout.
     """
-    shared = True  # x is the members' common input until the first linear layer
+    # shared: x is the members' common input until the first linear layer
     for kind, arg in plan:
         if kind == "flatten":
             x = x.flatten(1 if shared else 2)
@@ -145,7 +153,11 @@ class StackedRun:
         self.members = members
         self.loss_name = specs[0].loss
         self.precision = effective_precision(device, specs[0].precision)
-        self.shuffle = torch.Generator().manual_seed(specs[0].seed)
+        # One data order per distinct seed (a stream); member i draws stream_of[i]'s batches.
+        seeds = list(dict.fromkeys(s.seed for s in specs))
+        self.shuffles = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.stream_of = [seeds.index(s.seed) for s in specs]
+        self._stream_index = torch.tensor(self.stream_of, device=device)
         self.epoch = 0
         size = len(specs)
         self.histories: list[list[EpochMetrics]] = [[] for _ in range(size)]
@@ -177,6 +189,10 @@ class StackedRun:
         self._vmapped_loss = torch.vmap(self._member_loss, in_dims=(0, 0, 0, 0, 0, None))
         self._vmapped_predict = torch.vmap(self._member_predict, in_dims=(0, 0, 0))
         self._vmapped_center_update = torch.vmap(_center_update, in_dims=(0, 0, None, 0))
+        # The same, where each member has its own inputs and labels (several seeds).
+        self._vmapped_encoder_each = torch.vmap(self._member_encode, in_dims=(0, 0, 0))
+        self._vmapped_loss_each = torch.vmap(self._member_loss, in_dims=(0, 0, 0, 0, 0, 0))
+        self._vmapped_center_update_each = torch.vmap(_center_update, in_dims=(0, 0, 0, 0))
 
     # ----------------------------------------------------------------------------------
     # Construction
@@ -217,17 +233,17 @@ class StackedRun:
     def _restore(self, checkpoints: Sequence[dict[str, Any]]) -> None:
         first = checkpoints[0]
         saved = [c["optimizer"] for c in checkpoints]
+        # The moments stacked (new tensors); the rest (the step) copied from the first.
+        own = optimizer_state(first["optimizer"])
         state: dict[int, dict[str, Any]] = {}
-        for index, entry in first["optimizer"]["state"].items():
+        for index, entry in own["state"].items():
             state[index] = {
                 name: torch.stack([s["state"][index][name] for s in saved])
                 if name in _ADAM_MOMENTS
                 else value
                 for name, value in entry.items()
             }
-        self.optimizer.load_state_dict(
-            {"state": state, "param_groups": first["optimizer"]["param_groups"]}
-        )
+        self.optimizer.load_state_dict({"state": state, "param_groups": own["param_groups"]})
         self.epoch = int(first["epoch"])
         for i, ckpt in enumerate(checkpoints):
             self.histories[i] = [EpochMetrics(**m) for m in ckpt["history"]]
@@ -238,7 +254,8 @@ class StackedRun:
             )
             self.test_accuracy[i] = best["test_accuracy"]
             self.best_state[i] = best["model"]
-        restore_rng(first, self.shuffle, self.device)
+        for stream, shuffle in enumerate(self.shuffles):
+            restore_rng(checkpoints[self.stream_of.index(stream)], shuffle, self.device)
 
     @property
     def size(self) -> int:
@@ -306,11 +323,13 @@ class StackedRun:
         return loss, sim
 
     def _stacked_loss(self, h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(losses (M,), similarities (M, N, K)) of every member at once: the head's own
-        functional form on the stack, for heads that take one (``stacks_without_vmap``);
-        what ``vmap(_member_loss)`` computes, without vmap's per-operation cost."""
+        """(losses (M,), similarities (M, N, K)) of every member at once, from labels y
+        shared (N,) or each member's own (M, N): the head's own functional form on the
+        stack, for heads that take one (``stacks_without_vmap``); what
+        ``vmap(_member_loss)`` computes, without vmap's per-operation cost."""
         if not losses.LOSSES[self.loss_name].stacks_without_vmap:
-            return self._vmapped_loss(self.params, self.buffers, self.lam, self.one_minus_lam, h, y)
+            vmapped = self._vmapped_loss if y.dim() == 1 else self._vmapped_loss_each
+            return vmapped(self.params, self.buffers, self.lam, self.one_minus_lam, h, y)
         # The same member function, given the whole stack (h (M, N, H), lambdas (M, 1)).
         return self._member_loss(self.params, self.buffers, self.lam.unsqueeze(1),
                                  self.one_minus_lam.unsqueeze(1), h, y)
@@ -321,15 +340,41 @@ class StackedRun:
     # ----------------------------------------------------------------------------------
     # Training and evaluation
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Every member's representations of the shared inputs x: (M, N, hidden).
+    def encode(self, x: torch.Tensor, per_member: bool = False) -> torch.Tensor:
+        """Every member's representations of the shared inputs x (N, ...), or of each
+        member's own inputs x (M, N, ...) where ``per_member``: (M, N, hidden).
 
-        The FFNN runs as batched matrix products (its first layer as one product for all
-        members); other encoders run under ``vmap``.
+        The FFNN runs as batched matrix products (its first layer, on shared inputs, as one
+        product for all members); other encoders run under ``vmap``.
         """
         if self._mlp is not None:
-            return _mlp_forward(self._mlp, self.params, x)
-        return self._vmapped_encoder(self.params, self.buffers, x)
+            return _mlp_forward(self._mlp, self.params, x, shared=not per_member)
+        vmapped = self._vmapped_encoder_each if per_member else self._vmapped_encoder
+        return vmapped(self.params, self.buffers, x)
+
+    def _steps(self, batch_size: int) -> tuple[torch.Tensor, Iterator[tuple[int, torch.Tensor, torch.Tensor]]]:
+        """A pass's labels in its order ((n,) shared by every member, or (M, n)) and its
+        steps (start, inputs, labels): shared inputs (N, ...) and labels (N,) where the
+        group has one stream, else each member's (M, N, ...) and (M, N)."""
+        data = self.data
+        n = len(data.y_train)
+        streams = [Batches(data.x_train, data.y_train, self.device, batch_size,
+                           torch.randperm(n, generator=shuffle)) for shuffle in self.shuffles]
+        if len(streams) == 1:
+            return streams[0].labels, iter(streams[0])
+        # Members in stream order with one member per stream need no gather of the stack.
+        each = self.stream_of != list(range(len(streams)))
+        labels = torch.stack([s.labels for s in streams])
+        if each:
+            labels = labels.index_select(0, self._stream_index)
+
+        def steps() -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+            for parts in zip(*streams, strict=True):
+                start, stop = parts[0][0], parts[0][0] + len(parts[0][2])
+                x = torch.stack([xb for _, xb, _ in parts])
+                yield start, x.index_select(0, self._stream_index) if each else x, labels[:, start:stop]
+
+        return labels, steps()
 
     def train_pass(
         self, callbacks: Sequence[GroupCallback] = ()
@@ -344,16 +389,17 @@ class StackedRun:
         n = len(data.y_train)
         check_labels(data.y_train, n, data.num_classes)
         batch_size = self.specs[0].batch_size
-        batches = Batches(data.x_train, data.y_train, self.device, batch_size,
-                          torch.randperm(n, generator=self.shuffle))
+        labels, steps = self._steps(batch_size)
+        per_member = labels.dim() == 2
+        center_update = self._vmapped_center_update_each if per_member else self._vmapped_center_update
         # Per step kept on the device, added up at the end of the pass, as the solo loop does.
         losses: list[torch.Tensor] = []
         predicted = torch.empty(self.size, n, dtype=torch.int64, device=self.device)
         optimizer = self.optimizer
-        for step, (start, xb, yb) in enumerate(batches):
+        for step, (start, xb, yb) in enumerate(steps):
             optimizer.zero_grad(set_to_none=True)
             with autocast(self.device, self.precision):
-                h = self.encode(xb)
+                h = self.encode(xb, per_member)
             loss, sim = self._stacked_loss(h, yb)
             # d(sum_m L_m)/d(theta_m) = dL_m/d(theta_m): each member gets its own gradient.
             loss.sum().backward()
@@ -361,14 +407,12 @@ class StackedRun:
             if self.loss_name == "center":
                 with torch.no_grad():
                     centers = self.buffers["head.centers"]
-                    self.buffers["head.centers"] = self._vmapped_center_update(
-                        centers, h.detach(), yb, self.alpha
-                    )
+                    self.buffers["head.centers"] = center_update(centers, h.detach(), yb, self.alpha)
             losses.append(loss.detach())
             torch.argmax(sim.detach(), 2, out=predicted[:, start : start + batch_size])
             if any(cb.on_batch_end(step) for cb in callbacks):
                 return None
-        total_loss, correct = pass_totals(torch.stack(losses), predicted, batches.labels, batch_size)
+        total_loss, correct = pass_totals(torch.stack(losses), predicted, labels, batch_size)
         return total_loss.tolist(), [int(c) for c in correct.tolist()]
 
     @torch.inference_mode()
@@ -458,7 +502,7 @@ class StackedRun:
         optimizer = make_optimizer(model, self.specs[i].lr)
         optimizer.load_state_dict(self.member_optimizer_state(i))
         shuffle = torch.Generator().manual_seed(self.specs[i].seed)
-        shuffle.set_state(self.shuffle.get_state())
+        shuffle.set_state(self.shuffles[self.stream_of[i]].get_state())
         return Run(
             spec=self.specs[i],
             data=self.data,
@@ -495,8 +539,11 @@ def _check_checkpoints(
                 f"checkpoint {i} is at epoch {ckpt['epoch']}, checkpoint 0 at {first['epoch']}; "
                 "a group resumes only from checkpoints of the same epoch"
             )
-        if not torch.equal(ckpt["rng"]["shuffle"], first["rng"]["shuffle"]):
-            raise ValueError(f"checkpoint {i} has another data order than checkpoint 0")
+        seed = specs[i].seed
+        same_seed = next(j for j, s in enumerate(specs) if s.seed == seed)
+        if not torch.equal(ckpt["rng"]["shuffle"], checkpoints[same_seed]["rng"]["shuffle"]):
+            raise ValueError(f"checkpoint {i} has another data order than checkpoint {same_seed}, "
+                             f"of the same seed {seed}")
         steps = {k: v["step"] for k, v in ckpt["optimizer"]["state"].items()}
         first_steps = {k: v["step"] for k, v in first["optimizer"]["state"].items()}
         if steps.keys() != first_steps.keys() or any(

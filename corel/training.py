@@ -36,6 +36,7 @@ from corel.checkpoints import (
     checkpoint_to_bytes,
     cpu_state,
     model_from_checkpoint,
+    optimizer_state,
     restore_rng,
     rng_state,
 )
@@ -268,9 +269,10 @@ def pass_totals(
     losses: torch.Tensor, predicted: torch.Tensor, labels: torch.Tensor, batch_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed loss, correct) of a pass from its per-step batch means ``losses`` (steps,
-    ...) and its predictions ``predicted`` (..., n) of the rows ``labels`` (n,), in order:
-    each batch mean times its batch's size, added up in float64 (as Python floats would)."""
-    n = labels.shape[0]
+    ...) and its predictions ``predicted`` (..., n) of the rows ``labels`` (n,) or (..., n),
+    in order: each batch mean times its batch's size, added up in float64 (as Python floats
+    would)."""
+    n = labels.shape[-1]
     sizes = torch.full((losses.shape[0],), float(batch_size), dtype=torch.float64, device=losses.device)
     sizes[-1] = n - batch_size * (losses.shape[0] - 1)
     weighted = losses.double() * (sizes if losses.dim() == 1 else sizes.unsqueeze(1))
@@ -355,7 +357,7 @@ def make_optimizer(model: Classifier, lr: float) -> torch.optim.Adam:
 
 def _restore(run: Run, ckpt: dict[str, Any]) -> None:
     run.model.load_state_dict(ckpt["model"])
-    run.optimizer.load_state_dict(ckpt["optimizer"])
+    run.optimizer.load_state_dict(optimizer_state(ckpt["optimizer"]))
     run.epoch = int(ckpt["epoch"])
     run.history = [EpochMetrics(**m) for m in ckpt["history"]]
     best = ckpt["best"]

@@ -1,5 +1,5 @@
 """The stacked loop: :func:`fit_group` trains a group of specs that differ only in loss
-parameters as one :class:`corel.stacked.StackedRun`, as :func:`corel.training.fit` trains
+parameters and seed as one :class:`corel.stacked.StackedRun`, as :func:`corel.training.fit` trains
 one, with the same guard against runs that do not learn (:mod:`corel.guards`).
 
 The pieces it is made of: which specs go together (:mod:`corel.grouping`), the stacked

@@ -22,7 +22,8 @@ router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=SweepQueued,
              dependencies=[AuthDep], summary="Create and queue every experiment of a grid")
 def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: SettingsDep):
-    sweep, groups = sweeps_service.create_sweep(session, body, settings.max_sweep_size)
+    sweep, groups = sweeps_service.create_sweep(session, body, settings.max_sweep_size,
+                                                settings.max_group_size)
     require_available(settings, sweeps_service.builtin_datasets(session, sweep.id))
     # Committed before sending, as for a single experiment: workers must find the rows.
     answer = SweepQueued(id=sweep.id, size=sweep.size, groups=len(groups))

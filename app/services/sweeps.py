@@ -65,7 +65,8 @@ def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:
     return members
 
 
-def create_sweep(session: Session, body: SweepCreate, limit: int) -> tuple[Sweep, list[list[int]]]:
+def create_sweep(session: Session, body: SweepCreate, limit: int,
+                 group_limit: int) -> tuple[Sweep, list[list[int]]]:
     """Rows for the sweep and its members; returns the id groups to queue together."""
     members = expand(body, limit)
     sweep = Sweep(base=body.base, grid=body.grid, lam_by_loss=body.lam_by_loss, size=len(members),
@@ -77,7 +78,7 @@ def create_sweep(session: Session, body: SweepCreate, limit: int) -> tuple[Sweep
         exp.sweep_id = sweep.id
     session.flush()
     if body.vectorize:
-        groups = group_specs([m.to_spec() for m in members])
+        groups = group_specs([m.to_spec() for m in members], group_limit)
     else:
         groups = [[i] for i in range(len(members))]
     return sweep, [[experiments[i].id for i in group] for group in groups]

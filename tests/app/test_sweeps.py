@@ -37,12 +37,12 @@ def sweep(client, worker, workers):
     assert r.status_code == 202, r.text
     queued = r.json()
     assert queued["size"] == 8
-    # Same loss and seed, different lambdas: 4 stacked groups of 2.
-    assert queued["groups"] == 4
+    # Same loss, different lambdas and seeds: 2 stacked groups of 4.
+    assert queued["groups"] == 2
     body = wait_sweep(client, queued["id"], workers=workers)
     assert body["counts"]["succeeded"] == 8, (body, workers.logs())
     # The worker really trained the groups stacked (corel.vectorized), not one by one.
-    assert workers.logs(tail=None).count("training a stacked group") >= 4
+    assert workers.logs(tail=None).count("training a stacked group") >= 2
     return body
 
 
@@ -128,6 +128,15 @@ def test_cancel_stops_queued_members(settings):
         assert c.get(f"/sweeps/{sid}").json()["counts"]["queued"] == 3
         body = c.post(f"/sweeps/{sid}/cancel").json()
         assert body["counts"]["cancelled"] == 3 and body["finished"]
+
+
+def test_a_group_past_its_limit_is_split(settings):
+    """COREL_MAX_GROUP_SIZE: 2 lambdas x 3 seeds in groups of at most 3 (no group of 6)."""
+    idle = settings.model_copy(update={"queue": "corel-nobody-listens", "max_group_size": 3})
+    with TestClient(create_app(idle)) as c:
+        r = c.post("/sweeps", json={"base": BASE, "grid": {"lam": [0.2, 0.5], "seed": [0, 1, 2]}})
+        assert r.status_code == 202 and r.json()["size"] == 6 and r.json()["groups"] == 2, r.text
+        c.post(f"/sweeps/{r.json()['id']}/cancel")
 
 
 def test_cce_is_not_repeated_per_lambda(settings):

@@ -76,6 +76,10 @@ def test_resume_from_checkpoint_is_bit_identical(digits, loss):
     assert [m.val_accuracy for m in whole.history] == [m.val_accuracy for m in resumed.history]
     assert [m.train_loss for m in whole.history] == [m.train_loss for m in resumed.history]
     assert (whole.best_epoch, whole.test_accuracy) == (resumed.best_epoch, resumed.test_accuracy)
+    # The resume left the checkpoint as it was (Adam stepped copies of its moments), so a
+    # second resume from the same dict (a retry) ends as the first.
+    again = fit(spec, data=digits, checkpoint=ckpt)
+    assert_same_weights(weights(whole.model), weights(again.model))
 
 
 def test_resume_restores_dropout_rng():

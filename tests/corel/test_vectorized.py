@@ -193,6 +193,44 @@ def test_members_end_as_if_trained_alone(digits64, name):
                 assert gap > 1e-3, (i, j, gap)
 
 
+# Each sweep's members given seeds: members of one seed beside members of another (each
+# member then gathers its seed's batch), or one member per seed in order (cce, learned-gamma:
+# the streams' batches are the members' own).
+SEEDED = {"gaussian": [1, 0, 1], "center": [2, 0, 2], "cosine": [0, 1, 1], "cce": [0, 1],
+          "learned-gamma": [3, 0]}
+
+
+def seeded(name):
+    return [s.model_copy(update={"seed": seed}) for s, seed in zip(sweep(name), SEEDED[name], strict=True)]
+
+
+@pytest.mark.parametrize("name", list(SEEDED))
+def test_members_of_several_seeds_end_as_if_trained_alone(digits64, name):
+    """A group may mix seeds: each member starts from its seed's weights and trains on its
+    seed's batch order, so it ends as its solo run (the checkpoint's data order included)."""
+    specs = seeded(name)
+    keep = KeepGroup()
+    results = fit_group(specs, [keep], data=digits64)
+    for i, (spec, result) in enumerate(zip(specs, results, strict=True)):
+        alone, last = solo(spec, digits64)
+        assert_same_checkpoint(keep.saved[i], last)
+        assert_same_history(result.history, alone.history)
+        assert (result.best_epoch, result.test_accuracy) == (alone.best_epoch, alone.test_accuracy)
+        torch.testing.assert_close(result.model.state_dict(), alone.model.state_dict(), **TOL)
+
+
+def test_cnn_members_of_several_seeds_match_solo_runs(digits64):
+    """The generic (vmapped) encoder on each member's own batches."""
+    specs = [ExperimentSpec(dataset="digits", model="cnn", loss="gaussian", lam=lam, seed=seed,
+                            epochs=2, lr=1e-3) for lam, seed in ((0.8, 1), (0.6, 0), (0.7, 1))]
+    keep = KeepGroup(epoch=2)
+    fit_group(specs, [keep], data=digits64)
+    for spec, ckpt in zip(specs, keep.saved, strict=True):
+        want = Keep(epoch=2)
+        fit(spec, [want], data=digits64)
+        assert_same_checkpoint(ckpt, want.saved)
+
+
 @pytest.mark.parametrize("scale", [0.5, 1.001])
 def test_a_wrongly_scaled_member_gradient_is_caught(digits64, monkeypatch, scale):
     """The equivalence test above can fail: scale member 1's gradient before each Adam step.
@@ -332,8 +370,9 @@ def test_a_member_checkpoint_resumes_alone(digits64, name):
         )
 
 
-def test_a_group_restarts_from_member_checkpoints(digits):
-    specs = sweep("center")
+@pytest.mark.parametrize("seeds", ["one seed", "several seeds"])
+def test_a_group_restarts_from_member_checkpoints(digits, seeds):
+    specs = sweep("center") if seeds == "one seed" else seeded("center")
     whole = KeepGroup()
     fit_group(specs, [whole], data=digits)
     first = KeepGroup(epoch=2, stop=True)
@@ -350,6 +389,12 @@ def test_a_group_restarts_from_member_checkpoints(digits):
     for result, want in zip(results, whole.saved, strict=True):
         assert result.best_epoch == want["best"]["epoch"]
         assert result.test_accuracy == want["best"]["test_accuracy"]
+    if seeds == "several seeds":  # each seed's data order was restored; a member given
+        # another seed's (seed 0's, to a seed-2 member) is refused
+        forged = {**first.saved[2], "rng": {**first.saved[2]["rng"], "shuffle": first.saved[1]["rng"]["shuffle"]}}
+        with pytest.raises(ValueError, match="checkpoint 2 has another data order than checkpoint 0, of "
+                                             "the same seed 2"):
+            StackedRun.start(specs, digits, checkpoints=[*first.saved[:2], forged])
 
 
 def test_restart_refuses_checkpoints_it_cannot_continue(digits):
@@ -394,16 +439,16 @@ def test_callbacks_stop_the_group_between_batches(digits):
     assert group.run_epoch([Cancel()]) is None and group.epoch == 0
 
 
-def test_group_key_puts_only_loss_parameter_sweeps_together():
+def test_group_key_puts_only_loss_parameter_and_seed_sweeps_together():
     base = ExperimentSpec(dataset="fashion-mnist", loss="gaussian", lam=0.5, seed=3)
     same = [
         base.model_copy(update={"lam": 0.9}),
         base.model_copy(update={"gamma": 2.0, "alpha": 0.5}),
+        base.model_copy(update={"seed": 4, "lam": 0.7}),
         base.model_copy(update={"dataset_path": "/elsewhere/fashion"}),  # only a location
     ]
     assert all(group_key(s) == group_key(base) for s in same)
     for update in (
-        {"seed": 4},
         {"batch_size": 64},
         {"loss": "cosine"},
         {"model": "cnn"},
@@ -440,14 +485,27 @@ def test_group_specs_keeps_order_and_leaves_the_rest_alone():
         g.model_copy(update={"seed": 1, "lam": 0.2}),
         g.model_copy(update={"loss": "center", "alpha": 0.9}),
     ]
-    assert group_specs(specs) == [[0, 3], [1, 6], [2], [4, 7], [5]]
+    # A group's members of one seed come together, seeds in order of first appearance.
+    assert group_specs(specs) == [[0, 3, 1, 6], [2], [4, 7], [5]]
     assert group_specs([]) == []
+
+
+def test_group_specs_splits_a_group_past_its_limit_keeping_seeds_whole():
+    g = ExperimentSpec(dataset="digits", loss="gaussian")
+    specs = [g.model_copy(update={"lam": lam, "seed": seed})
+             for lam in (0.2, 0.4, 0.6) for seed in (5, 1, 7)]
+    assert group_specs(specs) == [[0, 3, 6, 1, 4, 7, 2, 5, 8]]
+    assert group_specs(specs, max_members=3) == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    assert group_specs(specs, max_members=4) == [[0, 3, 6, 1], [4, 7, 2, 5], [8]]
+    with pytest.raises(ValueError, match="at least 1"):
+        group_specs(specs, max_members=0)
 
 
 def test_fit_group_refuses_specs_that_cannot_be_stacked(digits):
     g = ExperimentSpec(dataset="digits", epochs=1)
-    with pytest.raises(ValueError, match="seed"):
-        fit_group([g, g.model_copy(update={"seed": 1})], data=digits)
+    with pytest.raises(ValueError, match="differs from spec 0 in batch_size; only lam, gamma, "
+                                         "alpha and seed may differ"):
+        fit_group([g, g.model_copy(update={"batch_size": 64})], data=digits)
     with pytest.raises(ValueError, match="at least one"):
         fit_group([], data=digits)
 
