@@ -219,8 +219,17 @@ def test_members_of_several_seeds_end_as_if_trained_alone(digits64, name):
         torch.testing.assert_close(result.model.state_dict(), alone.model.state_dict(), **TOL)
 
 
-def test_cnn_members_of_several_seeds_match_solo_runs(digits64):
-    """The generic (vmapped) encoder on each member's own batches."""
+@pytest.fixture(params=["member by member", "vmap"])
+def encoder_path(request, monkeypatch):
+    """Other encoders than the FFNN run member by member on a CPU and under vmap on a GPU:
+    both, here on the CPU."""
+    if request.param == "vmap":
+        monkeypatch.setattr(corel.stacked, "ENCODER_LOOP_DEVICES", ())
+    return request.param
+
+
+def test_cnn_members_of_several_seeds_match_solo_runs(digits64, encoder_path):
+    """The generic encoder on each member's own batches."""
     specs = [ExperimentSpec(dataset="digits", model="cnn", loss="gaussian", lam=lam, seed=seed,
                             epochs=2, lr=1e-3) for lam, seed in ((0.8, 1), (0.6, 0), (0.7, 1))]
     keep = KeepGroup(epoch=2)
@@ -331,7 +340,7 @@ def test_the_ffnn_fast_path_is_the_vmapped_encoder(digits):
         torch.testing.assert_close(fast[i], member(x))
 
 
-def test_the_generic_vmap_path_matches_solo_runs_cnn(digits64):
+def test_the_generic_path_matches_solo_runs_cnn(digits64, encoder_path):
     specs = [
         ExperimentSpec(dataset="digits", model="cnn", loss="gaussian", lam=lam, epochs=2, lr=1e-3)
         for lam in (0.4, 0.8)
