@@ -3,12 +3,17 @@
 MNIST and Fashion-MNIST, the CNN, the four losses at the paper's tuned lambdas
 (``corel.report.PAPER_TABLE2``; CCE has none), several seeds, 150 epochs, Adam at 1e-4,
 batch 128, test accuracy at the best-validation epoch: what ``corel.training.fit`` does,
-the code a worker runs. A seed changes the batch order, so runs of different seeds do not
-stack (:mod:`corel.grouping`); instead every run is a process of its own on the same
-device, all at once, which keeps a GPU busy that one small CNN's step leaves mostly idle.
+the code a worker runs. Every run is a process of its own on the same device, all at once,
+which keeps a GPU busy that one small CNN's step leaves mostly idle; with
+``--stack-seeds`` the seeds of a row train as one stacked group instead
+(``corel.vectorized.fit_group``, each seed with its own batch order: a worker trains a
+sweep's seeds so), a process per row, a third as many processes for the GPU to switch
+between, each launching a third as many kernels per member. A group that fails falls back
+to its runs one process each.
 
     python bench/cnn_rows.py launch --out rows.jsonl [--seeds 0 1 2] [--epochs 150]
         [--datasets mnist fashion-mnist] [--stop-after SECONDS] [--precision-check]
+        [--stack-seeds]
     python bench/cnn_rows.py table rows.jsonl        # the Markdown for docs/reproduction.md
 
 Each process appends a JSON line to ``--out`` after every epoch and a final one with the
@@ -41,7 +46,8 @@ from corel.guards import NotLearningError
 from corel.progress import Callback, EpochMetrics
 from corel.report import PAPER_CLUSTERING, PAPER_TABLE1, PAPER_TABLE2
 from corel.spec import ExperimentSpec
-from corel.training import embed_all, fit
+from corel.training import FitResult, embed_all, fit
+from corel.vectorized import GroupCallback, fit_group
 
 LOSSES = ("cce", "center", "cosine", "gaussian")
 TITLES = {"cce": "CCE", "center": "Center", "cosine": "Cosine-COREL", "gaussian": "Gaussian-COREL"}
@@ -84,6 +90,18 @@ class Progress(Callback):
         return self.stop_at is not None and time.time() >= self.stop_at
 
 
+class GroupProgress(GroupCallback):
+    """:class:`Progress` for a stacked group: a line per member and epoch."""
+
+    def __init__(self, out: Path, names: list[str], stop_at: float | None) -> None:
+        self.out, self.names, self.stop_at = out, names, stop_at
+
+    def on_epoch_end(self, metrics: list[EpochMetrics], group: Any) -> bool:
+        for name, m in zip(self.names, metrics, strict=True):
+            append(self.out, {"job": name, **m.to_dict()})
+        return self.stop_at is not None and time.time() >= self.stop_at
+
+
 def append(out: Path, row: dict[str, Any]) -> None:
     # One write of one line to a file opened for appending: lines of processes that write
     # at once do not interleave.
@@ -97,23 +115,83 @@ def run_one(fields: dict[str, Any], out: Path, stop_at: float | None, data_dir: 
     spec = ExperimentSpec(**fields)
     data = load_dataset(spec, data_dir)
     started = time.perf_counter()
-    row: dict[str, Any] = {"job": name, "final": True, **fields}
     try:
         result = fit(spec, [Progress(out, name, stop_at)], data=data)
     except NotLearningError as exc:
-        append(out, {**row, "failed": str(exc), "wall_s": time.perf_counter() - started})
+        append(out, {"job": name, "final": True, **fields, "failed": str(exc),
+                     "wall_s": time.perf_counter() - started})
         return
-    row.update(test_accuracy=result.test_accuracy, best_epoch=result.best_epoch,
-               epochs_done=len(result.history), wall_s=time.perf_counter() - started,
-               device=str(result.run.device), precision_used=result.run.precision,
-               gpu=torch.cuda.get_device_name(result.run.device) if result.run.device.type == "cuda" else None,
-               seconds_per_epoch=statistics.median(m.seconds for m in result.history))
+    append(out, final_row(fields, result, time.perf_counter() - started, stop_at))
+
+
+def run_group(members: list[dict[str, Any]], out: Path, stop_at: float | None,
+              data_dir: str | None) -> None:
+    """The members (one row's seeds) as one stacked group; if the group fails, each member
+    in a process of its own (the plain launch), so that a fault of the stacked path costs
+    time, not the row."""
+    torch.set_num_threads(1)
+    names = [job_name(fields) for fields in members]
+    specs = [ExperimentSpec(**fields) for fields in members]
+    started = time.perf_counter()
+    try:
+        data = load_dataset(specs[0], data_dir)
+        results = fit_group(specs, [GroupProgress(out, names, stop_at)], data=data)
+    except Exception as exc:  # any fault: the runs go on alone
+        print(f"stacked group {names} failed ({type(exc).__name__}: {exc}); its runs go on alone",
+              flush=True)
+        wait_all([(name, start_one(fields, out, stop_at, data_dir)) for name, fields in zip(names, members, strict=True)])
+        return
+    wall = time.perf_counter() - started
+    for fields, result in zip(members, results, strict=True):
+        if result.failed:
+            append(out, {"job": job_name(fields), "final": True, **fields, "failed": result.failed,
+                         "wall_s": wall, "stacked": len(members)})
+        else:
+            append(out, {**final_row(fields, result, wall, stop_at), "stacked": len(members)})
+
+
+def final_row(fields: dict[str, Any], result: FitResult, wall: float, stop_at: float | None) -> dict[str, Any]:
+    """A run's final line: its test accuracy at the best-validation epoch, how long it
+    trained and where, and (a CNN) the K-Means scores of its test latent space."""
+    run = result.run
+    row: dict[str, Any] = {
+        "job": job_name(fields), "final": True, **fields, "test_accuracy": result.test_accuracy,
+        "best_epoch": result.best_epoch, "epochs_done": len(result.history), "wall_s": wall,
+        "device": str(run.device), "precision_used": run.precision,
+        "gpu": torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else None,
+        "seconds_per_epoch": statistics.median(m.seconds for m in result.history)}
     if fields["model"] == "cnn" and (stop_at is None or time.time() < stop_at + 60):
-        h = embed_all(result.model, result.run.data.x_test).float().cpu().numpy()
-        y = result.run.data.y_test.cpu().numpy()
-        scores = evaluate_clustering(h, y, metric=default_metric(spec.loss), algorithms=("kmeans",))
+        h = embed_all(result.model, run.data.x_test).float().cpu().numpy()
+        y = run.data.y_test.cpu().numpy()
+        scores = evaluate_clustering(h, y, metric=default_metric(result.spec.loss), algorithms=("kmeans",))
         row["clustering"] = {k: v for k, v in scores["kmeans"].items() if isinstance(v, (int, float))}
-    append(out, row)
+    return row
+
+
+def start_one(fields: dict[str, Any] | list[dict[str, Any]], out: Path, stop_at: float | None,
+              data_dir: str | None, command: str = "run") -> subprocess.Popen[bytes]:
+    """This script's ``run`` (or ``run-group``, ``fields`` a list) in a process of its own."""
+    cmd = [sys.executable, __file__, command, "--out", str(out), "--fields", json.dumps(fields)]
+    if stop_at:
+        cmd += ["--stop-at", str(stop_at)]
+    if data_dir:
+        cmd += ["--data-dir", data_dir]
+    return subprocess.Popen(cmd)
+
+
+def wait_all(procs: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
+    for name, proc in procs:
+        if proc.wait() != 0:
+            print(f"{name}: exit status {proc.returncode}", flush=True)
+
+
+def by_row(todo: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The runs grouped by everything but the seed: a row's seeds."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for fields in todo:
+        rows.setdefault(json.dumps({k: v for k, v in fields.items() if k != "seed"}, sort_keys=True),
+                        []).append(fields)
+    return list(rows.values())
 
 
 def launch(args: argparse.Namespace) -> None:
@@ -121,20 +199,14 @@ def launch(args: argparse.Namespace) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     todo = jobs(args.datasets, args.seeds, args.epochs, args.precision_check, args.train_subset)
     stop_at = time.time() + args.stop_after if args.stop_after else None
-    print(f"{len(todo)} runs at once on {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}"
+    rows = by_row(todo) if args.stack_seeds else [[fields] for fields in todo]
+    print(f"{len(todo)} runs in {len(rows)} processes at once on "
+          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}"
           + (f", stopping any still training after {args.stop_after:.0f} s" if stop_at else ""), flush=True)
     started = time.perf_counter()
-    procs = []
-    for fields in todo:
-        cmd = [sys.executable, __file__, "run", "--out", str(out), "--fields", json.dumps(fields)]
-        if stop_at:
-            cmd += ["--stop-at", str(stop_at)]
-        if args.data_dir:
-            cmd += ["--data-dir", args.data_dir]
-        procs.append((job_name(fields), subprocess.Popen(cmd)))
-    for name, proc in procs:
-        if proc.wait() != 0:
-            print(f"{name}: exit status {proc.returncode}", flush=True)
+    wait_all([(job_name(members[0]), start_one(members[0], out, stop_at, args.data_dir)) if len(members) == 1
+              else ("+".join(job_name(f) for f in members),
+                    start_one(members, out, stop_at, args.data_dir, "run-group")) for members in rows])
     print(f"all {len(todo)} runs ended after {time.perf_counter() - started:.0f} s", flush=True)
     print(table(out))
 
@@ -215,12 +287,15 @@ def main() -> None:
     p.add_argument("--stop-after", type=float, default=None)
     p.add_argument("--precision-check", action="store_true")
     p.add_argument("--train-subset", type=int, default=None, help="a smoke test's smaller training set")
+    p.add_argument("--stack-seeds", action="store_true", help="a row's seeds as one stacked group")
     p.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
-    p = sub.add_parser("run", help="one run (launch starts these)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--fields", required=True)
-    p.add_argument("--stop-at", type=float, default=None)
-    p.add_argument("--data-dir", default=None)
+    for command, what in (("run", "one run (launch starts these)"),
+                          ("run-group", "a row's seeds stacked (launch --stack-seeds starts these)")):
+        p = sub.add_parser(command, help=what)
+        p.add_argument("--out", required=True)
+        p.add_argument("--fields", required=True)
+        p.add_argument("--stop-at", type=float, default=None)
+        p.add_argument("--data-dir", default=None)
     p = sub.add_parser("table", help="the Markdown of a results file")
     p.add_argument("path")
     args = parser.parse_args()
@@ -228,6 +303,8 @@ def main() -> None:
         launch(args)
     elif args.command == "run":
         run_one(json.loads(args.fields), Path(args.out), args.stop_at, args.data_dir)
+    elif args.command == "run-group":
+        run_group(json.loads(args.fields), Path(args.out), args.stop_at, args.data_dir)
     else:
         print(table(Path(args.path)))
 

@@ -3,7 +3,8 @@
 #   1. the benchmarks on the GPU while it is quiet (train_throughput fp32 and bf16,
 #      sweep_throughput), each against the GPU's own matrix-product rates;
 #   2. the paper's CNN rows (bench/cnn_rows.py: MNIST and Fashion-MNIST, the four losses,
-#      3 seeds, 150 epochs, one process each) with the bf16 check beside them, and
+#      3 seeds, 150 epochs; a row's seeds stacked in one process, STACK_SEEDS=0: one
+#      process per run, as on 2026-11-26) with the bf16 check beside them, and
 #      `make test-gpu` while they train; runs still training when the budget ends stop
 #      there and say how many epochs they had.
 # Usage: bench/on_gpu.sh OUT_DIR [BUDGET_SECONDS]   (from the repository root; the data
@@ -37,6 +38,9 @@ if [ "${BENCH:-1}" != 0 ]; then
         echo "== train_throughput fp32"; timeout 150 "$PY" bench/train_throughput.py --device cuda
         echo "== train_throughput bf16"; timeout 120 "$PY" bench/train_throughput.py --device cuda --precision bf16
         echo "== sweep_throughput"; timeout 150 "$PY" bench/sweep_throughput.py --device cuda
+        # The CNN rows' shape: one lambda, 3 seeds stacked (vmap) against one after another.
+        echo "== sweep_throughput CNN seeds"; timeout 120 "$PY" bench/sweep_throughput.py --device cuda \
+            --model cnn --members 1 --seeds 3 --train-subset 12800 --repeats 2
     } >"$OUT/bench.txt" 2>&1
     echo "benchmarks done at $(( $(date +%s) - T0 )) s"
 fi
@@ -61,8 +65,10 @@ echo "MPS: $MPS_ON" | tee -a "$OUT/machine.txt"
 # Leave 45 s for the clustering of the last runs and the table.
 CHECK=--precision-check
 [ "${PRECISION_CHECK:-1}" = 0 ] && CHECK=
-# shellcheck disable=SC2086  # DATASETS: names separated by spaces; CHECK: a flag or nothing
-"$PY" bench/cnn_rows.py launch --out "$OUT/rows.jsonl" --datasets ${DATASETS:-mnist fashion-mnist} $CHECK \
+STACK=--stack-seeds
+[ "${STACK_SEEDS:-1}" = 0 ] && STACK=
+# shellcheck disable=SC2086  # DATASETS: names separated by spaces; CHECK, STACK: a flag or nothing
+"$PY" bench/cnn_rows.py launch --out "$OUT/rows.jsonl" --datasets ${DATASETS:-mnist fashion-mnist} $CHECK $STACK \
     --stop-after $(( $(left) - 45 )) >"$OUT/rows.txt" 2>&1 &
 ROWS=$!
 BIN=$(dirname "$(command -v "$PY")")

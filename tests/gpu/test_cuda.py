@@ -51,6 +51,35 @@ def test_a_stacked_group_on_the_gpu(digits):
     assert group.run_epoch() is not None
 
 
+def test_a_cnn_group_of_several_seeds_on_the_gpu_matches_its_solo_runs_and_never_waits(digits):
+    """The paper's CNN rows' shape (one lambda, several seeds: vmap's grouped convolutions
+    on each seed's own batches): each member ends where its solo GPU run ends (float64,
+    where rounding cannot grow), and no step of the group reads a value back to the host."""
+    from corel.progress import GroupCallback
+    from corel.vectorized import fit_group
+
+    data = digits.astype(torch.float64)
+    specs = [ExperimentSpec(**{**BASE, "model": "cnn", "loss": "gaussian", "epochs": 1, "seed": seed})
+             for seed in (0, 1, 0)]
+
+    class NoWaits(GroupCallback):
+        def on_batch_end(self, step: int) -> bool:
+            torch.cuda.set_sync_debug_mode("error" if 0 < step < 15 else "default")
+            return False
+
+    group = StackedRun.start(specs, data)
+    assert group.device.type == "cuda" and group.data.x_train.device.type == "cuda"
+    try:
+        assert group.train_pass([NoWaits()]) is not None
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    results = fit_group(specs, data=data, chance_epochs=0)
+    for spec, result in zip(specs, results, strict=True):
+        alone = fit(spec, data=data, chance_epochs=0)
+        assert result.run.device.type == "cuda" and result.model.head.W.device.type == "cuda"
+        torch.testing.assert_close(result.model.state_dict(), alone.model.state_dict(), rtol=1e-7, atol=1e-7)
+
+
 def test_a_gpu_checkpoint_serves_on_the_gpu_and_on_the_cpu(digits):
     result = fit(BASE, data=digits)
     blob = checkpoint_to_bytes(result.run.best_checkpoint())
