@@ -22,7 +22,6 @@ then), e.g. the CNN rows' shape: ``--model cnn --members 1 --seeds 3 --train-sub
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import time
@@ -74,14 +73,6 @@ def differences(a: list[dict], b: list[dict]) -> list[float]:
     ]
 
 
-def subset(data: Dataset, rows: int | None) -> Dataset:
-    if rows is None:
-        return data
-    part = copy.copy(data)
-    part.x_train, part.y_train = data.x_train[:rows], data.y_train[:rows]
-    return part
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, default=10)
@@ -90,7 +81,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="seeds per lambda (default 1)")
     parser.add_argument("--model", default="ffnn", choices=["ffnn", "cnn"])
     parser.add_argument("--train-subset", type=int, default=None,
-                        help="train on the first N training images (default: all)")
+                        help="train on N of the training images (the spec's train_subset; default: all)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
@@ -102,10 +93,10 @@ def main() -> None:
     lams = [round((i + 1) / args.members, 4) for i in range(args.members)]
     specs = [
         ExperimentSpec(dataset="fashion-mnist", model=args.model, loss=args.loss, lam=lam,
-                       seed=seed, epochs=1)
+                       seed=seed, epochs=1, train_subset=args.train_subset)
         for seed in range(args.seeds) for lam in lams
     ]
-    data = subset(load_dataset(specs[0], args.data_dir), args.train_subset)
+    data = load_dataset(specs[0], args.data_dir)
     print(
         f"Fashion-MNIST {args.model.upper()} ({args.loss}), {len(specs)} members (lam "
         f"{lams[0]}..{lams[-1]} x {args.seeds} seed(s)), {len(data.y_train)} training samples, "

@@ -70,8 +70,9 @@ _ADAM_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
 # Where encoders other than the FFNN run member by member rather than under vmap. On a CPU,
 # vmap's convolutions of M members (grouped convolutions) took 1.3-1.5x as long as the M
-# members' own (a 3-member CNN group on Fashion-MNIST: 89-119 ms a step against 66 ms);
-# on a GPU one grouped kernel stands for M launches.
+# members' own (a 3-member CNN group on Fashion-MNIST, 2-core AMD EPYC: 0.64-0.77x the speed
+# of its runs one after another, 0.91-1.04x member by member); on a GPU one grouped kernel
+# stands for M launches.
 ENCODER_LOOP_DEVICES = ("cpu",)
 
 Tensors = dict[str, torch.Tensor]
