@@ -86,11 +86,17 @@ def test_a_gpu_checkpoint_serves_on_the_gpu_and_on_the_cpu(digits):
     on_gpu = ServedModel.from_bytes(blob, "cuda")
     assert on_gpu.device.type == "cuda"
     x = digits.x_test[:32].cpu()  # the model's inputs (already prepared)
+    computed_on: list[torch.device] = []
+    hook = on_gpu.model.encoder.register_forward_hook(lambda m, args, out: computed_on.append(out.device))
     h_gpu = on_gpu.embed(x)
-    assert h_gpu.device.type == "cuda"
+    hook.remove()
+    # The rows are computed on the GPU and handed back as float32 on the CPU (embed's
+    # contract: /embed and the batch jobs write them out from there).
+    assert [d.type for d in computed_on] == ["cuda"]
+    assert h_gpu.device.type == "cpu" and h_gpu.dtype == torch.float32
     on_cpu = ServedModel.from_bytes(blob, "cpu")
     assert on_cpu.device.type == "cpu"
-    torch.testing.assert_close(h_gpu.cpu(), on_cpu.embed(x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(h_gpu, on_cpu.embed(x), rtol=1e-4, atol=1e-4)
     # And a CPU checkpoint loads on the GPU.
     cpu_run = fit(BASE, data=digits, device="cpu")
     _, model = model_from_checkpoint(checkpoint_from_bytes(checkpoint_to_bytes(cpu_run.run.best_checkpoint())), "cuda")
