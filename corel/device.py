@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -134,6 +135,61 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+_EXACT_LOCK = threading.Lock()
+_exact_spans = 0  # the blocks under ieee_float32 now, in every thread
+_exact_restore: list[tuple[Any, str, Any]] = []  # (target, attribute, the value before)
+
+
+@contextlib.contextmanager
+def ieee_float32(device: torch.device) -> Iterator[None]:
+    """Float32 products and convolutions in IEEE float32 on a CUDA ``device`` for the span
+    of the block, then the process's own settings back.
+
+    PyTorch lets cuDNN run float32 convolutions in TF32 by default (10 of float32's 23
+    mantissa bits in the inputs), so a "fp32" CNN run on an Ampere or later GPU would record
+    a precision it did not train in, and serve rows further from the CPU's than float32's
+    rounding. A run's ``fp32`` means float32; ``bf16`` is the faster precision on offer.
+    Nothing changes on a CPU, or under autocast (whose bfloat16 products are not float32
+    ones). The settings are the process's: overlapping blocks (threads serving requests)
+    share one span, the first sets them and the last puts them back.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    global _exact_spans
+    with _EXACT_LOCK:
+        if _exact_spans == 0:
+            _exact_restore[:] = _set_ieee_float32()
+        _exact_spans += 1
+    try:
+        yield
+    finally:
+        with _EXACT_LOCK:
+            _exact_spans -= 1
+            if _exact_spans == 0:
+                for target, name, value in _exact_restore:
+                    setattr(target, name, value)
+
+
+def _set_ieee_float32() -> list[tuple[Any, str, Any]]:
+    """Set cuBLAS's and cuDNN's float32 work to IEEE float32; what to put back."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    exact: Any = False
+    targets: tuple[Any, Any] = (matmul, cudnn)
+    name = "allow_tf32"  # the flags every torch release has
+    try:
+        saved = (matmul.allow_tf32, cudnn.allow_tf32)
+    except RuntimeError:
+        # torch >= 2.9 refuses to read them once someone set its per-backend precisions:
+        # then use those.
+        conv: Any = getattr(cudnn, "conv")  # noqa: B009 (not in every torch's stubs)
+        targets, name, exact = (matmul, conv), "fp32_precision", "ieee"
+        saved = (matmul.fp32_precision, conv.fp32_precision)
+    for target in targets:
+        setattr(target, name, exact)
+    return [(target, name, value) for target, value in zip(targets, saved, strict=True)]
 
 
 def device_name(device: torch.device) -> str:

@@ -24,6 +24,7 @@ import torch
 
 from corel.checkpoints import checkpoint_from_bytes, model_from_checkpoint
 from corel.data import prepare_images, prepare_texts, prepare_vectors
+from corel.device import ieee_float32
 from corel.loss_catalog import declaration
 from corel.models import Classifier
 from corel.spec import ExperimentSpec
@@ -101,8 +102,9 @@ class ServedModel:
         dtype: torch.dtype = self._dtype  # type: ignore[attr-defined]
         if x.device != self.device or x.dtype != dtype:
             x = x.to(self.device, dtype)
-        h = self.model.encoder(x)
-        sims = _cpu32(self.model.head.similarities(h)) if similarities else None
+        with ieee_float32(self.device):
+            h = self.model.encoder(x)
+            sims = _cpu32(self.model.head.similarities(h)) if similarities else None
         return _cpu32(h), sims
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +115,8 @@ class ServedModel:
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         """The head's similarity of each representation to each class vector (float32, CPU)."""
         h = h.to(self.device, self.model.head.W.dtype)
-        return self.model.head.similarities(h).float().cpu()
+        with ieee_float32(self.device):
+            return self.model.head.similarities(h).float().cpu()
 
     def embed_all(self, raw: np.ndarray | Sequence[str], batch: int = BATCH) -> np.ndarray:
         """Every row of ``raw``, prepared and embedded ``batch`` rows at a time: (N, dim)."""

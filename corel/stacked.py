@@ -53,7 +53,14 @@ from torch.func import functional_call, stack_module_state
 from corel import losses, similarity
 from corel.checkpoints import check_resumable, cpu_state, optimizer_state, restore_rng
 from corel.data import Dataset
-from corel.device import Batches, autocast, effective_precision, pick_device, to_device
+from corel.device import (
+    Batches,
+    autocast,
+    effective_precision,
+    ieee_float32,
+    pick_device,
+    to_device,
+)
 from corel.fused import gaussian_ar
 from corel.grouping import as_spec, check_group
 from corel.loss_catalog import declaration
@@ -413,22 +420,23 @@ class StackedRun:
         losses: list[torch.Tensor] = []
         predicted = torch.empty(self.size, n, dtype=torch.int64, device=self.device)
         optimizer = self.optimizer
-        for step, (start, xb, yb) in enumerate(steps):
-            optimizer.zero_grad(set_to_none=True)
-            with autocast(self.device, self.precision):
-                h = self.encode(xb, per_member)
-            loss, sim = self._stacked_loss(h, yb)
-            # d(sum_m L_m)/d(theta_m) = dL_m/d(theta_m): each member gets its own gradient.
-            loss.sum().backward()
-            optimizer.step()
-            if self.loss_name == "center":
-                with torch.no_grad():
-                    centers = self.buffers["head.centers"]
-                    self.buffers["head.centers"] = center_update(centers, h.detach(), yb, self.alpha)
-            losses.append(loss.detach())
-            torch.argmax(sim.detach(), 2, out=predicted[:, start : start + batch_size])
-            if any(cb.on_batch_end(step) for cb in callbacks):
-                return None
+        with ieee_float32(self.device):
+            for step, (start, xb, yb) in enumerate(steps):
+                optimizer.zero_grad(set_to_none=True)
+                with autocast(self.device, self.precision):
+                    h = self.encode(xb, per_member)
+                loss, sim = self._stacked_loss(h, yb)
+                # d(sum_m L_m)/d(theta_m) = dL_m/d(theta_m): each member gets its own gradient.
+                loss.sum().backward()
+                optimizer.step()
+                if self.loss_name == "center":
+                    with torch.no_grad():
+                        centers = self.buffers["head.centers"]
+                        self.buffers["head.centers"] = center_update(centers, h.detach(), yb, self.alpha)
+                losses.append(loss.detach())
+                torch.argmax(sim.detach(), 2, out=predicted[:, start : start + batch_size])
+                if any(cb.on_batch_end(step) for cb in callbacks):
+                    return None
         total_loss, correct = pass_totals(torch.stack(losses), predicted, labels, batch_size)
         return total_loss.tolist(), [int(c) for c in correct.tolist()]
 
@@ -440,10 +448,11 @@ class StackedRun:
         was_training = self._template.training
         self._template.eval()
         try:
-            chunks = [self.encode(x[i : i + EVAL_BATCH].to(self.device, non_blocking=True))
-                      for i in range(0, len(x), EVAL_BATCH)]
-            h = torch.cat(chunks, dim=1)
-            preds = self._vmapped_predict(self.params, self.buffers, h)
+            with ieee_float32(self.device):
+                chunks = [self.encode(x[i : i + EVAL_BATCH].to(self.device, non_blocking=True))
+                          for i in range(0, len(x), EVAL_BATCH)]
+                h = torch.cat(chunks, dim=1)
+                preds = self._vmapped_predict(self.params, self.buffers, h)
         finally:
             self._template.train(was_training)
         return (preds == y).float().mean(dim=1).tolist()

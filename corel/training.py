@@ -41,7 +41,14 @@ from corel.checkpoints import (
     rng_state,
 )
 from corel.data import Dataset, load_dataset
-from corel.device import Batches, autocast, effective_precision, pick_device, to_device
+from corel.device import (
+    Batches,
+    autocast,
+    effective_precision,
+    ieee_float32,
+    pick_device,
+    to_device,
+)
 from corel.guards import (
     CHANCE_EPOCHS,
     ChanceGuard,
@@ -134,8 +141,9 @@ def embed_all(model: Classifier, x: torch.Tensor, batch_size: int = EVAL_BATCH) 
     model.eval()
     device = model.head.W.device
     try:
-        return torch.cat([model.encoder(x[i : i + batch_size].to(device, non_blocking=True))
-                          for i in range(0, len(x), batch_size)])
+        with ieee_float32(device):
+            return torch.cat([model.encoder(x[i : i + batch_size].to(device, non_blocking=True))
+                              for i in range(0, len(x), batch_size)])
     finally:
         model.train(was_training)
 
@@ -145,7 +153,9 @@ def accuracy(model: Classifier, x: torch.Tensor, y: torch.Tensor) -> float:
     """Fraction of rows whose argmax similarity is the true class."""
     if len(y) == 0:
         return float("nan")
-    preds = model.head.similarities(embed_all(model, x)).argmax(1)
+    h = embed_all(model, x)
+    with ieee_float32(h.device):
+        preds = model.head.similarities(h).argmax(1)
     return float((preds == y).float().mean())
 
 
@@ -254,13 +264,14 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
     batches = Batches(data.x_train, data.y_train, run.device, batch, torch.randperm(n, generator=run.shuffle))
     losses: list[torch.Tensor] = []
     predicted = torch.empty(n, dtype=torch.int64, device=run.device)
-    for step, (start, xb, yb) in enumerate(batches):
-        loss, sim = _step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
-        losses.append(loss)
-        # Training accuracy from the similarities the loss used (before this step).
-        torch.argmax(sim, 1, out=predicted[start : start + batch])
-        if any(cb.on_batch_end(step) for cb in callbacks):
-            return None
+    with ieee_float32(run.device):
+        for step, (start, xb, yb) in enumerate(batches):
+            loss, sim = _step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
+            losses.append(loss)
+            # Training accuracy from the similarities the loss used (before this step).
+            torch.argmax(sim, 1, out=predicted[start : start + batch])
+            if any(cb.on_batch_end(step) for cb in callbacks):
+                return None
     total_loss, correct = pass_totals(torch.stack(losses), predicted, batches.labels, batch)
     return float(total_loss), int(correct)
 

@@ -13,7 +13,7 @@ from corel.data import load_dataset
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
 from corel.stacked import StackedRun
-from corel.training import fit, start_run, train_pass
+from corel.training import accuracy, fit, start_run, train_pass
 
 pytestmark = pytest.mark.gpu
 
@@ -185,3 +185,67 @@ def test_a_gpu_trained_run_exports_and_runs_under_onnxruntime_on_the_cpu(digits)
     h, sims = session.run(None, {"x": x.numpy()})
     torch.testing.assert_close(torch.from_numpy(h), served.embed(x), rtol=1e-4, atol=1e-4)
     assert sims.shape == (16, digits.num_classes)
+
+
+@pytest.fixture
+def tf32_allowed():
+    """TF32 allowed to cuBLAS and cuDNN (cuDNN's is PyTorch's default), as a user's own
+    process may have it; the process's settings back afterwards."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_ieee_float32_keeps_a_gpu_s_float32_products_and_convolutions_float32(tf32_allowed):
+    """Where TF32 is allowed, this GPU's float32 product and convolution are TF32's (the
+    control: off by more than 1e-4 relative to float64); under ieee_float32 they are
+    float32's (within 1e-5), and the process's settings come back after."""
+    from corel.device import ieee_float32
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a, b = (torch.randn(512, 512, device="cuda", generator=g) for _ in range(2))
+    x = torch.randn(8, 64, 32, 32, device="cuda", generator=g)
+    w = torch.randn(64, 64, 3, 3, device="cuda", generator=g)
+
+    def errors() -> tuple[float, float]:
+        mm, ref_mm = a @ b, a.double() @ b.double()
+        conv = torch.nn.functional.conv2d(x, w, padding=1)
+        ref_conv = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+        return (float((mm - ref_mm).abs().max() / ref_mm.abs().max()),
+                float((conv - ref_conv).abs().max() / ref_conv.abs().max()))
+
+    assert min(errors()) > 1e-4  # TF32 here when allowed
+    with ieee_float32(torch.device("cuda")):
+        assert max(errors()) < 1e-5
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+
+
+def test_fp32_training_evaluation_and_serving_run_in_ieee_float32_on_the_gpu(digits, tf32_allowed):
+    """A fp32 CNN run's steps (forward and backward), its evaluation, a stacked group's
+    steps and the served rows all run with TF32 off, though the process allows it."""
+    seen: list[tuple[str, bool, bool]] = []
+
+    def look(where: str):
+        def hook(*_):
+            seen.append((where, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return hook
+
+    cnn = {**BASE, "model": "cnn", "epochs": 1}
+    run = start_run(cnn, data=digits)
+    assert run.device.type == "cuda" and run.precision == "fp32"
+    first_conv = run.model.encoder.features[0]
+    first_conv.register_forward_pre_hook(look("train forward"))
+    first_conv.register_full_backward_hook(look("train backward"))
+    assert train_pass(run) is not None
+    run.model.encoder.register_forward_pre_hook(look("evaluation"))
+    accuracy(run.model, run.data.x_val, run.data.y_val)
+    group = StackedRun.start([ExperimentSpec(**{**cnn, "seed": s}) for s in (0, 1)], digits)
+    group._template.encoder.register_forward_pre_hook(look("stacked"))
+    assert group.run_epoch() is not None
+    served = ServedModel.from_bytes(checkpoint_to_bytes(run.checkpoint()), "cuda")
+    served.model.encoder.register_forward_pre_hook(look("served"))
+    served.embed(digits.x_test[:16].cpu())
+    assert {where for where, *_ in seen} == {"train forward", "train backward", "evaluation", "stacked", "served"}
+    assert [s for s in seen if s[1] or s[2]] == []
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32  # put back
