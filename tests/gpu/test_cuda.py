@@ -199,7 +199,7 @@ def tf32_allowed():
 
 def test_ieee_float32_keeps_a_gpu_s_float32_products_and_convolutions_float32(tf32_allowed):
     """Where TF32 is allowed, this GPU's float32 product and convolution are TF32's (the
-    control: off by more than 1e-4 relative to float64); under ieee_float32 they are
+    control: off by more than 5e-5 relative to float64); under ieee_float32 they are
     float32's (within 1e-5), and the process's settings come back after."""
     from corel.device import ieee_float32
 
@@ -215,7 +215,7 @@ def test_ieee_float32_keeps_a_gpu_s_float32_products_and_convolutions_float32(tf
         return (float((mm - ref_mm).abs().max() / ref_mm.abs().max()),
                 float((conv - ref_conv).abs().max() / ref_conv.abs().max()))
 
-    assert min(errors()) > 1e-4  # TF32 here when allowed
+    assert min(errors()) > 5e-5  # TF32 here when allowed (about 2^-11 a product)
     with ieee_float32(torch.device("cuda")):
         assert max(errors()) < 1e-5
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
