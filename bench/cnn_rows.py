@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,9 @@ TITLES = {"cce": "CCE", "center": "Center", "cosine": "Cosine-COREL", "gaussian"
 
 
 def jobs(datasets: list[str], seeds: list[int], epochs: int, precision_check: bool,
-         train_subset: int | None = None) -> list[dict[str, Any]]:
-    """Every run's spec fields, the CNN rows first (the longest)."""
+         train_subset: int | None = None, extra_lams: Sequence[tuple[str, float]] = ()) -> list[dict[str, Any]]:
+    """Every run's spec fields, the CNN rows first (the longest); ``extra_lams`` adds, for
+    each dataset, a row of a loss at another lambda than the paper's (marked ``extra``)."""
     out: list[dict[str, Any]] = []
     for dataset in datasets:
         for loss in LOSSES:
@@ -63,6 +65,10 @@ def jobs(datasets: list[str], seeds: list[int], epochs: int, precision_check: bo
             for seed in seeds:
                 out.append({"dataset": dataset, "model": "cnn", "loss": loss, "lam": lam,
                             "seed": seed, "epochs": epochs})
+        for loss, lam in extra_lams:
+            for seed in seeds:
+                out.append({"dataset": dataset, "model": "cnn", "loss": loss, "lam": lam,
+                            "seed": seed, "epochs": epochs, "extra": True})
     if precision_check:
         lam = PAPER_TABLE2[("fashion-mnist", "ffnn")]["gaussian"]
         for seed in seeds:
@@ -75,8 +81,21 @@ def jobs(datasets: list[str], seeds: list[int], epochs: int, precision_check: bo
 
 
 def job_name(fields: dict[str, Any]) -> str:
-    return (f"{fields['dataset']}/{fields['model']}/{fields['loss']}/seed{fields['seed']}"
-            f"/{fields.get('precision', 'fp32')}")
+    loss = f"{fields['loss']}@{fields['lam']:g}" if fields.get("extra") else fields["loss"]
+    return f"{fields['dataset']}/{fields['model']}/{loss}/seed{fields['seed']}/{fields.get('precision', 'fp32')}"
+
+
+def spec_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """A job's fields as an ExperimentSpec takes them (without this script's own marks)."""
+    return {k: v for k, v in fields.items() if k != "extra"}
+
+
+def extra_lam(text: str) -> tuple[str, float]:
+    """``LOSS=LAM`` of --extra-lam."""
+    loss, _, lam = text.partition("=")
+    if loss not in LOSSES or not lam:
+        raise argparse.ArgumentTypeError(f"{text!r}: give LOSS=LAM, LOSS one of {', '.join(LOSSES)}")
+    return loss, float(lam)
 
 
 class Progress(Callback):
@@ -112,7 +131,7 @@ def append(out: Path, row: dict[str, Any]) -> None:
 def run_one(fields: dict[str, Any], out: Path, stop_at: float | None, data_dir: str | None) -> None:
     torch.set_num_threads(1)  # many of these share the machine's cores
     name = job_name(fields)
-    spec = ExperimentSpec(**fields)
+    spec = ExperimentSpec(**spec_fields(fields))
     data = load_dataset(spec, data_dir)
     started = time.perf_counter()
     try:
@@ -131,7 +150,7 @@ def run_group(members: list[dict[str, Any]], out: Path, stop_at: float | None,
     time, not the row."""
     torch.set_num_threads(1)
     names = [job_name(fields) for fields in members]
-    specs = [ExperimentSpec(**fields) for fields in members]
+    specs = [ExperimentSpec(**spec_fields(fields)) for fields in members]
     started = time.perf_counter()
     try:
         data = load_dataset(specs[0], data_dir)
@@ -197,7 +216,7 @@ def by_row(todo: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 def launch(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    todo = jobs(args.datasets, args.seeds, args.epochs, args.precision_check, args.train_subset)
+    todo = jobs(args.datasets, args.seeds, args.epochs, args.precision_check, args.train_subset, args.extra_lam)
     stop_at = time.time() + args.stop_after if args.stop_after else None
     rows = by_row(todo) if args.stack_seeds else [[fields] for fields in todo]
     print(f"{len(todo)} runs in {len(rows)} processes at once on "
@@ -222,13 +241,14 @@ def table(path: Path) -> str:
     """Markdown: the CNN rows (mean +- std over seeds against the paper's Table 1), their
     clustering (Tables 3-4) and the bf16 check, from the final lines of ``path``."""
     rows = finals(path)
-    cells: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    cells: dict[tuple[str, str, float], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["model"] == "cnn":
-            cells[(r["dataset"], r["loss"])].append(r)
+        if r["model"] == "cnn":  # an extra row's lambda keeps it apart from the paper's row
+            cells[(r["dataset"], r["loss"], r["lam"] if r.get("extra") else -1.0)].append(r)
     lines = ["| setting | loss | lambda | test accuracy (%) | seeds | epochs | paper | difference | wall (s) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for (dataset, loss), runs in sorted(cells.items()):
+    for (dataset, loss, extra), runs in sorted(cells.items()):
+        title = TITLES[loss] + (" (extra)" if extra >= 0 else "")
         done = [r for r in runs if r.get("test_accuracy") is not None]
         accs = [100 * r["test_accuracy"] for r in done]
         paper = PAPER_TABLE1.get((dataset, "cnn"), {}).get(loss)
@@ -236,21 +256,21 @@ def table(path: Path) -> str:
         epochs = sorted({r["epochs_done"] for r in done}) or [0]
         span = f"{epochs[0]}" if len(epochs) == 1 else f"{epochs[0]}-{epochs[-1]}"
         if not accs:
-            lines.append(f"| {dataset}/cnn | {TITLES[loss]} | {lam} | did not train | 0 | - | "
+            lines.append(f"| {dataset}/cnn | {title} | {lam} | did not train | 0 | - | "
                          f"{paper if paper is not None else '-'} | - | - |")
             continue
         mean = statistics.mean(accs)
         std = statistics.stdev(accs) if len(accs) > 1 else 0.0
         wall = statistics.median(r["wall_s"] for r in done)
         diff = f"{mean - paper:+.2f}" if paper is not None else "-"
-        lines.append(f"| {dataset}/cnn | {TITLES[loss]} | {lam} | {mean:.2f} +- {std:.2f} | {len(accs)} | "
+        lines.append(f"| {dataset}/cnn | {title} | {lam} | {mean:.2f} +- {std:.2f} | {len(accs)} | "
                      f"{span} of {runs[0]['epochs']} | {paper if paper is not None else '-'} | {diff} | {wall:.0f} |")
     clustered = [(k, [r["clustering"] for r in v if r.get("clustering")]) for k, v in sorted(cells.items())]
     if any(c for _, c in clustered):
         lines += ["", "K-Means on the test latent space at the best-validation epoch (mean over seeds; "
                   "paper's Tables 3-4 in brackets):", "",
                   "| setting | loss | accuracy | ARI | V-measure | silhouette |", "|---|---|---|---|---|---|"]
-        for (dataset, loss), scores in clustered:
+        for (dataset, loss, extra), scores in clustered:
             if not scores:
                 continue
             paper_row = PAPER_CLUSTERING.get((dataset, "cnn"), {}).get((loss, "kmeans"), {})
@@ -259,7 +279,8 @@ def table(path: Path) -> str:
                 mean = statistics.mean(s[key] for s in scores)
                 ref = paper_row.get(key)
                 cols.append(f"{mean:.3f}" + (f" ({ref:.3f})" if ref is not None else ""))
-            lines.append(f"| {dataset}/cnn | {TITLES[loss]} | " + " | ".join(cols) + " |")
+            title = TITLES[loss] + (f" (extra, lambda {extra:g})" if extra >= 0 else "")
+            lines.append(f"| {dataset}/cnn | {title} | " + " | ".join(cols) + " |")
     checks = [r for r in rows if r["model"] == "ffnn" and r.get("test_accuracy") is not None]
     if checks:
         by_seed: dict[int, dict[str, float]] = defaultdict(dict)
@@ -288,6 +309,8 @@ def main() -> None:
     p.add_argument("--precision-check", action="store_true")
     p.add_argument("--train-subset", type=int, default=None, help="a smoke test's smaller training set")
     p.add_argument("--stack-seeds", action="store_true", help="a row's seeds as one stacked group")
+    p.add_argument("--extra-lam", type=extra_lam, nargs="*", default=[], metavar="LOSS=LAM",
+                   help="a row more per dataset of LOSS at LAM (beside the paper's lambda), e.g. gaussian=0.6")
     p.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     for command, what in (("run", "one run (launch starts these)"),
                           ("run-group", "a row's seeds stacked (launch --stack-seeds starts these)")):
