@@ -27,7 +27,9 @@ for dir in "$mnist" "$fashion"; do
     [ -f "$dir/train-images-idx3-ubyte.gz" ] || { echo "no IDX files in $dir" >&2; exit 1; }
 done
 mkdir -p .gpudata/mnist .gpudata/fashion-mnist
-cp "$mnist"/*-ubyte.gz .gpudata/mnist/
-cp "$fashion"/*-ubyte.gz .gpudata/fashion-mnist/
+for pair in "$mnist:.gpudata/mnist" "$fashion:.gpudata/fashion-mnist"; do
+    # (COREL_DATA_DIR may already be .gpudata itself: nothing to copy then)
+    [ "$(realpath "${pair%%:*}")" = "$(realpath "${pair#*:}")" ] || cp "${pair%%:*}"/*-ubyte.gz "${pair#*:}/"
+done
 chmod -R u+w .gpudata
 du -sh .whl .gpudata

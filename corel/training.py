@@ -153,9 +153,8 @@ def accuracy(model: Classifier, x: torch.Tensor, y: torch.Tensor) -> float:
     """Fraction of rows whose argmax similarity is the true class."""
     if len(y) == 0:
         return float("nan")
-    h = embed_all(model, x)
-    with ieee_float32(h.device):
-        preds = model.head.similarities(h).argmax(1)
+    with ieee_float32(model.head.W.device):
+        preds = model.head.similarities(embed_all(model, x)).argmax(1)
     return float((preds == y).float().mean())
 
 
