@@ -13,7 +13,7 @@ to its runs one process each.
 
     python bench/cnn_rows.py launch --out rows.jsonl [--seeds 0 1 2] [--epochs 150]
         [--datasets mnist fashion-mnist] [--stop-after SECONDS] [--precision-check]
-        [--stack-seeds]
+        [--stack-seeds] [--losses cce center cosine gaussian] [--until-epoch N] [--state DIR]
     python bench/cnn_rows.py table rows.jsonl        # the Markdown for docs/reproduction.md
 
 Each process appends a JSON line to ``--out`` after every epoch and a final one with the
@@ -21,6 +21,17 @@ test accuracy at the best-validation epoch, the wall time and the clustering of 
 latent space at that epoch (K-Means, the paper's Tables 3-4). ``--stop-after`` ends every
 run that is still training that many seconds after the launch (its final line then says
 how many epochs it had: the table marks such rows as short of the protocol).
+``--until-epoch N`` ends every run after its N-th epoch of ``--epochs`` (the protocol's
+length stays ``--epochs``).
+
+``--state DIR`` makes the rows resumable across GPU sessions (one session's device time
+holds fewer epochs than the protocol): every process writes its runs' checkpoints (the
+format a worker resumes from, ``corel.checkpoints``) to ``DIR/<row>.pt`` after each epoch,
+and a later launch with the same DIR resumes each row from its file, under the same
+process layout (``--stack-seeds`` or not), up to ``--epochs``; a row already at
+``--epochs`` only writes its final line again. The final line of a resumed run counts every
+epoch and the wall time of every session. ``table`` reads the last final line of each run.
+
 ``--precision-check`` adds issue 24's bf16 check: Fashion-MNIST FFNN, Gaussian-COREL at
 the paper's lambda, each seed in fp32 and in bf16.
 """
@@ -30,12 +41,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +68,14 @@ TITLES = {"cce": "CCE", "center": "Center", "cosine": "Cosine-COREL", "gaussian"
 
 
 def jobs(datasets: list[str], seeds: list[int], epochs: int, precision_check: bool,
-         train_subset: int | None = None, extra_lams: Sequence[tuple[str, float]] = ()) -> list[dict[str, Any]]:
+         train_subset: int | None = None, extra_lams: Sequence[tuple[str, float]] = (),
+         losses: Sequence[str] = LOSSES) -> list[dict[str, Any]]:
     """Every run's spec fields, the CNN rows first (the longest); ``extra_lams`` adds, for
     each dataset, a row of a loss at another lambda than the paper's (marked ``extra``)."""
     out: list[dict[str, Any]] = []
     for dataset in datasets:
-        for loss in LOSSES:
-            lam = PAPER_TABLE2[(dataset, "cnn")].get(loss, 0.5)
+        for loss in losses:
+            lam = PAPER_TABLE2.get((dataset, "cnn"), {}).get(loss, 0.5)
             for seed in seeds:
                 out.append({"dataset": dataset, "model": "cnn", "loss": loss, "lam": lam,
                             "seed": seed, "epochs": epochs})
@@ -98,27 +112,84 @@ def extra_lam(text: str) -> tuple[str, float]:
     return loss, float(lam)
 
 
-class Progress(Callback):
-    """Appends each epoch to the results file; stops the run at the deadline."""
+@dataclass
+class Stop:
+    """When a process ends its runs: at the deadline ``at`` (seconds since the epoch), or
+    after epoch ``until``; an epoch under way finishes first."""
 
-    def __init__(self, out: Path, name: str, stop_at: float | None) -> None:
-        self.out, self.name, self.stop_at = out, name, stop_at
+    at: float | None = None
+    until: int | None = None
+
+    def now(self, epoch: int) -> bool:
+        return ((self.at is not None and time.time() >= self.at)
+                or (self.until is not None and epoch >= self.until))
+
+
+class State:
+    """One process's runs (a run, or a row's seeds stacked), resumable: ``DIR/<row>.pt``
+    holds their checkpoints of the last finished epoch (``Run.checkpoint()``'s format) and
+    the wall time of the sessions that trained them."""
+
+    def __init__(self, directory: str | os.PathLike[str], names: list[str]) -> None:
+        self.names = names
+        self.path = Path(directory) / state_file(names)
+        self.earlier = [0.0] * len(names)  # wall seconds of earlier sessions, per run
+        self.started = time.perf_counter()
+
+    def load(self) -> list[dict[str, Any]] | None:
+        """The saved checkpoints, one per run, or None where this row has no state yet."""
+        if not self.path.exists():
+            return None
+        saved = torch.load(self.path, map_location="cpu", weights_only=True)
+        if saved["jobs"] != self.names:
+            raise ValueError(f"{self.path} holds the state of {saved['jobs']}, not of {self.names}")
+        self.earlier = [float(w) for w in saved["wall_s"]]
+        checkpoints: list[dict[str, Any]] = saved["checkpoints"]
+        return checkpoints
+
+    def wall(self) -> list[float]:
+        """Each run's wall time so far, earlier sessions included."""
+        return [w + time.perf_counter() - self.started for w in self.earlier]
+
+    def save(self, checkpoints: list[dict[str, Any]]) -> None:
+        """Replace the file in one step: a process killed while writing leaves the last one."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        torch.save({"jobs": self.names, "wall_s": self.wall(), "checkpoints": checkpoints}, tmp)
+        os.replace(tmp, self.path)
+
+
+def state_file(names: list[str]) -> str:
+    """The state's file name for these runs (letters, digits, '.', '_', '-')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "+".join(names)) + ".pt"
+
+
+class Progress(Callback):
+    """Appends each epoch to the results file, saves the run's state (``--state``) and
+    ends the run where ``stop`` says."""
+
+    def __init__(self, out: Path, name: str, stop: Stop, state: State | None) -> None:
+        self.out, self.name, self.stop, self.state = out, name, stop, state
 
     def on_epoch_end(self, metrics: EpochMetrics, run: Any) -> bool:
         append(self.out, {"job": self.name, **metrics.to_dict()})
-        return self.stop_at is not None and time.time() >= self.stop_at
+        if self.state is not None:
+            self.state.save([run.checkpoint()])
+        return self.stop.now(metrics.epoch)
 
 
 class GroupProgress(GroupCallback):
     """:class:`Progress` for a stacked group: a line per member and epoch."""
 
-    def __init__(self, out: Path, names: list[str], stop_at: float | None) -> None:
-        self.out, self.names, self.stop_at = out, names, stop_at
+    def __init__(self, out: Path, names: list[str], stop: Stop, state: State | None) -> None:
+        self.out, self.names, self.stop, self.state = out, names, stop, state
 
     def on_epoch_end(self, metrics: list[EpochMetrics], group: Any) -> bool:
         for name, m in zip(self.names, metrics, strict=True):
             append(self.out, {"job": name, **m.to_dict()})
-        return self.stop_at is not None and time.time() >= self.stop_at
+        if self.state is not None:
+            self.state.save(group.checkpoints())
+        return self.stop.now(group.epoch)
 
 
 def append(out: Path, row: dict[str, Any]) -> None:
@@ -128,45 +199,65 @@ def append(out: Path, row: dict[str, Any]) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def run_one(fields: dict[str, Any], out: Path, stop_at: float | None, data_dir: str | None) -> None:
+def run_one(fields: dict[str, Any], out: Path, stop: Stop, data_dir: str | None,
+            state_dir: str | None = None) -> None:
     torch.set_num_threads(1)  # many of these share the machine's cores
     name = job_name(fields)
     spec = ExperimentSpec(**spec_fields(fields))
+    state = State(state_dir, [name]) if state_dir else None
+    checkpoint = state.load() if state else None
+    resumed = int(checkpoint[0]["epoch"]) if checkpoint else 0
     data = load_dataset(spec, data_dir)
     started = time.perf_counter()
     try:
-        result = fit(spec, [Progress(out, name, stop_at)], data=data)
+        result = fit(spec, [Progress(out, name, stop, state)], data=data,
+                     checkpoint=checkpoint[0] if checkpoint else None)
     except NotLearningError as exc:
         append(out, {"job": name, "final": True, **fields, "failed": str(exc),
-                     "wall_s": time.perf_counter() - started})
+                     "wall_s": state.wall()[0] if state else time.perf_counter() - started,
+                     "resumed_at_epoch": resumed})
         return
-    append(out, final_row(fields, result, time.perf_counter() - started, stop_at))
+    wall = state.wall()[0] if state else time.perf_counter() - started
+    append(out, {**final_row(fields, result, wall, stop.at), "resumed_at_epoch": resumed})
 
 
-def run_group(members: list[dict[str, Any]], out: Path, stop_at: float | None,
-              data_dir: str | None) -> None:
+def run_group(members: list[dict[str, Any]], out: Path, stop: Stop, data_dir: str | None,
+              state_dir: str | None = None) -> None:
     """The members (one row's seeds) as one stacked group; if the group fails, each member
     in a process of its own (the plain launch), so that a fault of the stacked path costs
     time, not the row."""
     torch.set_num_threads(1)
     names = [job_name(fields) for fields in members]
     specs = [ExperimentSpec(**spec_fields(fields)) for fields in members]
+    state = State(state_dir, names) if state_dir else None
+    checkpoints = state.load() if state else None
     started = time.perf_counter()
     try:
         data = load_dataset(specs[0], data_dir)
-        results = fit_group(specs, [GroupProgress(out, names, stop_at)], data=data)
+        results = fit_group(specs, [GroupProgress(out, names, stop, state)], data=data,
+                            checkpoints=checkpoints)
     except Exception as exc:  # any fault: the runs go on alone
         print(f"stacked group {names} failed ({type(exc).__name__}: {exc}); its runs go on alone",
               flush=True)
-        wait_all([(name, start_one(fields, out, stop_at, data_dir)) for name, fields in zip(names, members, strict=True)])
+        if state is not None and state.path.exists():  # each run resumes from its member's state
+            saved = torch.load(state.path, map_location="cpu", weights_only=True)
+            for name, wall, checkpoint in zip(names, saved["wall_s"], saved["checkpoints"], strict=True):
+                alone = State(state.path.parent, [name])
+                alone.earlier = [float(wall)]
+                alone.started = time.perf_counter()
+                alone.save([checkpoint])
+        wait_all([(name, start_one(fields, out, stop, data_dir, state_dir=state_dir))
+                  for name, fields in zip(names, members, strict=True)])
         return
-    wall = time.perf_counter() - started
-    for fields, result in zip(members, results, strict=True):
+    wall = state.wall() if state else [time.perf_counter() - started] * len(members)
+    resumed = int(checkpoints[0]["epoch"]) if checkpoints else 0
+    for fields, result, seconds in zip(members, results, wall, strict=True):
         if result.failed:
             append(out, {"job": job_name(fields), "final": True, **fields, "failed": result.failed,
-                         "wall_s": wall, "stacked": len(members)})
+                         "wall_s": seconds, "stacked": len(members), "resumed_at_epoch": resumed})
         else:
-            append(out, {**final_row(fields, result, wall, stop_at), "stacked": len(members)})
+            append(out, {**final_row(fields, result, seconds, stop.at), "stacked": len(members),
+                         "resumed_at_epoch": resumed})
 
 
 def final_row(fields: dict[str, Any], result: FitResult, wall: float, stop_at: float | None) -> dict[str, Any]:
@@ -187,14 +278,19 @@ def final_row(fields: dict[str, Any], result: FitResult, wall: float, stop_at: f
     return row
 
 
-def start_one(fields: dict[str, Any] | list[dict[str, Any]], out: Path, stop_at: float | None,
-              data_dir: str | None, command: str = "run") -> subprocess.Popen[bytes]:
+def start_one(fields: dict[str, Any] | list[dict[str, Any]], out: Path, stop: Stop,
+              data_dir: str | None, command: str = "run", state_dir: str | None = None
+              ) -> subprocess.Popen[bytes]:
     """This script's ``run`` (or ``run-group``, ``fields`` a list) in a process of its own."""
     cmd = [sys.executable, __file__, command, "--out", str(out), "--fields", json.dumps(fields)]
-    if stop_at:
-        cmd += ["--stop-at", str(stop_at)]
+    if stop.at:
+        cmd += ["--stop-at", str(stop.at)]
+    if stop.until:
+        cmd += ["--until-epoch", str(stop.until)]
     if data_dir:
         cmd += ["--data-dir", data_dir]
+    if state_dir:
+        cmd += ["--state", state_dir]
     return subprocess.Popen(cmd)
 
 
@@ -216,25 +312,36 @@ def by_row(todo: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 def launch(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    todo = jobs(args.datasets, args.seeds, args.epochs, args.precision_check, args.train_subset, args.extra_lam)
-    stop_at = time.time() + args.stop_after if args.stop_after else None
+    todo = jobs(args.datasets, args.seeds, args.epochs, args.precision_check, args.train_subset,
+                args.extra_lam, args.losses)
+    stop = Stop(time.time() + args.stop_after if args.stop_after else None, args.until_epoch)
     rows = by_row(todo) if args.stack_seeds else [[fields] for fields in todo]
+    if args.state:
+        Path(args.state).mkdir(parents=True, exist_ok=True)
+        ours = {state_file([job_name(f) for f in members]) for members in rows}
+        others = sorted(p.name for p in Path(args.state).glob("*.pt") if p.name not in ours)
+        if others:  # e.g. saved with(out) --stack-seeds: those runs would start again
+            print(f"{args.state}: left alone, of no process of this launch: {', '.join(others)}", flush=True)
     print(f"{len(todo)} runs in {len(rows)} processes at once on "
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}"
-          + (f", stopping any still training after {args.stop_after:.0f} s" if stop_at else ""), flush=True)
+          + (f", stopping any still training after {args.stop_after:.0f} s" if stop.at else "")
+          + (f", ending every run at epoch {stop.until}" if stop.until else "")
+          + (f", resumable from {args.state}" if args.state else ""), flush=True)
     started = time.perf_counter()
-    wait_all([(job_name(members[0]), start_one(members[0], out, stop_at, args.data_dir)) if len(members) == 1
+    wait_all([(job_name(members[0]), start_one(members[0], out, stop, args.data_dir, state_dir=args.state))
+              if len(members) == 1
               else ("+".join(job_name(f) for f in members),
-                    start_one(members, out, stop_at, args.data_dir, "run-group")) for members in rows])
+                    start_one(members, out, stop, args.data_dir, "run-group", args.state)) for members in rows])
     print(f"all {len(todo)} runs ended after {time.perf_counter() - started:.0f} s", flush=True)
     print(table(out))
 
 
 def finals(path: Path) -> list[dict[str, Any]]:
+    """The last final line of each run (a resumed run writes one at each session's end)."""
     if not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("final")]
+    return list({r["job"]: r for r in rows if r.get("final")}.values())
 
 
 def table(path: Path) -> str:
@@ -311,23 +418,32 @@ def main() -> None:
     p.add_argument("--stack-seeds", action="store_true", help="a row's seeds as one stacked group")
     p.add_argument("--extra-lam", type=extra_lam, nargs="*", default=[], metavar="LOSS=LAM",
                    help="a row more per dataset of LOSS at LAM (beside the paper's lambda), e.g. gaussian=0.6")
+    p.add_argument("--losses", nargs="+", choices=LOSSES, default=list(LOSSES))
     p.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
+    p.add_argument("--until-epoch", type=int, default=None,
+                   help="end every run after this epoch (of --epochs)")
+    p.add_argument("--state", default=None,
+                   help="a folder of the runs' resumable state: saved after each epoch, resumed from")
     for command, what in (("run", "one run (launch starts these)"),
                           ("run-group", "a row's seeds stacked (launch --stack-seeds starts these)")):
         p = sub.add_parser(command, help=what)
         p.add_argument("--out", required=True)
         p.add_argument("--fields", required=True)
         p.add_argument("--stop-at", type=float, default=None)
+        p.add_argument("--until-epoch", type=int, default=None)
         p.add_argument("--data-dir", default=None)
+        p.add_argument("--state", default=None)
     p = sub.add_parser("table", help="the Markdown of a results file")
     p.add_argument("path")
     args = parser.parse_args()
     if args.command == "launch":
         launch(args)
     elif args.command == "run":
-        run_one(json.loads(args.fields), Path(args.out), args.stop_at, args.data_dir)
+        run_one(json.loads(args.fields), Path(args.out), Stop(args.stop_at, args.until_epoch),
+                args.data_dir, args.state)
     elif args.command == "run-group":
-        run_group(json.loads(args.fields), Path(args.out), args.stop_at, args.data_dir)
+        run_group(json.loads(args.fields), Path(args.out), Stop(args.stop_at, args.until_epoch),
+                  args.data_dir, args.state)
     else:
         print(table(Path(args.path)))
 

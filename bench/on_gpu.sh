@@ -13,6 +13,9 @@
 # To fit one session's device time, a session can take part of it: DATASETS="mnist" (the
 # CNN rows of one dataset: 12 runs instead of 24), PRECISION_CHECK=0 (without the 6 bf16
 # runs, measured on 2026-11-26), BENCH=0 (without the benchmarks); NATIVE=1 (below).
+# The rows are resumable across sessions: the runs' state comes back as OUT_DIR/state.tar.xz.NN
+# (parts of at most 15 MiB; .gz where the machine has no xz), and RESUME_FROM=DIR, a folder
+# holding such parts (a tracked one travels with the checkout), resumes every row from it.
 set -u
 OUT=${1:?usage: bench/on_gpu.sh OUT_DIR [BUDGET_SECONDS]}
 BUDGET=${2:-540}
@@ -62,6 +65,17 @@ if [ "${MPS:-1}" != 0 ] && command -v nvidia-cuda-mps-control >/dev/null; then
 fi
 echo "MPS: $MPS_ON" | tee -a "$OUT/machine.txt"
 
+# The runs' resumable state (bench/cnn_rows.py --state), outside OUT_DIR while they train.
+STATE=/tmp/corel-rows-state
+rm -rf "$STATE" && mkdir -p "$STATE"
+if [ -n "${RESUME_FROM:-}" ]; then
+    set -- "$RESUME_FROM"/state.tar.*
+    [ -f "$1" ] || { echo "RESUME_FROM=$RESUME_FROM holds no state.tar.* parts"; exit 1; }
+    case "$1" in *.xz.*) UNZIP="xz -dc" ;; *) UNZIP="gzip -dc" ;; esac
+    cat "$@" | $UNZIP | tar -xf - -C "$STATE" || { echo "cannot unpack the state in $RESUME_FROM"; exit 1; }
+    echo "resuming from $RESUME_FROM: $(ls "$STATE" | wc -l) state file(s)"
+fi
+
 # Leave 45 s for the clustering of the last runs and the table.
 CHECK=--precision-check
 [ "${PRECISION_CHECK:-1}" = 0 ] && CHECK=
@@ -73,7 +87,7 @@ EXTRA=
 [ -n "${EXTRA_LAMS:-}" ] && EXTRA="--extra-lam $EXTRA_LAMS"
 # shellcheck disable=SC2086  # DATASETS: names separated by spaces; CHECK, STACK, EXTRA: flags or nothing
 "$PY" bench/cnn_rows.py launch --out "$OUT/rows.jsonl" --datasets ${DATASETS:-mnist fashion-mnist} $CHECK $STACK $EXTRA \
-    --stop-after $(( $(left) - 45 )) >"$OUT/rows.txt" 2>&1 &
+    --state "$STATE" --stop-after $(( $(left) - 45 )) >"$OUT/rows.txt" 2>&1 &
 ROWS=$!
 BIN=$(dirname "$(command -v "$PY")")
 if command -v make >/dev/null && [ -x "$BIN/python" ]; then  # make test-gpu, without its venv
@@ -88,6 +102,13 @@ fi
 echo "make test-gpu: exit status $? at $(( $(date +%s) - T0 )) s"
 wait $ROWS
 echo "CNN rows done at $(( $(date +%s) - T0 )) s"
+# Parts of at most 15 MiB: a file that comes back from the device machine holds 16 MiB.
+if command -v xz >/dev/null; then
+    tar -C "$STATE" -cf - . | xz -T0 -6 | split -b 15M -d - "$OUT/state.tar.xz."
+else
+    tar -C "$STATE" -cf - . | gzip -6 | split -b 15M -d - "$OUT/state.tar.gz."
+fi
+echo "state: $(ls "$OUT"/state.tar.* | wc -l) part(s), $(du -ch "$OUT"/state.tar.* | tail -1 | cut -f1)"
 [ "$MPS_ON" = 1 ] && echo quit | nvidia-cuda-mps-control
 tail -45 "$OUT/rows.txt"
 tail -3 "$OUT/test-gpu.txt"
