@@ -56,6 +56,7 @@ import torch
 
 from corel.clustering import default_metric, evaluate_clustering
 from corel.data import load_dataset
+from corel.graphs import graph_mode
 from corel.guards import NotLearningError
 from corel.progress import Callback, EpochMetrics
 from corel.report import PAPER_CLUSTERING, PAPER_TABLE1, PAPER_TABLE2
@@ -268,6 +269,7 @@ def final_row(fields: dict[str, Any], result: FitResult, wall: float, stop_at: f
         "job": job_name(fields), "final": True, **fields, "test_accuracy": result.test_accuracy,
         "best_epoch": result.best_epoch, "epochs_done": len(result.history), "wall_s": wall,
         "device": str(run.device), "precision_used": run.precision,
+        "cuda_graphs": graph_mode(run.device, run.data.x_train) == "capture",
         "gpu": torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else None,
         "seconds_per_epoch": statistics.median(m.seconds for m in result.history)}
     if fields["model"] == "cnn" and (stop_at is None or time.time() < stop_at + 60):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -52,8 +53,10 @@ def synchronize(device: str | torch.device) -> None:
 
 
 def describe(device: str | torch.device) -> str:
-    """The device in words: the GPU's name, or the CPU's thread count."""
+    """The device in words: the GPU's name (and whether corel's passes replay CUDA graphs,
+    ``COREL_CUDA_GRAPHS``), or the CPU's thread count."""
     device = torch.device(device)
     if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}"
+        graphs = "on" if os.environ.get("COREL_CUDA_GRAPHS", "0").strip() == "1" else "off"
+        return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
     return f"CPU, {torch.get_num_threads()} threads"

@@ -6,7 +6,9 @@
 #      3 seeds, 150 epochs; a row's seeds stacked in one process, STACK_SEEDS=0: one
 #      process per run, as on 2026-11-26) with the bf16 check beside them, and
 #      `make test-gpu` while they train; runs still training when the budget ends stop
-#      there and say how many epochs they had.
+#      there and say how many epochs they had;
+#   0. first, the CUDA graphs' tests (tests/gpu/test_graphs.py): where they pass, the
+#      benchmarks run again with COREL_CUDA_GRAPHS=1 and the rows train with it.
 # Usage: bench/on_gpu.sh OUT_DIR [BUDGET_SECONDS]   (from the repository root; the data
 # under $COREL_DATA_DIR, else the system locations; PYTHON, else python3, with torch and
 # corel's dependencies importable, corel itself from this checkout).
@@ -36,14 +38,33 @@ if [ "${NATIVE:-0}" = 1 ]; then
     timeout 150 "$PY" -m corel.native build --optional >"$OUT/native.txt" 2>&1
 fi
 
+# CUDA graphs (corel.graphs, COREL_CUDA_GRAPHS=1) were written in a session without a GPU:
+# their tests run first (output at the end of machine.txt), and only where they pass do the
+# benchmarks add graphed lines and the CNN rows train with them. GRAPHS=0: off, untested.
+GRAPHS_OK=0
+if [ "${GRAPHS:-1}" != 0 ]; then
+    echo "== tests/gpu/test_graphs.py" >>"$OUT/machine.txt"
+    COREL_REQUIRE_CUDA=1 timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_graphs.py \
+        >>"$OUT/machine.txt" 2>&1 && GRAPHS_OK=1
+    echo "CUDA graphs: $GRAPHS_OK (tests done at $(( $(date +%s) - T0 )) s)" | tee -a "$OUT/machine.txt"
+fi
+
 if [ "${BENCH:-1}" != 0 ]; then
     {
-        echo "== train_throughput fp32"; timeout 150 "$PY" bench/train_throughput.py --device cuda
-        echo "== train_throughput bf16"; timeout 120 "$PY" bench/train_throughput.py --device cuda --precision bf16
-        echo "== sweep_throughput"; timeout 150 "$PY" bench/sweep_throughput.py --device cuda
-        # The CNN rows' shape: one lambda, 3 seeds stacked (vmap) against one after another.
-        echo "== sweep_throughput CNN seeds"; timeout 120 "$PY" bench/sweep_throughput.py --device cuda \
-            --model cnn --members 1 --seeds 3 --train-subset 12800 --repeats 2
+        for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
+            export COREL_CUDA_GRAPHS=$graphs
+            echo "== train_throughput fp32 (COREL_CUDA_GRAPHS=$graphs)"
+            timeout 150 "$PY" bench/train_throughput.py --device cuda
+            echo "== train_throughput bf16 (COREL_CUDA_GRAPHS=$graphs)"
+            timeout 120 "$PY" bench/train_throughput.py --device cuda --precision bf16
+            echo "== sweep_throughput (COREL_CUDA_GRAPHS=$graphs)"
+            timeout 150 "$PY" bench/sweep_throughput.py --device cuda
+            # The CNN rows' shape: one lambda, 3 seeds stacked (vmap) against one after another.
+            echo "== sweep_throughput CNN seeds (COREL_CUDA_GRAPHS=$graphs)"
+            timeout 120 "$PY" bench/sweep_throughput.py --device cuda \
+                --model cnn --members 1 --seeds 3 --train-subset 12800 --repeats 2
+        done
+        unset COREL_CUDA_GRAPHS
     } >"$OUT/bench.txt" 2>&1
     echo "benchmarks done at $(( $(date +%s) - T0 )) s"
 fi
@@ -86,7 +107,7 @@ STACK=--stack-seeds
 EXTRA=
 [ -n "${EXTRA_LAMS:-}" ] && EXTRA="--extra-lam $EXTRA_LAMS"
 # shellcheck disable=SC2086  # DATASETS: names separated by spaces; CHECK, STACK, EXTRA: flags or nothing
-"$PY" bench/cnn_rows.py launch --out "$OUT/rows.jsonl" --datasets ${DATASETS:-mnist fashion-mnist} $CHECK $STACK $EXTRA \
+COREL_CUDA_GRAPHS=$GRAPHS_OK "$PY" bench/cnn_rows.py launch --out "$OUT/rows.jsonl" --datasets ${DATASETS:-mnist fashion-mnist} $CHECK $STACK $EXTRA \
     --state "$STATE" --stop-after $(( $(left) - 45 )) >"$OUT/rows.txt" 2>&1 &
 ROWS=$!
 BIN=$(dirname "$(command -v "$PY")")

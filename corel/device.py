@@ -133,7 +133,11 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     """bfloat16 autocast on ``device`` for a bf16 run (matrix products and convolutions in
     bfloat16, the rest as autocast decides); nothing for fp32."""
     if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        # A CUDA graph's capture must not use autocast's cache of cast weights (torch's
+        # CUDA graphs notes); eager steps keep it. The casts are the same either way.
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                              cache_enabled=False if capturing else None)
     return contextlib.nullcontext()
 
 

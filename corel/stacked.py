@@ -62,6 +62,7 @@ from corel.device import (
     to_device,
 )
 from corel.fused import gaussian_ar
+from corel.graphs import GraphedSteps, graph_mode
 from corel.grouping import as_spec, check_group
 from corel.loss_catalog import declaration
 from corel.losses import check_labels, class_counts
@@ -181,6 +182,8 @@ class StackedRun:
         self.best_state: list[Tensors | None] = [None] * size
         # Members that failed to learn (index: why), marked by corel.guards.GroupChanceGuard.
         self.failed: dict[int, str] = {}
+        # The training step as a CUDA graph, made on the first pass that takes one.
+        self._graphed: GraphedSteps | None = None
 
         params, buffers = stack_module_state(members)
         self.params: Tensors = params
@@ -376,16 +379,18 @@ class StackedRun:
         vmapped = self._vmapped_encoder_each if per_member else self._vmapped_encoder
         return vmapped(self.params, self.buffers, x)
 
-    def _steps(self, batch_size: int) -> tuple[torch.Tensor, Iterator[tuple[int, torch.Tensor, torch.Tensor]]]:
-        """A pass's labels in its order ((n,) shared by every member, or (M, n)) and its
-        steps (start, inputs, labels): shared inputs (N, ...) and labels (N,) where the
-        group has one stream, else each member's (M, N, ...) and (M, N)."""
+    def _steps(self, batch_size: int
+               ) -> tuple[torch.Tensor, torch.Tensor, Iterator[tuple[int, torch.Tensor, torch.Tensor]]]:
+        """A pass's labels in its order ((n,) shared by every member, or (M, n)), the order
+        itself (the rows' indices: (n,), or (streams, n)) and its steps (start, inputs,
+        labels): shared inputs (N, ...) and labels (N,) where the group has one stream, else
+        each member's (M, N, ...) and (M, N)."""
         data = self.data
         n = len(data.y_train)
         streams = [Batches(data.x_train, data.y_train, self.device, batch_size,
                            torch.randperm(n, generator=shuffle)) for shuffle in self.shuffles]
         if len(streams) == 1:
-            return streams[0].labels, iter(streams[0])
+            return streams[0].labels, streams[0].order, iter(streams[0])
         # Members in stream order with one member per stream need no gather of the stack.
         each = self.stream_of != list(range(len(streams)))
         labels = torch.stack([s.labels for s in streams])
@@ -398,7 +403,7 @@ class StackedRun:
                 x = torch.stack([xb for _, xb, _ in parts])
                 yield start, x.index_select(0, self._stream_index) if each else x, labels[:, start:stop]
 
-        return labels, steps()
+        return labels, torch.stack([s.order for s in streams]), steps()
 
     def train_pass(
         self, callbacks: Sequence[GroupCallback] = ()
@@ -413,32 +418,61 @@ class StackedRun:
         n = len(data.y_train)
         check_labels(data.y_train, n, data.num_classes)
         batch_size = self.specs[0].batch_size
-        labels, steps = self._steps(batch_size)
+        labels, order, steps = self._steps(batch_size)
         per_member = labels.dim() == 2
-        center_update = self._vmapped_center_update_each if per_member else self._vmapped_center_update
         # Per step kept on the device, added up at the end of the pass, as the solo loop does.
         losses: list[torch.Tensor] = []
         predicted = torch.empty(self.size, n, dtype=torch.int64, device=self.device)
-        optimizer = self.optimizer
+        mode = graph_mode(self.device, data.x_train)
         with ieee_float32(self.device):
-            for step, (start, xb, yb) in enumerate(steps):
-                optimizer.zero_grad(set_to_none=True)
-                with autocast(self.device, self.precision):
-                    h = self.encode(xb, per_member)
-                loss, sim = self._stacked_loss(h, yb)
-                # d(sum_m L_m)/d(theta_m) = dL_m/d(theta_m): each member gets its own gradient.
-                loss.sum().backward()
-                optimizer.step()
-                if self.loss_name == "center":
-                    with torch.no_grad():
-                        centers = self.buffers["head.centers"]
-                        self.buffers["head.centers"] = center_update(centers, h.detach(), yb, self.alpha)
-                losses.append(loss.detach())
-                torch.argmax(sim.detach(), 2, out=predicted[:, start : start + batch_size])
-                if any(cb.on_batch_end(step) for cb in callbacks):
-                    return None
+            if mode != "off":  # the steps by row indices, replayed from a CUDA graph (corel.graphs)
+                if self._graphed is None:
+                    self._graphed = GraphedSteps(self._indexed_step, capture=mode == "capture")
+                for step, start in enumerate(range(0, n, batch_size)):
+                    loss, sim = self._graphed(order[..., start : start + batch_size])
+                    losses.append(loss.clone())
+                    torch.argmax(sim, 2, out=predicted[:, start : start + batch_size])
+                    if any(cb.on_batch_end(step) for cb in callbacks):
+                        return None
+            else:
+                for step, (start, xb, yb) in enumerate(steps):
+                    loss, sim = self._train_step(xb, yb, per_member)
+                    losses.append(loss)
+                    torch.argmax(sim, 2, out=predicted[:, start : start + batch_size])
+                    if any(cb.on_batch_end(step) for cb in callbacks):
+                        return None
         total_loss, correct = pass_totals(torch.stack(losses), predicted, labels, batch_size)
         return total_loss.tolist(), [int(c) for c in correct.tolist()]
+
+    def _train_step(self, xb: torch.Tensor, yb: torch.Tensor, per_member: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One Adam step of every member on a batch: (losses (M,), similarities), detached."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.device, self.precision):
+            h = self.encode(xb, per_member)
+        loss, sim = self._stacked_loss(h, yb)
+        # d(sum_m L_m)/d(theta_m) = dL_m/d(theta_m): each member gets its own gradient.
+        loss.sum().backward()
+        self.optimizer.step()
+        if self.loss_name == "center":
+            update = self._vmapped_center_update_each if per_member else self._vmapped_center_update
+            with torch.no_grad():  # in place: a CUDA graph writes the tensor it recorded
+                centers = self.buffers["head.centers"]
+                centers.copy_(update(centers, h.detach(), yb, self.alpha))
+        return loss.detach(), sim.detach()
+
+    def _indexed_step(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_train_step` on the rows ``idx`` of the training data: (n,) shared by every
+        member, or (streams, n), each stream's own (members then take their stream's)."""
+        x, y = self.data.x_train, self.data.y_train
+        if idx.dim() == 1:
+            return self._train_step(x.index_select(0, idx), y.index_select(0, idx), False)
+        flat = idx.reshape(-1)
+        xb = x.index_select(0, flat).view(*idx.shape, *x.shape[1:])
+        yb = y.index_select(0, flat).view(idx.shape)
+        if self.stream_of != list(range(len(self.shuffles))):
+            xb, yb = xb.index_select(0, self._stream_index), yb.index_select(0, self._stream_index)
+        return self._train_step(xb, yb, True)
 
     @torch.inference_mode()
     def accuracies(self, x: torch.Tensor, y: torch.Tensor) -> list[float]:

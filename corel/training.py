@@ -25,6 +25,7 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -49,6 +50,7 @@ from corel.device import (
     pick_device,
     to_device,
 )
+from corel.graphs import GraphedSteps, graph_mode
 from corel.guards import (
     CHANCE_EPOCHS,
     ChanceGuard,
@@ -174,6 +176,8 @@ class Run:
     best_val_accuracy: float = -1.0
     test_accuracy: float | None = None
     best_state: dict[str, torch.Tensor] | None = None
+    # The training step as a CUDA graph (corel.graphs), made on the first pass that takes one.
+    graphed: GraphedSteps | None = field(default=None, repr=False, compare=False)
 
     @property
     def precision(self) -> str:
@@ -263,16 +267,34 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
     batches = Batches(data.x_train, data.y_train, run.device, batch, torch.randperm(n, generator=run.shuffle))
     losses: list[torch.Tensor] = []
     predicted = torch.empty(n, dtype=torch.int64, device=run.device)
+    mode = graph_mode(run.device, data.x_train)
     with ieee_float32(run.device):
-        for step, (start, xb, yb) in enumerate(batches):
-            loss, sim = _step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
-            losses.append(loss)
-            # Training accuracy from the similarities the loss used (before this step).
-            torch.argmax(sim, 1, out=predicted[start : start + batch])
-            if any(cb.on_batch_end(step) for cb in callbacks):
-                return None
+        if mode != "off":  # the steps by row indices, replayed from a CUDA graph (corel.graphs)
+            if run.graphed is None:
+                run.graphed = GraphedSteps(partial(_indexed_step, run), capture=mode == "capture")
+            for step, start in enumerate(range(0, n, batch)):
+                loss, sim = run.graphed(batches.order[start : start + batch])
+                losses.append(loss.clone())
+                torch.argmax(sim, 1, out=predicted[start : start + batch])
+                if any(cb.on_batch_end(step) for cb in callbacks):
+                    return None
+        else:
+            for step, (start, xb, yb) in enumerate(batches):
+                loss, sim = _step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
+                losses.append(loss)
+                # Training accuracy from the similarities the loss used (before this step).
+                torch.argmax(sim, 1, out=predicted[start : start + batch])
+                if any(cb.on_batch_end(step) for cb in callbacks):
+                    return None
     total_loss, correct = pass_totals(torch.stack(losses), predicted, batches.labels, batch)
     return float(total_loss), int(correct)
+
+
+def _indexed_step(run: Run, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_step` on the rows ``idx`` of the run's training data (held on its device)."""
+    x, y = run.data.x_train, run.data.y_train
+    return _step(run.model, run.optimizer, x.index_select(0, idx), y.index_select(0, idx),
+                 check=False, precision=run.precision)
 
 
 def pass_totals(

@@ -1,0 +1,116 @@
+"""A training pass's full batches taken from one CUDA graph, where ``COREL_CUDA_GRAPHS=1``.
+
+At the paper's sizes a GPU step is launch-bound: on an H100 a FFNN step at batch 128 ran at
+0.1% of the chip's float32 rate, and a CNN step took about 2.9 ms, most of it the launch of
+a few hundred small kernels (``docs/runs/2026-11-26-h100``). A CUDA graph records a step's
+kernels once and launches them all with one call. :class:`GraphedSteps` takes a step
+function ``step(idx)`` that gathers its batch by row indices ``idx`` from data held on the
+device, takes the whole training step (forward, backward, Adam, a head's buffer update) and
+returns detached tensors; it runs the first :data:`WARMUP` full batches eagerly (on a side
+stream, as CUDA graph capture asks), captures the next full batch's step, and from then on
+copies each full batch's indices into the graph's own index tensor and replays it. A short
+last batch runs eagerly. The graph lives as long as its run, across passes.
+
+The kernels replayed are those the eager step launches, on the same tensors, so a graphed
+pass computes what the eager pass computes. What a step keeps between steps must be
+changed in place (parameters, Adam's state, Center's centers), never rebound: a graph
+writes the tensors it recorded. Where capture fails (a loss that waits for the host, say),
+the run warns once and goes on eagerly.
+
+``COREL_CUDA_GRAPHS``: ``1`` captures on CUDA devices (on a CPU nothing changes); ``eager``
+takes the graphed pass's path, every step eagerly, on any device (what the CPU tests
+check); anything else, or unset: off. **Off by default until it has run on a GPU**: this
+was written in a session without one (see issue 24's notes), and ``tests/gpu`` holds its
+checks for the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+
+__all__ = ["WARMUP", "GraphedSteps", "graph_mode"]
+
+WARMUP = 3
+"""Full-batch steps taken eagerly before the capture (lazy initialisations: cuBLAS handles,
+Adam's state on a run's first steps)."""
+
+Mode = Literal["off", "capture", "eager"]
+Step = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+def graph_mode(device: torch.device, x: torch.Tensor) -> Mode:
+    """How a pass on ``device`` over inputs ``x`` takes its steps: ``capture`` (CUDA graphs),
+    ``eager`` (their path without capture) or ``off`` (the plain loop). Inputs held on the
+    host (data larger than the GPU's share, :func:`corel.device.to_device`) cross a batch at
+    a time, which a graph cannot do: off."""
+    setting = os.environ.get("COREL_CUDA_GRAPHS", "0").strip().lower()
+    if setting == "eager":
+        return "eager"
+    if setting == "1" and device.type == "cuda" and x.device.type == "cuda":
+        return "capture"
+    return "off"
+
+
+class GraphedSteps:
+    """``step(idx)`` for each batch of a run's passes, replayed from a CUDA graph for every
+    full batch after the first :data:`WARMUP` (see the module). ``capture=False``: every
+    step eagerly. The outputs of a replayed step are the graph's own tensors, valid until
+    the next call: take what you keep from them before then."""
+
+    def __init__(self, step: Step, capture: bool = True) -> None:
+        self.step = step
+        self.capture = capture
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.failed: str | None = None
+        self._full: torch.Size | None = None  # a full batch's index shape (the first one's)
+        self._warm = 0
+        self._idx: torch.Tensor | None = None
+        self._outputs: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def replaying(self) -> bool:
+        return self.graph is not None
+
+    def __call__(self, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self._full is None:
+            self._full = idx.shape
+        if idx.shape != self._full or not self.capture or self.failed is not None:
+            return self.step(idx)
+        if self.graph is not None:
+            assert self._idx is not None
+            self._idx.copy_(idx)
+            self.graph.replay()
+            return self._outputs
+        if self._warm < WARMUP:
+            self._warm += 1
+            return self._on_side_stream(idx)
+        return self._capture(idx)
+
+    def _on_side_stream(self, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        side = torch.cuda.Stream(idx.device)
+        side.wait_stream(torch.cuda.current_stream(idx.device))
+        with torch.cuda.stream(side):
+            outputs = self.step(idx)
+        torch.cuda.current_stream(idx.device).wait_stream(side)
+        return outputs
+
+    def _capture(self, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self._idx = idx.clone()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                outputs = self.step(self._idx)
+        except Exception as exc:  # any fault: the run goes on eagerly
+            self.failed = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"CUDA graph capture of the training step failed ({self.failed}); "
+                          "this run goes on without graphs", RuntimeWarning, stacklevel=3)
+            return self.step(idx)
+        # Recording ran nothing: this batch's step is the first replay.
+        self.graph, self._outputs = graph, outputs
+        graph.replay()
+        return outputs

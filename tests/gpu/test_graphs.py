@@ -1,0 +1,139 @@
+"""corel.graphs on a GPU (COREL_CUDA_GRAPHS=1): the training step captured once as a CUDA
+graph and replayed for every full batch trains what the eager loop trains. Written in a
+session without a GPU (issue 24): these are the checks for the first one that has one;
+bench/on_gpu.sh runs this file first and trains the CNN rows with graphs only where it
+passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import corel.stacked
+import corel.training
+from corel.data import load_dataset
+from corel.graphs import WARMUP
+from corel.spec import ExperimentSpec
+from corel.stacked import StackedRun
+from corel.training import run_epoch, start_run
+
+pytestmark = pytest.mark.gpu
+
+# digits at batch 64: 20 steps a pass, the last one short (1,257 = 19 x 64 + 41).
+BASE = {"dataset": "digits", "epochs": 2, "batch_size": 64, "lr": 1e-3}
+SOLO = {
+    "ffnn-gaussian": {"loss": "gaussian", "lam": 0.75},
+    "ffnn-center": {"loss": "center", "lam": 0.3, "alpha": 0.5},
+    "ffnn-cce": {"loss": "cce"},
+    "cnn-cosine": {"model": "cnn", "loss": "cosine", "lam": 0.6},
+}
+# Step calls in two passes: WARMUP eager, one recorded, the short last batch of each pass.
+EAGER_CALLS = WARMUP + 1 + 2
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset(ExperimentSpec(dataset="digits"))
+
+
+def counted(monkeypatch, module, name):
+    """Counts the calls of ``module.name`` (the step function a GraphedSteps runs)."""
+    calls = []
+    original = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("name", list(SOLO))
+def test_a_graphed_run_trains_as_the_eager_run(digits, monkeypatch, name):
+    spec = ExperimentSpec(**{**BASE, **SOLO[name]})
+    data = digits.astype(torch.float64)  # where rounding cannot grow
+    monkeypatch.setenv("COREL_CUDA_GRAPHS", "0")
+    eager = start_run(spec, data=data)
+    eager_history = [run_epoch(eager) for _ in range(2)]
+    monkeypatch.setenv("COREL_CUDA_GRAPHS", "1")
+    calls = counted(monkeypatch, corel.training, "_indexed_step")
+    graphed = start_run(spec, data=data)
+    graphed_history = [run_epoch(graphed) for _ in range(2)]
+    steps = graphed.graphed
+    assert graphed.device.type == "cuda" and steps is not None
+    assert steps.failed is None and steps.replaying
+    assert len(calls) == EAGER_CALLS  # the other 34 of 40 steps were replays
+    torch.testing.assert_close(graphed.model.state_dict(), eager.model.state_dict(), rtol=1e-7, atol=1e-9)
+    for got, want in zip(graphed_history, eager_history, strict=True):
+        assert got.train_accuracy == pytest.approx(want.train_accuracy, abs=2 / 1257)
+        assert got.train_loss == pytest.approx(want.train_loss, rel=1e-6)
+
+
+def test_a_graphed_stacked_cnn_seed_group_trains_as_the_eager_one(digits, monkeypatch):
+    """The paper's CNN rows' shape: one lambda, several seeds (vmap, each seed's own batch)."""
+    data = digits.astype(torch.float64)
+    specs = [ExperimentSpec(**{**BASE, "model": "cnn", "loss": "gaussian", "lam": 0.8, "seed": s})
+             for s in (0, 1, 0)]
+    monkeypatch.setenv("COREL_CUDA_GRAPHS", "0")
+    eager = StackedRun.start(specs, data)
+    for _ in range(2):
+        eager.run_epoch()
+    monkeypatch.setenv("COREL_CUDA_GRAPHS", "1")
+    calls = counted(monkeypatch, StackedRun, "_indexed_step")
+    graphed = StackedRun.start(specs, data)
+    for _ in range(2):
+        graphed.run_epoch()
+    assert graphed._graphed is not None and graphed._graphed.failed is None and graphed._graphed.replaying
+    assert len(calls) == EAGER_CALLS
+    for i in range(len(specs)):
+        torch.testing.assert_close(graphed.member_state(i), eager.member_state(i), rtol=1e-7, atol=1e-9)
+
+
+def test_a_graphed_center_group_keeps_its_centers_in_step(digits, monkeypatch):
+    """Center's centers change every step, inside the graph: a replay that wrote a tensor
+    the group no longer reads would leave them at their captured values."""
+    data = digits.astype(torch.float64)
+    specs = [ExperimentSpec(**{**BASE, "loss": "center", "lam": 0.3, "alpha": a}) for a in (0.1, 0.9)]
+    results = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("COREL_CUDA_GRAPHS", mode)
+        group = StackedRun.start(specs, data)
+        for _ in range(2):
+            group.run_epoch()
+        results[mode] = [group.member_state(i) for i in range(len(specs))]
+    for got, want in zip(results["1"], results["0"], strict=True):
+        torch.testing.assert_close(got["head.centers"], want["head.centers"], rtol=1e-7, atol=1e-9)
+        torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
+
+
+def test_a_graphed_bf16_run_learns_as_the_eager_one(digits, monkeypatch):
+    spec = ExperimentSpec(**{**BASE, "loss": "gaussian", "lam": 0.75, "precision": "bf16", "epochs": 3})
+    accuracies = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("COREL_CUDA_GRAPHS", mode)
+        run = start_run(spec, data=digits)
+        history = [run_epoch(run) for _ in range(3)]
+        accuracies[mode] = history[-1].val_accuracy
+        if mode == "1":
+            assert run.graphed is not None and run.graphed.failed is None and run.graphed.replaying
+    assert accuracies["1"] > 0.8
+    assert abs(accuracies["1"] - accuracies["0"]) < 0.03, accuracies
+
+
+def test_a_graphed_step_never_waits_for_the_gpu(digits, monkeypatch):
+    """Replays launch the whole step with one call and read nothing back."""
+    from corel.progress import Callback
+
+    class NoWaits(Callback):
+        def on_batch_end(self, step: int) -> bool:
+            torch.cuda.set_sync_debug_mode("error" if WARMUP + 1 <= step < 18 else "default")
+            return False
+
+    monkeypatch.setenv("COREL_CUDA_GRAPHS", "1")
+    run = start_run({**BASE, "loss": "gaussian", "lam": 0.75}, data=digits)
+    try:
+        assert corel.training.train_pass(run, [NoWaits()]) is not None
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert run.graphed is not None and run.graphed.replaying
