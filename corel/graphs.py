@@ -70,6 +70,7 @@ class GraphedSteps:
         self._full: torch.Size | None = None  # a full batch's index shape (the first one's)
         self._warm = 0
         self._idx: torch.Tensor | None = None
+        self._stream: torch.cuda.Stream | None = None
         self._outputs: tuple[torch.Tensor, ...] = ()
 
     @property
@@ -91,8 +92,16 @@ class GraphedSteps:
             return self._on_side_stream(idx)
         return self._capture(idx)
 
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The stream the warm-up steps run on and the capture records on: one stream for
+        both, so that the libraries' per-stream state (cuBLAS's workspace, say) is made
+        before the capture, not during it."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        return self._stream
+
     def _on_side_stream(self, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        side = torch.cuda.Stream(idx.device)
+        side = self._side_stream(idx.device)
         side.wait_stream(torch.cuda.current_stream(idx.device))
         with torch.cuda.stream(side):
             outputs = self.step(idx)
@@ -103,7 +112,11 @@ class GraphedSteps:
         self._idx = idx.clone()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            # thread_local: a service's other threads (serving /embed, say) may use the GPU
+            # while this one records; the step's backward, on autograd's own thread, is
+            # recorded all the same (it runs on the stream being captured).
+            with torch.cuda.graph(graph, stream=self._side_stream(idx.device),
+                                  capture_error_mode="thread_local"):
                 outputs = self.step(self._idx)
         except Exception as exc:  # any fault: the run goes on eagerly
             self.failed = f"{type(exc).__name__}: {exc}"
