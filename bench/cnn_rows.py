@@ -160,6 +160,18 @@ class State:
         os.replace(tmp, self.path)
 
 
+    def split(self) -> None:
+        """The saved state, if any, as each run's own (a stacked group's, for its runs to go
+        on alone)."""
+        checkpoints = self.load()
+        if checkpoints is None:
+            return
+        for name, wall, checkpoint in zip(self.names, self.earlier, checkpoints, strict=True):
+            alone = State(self.path.parent, [name])
+            alone.earlier = [wall]
+            alone.save([checkpoint])
+
+
 def state_file(names: list[str]) -> str:
     """The state's file name for these runs (letters, digits, '.', '_', '-')."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "+".join(names)) + ".pt"
@@ -240,13 +252,8 @@ def run_group(members: list[dict[str, Any]], out: Path, stop: Stop, data_dir: st
     except Exception as exc:  # any fault: the runs go on alone
         print(f"stacked group {names} failed ({type(exc).__name__}: {exc}); its runs go on alone",
               flush=True)
-        if state is not None and state.path.exists():  # each run resumes from its member's state
-            saved = torch.load(state.path, map_location="cpu", weights_only=True)
-            for name, wall, checkpoint in zip(names, saved["wall_s"], saved["checkpoints"], strict=True):
-                alone = State(state.path.parent, [name])
-                alone.earlier = [float(wall)]
-                alone.started = time.perf_counter()
-                alone.save([checkpoint])
+        if state is not None:
+            state.split()  # each run resumes from its member's last saved epoch
         wait_all([(name, start_one(fields, out, stop, data_dir, state_dir=state_dir))
                   for name, fields in zip(names, members, strict=True)])
         return

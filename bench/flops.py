@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
 import torch
+
+from corel.graphs import setting as graphs_setting
 
 
 def step_flops(model: torch.nn.Module) -> int:
@@ -57,6 +58,6 @@ def describe(device: str | torch.device) -> str:
     ``COREL_CUDA_GRAPHS``), or the CPU's thread count."""
     device = torch.device(device)
     if device.type == "cuda":
-        graphs = "on" if os.environ.get("COREL_CUDA_GRAPHS", "0").strip() == "1" else "off"
+        graphs = "on" if graphs_setting() == "capture" else "off"
         return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
     return f"CPU, {torch.get_num_threads()} threads"

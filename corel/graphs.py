@@ -33,7 +33,7 @@ from typing import Literal
 
 import torch
 
-__all__ = ["WARMUP", "GraphedSteps", "graph_mode"]
+__all__ = ["WARMUP", "GraphedSteps", "graph_mode", "setting"]
 
 WARMUP = 3
 """Full-batch steps taken eagerly before the capture (lazy initialisations: cuBLAS handles,
@@ -48,12 +48,19 @@ def graph_mode(device: torch.device, x: torch.Tensor) -> Mode:
     ``eager`` (their path without capture) or ``off`` (the plain loop). Inputs held on the
     host (data larger than the GPU's share, :func:`corel.device.to_device`) cross a batch at
     a time, which a graph cannot do: off."""
-    setting = os.environ.get("COREL_CUDA_GRAPHS", "0").strip().lower()
-    if setting == "eager":
+    wanted = setting()
+    if wanted == "eager":
         return "eager"
-    if setting == "1" and device.type == "cuda" and x.device.type == "cuda":
+    if wanted == "capture" and device.type == "cuda" and x.device.type == "cuda":
         return "capture"
     return "off"
+
+
+def setting() -> Mode:
+    """What ``COREL_CUDA_GRAPHS`` asks for, whatever the device: ``capture`` (1), ``eager``
+    or ``off``."""
+    value = os.environ.get("COREL_CUDA_GRAPHS", "0").strip().lower()
+    return "capture" if value == "1" else "eager" if value == "eager" else "off"
 
 
 class GraphedSteps:

@@ -424,23 +424,26 @@ class StackedRun:
         losses: list[torch.Tensor] = []
         predicted = torch.empty(self.size, n, dtype=torch.int64, device=self.device)
         mode = graph_mode(self.device, data.x_train)
-        with ieee_float32(self.device):
-            if mode != "off":  # the steps by row indices, replayed from a CUDA graph (corel.graphs)
-                if self._graphed is None:
-                    self._graphed = GraphedSteps(self._indexed_step, capture=mode == "capture")
-                for step, start in enumerate(range(0, n, batch_size)):
-                    loss, sim = self._graphed(order[..., start : start + batch_size])
-                    losses.append(loss.clone())
-                    torch.argmax(sim, 2, out=predicted[:, start : start + batch_size])
-                    if any(cb.on_batch_end(step) for cb in callbacks):
-                        return None
+        if mode != "off" and self._graphed is None:
+            self._graphed = GraphedSteps(self._indexed_step, capture=mode == "capture")
+        graphed = self._graphed if mode != "off" else None
+
+        def results() -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+            """(start, losses, similarities) of each step, the losses kept past the next."""
+            if graphed is not None:  # by row indices, replayed from a CUDA graph (corel.graphs)
+                for start in range(0, n, batch_size):
+                    loss, sim = graphed(order[..., start : start + batch_size])
+                    yield start, loss.clone(), sim
             else:
-                for step, (start, xb, yb) in enumerate(steps):
-                    loss, sim = self._train_step(xb, yb, per_member)
-                    losses.append(loss)
-                    torch.argmax(sim, 2, out=predicted[:, start : start + batch_size])
-                    if any(cb.on_batch_end(step) for cb in callbacks):
-                        return None
+                for start, xb, yb in steps:
+                    yield start, *self._train_step(xb, yb, per_member)
+
+        with ieee_float32(self.device):
+            for step, (start, loss, sim) in enumerate(results()):
+                losses.append(loss)
+                torch.argmax(sim, 2, out=predicted[:, start : start + batch_size])
+                if any(cb.on_batch_end(step) for cb in callbacks):
+                    return None
         total_loss, correct = pass_totals(torch.stack(losses), predicted, labels, batch_size)
         return total_loss.tolist(), [int(c) for c in correct.tolist()]
 

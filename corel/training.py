@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -268,24 +268,27 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
     losses: list[torch.Tensor] = []
     predicted = torch.empty(n, dtype=torch.int64, device=run.device)
     mode = graph_mode(run.device, data.x_train)
-    with ieee_float32(run.device):
-        if mode != "off":  # the steps by row indices, replayed from a CUDA graph (corel.graphs)
-            if run.graphed is None:
-                run.graphed = GraphedSteps(partial(_indexed_step, run), capture=mode == "capture")
-            for step, start in enumerate(range(0, n, batch)):
-                loss, sim = run.graphed(batches.order[start : start + batch])
-                losses.append(loss.clone())
-                torch.argmax(sim, 1, out=predicted[start : start + batch])
-                if any(cb.on_batch_end(step) for cb in callbacks):
-                    return None
+    if mode != "off" and run.graphed is None:
+        run.graphed = GraphedSteps(partial(_indexed_step, run), capture=mode == "capture")
+    graphed = run.graphed if mode != "off" else None
+
+    def steps() -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(start, loss, similarities) of each step, the loss kept past the next step."""
+        if graphed is not None:  # by row indices, replayed from a CUDA graph (corel.graphs)
+            for start in range(0, n, batch):
+                loss, sim = graphed(batches.order[start : start + batch])
+                yield start, loss.clone(), sim
         else:
-            for step, (start, xb, yb) in enumerate(batches):
-                loss, sim = _step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
-                losses.append(loss)
-                # Training accuracy from the similarities the loss used (before this step).
-                torch.argmax(sim, 1, out=predicted[start : start + batch])
-                if any(cb.on_batch_end(step) for cb in callbacks):
-                    return None
+            for start, xb, yb in batches:
+                yield start, *_step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
+
+    with ieee_float32(run.device):
+        for step, (start, loss, sim) in enumerate(steps()):
+            losses.append(loss)
+            # Training accuracy from the similarities the loss used (before this step).
+            torch.argmax(sim, 1, out=predicted[start : start + batch])
+            if any(cb.on_batch_end(step) for cb in callbacks):
+                return None
     total_loss, correct = pass_totals(torch.stack(losses), predicted, batches.labels, batch)
     return float(total_loss), int(correct)
 
