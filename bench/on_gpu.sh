@@ -14,7 +14,8 @@
 # corel's dependencies importable, corel itself from this checkout).
 # To fit one session's device time, a session can take part of it: DATASETS="mnist" (the
 # CNN rows of one dataset: 12 runs instead of 24), PRECISION_CHECK=0 (without the 6 bf16
-# runs, measured on 2026-11-26), BENCH=0 (without the benchmarks); NATIVE=1 (below).
+# runs, measured on 2026-11-26), BENCH=0 (without the benchmarks) or BENCH=after (in the time
+# the rows leave, if they end early); NATIVE=1 (below).
 # The rows are resumable across sessions: the runs' state comes back as OUT_DIR/state.tar.xz.NN
 # (parts of at most 15 MiB; .gz where the machine has no xz), and RESUME_FROM=DIR, a folder
 # holding such parts (a tracked one travels with the checkout), resumes every row from it.
@@ -49,25 +50,35 @@ if [ "${GRAPHS:-1}" != 0 ]; then
     echo "CUDA graphs: $GRAPHS_OK (tests done at $(( $(date +%s) - T0 )) s)" | tee -a "$OUT/machine.txt"
 fi
 
-if [ "${BENCH:-1}" != 0 ]; then
+# BENCH=after: the benchmarks once the rows have ended, in what is left of the budget (the
+# rows first, on a quiet GPU after them); BENCH=0: none; else before the rows.
+cap() { local t=$(( $(left) - 15 )); [ "$t" -gt "$1" ] && t=$1; [ "$t" -gt 5 ] && echo "$t" || echo 1; }  # (timeout 0 would be none)
+benchmarks() {
+    # Each benchmark eager, then graphed, so that a budget cut short still leaves pairs.
+    local graphs
     {
         for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
-            export COREL_CUDA_GRAPHS=$graphs
             echo "== train_throughput fp32 (COREL_CUDA_GRAPHS=$graphs)"
-            timeout 150 "$PY" bench/train_throughput.py --device cuda
-            echo "== train_throughput bf16 (COREL_CUDA_GRAPHS=$graphs)"
-            timeout 120 "$PY" bench/train_throughput.py --device cuda --precision bf16
-            echo "== sweep_throughput (COREL_CUDA_GRAPHS=$graphs)"
-            timeout 150 "$PY" bench/sweep_throughput.py --device cuda
-            # The CNN rows' shape: one lambda, 3 seeds stacked (vmap) against one after another.
+            COREL_CUDA_GRAPHS=$graphs timeout "$(cap 150)" "$PY" bench/train_throughput.py --device cuda
+        done
+        for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
             echo "== sweep_throughput CNN seeds (COREL_CUDA_GRAPHS=$graphs)"
-            timeout 120 "$PY" bench/sweep_throughput.py --device cuda \
+            # The CNN rows' shape: one lambda, 3 seeds stacked (vmap) against one after another.
+            COREL_CUDA_GRAPHS=$graphs timeout "$(cap 120)" "$PY" bench/sweep_throughput.py --device cuda \
                 --model cnn --members 1 --seeds 3 --train-subset 12800 --repeats 2
         done
-        unset COREL_CUDA_GRAPHS
-    } >"$OUT/bench.txt" 2>&1
+        for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
+            echo "== sweep_throughput (COREL_CUDA_GRAPHS=$graphs)"
+            COREL_CUDA_GRAPHS=$graphs timeout "$(cap 150)" "$PY" bench/sweep_throughput.py --device cuda
+        done
+        for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
+            echo "== train_throughput bf16 (COREL_CUDA_GRAPHS=$graphs)"
+            COREL_CUDA_GRAPHS=$graphs timeout "$(cap 120)" "$PY" bench/train_throughput.py --device cuda --precision bf16
+        done
+    } >>"$OUT/bench.txt" 2>&1
     echo "benchmarks done at $(( $(date +%s) - T0 )) s"
-fi
+}
+case "${BENCH:-1}" in 0|after) ;; *) benchmarks ;; esac
 
 # The runs' kernels are small: without MPS the GPU time-slices between the 30 processes
 # and runs one process's kernels at a time (on 2026-11-26 an H200 gave each CNN run 6.8 s
@@ -131,5 +142,6 @@ else
 fi
 echo "state: $(ls "$OUT"/state.tar.* | wc -l) part(s), $(du -ch "$OUT"/state.tar.* | tail -1 | cut -f1)"
 [ "$MPS_ON" = 1 ] && echo quit | nvidia-cuda-mps-control
+[ "${BENCH:-1}" = after ] && benchmarks
 tail -45 "$OUT/rows.txt"
 tail -3 "$OUT/test-gpu.txt"
