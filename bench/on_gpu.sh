@@ -39,9 +39,10 @@ if [ "${NATIVE:-0}" = 1 ]; then
     timeout 150 "$PY" -m corel.native build --optional >"$OUT/native.txt" 2>&1
 fi
 
-# CUDA graphs (corel.graphs, COREL_CUDA_GRAPHS=1) were written in a session without a GPU:
-# their tests run first (output at the end of machine.txt), and only where they pass do the
-# benchmarks add graphed lines and the CNN rows train with them. GRAPHS=0: off, untested.
+# CUDA graphs (corel.graphs; the default on CUDA since they passed these tests on an H100 on
+# 2026-11-27): their tests run first (output at the end of machine.txt), and only where they
+# pass do the benchmarks add graphed lines and the CNN rows train with them (a torch or a
+# GPU they fail on trains eagerly). GRAPHS=0: off, untested.
 GRAPHS_OK=0
 if [ "${GRAPHS:-1}" != 0 ]; then
     echo "== tests/gpu/test_graphs.py" >>"$OUT/machine.txt"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from corel.data import load_dataset
-from corel.graphs import WARMUP, GraphedSteps, graph_mode
+from corel.graphs import WARMUP, GraphedSteps, graph_mode, setting
 from corel.spec import ExperimentSpec
 from corel.stacked import StackedRun
 from corel.training import run_epoch, start_run
@@ -59,13 +59,19 @@ def adam_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 def test_the_setting():
     x = torch.zeros(3)
     cpu = torch.device("cpu")
-    for value, want in (("1", "off"), ("eager", "eager"), ("0", "off"), ("", "off"), ("yes", "off")):
+    for value, want, on_cpu in (("1", "capture", "off"), ("eager", "eager", "eager"), ("0", "off", "off"),
+                                ("", "capture", "off"), ("Off", "off", "off"), (None, "capture", "off")):
         with pytest.MonkeyPatch.context() as m:
-            m.setenv("COREL_CUDA_GRAPHS", value)
-            assert graph_mode(cpu, x) == want, value
+            if value is None:
+                m.delenv("COREL_CUDA_GRAPHS", raising=False)
+            else:
+                m.setenv("COREL_CUDA_GRAPHS", value)
+            assert setting() == want, value
+            assert graph_mode(cpu, x) == on_cpu, value  # a CPU never captures
     with pytest.MonkeyPatch.context() as m:
-        m.delenv("COREL_CUDA_GRAPHS", raising=False)
-        assert graph_mode(cpu, x) == "off"
+        m.setenv("COREL_CUDA_GRAPHS", "maybe")
+        with pytest.raises(ValueError, match=r"COREL_CUDA_GRAPHS='maybe': allowed are 1 .* 0 .* eager"):
+            setting()
 
 
 @pytest.mark.parametrize("name", list(SOLO))

@@ -1,6 +1,6 @@
-"""corel.graphs on a GPU (COREL_CUDA_GRAPHS=1): the training step captured once as a CUDA
-graph and replayed for every full batch trains what the eager loop trains. Written in a
-session without a GPU (issue 24): these are the checks for the first one that has one;
+"""corel.graphs on a GPU (COREL_CUDA_GRAPHS=1, the default): the training step captured
+once as a CUDA graph and replayed for every full batch trains what the eager loop trains.
+Written in a session without a GPU (issue 24), first passed on an H100 on 2026-11-27;
 bench/on_gpu.sh runs this file first and trains the CNN rows with graphs only where it
 passes."""
 
@@ -139,3 +139,22 @@ def test_a_graphed_step_never_waits_for_the_gpu(digits, monkeypatch):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert run.graphed is not None and run.graphed.replaying
+
+
+def test_graphs_are_the_default_on_a_gpu_and_0_turns_them_off(digits, monkeypatch):
+    """Unset, COREL_CUDA_GRAPHS captures on CUDA (the default since these tests passed on an
+    H100); 0 leaves a run and a stacked group on the plain loop."""
+    specs = [ExperimentSpec(**{**BASE, "loss": "gaussian", "lam": lam}) for lam in (0.5, 0.8)]
+    monkeypatch.delenv("COREL_CUDA_GRAPHS", raising=False)
+    run = start_run(specs[0], data=digits)
+    run_epoch(run)
+    group = StackedRun.start(specs, digits)
+    group.run_epoch()
+    assert run.device.type == "cuda" and run.graphed is not None and run.graphed.replaying
+    assert group._graphed is not None and group._graphed.replaying
+    monkeypatch.setenv("COREL_CUDA_GRAPHS", "0")
+    run = start_run(specs[0], data=digits)
+    run_epoch(run)
+    group = StackedRun.start(specs, digits)
+    group.run_epoch()
+    assert run.device.type == "cuda" and run.graphed is None and group._graphed is None
