@@ -9,15 +9,16 @@
 #              DATASETS="fashion-mnist" (or "mnist") copies only that one, for a call that
 #              runs only its rows: with a tracked state to resume from (on_gpu.sh's
 #              RESUME_FROM), both would not fit the 64 MiB that a call carries.
-# Then, as on 2026-11-26 (an H100; see docs/reproduction.md):
+# Then, as on 2026-11-27 (an H100, Fashion-MNIST's CNN rows to 150 epochs in 404 s; see
+# docs/reproduction.md, section 9), with DATASETS=fashion-mnist here:
 #   run(command="python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
 #       --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit;
-#       export COREL_DATA_DIR=$PWD/.gpudata; PRECISION_CHECK=0 bash bench/on_gpu.sh $OUT 568",
+#       export COREL_DATA_DIR=$PWD/.gpudata; BENCH=after PRECISION_CHECK=0
+#       DATASETS=fashion-mnist bash bench/on_gpu.sh $OUT 570",
 #       carry=[".whl", ".gpudata"], timeout_s=600)
-# and next (docs/reproduction.md, section 8): DATASETS=fashion-mnist here, and in the call
-#   "... export COREL_DATA_DIR=$PWD/.gpudata; BENCH=0 PRECISION_CHECK=0 DATASETS=fashion-mnist
-#   bash bench/on_gpu.sh $OUT 570"; commit the state.tar.* parts it brings back beside its
-#   rows in docs/runs/, and a later call adds RESUME_FROM=docs/runs/<that folder>.
+# MNIST's rows are next: DATASETS=mnist, here and in the call. Rows that stop short of 150
+# epochs bring back their state (state.tar.xz.NN): commit those parts beside the rows in
+# docs/runs/, and a later call adds RESUME_FROM=docs/runs/<that folder>.
 set -eu
 cd "$(git rev-parse --show-toplevel)"
 mkdir -p .git/info
