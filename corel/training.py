@@ -231,7 +231,11 @@ class FitResult:
 
     @classmethod
     def from_run(cls, run: Run, stopped: bool, failed: str | None = None) -> FitResult:
-        """The result of a finished (or stopped) run, with the best epoch's weights loaded."""
+        """The result of a finished (or stopped) run, with the best epoch's weights loaded.
+        Its CUDA graph goes (training is over): the graph's memory pool is not held for as
+        long as the result is (a worker embeds and stores latents after it); a run trained
+        further captures a new one."""
+        run.graphed = None
         if run.best_state is not None:
             run.model.load_state_dict(run.best_state)
         return cls(

@@ -11,7 +11,7 @@ from corel.data import load_dataset
 from corel.graphs import WARMUP, GraphedSteps, graph_mode, setting
 from corel.spec import ExperimentSpec
 from corel.stacked import StackedRun
-from corel.training import run_epoch, start_run
+from corel.training import fit, run_epoch, start_run
 
 # digits at batch 16: 79 steps a pass, the last one short (1,257 = 78 x 16 + 9).
 BASE = {"dataset": "digits", "batch_size": 16, "lr": 1e-3, "epochs": 2}
@@ -170,3 +170,15 @@ def test_graphed_steps_run_every_step_eagerly_without_capture():
         total, doubled = steps(idx)
         assert int(total) == int(idx.sum()) and torch.equal(doubled, idx * 2)
     assert len(seen) == WARMUP + 3 and not steps.replaying and steps.failed is None
+
+
+def test_a_finished_run_lets_its_graph_go(digits64, graphs):
+    """fit's result holds its run; the run's graph (on a GPU: a memory pool of its own) goes
+    when training ends, and a run trained further takes a new one."""
+    graphs("eager")
+    spec = ExperimentSpec(**{**BASE, "epochs": 1, "loss": "gaussian", "lam": 0.75})
+    result = fit(spec, data=digits64)
+    assert result.run.epoch == 1 and result.run.graphed is None
+    result.run.spec = spec.model_copy(update={"epochs": 2})
+    run_epoch(result.run)
+    assert result.run.epoch == 2 and result.run.graphed is not None
