@@ -127,6 +127,12 @@ class Settings(BaseSettings):
     visibility_timeout: int = Field(default=7 * 24 * 3600, gt=0)
     queue: str = Field(default="corel")
     device: str | None = Field(default=None, description="Torch device for workers; default auto.")
+    cuda_graphs: str | None = Field(
+        default=None,
+        description="Training steps on a CUDA device replayed from a CUDA graph: 1 (or unset, "
+        "the default), 0 (off) or eager (corel/graphs.py, which reads the variable itself; "
+        "checked here so that a process refuses to start on any other value).",
+    )
     api_torch_threads: int = Field(
         default=1, gt=0,
         description="Torch threads of the API process (`corel serve`). Small requests run on "
@@ -166,6 +172,15 @@ class Settings(BaseSettings):
                 f"COREL_REQUEUE_MAX_SECONDS ({self.requeue_max_seconds:g}) must be at least "
                 f"COREL_REQUEUE_AFTER_SECONDS ({self.requeue_after_seconds:g})")
         return self
+
+    @field_validator("cuda_graphs")
+    @classmethod
+    def _check_cuda_graphs(cls, v: str | None) -> str | None:
+        if v is not None:
+            from corel.graphs import parse  # (imports torch: only where it is set)
+
+            parse(v)
+        return v
 
     @field_validator("database_url")
     @classmethod

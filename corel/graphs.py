@@ -35,7 +35,7 @@ from typing import Literal
 
 import torch
 
-__all__ = ["WARMUP", "GraphedSteps", "graph_mode", "setting"]
+__all__ = ["WARMUP", "GraphedSteps", "graph_mode", "parse", "setting"]
 
 WARMUP = 3
 """Full-batch steps taken eagerly before the capture (lazy initialisations: cuBLAS handles,
@@ -63,10 +63,15 @@ OFF = ("0", "off", "false", "no")
 
 
 def setting() -> Mode:
-    """What ``COREL_CUDA_GRAPHS`` asks for, whatever the device: ``capture`` (``1``, or
-    unset), ``off`` (``0``) or ``eager``; a ``ValueError`` names the values allowed for any
-    other."""
-    value = os.environ.get("COREL_CUDA_GRAPHS", "").strip().lower()
+    """What ``COREL_CUDA_GRAPHS`` asks for, whatever the device (:func:`parse`)."""
+    return parse(os.environ.get("COREL_CUDA_GRAPHS", ""))
+
+
+def parse(value: str) -> Mode:
+    """A ``COREL_CUDA_GRAPHS`` value as a mode: ``capture`` (``1``, or empty), ``off``
+    (``0``) or ``eager``; a ``ValueError`` names the values allowed for any other (the
+    service's settings check it when they are read, so a worker refuses to start on it)."""
+    value = value.strip().lower()
     if value in ON:
         return "capture"
     if value in OFF:

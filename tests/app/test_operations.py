@@ -262,3 +262,18 @@ def test_a_busy_port_is_one_clear_line(tmp_path):
     help_text = subprocess.run([sys.executable, "-m", "corel.cli", "serve", "--help"],
                                capture_output=True, text=True, timeout=60).stdout
     assert "COREL_PORT" in " ".join(help_text.split()) and "8000" in help_text
+
+
+def test_a_worker_refuses_to_start_on_an_unknown_cuda_graphs_setting(tmp_path):
+    """COREL_CUDA_GRAPHS is read by the library at each run; the settings check it when a
+    process starts, so that a typo stops the worker there rather than failing every run."""
+    env = {**os.environ, "COREL_CUDA_GRAPHS": "maybe", "COREL_VAR_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "corel.cli", "worker"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "COREL_CUDA_GRAPHS='maybe': allowed are 1" in proc.stderr, proc.stderr
+    for value in ("0", "1", "eager", "Off"):
+        env["COREL_CUDA_GRAPHS"] = value
+        check = subprocess.run([sys.executable, "-c", "from app.settings import Settings; print(Settings().cuda_graphs)"],
+                               env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0 and check.stdout.strip() == value, check.stderr
