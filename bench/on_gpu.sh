@@ -54,28 +54,24 @@ fi
 # BENCH=after: the benchmarks once the rows have ended, in what is left of the budget (the
 # rows first, on a quiet GPU after them); BENCH=0: none; else before the rows.
 cap() { local t=$(( $(left) - 15 )); [ "$t" -gt "$1" ] && t=$1; [ "$t" -gt 5 ] && echo "$t" || echo 1; }  # (timeout 0 would be none)
+# One benchmark eager, then graphed (where the graphs' tests passed): pair NAME SECONDS ARGS...
+pair() {
+    local name=$1 limit=$2 graphs
+    shift 2
+    for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
+        echo "== $name (COREL_CUDA_GRAPHS=$graphs)"
+        COREL_CUDA_GRAPHS=$graphs timeout "$(cap "$limit")" "$PY" "$@" --device cuda
+    done
+}
 benchmarks() {
-    # Each benchmark eager, then graphed, so that a budget cut short still leaves pairs.
-    local graphs
+    # Pair by pair, so that a budget cut short still leaves pairs.
     {
-        for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
-            echo "== train_throughput fp32 (COREL_CUDA_GRAPHS=$graphs)"
-            COREL_CUDA_GRAPHS=$graphs timeout "$(cap 150)" "$PY" bench/train_throughput.py --device cuda
-        done
-        for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
-            echo "== sweep_throughput CNN seeds (COREL_CUDA_GRAPHS=$graphs)"
-            # The CNN rows' shape: one lambda, 3 seeds stacked (vmap) against one after another.
-            COREL_CUDA_GRAPHS=$graphs timeout "$(cap 120)" "$PY" bench/sweep_throughput.py --device cuda \
-                --model cnn --members 1 --seeds 3 --train-subset 12800 --repeats 2
-        done
-        for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
-            echo "== sweep_throughput (COREL_CUDA_GRAPHS=$graphs)"
-            COREL_CUDA_GRAPHS=$graphs timeout "$(cap 150)" "$PY" bench/sweep_throughput.py --device cuda
-        done
-        for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
-            echo "== train_throughput bf16 (COREL_CUDA_GRAPHS=$graphs)"
-            COREL_CUDA_GRAPHS=$graphs timeout "$(cap 120)" "$PY" bench/train_throughput.py --device cuda --precision bf16
-        done
+        pair "train_throughput fp32" 150 bench/train_throughput.py
+        # The CNN rows' shape: one lambda, 3 seeds stacked (vmap) against one after another.
+        pair "sweep_throughput CNN seeds" 120 bench/sweep_throughput.py \
+            --model cnn --members 1 --seeds 3 --train-subset 12800 --repeats 2
+        pair "sweep_throughput" 150 bench/sweep_throughput.py
+        pair "train_throughput bf16" 120 bench/train_throughput.py --precision bf16
     } >>"$OUT/bench.txt" 2>&1
     echo "benchmarks done at $(( $(date +%s) - T0 )) s"
 }

@@ -20,6 +20,7 @@ from pydantic import SecretStr
 
 from app.main import create_app
 from app.migrate import check
+from app.settings import Settings
 from tests.conftest import IN_CI, REPO
 
 
@@ -272,8 +273,5 @@ def test_a_worker_refuses_to_start_on_an_unknown_cuda_graphs_setting(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "COREL_CUDA_GRAPHS='maybe': allowed are 1" in proc.stderr, proc.stderr
-    for value in ("0", "1", "eager", "Off"):
-        env["COREL_CUDA_GRAPHS"] = value
-        check = subprocess.run([sys.executable, "-c", "from app.settings import Settings; print(Settings().cuda_graphs)"],
-                               env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
-        assert check.returncode == 0 and check.stdout.strip() == value, check.stderr
+    for value in ("0", "1", "eager", "Off"):  # the values allowed, read as they are
+        assert Settings(cuda_graphs=value).cuda_graphs == value
