@@ -133,6 +133,16 @@ class Settings(BaseSettings):
         "the default), 0 (off) or eager (corel/graphs.py, which reads the variable itself; "
         "checked here so that a process refuses to start on any other value).",
     )
+    native: bool = Field(
+        default=True,
+        description="corel's compiled fused nodes (corel/native) where they are built; false: "
+        "their Python twins, the same numbers, slower. The library reads COREL_NATIVE itself.",
+    )
+    native_dir: str = Field(
+        default="",
+        description="Where corel/native's builds live (default: <virtual environment>/corel-native). "
+        "The library reads COREL_NATIVE_DIR itself.",
+    )
     api_torch_threads: int = Field(
         default=1, gt=0,
         description="Torch threads of the API process (`corel serve`). Small requests run on "
@@ -227,6 +237,26 @@ class Settings(BaseSettings):
         return self.db_url.startswith("sqlite")
 
 
+def library_environment(settings: Settings) -> dict[str, str]:
+    """The settings that the corel library reads from the environment itself (it has no
+    settings object), as the variables it reads: what a .env file set reaches it only
+    through these, when :func:`get_settings` puts them into this process's environment
+    (which a worker's children and the embedded worker inherit). A value already in the
+    environment is the settings' own, as the environment wins over .env."""
+    values = {}
+    if settings.cuda_graphs is not None:
+        values["COREL_CUDA_GRAPHS"] = settings.cuda_graphs
+    if not settings.native:
+        values["COREL_NATIVE"] = "0"  # the library's word for off (false, no and off read so here)
+    if settings.native_dir:
+        values["COREL_NATIVE_DIR"] = settings.native_dir
+    return values
+
+
 @lru_cache
 def get_settings() -> Settings:
-    return Settings()
+    """This process's settings (read once), with :func:`library_environment` put into its
+    environment, so that the library and the settings agree."""
+    settings = Settings()
+    os.environ.update(library_environment(settings))
+    return settings

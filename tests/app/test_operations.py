@@ -21,6 +21,7 @@ from pydantic import SecretStr
 from app.main import create_app
 from app.migrate import check
 from app.settings import Settings
+from corel import native
 from tests.conftest import IN_CI, REPO
 
 
@@ -275,3 +276,31 @@ def test_a_worker_refuses_to_start_on_an_unknown_cuda_graphs_setting(tmp_path):
     assert "COREL_CUDA_GRAPHS='maybe': allowed are 1" in proc.stderr, proc.stderr
     for value in ("0", "1", "eager", "Off"):  # the values allowed, read as they are
         assert Settings(cuda_graphs=value).cuda_graphs == value
+
+
+LIBRARY_VARIABLES = ("COREL_CUDA_GRAPHS", "COREL_NATIVE", "COREL_NATIVE_DIR")
+# What the library itself reads, in a worker process once its settings are read.
+READ_BY_THE_LIBRARY = ("import worker.celery_app\n"
+                       "from corel import graphs, native\n"
+                       "print(graphs.setting(), native.module() is None, native.build_path().parent)")
+
+
+def test_a_env_file_reaches_the_library_in_a_worker(tmp_path):
+    """The library reads COREL_CUDA_GRAPHS, COREL_NATIVE and COREL_NATIVE_DIR from the
+    environment itself; written in a .env file (which only the settings read), they reach it
+    once a worker's settings are read, and a variable in the environment still wins."""
+    (tmp_path / ".env").write_text(
+        f"COREL_CUDA_GRAPHS=0\nCOREL_NATIVE=false\nCOREL_NATIVE_DIR={tmp_path / 'builds'}\n")
+    env = {k: v for k, v in os.environ.items() if k not in LIBRARY_VARIABLES}
+    env.update(PYTHONPATH=str(REPO), COREL_VAR_DIR=str(tmp_path / "var"))
+
+    def library_sees(**variables: str) -> list[str]:
+        proc = subprocess.run([sys.executable, "-c", READ_BY_THE_LIBRARY], cwd=tmp_path,
+                              env={**env, **variables}, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split()
+
+    assert library_sees() == ["off", "True", str(tmp_path / "builds")]
+    built = str(native.build_path().parent)  # where make install built it
+    assert library_sees(COREL_CUDA_GRAPHS="eager", COREL_NATIVE="1", COREL_NATIVE_DIR=built) == [
+        "eager", "False", built]
