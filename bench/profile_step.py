@@ -10,17 +10,29 @@ that an unprofiled step does not run. And the stacked step's first-layer weight 
 ``aten::mm`` of 1280 x 128 x 784, runs several times slower under the profiler than
 without it: 4-6 ms against 1.65 ms, timed per ATen call with a TorchDispatchMode, on a
 2-core AMD EPYC.)
-Run: ``.venv/bin/python bench/profile_step.py [--steps 100] [--rows 20]``.
+``--timer dispatch`` times each ATen call's wall clock instead (a ``TorchDispatchMode``,
+without the profiler's slowdown of the products), and adds up the matrix products' FLOPs
+from their shapes: their GFLOP/s beside this machine's sgemm (``bench/flops.py``) says
+how near the arithmetic itself runs to the limit, and the rest of the step is what it
+costs around it. The step time with no timer at all is printed first.
+Run: ``.venv/bin/python bench/profile_step.py [--steps 100] [--rows 20] [--timer dispatch]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from flops import sgemm_gflops  # bench/flops.py, beside this file
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
@@ -40,6 +52,61 @@ def table(prof: profile, steps: int, rows: int) -> str:
     return "\n".join(lines)
 
 
+# The matrix products and their FLOPs from the operands' shapes (batched ones by batch).
+PRODUCTS: dict[str, Callable[..., int]] = {
+    "aten.mm.default": lambda a, b: 2 * a.shape[0] * a.shape[1] * b.shape[1],
+    "aten.addmm.default": lambda c, a, b, *_: 2 * a.shape[0] * a.shape[1] * b.shape[1],
+    "aten.bmm.default": lambda a, b: 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2],
+    "aten.baddbmm.default": lambda c, a, b, *_: 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2],
+}
+
+
+class Timer(TorchDispatchMode):
+    """Each ATen call's wall clock and count, and the matrix products' FLOPs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        started = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        name = str(func)
+        self.seconds[name] += time.perf_counter() - started
+        self.calls[name] += 1
+        if name in PRODUCTS:
+            self.flops += PRODUCTS[name](*args)
+        return out
+
+
+def timed(train: Callable[[], object], steps: int, rows: int, gemm: float) -> str:
+    """The step with no timer (median of 3 passes), then each ATen call's share under a
+    :class:`Timer`, and the matrix products' rate against ``gemm`` GFLOP/s."""
+    plain = []
+    for _ in range(3):
+        started = time.perf_counter()
+        train()
+        plain.append((time.perf_counter() - started) / steps * 1e3)
+    timer = Timer()
+    with timer:
+        train()
+    lines = [f"step with no timer: {statistics.median(plain):.3f} ms (median of 3 passes)",
+             f"{'ATen call':48s} {'share':>7s} {'ms/step':>8s} {'calls/step':>10s}"]
+    total = sum(timer.seconds.values())
+    for name, seconds in timer.seconds.most_common(rows):
+        lines.append(f"{name[:48]:48s} {100 * seconds / total:6.1f}% {seconds * 1e3 / steps:8.3f} "
+                     f"{timer.calls[name] / steps:10.1f}")
+    lines.append(f"{'all ATen calls':48s} {100.0:6.1f}% {total * 1e3 / steps:8.3f}")
+    products = sum(timer.seconds[name] for name in PRODUCTS)
+    rate = timer.flops / products / 1e9 if products else 0.0
+    lines.append(f"matrix products: {products * 1e3 / steps:.3f} ms a step, {rate:.1f} GFLOP/s, "
+                 f"{rate / gemm:.2f} of sgemm here ({gemm:.1f} GFLOP/s); everything else: "
+                 f"{(statistics.median(plain) - products * 1e3 / steps):.3f} ms a step")
+    return "\n".join(lines)
+
+
 def subset(data: Dataset, rows: int) -> Dataset:
     part = copy.copy(data)
     part.x_train, part.y_train = data.x_train[:rows], data.y_train[:rows]
@@ -51,6 +118,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rows", type=int, default=20)
     parser.add_argument("--members", type=int, default=10)
+    parser.add_argument("--timer", default="profiler", choices=["profiler", "dispatch"],
+                        help="torch.profiler's table (default), or each ATen call's wall clock")
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     args = parser.parse_args()
     specs = [ExperimentSpec(dataset="fashion-mnist", model="ffnn", loss="gaussian", epochs=1,
@@ -61,16 +130,17 @@ def main() -> None:
           f"{specs[0].batch_size}")
 
     run = start_run(specs[-1], data=part, device="cpu")
-    train_pass(run)  # warm-up
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        train_pass(run)
-    print(f"\nsolo step (train_pass, lam {specs[-1].lam}):\n" + table(prof, args.steps, args.rows))
-
     group = StackedRun.start(specs, part, device="cpu")
-    group.train_pass()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        group.train_pass()
-    print(f"\nstacked step ({args.members} members):\n" + table(prof, args.steps, args.rows))
+    gemm = sgemm_gflops() if args.timer == "dispatch" else 0.0
+    for title, train in ((f"solo step (train_pass, lam {specs[-1].lam})", lambda: train_pass(run)),
+                         (f"stacked step ({args.members} members)", group.train_pass)):
+        train()  # warm-up
+        if args.timer == "dispatch":
+            print(f"\n{title}:\n" + timed(train, args.steps, args.rows, gemm))
+            continue
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            train()
+        print(f"\n{title}:\n" + table(prof, args.steps, args.rows))
 
 
 if __name__ == "__main__":
