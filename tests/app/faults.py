@@ -89,12 +89,19 @@ class PrivatePostgres:
 
     def freeze(self) -> None:
         """SIGSTOP the server and its backends: connections hang instead of failing."""
-        for pid in self._pids():
-            os.kill(pid, signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def thaw(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        """``sig`` to the server, then each backend listed with it. A backend may be gone by
+        its turn: one that exited while the server was stopped is reaped as soon as the
+        server runs again (a soak's thaw once failed on it, ProcessLookupError); it needs
+        no signal."""
         for pid in self._pids():
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def _pids(self) -> list[int]:
         main = self.postmaster_pid()
