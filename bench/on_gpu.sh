@@ -53,6 +53,13 @@ fi
 
 # BENCH=after: the benchmarks once the rows have ended, in what is left of the budget (the
 # rows first, on a quiet GPU after them); BENCH=0: none; else before the rows.
+# The benchmarks' images: Fashion-MNIST, as in the docs' figures, unless the call carried only
+# MNIST (DATASETS=mnist: on 2026-11-27 every benchmark of such a call stopped at a missing
+# Fashion-MNIST).
+case " ${DATASETS:-mnist fashion-mnist} " in
+    *" fashion-mnist "*) BENCH_DATASET=fashion-mnist ;;
+    *) BENCH_DATASET=mnist ;;
+esac
 cap() { local t=$(( $(left) - 15 )); [ "$t" -gt "$1" ] && t=$1; [ "$t" -gt 5 ] && echo "$t" || echo 1; }  # (timeout 0 would be none)
 # One benchmark eager, then graphed (where the graphs' tests passed): pair NAME SECONDS ARGS...
 pair() {
@@ -60,7 +67,7 @@ pair() {
     shift 2
     for graphs in 0 $([ "$GRAPHS_OK" = 1 ] && echo 1); do
         echo "== $name (COREL_CUDA_GRAPHS=$graphs)"
-        COREL_CUDA_GRAPHS=$graphs timeout "$(cap "$limit")" "$PY" "$@" --device cuda
+        COREL_CUDA_GRAPHS=$graphs timeout "$(cap "$limit")" "$PY" "$@" --device cuda --dataset "$BENCH_DATASET"
     done
 }
 benchmarks() {

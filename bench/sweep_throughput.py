@@ -86,19 +86,21 @@ def main() -> None:
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "mnist"),
+                        help="the images (default Fashion-MNIST, as the figures in the docs)")
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     lams = [round((i + 1) / args.members, 4) for i in range(args.members)]
     specs = [
-        ExperimentSpec(dataset="fashion-mnist", model=args.model, loss=args.loss, lam=lam,
+        ExperimentSpec(dataset=args.dataset, model=args.model, loss=args.loss, lam=lam,
                        seed=seed, epochs=1, train_subset=args.train_subset)
         for seed in range(args.seeds) for lam in lams
     ]
     data = load_dataset(specs[0], args.data_dir)
     print(
-        f"Fashion-MNIST {args.model.upper()} ({args.loss}), {len(specs)} members (lam "
+        f"{args.dataset} {args.model.upper()} ({args.loss}), {len(specs)} members (lam "
         f"{lams[0]}..{lams[-1]} x {args.seeds} seed(s)), {len(data.y_train)} training samples, "
         f"batch {specs[0].batch_size}, torch {torch.__version__}, {describe(args.device)}"
     )

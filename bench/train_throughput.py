@@ -78,12 +78,14 @@ def main() -> None:
     parser.add_argument("--loss", default="gaussian")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "mnist"),
+                        help="the images (default Fashion-MNIST, as the figures in the docs)")
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     args = parser.parse_args()
-    spec = ExperimentSpec(dataset="fashion-mnist", model="ffnn", loss=args.loss, lam=0.85, epochs=1,
+    spec = ExperimentSpec(dataset=args.dataset, model="ffnn", loss=args.loss, lam=0.85, epochs=1,
                           precision=args.precision)
     data = load_dataset(spec, args.data_dir)
-    print(f"Fashion-MNIST FFNN ({args.loss}, {args.precision}), {len(data.y_train)} training samples, "
+    print(f"{args.dataset} FFNN ({args.loss}, {args.precision}), {len(data.y_train)} training samples, "
           f"batch {spec.batch_size}, torch {torch.__version__}, {describe(args.device)}")
     corel_epoch(spec, data, args.device)  # warm-up: kernels chosen, caches filled
     ours, theirs = [], []
