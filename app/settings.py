@@ -192,6 +192,12 @@ class Settings(BaseSettings):
             parse(v)
         return v
 
+    @field_validator("native", mode="before")
+    @classmethod
+    def _empty_native_is_the_default(cls, v: object) -> object:
+        # COREL_NATIVE= (empty) is the library's default, on: a process must not refuse it.
+        return True if isinstance(v, str) and not v.strip() else v
+
     @field_validator("database_url")
     @classmethod
     def _check_db(cls, v: str) -> str:
@@ -247,7 +253,7 @@ def library_environment(settings: Settings) -> dict[str, str]:
     if settings.cuda_graphs is not None:
         values["COREL_CUDA_GRAPHS"] = settings.cuda_graphs
     if not settings.native:
-        values["COREL_NATIVE"] = "0"  # the library's word for off (false, no and off read so here)
+        values["COREL_NATIVE"] = "0"  # (the library reads 0, off, false and no alike)
     if settings.native_dir:
         values["COREL_NATIVE_DIR"] = settings.native_dir
     return values

@@ -9,7 +9,8 @@ Python costs as much as its arithmetic, that is about a tenth of the paper's FFN
 
 :func:`module` is the built extension, or None where it was not built for this Python,
 this torch and this source (a build is keyed by all three, so a stale one never loads),
-or where ``COREL_NATIVE=0``; the Python nodes run then. ``COREL_NATIVE_DIR`` says where
+or where ``COREL_NATIVE`` is ``0`` (or ``off``, ``false``, ``no``, as the service's settings
+read it; empty or unset: on); the Python nodes run then. ``COREL_NATIVE_DIR`` says where
 builds live (default: ``<sys.prefix>/corel-native``, inside the virtual environment).
 """
 
@@ -86,10 +87,18 @@ def build(*, force: bool = False) -> Path:
     return target
 
 
+OFF = ("0", "off", "false", "no")  # COREL_NATIVE's words for off, in any case
+
+
+def enabled() -> bool:
+    """Whether ``COREL_NATIVE`` leaves the compiled nodes on (unset or empty: on)."""
+    return os.environ.get("COREL_NATIVE", "").strip().lower() not in OFF
+
+
 @functools.cache
 def module() -> ModuleType | None:
     """The built extension (``gaussian_ar``, ``leaky_mlp``), or None (see the module)."""
-    if os.environ.get("COREL_NATIVE", "1") == "0":
+    if not enabled():
         return None
     path = build_path()
     if not path.exists():

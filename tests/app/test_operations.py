@@ -304,3 +304,6 @@ def test_a_env_file_reaches_the_library_in_a_worker(tmp_path):
     built = str(native.build_path().parent)  # where make install built it
     assert library_sees(COREL_CUDA_GRAPHS="eager", COREL_NATIVE="1", COREL_NATIVE_DIR=built) == [
         "eager", "False", built]
+    # An empty variable is the default, for the settings as for the library: the worker
+    # starts (it refused to, on the settings' bool) and the build loads.
+    assert library_sees(COREL_NATIVE="", COREL_NATIVE_DIR=built) == ["off", "False", built]

@@ -1,5 +1,5 @@
 """corel.native's loader: a build is keyed by its source (a stale one never loads), and
-COREL_NATIVE=0 or a missing build leaves the Python nodes running."""
+COREL_NATIVE=0 (or off, false, no) or a missing build leaves the Python nodes running."""
 
 from __future__ import annotations
 
@@ -32,9 +32,14 @@ def test_a_changed_source_is_a_new_build_path_that_is_not_built(fresh, tmp_path)
 
 
 def test_corel_native_0_and_another_directory_leave_the_python_nodes(fresh, tmp_path):
-    fresh.setenv("COREL_NATIVE", "0")
-    assert native.module() is None
-    native.module.cache_clear()
+    for off in ("0", "false", "Off", " no "):  # the words the service's settings read as off
+        fresh.setenv("COREL_NATIVE", off)
+        assert native.module() is None, off
+        native.module.cache_clear()
+    for on in ("", "1", "true"):  # empty, as unset, is on: the build loads
+        fresh.setenv("COREL_NATIVE", on)
+        assert native.module() is not None, on
+        native.module.cache_clear()
     fresh.delenv("COREL_NATIVE")
     fresh.setenv("COREL_NATIVE_DIR", str(tmp_path))
     assert native.build_path().parent == tmp_path
