@@ -427,7 +427,8 @@ def main() -> None:
     p.add_argument("--stack-seeds", action="store_true", help="a row's seeds as one stacked group")
     p.add_argument("--extra-lam", type=extra_lam, nargs="*", default=[], metavar="LOSS=LAM",
                    help="a row more per dataset of LOSS at LAM (beside the paper's lambda), e.g. gaussian=0.6")
-    p.add_argument("--losses", nargs="+", choices=LOSSES, default=list(LOSSES))
+    p.add_argument("--losses", nargs="*", choices=LOSSES, default=list(LOSSES),
+                   help="the paper's rows to train (default all four; none: only the --extra-lam rows)")
     p.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     p.add_argument("--until-epoch", type=int, default=None,
                    help="end every run after this epoch (of --epochs)")
