@@ -14,7 +14,13 @@ without it: 4-6 ms against 1.65 ms, timed per ATen call with a TorchDispatchMode
 without the profiler's slowdown of the products), and adds up the matrix products' FLOPs
 from their shapes: their GFLOP/s beside this machine's sgemm (``bench/flops.py``) says
 how near the arithmetic itself runs to the limit, and the rest of the step is what it
-costs around it. The step time with no timer at all is printed first.
+costs around it. The step time with no timer at all is printed first, and last a floor:
+the step if nothing ran but its products, Adam and the loss's distances, as timed (calls
+whose cost the math and the parameter count fix: Adam reads and writes four tensors the
+size of the model, and Gaussian-COREL takes its distances from the differences,
+``corel/similarity.py``), and the fraction of sgemm that such a step would reach by the
+throughput benchmarks' measure (6 FLOPs a weight; the first layer's products do 4, as no
+gradient of the input is taken, so that measure can pass 1).
 Run: ``.venv/bin/python bench/profile_step.py [--steps 100] [--rows 20] [--timer dispatch]``.
 """
 
@@ -30,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from flops import sgemm_gflops  # bench/flops.py, beside this file
+from flops import sgemm_gflops, step_flops  # bench/flops.py, beside this file
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -81,9 +87,25 @@ class Timer(TorchDispatchMode):
         return out
 
 
-def timed(train: Callable[[], object], steps: int, rows: int, gemm: float) -> str:
+# What a step cannot do without, besides its products: Adam (and its step count) and the
+# Gaussian-COREL distances, forward and backward.
+FLOOR = ("aten._fused_adam_.default", "aten._foreach_add_.Scalar",
+         "aten._cdist_forward.default", "aten._cdist_backward.default")
+
+
+def floor(timer: Timer, steps: int, gemm: float, model_flops: float) -> tuple[float, float, float]:
+    """From a :class:`Timer` of ``steps`` steps: (the products' milliseconds a step, the
+    :data:`FLOOR` calls' milliseconds a step, the fraction of ``gemm`` GFLOP/s that a step
+    of only those would reach for ``model_flops`` FLOPs a step)."""
+    products = sum(timer.seconds[name] for name in PRODUCTS) / steps * 1e3
+    fixed = sum(timer.seconds[name] for name in FLOOR) / steps * 1e3
+    return products, fixed, model_flops / ((products + fixed) / 1e3) / (gemm * 1e9)
+
+
+def timed(train: Callable[[], object], steps: int, rows: int, gemm: float, model_flops: float) -> str:
     """The step with no timer (median of 3 passes), then each ATen call's share under a
-    :class:`Timer`, and the matrix products' rate against ``gemm`` GFLOP/s."""
+    :class:`Timer`, the matrix products' rate against ``gemm`` GFLOP/s, and the
+    :func:`floor` of a step that does ``model_flops`` FLOPs."""
     plain = []
     for _ in range(3):
         started = time.perf_counter()
@@ -104,6 +126,10 @@ def timed(train: Callable[[], object], steps: int, rows: int, gemm: float) -> st
     lines.append(f"matrix products: {products * 1e3 / steps:.3f} ms a step, {rate:.1f} GFLOP/s, "
                  f"{rate / gemm:.2f} of sgemm here ({gemm:.1f} GFLOP/s); everything else: "
                  f"{(statistics.median(plain) - products * 1e3 / steps):.3f} ms a step")
+    in_products, fixed, fraction = floor(timer, steps, gemm, model_flops)
+    lines.append(f"floor: the products ({in_products:.3f} ms) + Adam and the distances ({fixed:.3f} ms) "
+                 f"= {in_products + fixed:.3f} ms a step, a fraction of sgemm of {fraction:.2f} "
+                 f"(the benchmarks' measure); the rest costs {statistics.median(plain) - in_products - fixed:.3f} ms")
     return "\n".join(lines)
 
 
@@ -132,11 +158,13 @@ def main() -> None:
     run = start_run(specs[-1], data=part, device="cpu")
     group = StackedRun.start(specs, part, device="cpu")
     gemm = sgemm_gflops() if args.timer == "dispatch" else 0.0
-    for title, train in ((f"solo step (train_pass, lam {specs[-1].lam})", lambda: train_pass(run)),
-                         (f"stacked step ({args.members} members)", group.train_pass)):
+    per_step = step_flops(run.model) * specs[0].batch_size  # FLOPs of one member's step
+    for title, train, members in (
+            (f"solo step (train_pass, lam {specs[-1].lam})", lambda: train_pass(run), 1),
+            (f"stacked step ({args.members} members)", group.train_pass, args.members)):
         train()  # warm-up
         if args.timer == "dispatch":
-            print(f"\n{title}:\n" + timed(train, args.steps, args.rows, gemm))
+            print(f"\n{title}:\n" + timed(train, args.steps, args.rows, gemm, members * per_step))
             continue
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             train()

@@ -33,3 +33,25 @@ def test_the_timer_counts_each_product_and_its_flops():
     batched = 2 * (2 * 5 * 4 * 6 * 3)
     assert timer.flops == linear + batched
     assert all(timer.seconds[name] > 0 for name in timer.calls)
+
+
+def test_the_floor_adds_the_products_adam_and_the_distances_and_nothing_else():
+    """floor(): the timed products plus the timed Adam and cdist calls (and nothing else the
+    timer saw), and the fraction of a given rate that a step of only those reaches."""
+    layer = torch.nn.Linear(64, 32)
+    optimizer = torch.optim.Adam(layer.parameters(), fused=True)
+    centres = torch.randn(10, 32, requires_grad=True)
+    timer = profile_step.Timer()
+    with timer:
+        for _ in range(2):
+            h = torch.nn.functional.leaky_relu(layer(torch.randn(128, 64)), 0.1)
+            torch.cdist(h, centres, compute_mode="donot_use_mm_for_euclid_dist").sum().backward()
+            optimizer.step()
+    assert timer.calls["aten._fused_adam_.default"] == 2 and timer.calls["aten._cdist_backward.default"] >= 2
+    products, fixed, fraction = profile_step.floor(timer, steps=2, gemm=50.0, model_flops=1e6)
+    assert products == sum(timer.seconds[n] for n in profile_step.PRODUCTS) / 2 * 1e3 > 0
+    timed = [timer.seconds[n] for n in profile_step.FLOOR if n in timer.seconds]
+    assert len(timed) >= 3 and fixed == sum(timed) / 2 * 1e3
+    assert timer.seconds["aten.leaky_relu.default"] > 0  # timed, and left out of the floor
+    assert products + fixed < sum(timer.seconds.values()) / 2 * 1e3
+    assert abs(fraction - 1e6 / ((products + fixed) / 1e3) / 50e9) < 1e-12
