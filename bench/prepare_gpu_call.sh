@@ -16,9 +16,12 @@
 #       export COREL_DATA_DIR=$PWD/.gpudata; BENCH=after PRECISION_CHECK=0
 #       DATASETS=fashion-mnist bash bench/on_gpu.sh $OUT 570",
 #       carry=[".whl", ".gpudata"], timeout_s=600)
-# MNIST's rows are next: DATASETS=mnist, here and in the call. Rows that stop short of 150
-# epochs bring back their state (state.tar.xz.NN): commit those parts beside the rows in
-# docs/runs/, and a later call adds RESUME_FROM=docs/runs/<that folder>.
+# MNIST's rows the same way, DATASETS=mnist here and in the call (401 s, section 10); one
+# extra row alone, as Fashion-MNIST's Gaussian-COREL at lambda 0.6 (145 s, section 11):
+# bench/cnn_rows.py launch --datasets fashion-mnist --losses --extra-lam gaussian=0.6
+# --stack-seeds. Rows that stop short of 150 epochs bring back their state
+# (state.tar.xz.NN): commit those parts beside the rows in docs/runs/, and a later call adds
+# RESUME_FROM=docs/runs/<that folder>.
 set -eu
 cd "$(git rev-parse --show-toplevel)"
 mkdir -p .git/info
