@@ -105,8 +105,10 @@ def main() -> None:
         f"batch {specs[0].batch_size}, torch {torch.__version__}, {describe(args.device)}"
     )
     stacked_epoch(specs, data, args.device)  # warm-up: kernels chosen, caches filled
-    stacked, sequential, largest = [], [], [0.0] * len(specs)
-    for _ in range(args.repeats):
+    stacked, sequential, gemms, largest = [], [], [], [0.0] * len(specs)
+    for _ in range(args.repeats):  # sgemm in each alternation too: on a shared machine it moves with them
+        if args.model == "ffnn":
+            gemms.append(sgemm_gflops(device=args.device))
         rate, stacked_states = stacked_epoch(specs, data, args.device)
         stacked.append(rate)
         rate, solo_states = sequential_epochs(specs, data, args.device)
@@ -124,9 +126,9 @@ def main() -> None:
     )
     if args.model == "ffnn":  # 6 FLOPs per weight counts a CNN's convolutions wrong
         flops = step_flops(start_run(specs[0], data=data, device="cpu").model)
-        gemm = sgemm_gflops(device=args.device)
+        gemm = statistics.median(gemms)
         print(f"stacked step: {a * flops / 1e9:.1f} GFLOP/s of model arithmetic (6 per weight), "
-              f"sgemm here {gemm:.1f} GFLOP/s")
+              f"sgemm here {gemm:.1f} GFLOP/s (median; runs: {', '.join(f'{g:.1f}' for g in gemms)})")
         print(f"stacked fraction of sgemm: {a * flops / 1e9 / gemm:.2f} (target >= 0.8)")
     print(f"ratio stacked / sequential: {a / b:.2f}x (target >= 2x)")
     print(

@@ -5,7 +5,8 @@ with ``corel.training.train_pass`` and with a plain
 ``DataLoader(TensorDataset(x, y), batch_size, shuffle=True)`` loop — same model,
 loss, batch size, optimizer and torch thread count — alternating the two
 ``--repeats`` times in one run, and prints the median samples/s of each, the achieved
-GFLOP/s of corel's step beside this machine's sgemm rate measured in the same run, and
+GFLOP/s of corel's step beside this machine's sgemm rate measured in the same run (once
+per alternation, the median: on a shared machine it moves as much as the loops do), and
 the two ratios (last two lines: ``fraction of sgemm: F`` and ``ratio corel / DataLoader:
 X``; targets 0.5 and 1.5). Run: ``.venv/bin/python bench/train_throughput.py``.
 
@@ -88,20 +89,22 @@ def main() -> None:
     print(f"{args.dataset} FFNN ({args.loss}, {args.precision}), {len(data.y_train)} training samples, "
           f"batch {spec.batch_size}, torch {torch.__version__}, {describe(args.device)}")
     corel_epoch(spec, data, args.device)  # warm-up: kernels chosen, caches filled
-    ours, theirs = [], []
-    for _ in range(args.repeats):
+    ours, theirs, gemms = [], [], []
+    for _ in range(args.repeats):  # sgemm in each alternation too: on a shared machine it moves with them
         ours.append(corel_epoch(spec, data, args.device))
         theirs.append(dataloader_epoch(spec, data, args.device))
+        gemms.append(sgemm_gflops(device=args.device))
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"corel train_pass      : median {a:9.0f} samples/s  (runs: {', '.join(f'{v:.0f}' for v in ours)})")
     print(f"DataLoader(TensorDS)  : median {b:9.0f} samples/s  (runs: {', '.join(f'{v:.0f}' for v in theirs)})")
     flops = step_flops(start_run(spec, data=data, device="cpu").model)
-    fp32 = sgemm_gflops(device=args.device)
+    fp32 = statistics.median(gemms)
     bf16 = sgemm_gflops(device=args.device, dtype=torch.bfloat16) if args.device != "cpu" else None
     gemm = bf16 if (bf16 and args.precision == "bf16") else fp32
     achieved = a * flops / 1e9
     print(f"FFNN step: {flops / 1e3:.0f} kFLOP per sample (6 per weight); corel {achieved:.1f} GFLOP/s, "
-          f"sgemm here {fp32:.1f} GFLOP/s ({describe(args.device)})"
+          f"sgemm here {fp32:.1f} GFLOP/s (median; runs: {', '.join(f'{g:.1f}' for g in gemms)}; "
+          f"{describe(args.device)})"
           + (f", bf16 matrix product {bf16:.1f} GFLOP/s" if bf16 else ""))
     print(f"fraction of sgemm: {achieved / gemm:.2f}")
     print(f"ratio corel / DataLoader: {a / b:.2f}")
