@@ -114,22 +114,22 @@ def timed(train: Callable[[], object], steps: int, rows: int, gemm: float, model
     timer = Timer()
     with timer:
         train()
-    lines = [f"step with no timer: {statistics.median(plain):.3f} ms (median of 3 passes)",
+    step = statistics.median(plain)
+    lines = [f"step with no timer: {step:.3f} ms (median of 3 passes)",
              f"{'ATen call':48s} {'share':>7s} {'ms/step':>8s} {'calls/step':>10s}"]
     total = sum(timer.seconds.values())
     for name, seconds in timer.seconds.most_common(rows):
         lines.append(f"{name[:48]:48s} {100 * seconds / total:6.1f}% {seconds * 1e3 / steps:8.3f} "
                      f"{timer.calls[name] / steps:10.1f}")
     lines.append(f"{'all ATen calls':48s} {100.0:6.1f}% {total * 1e3 / steps:8.3f}")
-    products = sum(timer.seconds[name] for name in PRODUCTS)
-    rate = timer.flops / products / 1e9 if products else 0.0
-    lines.append(f"matrix products: {products * 1e3 / steps:.3f} ms a step, {rate:.1f} GFLOP/s, "
+    products, fixed, fraction = floor(timer, steps, gemm, model_flops)  # ms a step
+    rate = timer.flops / steps / (products / 1e3) / 1e9 if products else 0.0
+    lines.append(f"matrix products: {products:.3f} ms a step, {rate:.1f} GFLOP/s, "
                  f"{rate / gemm:.2f} of sgemm here ({gemm:.1f} GFLOP/s); everything else: "
-                 f"{(statistics.median(plain) - products * 1e3 / steps):.3f} ms a step")
-    in_products, fixed, fraction = floor(timer, steps, gemm, model_flops)
-    lines.append(f"floor: the products ({in_products:.3f} ms) + Adam and the distances ({fixed:.3f} ms) "
-                 f"= {in_products + fixed:.3f} ms a step, a fraction of sgemm of {fraction:.2f} "
-                 f"(the benchmarks' measure); the rest costs {statistics.median(plain) - in_products - fixed:.3f} ms")
+                 f"{step - products:.3f} ms a step")
+    lines.append(f"floor: the products ({products:.3f} ms) + Adam and the distances ({fixed:.3f} ms) "
+                 f"= {products + fixed:.3f} ms a step, a fraction of sgemm of {fraction:.2f} "
+                 f"(the benchmarks' measure); the rest costs {step - products - fixed:.3f} ms")
     return "\n".join(lines)
 
 

@@ -31,6 +31,8 @@ from types import ModuleType
 
 import torch
 
+from corel.graphs import OFF
+
 __all__ = ["build", "build_path", "module"]
 
 SOURCE = Path(__file__).with_name("fused.cpp")
@@ -87,12 +89,9 @@ def build(*, force: bool = False) -> Path:
     return target
 
 
-OFF = ("0", "off", "false", "no")  # COREL_NATIVE's words for off, in any case
-
-
 def enabled() -> bool:
     """Whether ``COREL_NATIVE`` leaves the compiled nodes on (unset or empty: on)."""
-    return os.environ.get("COREL_NATIVE", "").strip().lower() not in OFF
+    return os.environ.get("COREL_NATIVE", "").strip().lower() not in OFF  # COREL_CUDA_GRAPHS's words
 
 
 @functools.cache
