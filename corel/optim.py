@@ -30,25 +30,41 @@ class FusedAdam(torch.optim.Adam):
     def __init__(self, params: Iterable[torch.Tensor], lr: float) -> None:
         super().__init__(params, lr=lr, fused=True)
 
-    def _lean_lists(self) -> tuple[list[torch.Tensor], ...] | None:
-        if len(self.param_groups) != 1 or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks:
+    def lean_state(self) -> tuple[list[torch.Tensor], ...] | None:
+        """(params, exp_avgs, exp_avg_sqs, steps) where the next step may take the fused
+        kernel straight away: one group without hooks, AMSGrad, weight decay, maximize or
+        differentiable, every parameter with its state (after the first step), on one
+        device and dtype, and no global hook or profiler recording; None otherwise. The
+        gradients are not looked at (:meth:`step` checks them; :mod:`corel.step` makes
+        them)."""
+        if (len(self.param_groups) != 1 or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks
+                or _global_hooks() or torch.autograd._profiler_enabled()):
             return None
         group = self.param_groups[0]
         if group["amsgrad"] or group["weight_decay"] or group["maximize"] or group["differentiable"]:
             return None
         params: list[torch.Tensor] = group["params"]
-        grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
+        exp_avgs, exp_avg_sqs, steps = [], [], []
         for p in params:
             state = self.state.get(p)
-            if p.grad is None or not state or p.grad.is_sparse:
+            if not state:
                 return None
-            grads.append(p.grad)
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
             steps.append(state["step"])
         if len({(p.device, p.dtype) for p in params}) != 1:
             return None  # torch groups them by device and dtype; one kernel call each
-        return params, grads, exp_avgs, exp_avg_sqs, steps
+        return params, exp_avgs, exp_avg_sqs, steps
+
+    def _lean_lists(self) -> tuple[list[torch.Tensor], ...] | None:
+        lists = self.lean_state()
+        if lists is None:
+            return None
+        params, exp_avgs, exp_avg_sqs, steps = lists
+        grads = [p.grad for p in params]
+        if any(g is None or g.is_sparse for g in grads):
+            return None
+        return params, grads, exp_avgs, exp_avg_sqs, steps  # type: ignore[return-value]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """``set_to_none=True`` (the default): every gradient to None, without the profiler
@@ -64,9 +80,7 @@ class FusedAdam(torch.optim.Adam):
         """Adam's step. With no hooks (global or this optimiser's) and no profiler
         recording, the fused kernel straight away; otherwise torch's step, with its
         profiler record and hooks."""
-        lists = None
-        if closure is None and not _global_hooks() and not torch.autograd._profiler_enabled():
-            lists = self._lean_lists()
+        lists = self._lean_lists() if closure is None else None
         if lists is None:
             return self._torch_step(closure)
         params, grads, exp_avgs, exp_avg_sqs, steps = lists

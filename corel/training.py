@@ -63,6 +63,7 @@ from corel.models import Classifier, build_classifier
 from corel.optim import adam
 from corel.progress import Callback, EpochMetrics
 from corel.spec import ExperimentSpec
+from corel.step import gaussian_mlp_step
 
 __all__ = [
     "CHANCE_EPOCHS",
@@ -128,6 +129,10 @@ def _step(
     """:func:`train_step` with its results left as tensors on the model's device: the
     loss and the similarities it was computed from (before this step), detached."""
     optimizer.zero_grad(set_to_none=True)
+    if precision == "fp32":  # the same step as one native call, where corel.step covers it
+        done = gaussian_mlp_step(model, optimizer, x, y, check=check)
+        if done is not None:
+            return done
     loss, h, sim = forward_loss(model, x, y, check=check, precision=precision)
     loss.backward()
     optimizer.step()

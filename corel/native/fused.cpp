@@ -21,69 +21,112 @@ Tensor scaled(const Tensor& x, const Tensor& weight, double value, bool negate) 
 
 Tensor or_undefined(const std::optional<Tensor>& t) { return t.has_value() ? *t : Tensor(); }
 
+// Gaussian-COREL's forward: (loss, sim), keeping in `saved` what the backward needs
+// (h, W, dist, squared, -gamma, sim, lse, index).
+std::vector<Tensor> gaussian_forward(const Tensor& h, const Tensor& W, const Tensor& gamma, const Tensor& labels,
+                                     double lam, double one_minus_lam, const Tensor& lam_w, const Tensor& repulse_w,
+                                     std::vector<Tensor>& saved) {
+  Tensor dist = at::cdist(h, W, 2.0, /*compute_mode=donot_use_mm_for_euclid_dist*/ 2);
+  Tensor squared = dist.square();
+  Tensor neg_gamma = gamma.neg();
+  Tensor sim = neg_gamma.mul(squared);
+  Tensor index = labels.expand(sim.sizes().slice(0, sim.dim() - 1)).unsqueeze(-1);
+  Tensor lse = at::logsumexp(sim, {-1});
+  Tensor attract = scaled(sim.gather(-1, index).squeeze(-1), lam_w, lam, true);
+  Tensor loss = attract.add(scaled(lse, repulse_w, one_minus_lam, false)).mean({-1});
+  saved = {h, W, dist, squared, neg_gamma, sim, lse, index};
+  return {loss, sim};
+}
+
+// Its backward: the gradients of h, W and gamma (each where asked for), from the loss's
+// gradient and the similarities' (either may be undefined).
+std::vector<Tensor> gaussian_backward(const std::vector<Tensor>& saved, const Tensor& grad_loss, Tensor grad,
+                                      double lam, double one_minus_lam, const Tensor& lam_w, const Tensor& repulse_w,
+                                      bool need_h, bool need_w, bool need_gamma) {
+  const Tensor &h = saved[0], &W = saved[1], &dist = saved[2], &squared = saved[3];
+  const Tensor &neg_gamma = saved[4], &sim = saved[5], &lse = saved[6], &index = saved[7];
+  if (grad_loss.defined()) {
+    // The mean's, the weighted sum's, then logsumexp's and the gather's backward; a
+    // stack's float64 lambdas rounded to sim's dtype as autograd rounds them.
+    Tensor rows = grad_loss.unsqueeze(-1).expand(sim.sizes().slice(0, sim.dim() - 1)).div(c10::Scalar(sim.size(-2)));
+    Tensor attract = scaled(rows, lam_w, lam, true).to(sim.scalar_type());
+    Tensor repulse = scaled(rows, repulse_w, one_minus_lam, false).to(sim.scalar_type());
+    Tensor from_lse = repulse.unsqueeze(-1).mul(sim.sub(lse.unsqueeze(-1)).exp());
+    Tensor from_loss = from_lse.scatter_add_(-1, index, attract.unsqueeze(-1));
+    grad = grad.defined() ? grad.add(from_loss) : from_loss;
+  }
+  std::vector<Tensor> out(3);  // h, W, gamma
+  if (!grad.defined()) return out;
+  if (need_gamma) out[2] = grad.mul(squared).sum_to_size(neg_gamma.sizes()).neg();
+  // The gamma product's, then square's (2 dist), then cdist's backward.
+  Tensor grad_dist = grad.mul(neg_gamma).mul(dist.mul(2.0));
+  if (need_h) out[0] = at::_cdist_backward(grad_dist.contiguous(), h, W, 2.0, dist);
+  if (need_w) out[1] = at::_cdist_backward(grad_dist.mT().contiguous(), W, h, 2.0, dist.mT().contiguous());
+  return out;
+}
+
+// The FFNN's forward: its output; `saved` gets x and each layer's activation.
+Tensor mlp_forward(const Tensor& x, double slope, at::TensorList params, std::vector<Tensor>& saved) {
+  saved = {x};
+  Tensor a = x;
+  for (size_t i = 0; i + 1 < params.size(); i += 2) {
+    // In place on addmm's fresh result, as LeakyReLU(inplace=True) would.
+    Tensor z = at::addmm(params[i + 1], a, params[i].t());
+    a = at::leaky_relu_(z, slope);
+    saved.push_back(a);
+  }
+  return a;
+}
+
+// Its backward from the output's gradient: {input, W1, b1, ..., W_L, b_L} (each where
+// needs(k) says, k as the parameters' index, -1 for the input).
+template <typename Needs>
+std::vector<Tensor> mlp_backward(const std::vector<Tensor>& activations, at::TensorList params, double slope,
+                                 Tensor grad, Needs needs) {
+  const size_t layers = params.size() / 2;
+  std::vector<Tensor> out(1 + params.size());
+  for (size_t i = layers; i-- > 0;) {
+    grad = at::leaky_relu_backward(grad, activations[i + 1], slope, true);
+    if (needs(2 * i)) out[1 + 2 * i] = grad.t().mm(activations[i]);
+    if (needs(2 * i + 1)) out[2 + 2 * i] = grad.sum({0});
+    if (i > 0 || needs(-1)) grad = grad.mm(params[2 * i]);
+  }
+  if (needs(-1)) out[0] = grad;
+  return out;
+}
+
 struct GaussianARFn : public torch::autograd::Function<GaussianARFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& h, const Tensor& W, const Tensor& gamma,
                                const Tensor& labels, double lam, double one_minus_lam,
                                const std::optional<Tensor>& lam_t, const std::optional<Tensor>& one_minus_lam_t) {
     Tensor lam_w = or_undefined(lam_t), repulse_w = or_undefined(one_minus_lam_t);
-    Tensor dist = at::cdist(h, W, 2.0, /*compute_mode=donot_use_mm_for_euclid_dist*/ 2);
-    Tensor squared = dist.square();
-    Tensor neg_gamma = gamma.neg();
-    Tensor sim = neg_gamma.mul(squared);
-    Tensor index = labels.expand(sim.sizes().slice(0, sim.dim() - 1)).unsqueeze(-1);
-    Tensor lse = at::logsumexp(sim, {-1});
-    Tensor attract = scaled(sim.gather(-1, index).squeeze(-1), lam_w, lam, true);
-    Tensor loss = attract.add(scaled(lse, repulse_w, one_minus_lam, false)).mean({-1});
-    ctx->save_for_backward({h, W, dist, squared, neg_gamma, sim, lse, index});
+    std::vector<Tensor> saved;
+    auto out = gaussian_forward(h, W, gamma, labels, lam, one_minus_lam, lam_w, repulse_w, saved);
+    ctx->save_for_backward(saved);
     ctx->saved_data["lam"] = lam;
     ctx->saved_data["one_minus_lam"] = one_minus_lam;
     ctx->saved_data["lam_t"] = lam_w;
     ctx->saved_data["one_minus_lam_t"] = repulse_w;
     ctx->set_materialize_grads(false);
-    return {loss, sim};
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto saved = ctx->get_saved_variables();
-    const Tensor &h = saved[0], &W = saved[1], &dist = saved[2], &squared = saved[3];
-    const Tensor &neg_gamma = saved[4], &sim = saved[5], &lse = saved[6], &index = saved[7];
-    const Tensor& grad_loss = grads[0];
-    Tensor grad = grads[1];
-    if (grad_loss.defined()) {
-      // The mean's, the weighted sum's, then logsumexp's and the gather's backward; a
-      // stack's float64 lambdas rounded to sim's dtype as autograd rounds them.
-      Tensor rows = grad_loss.unsqueeze(-1).expand(sim.sizes().slice(0, sim.dim() - 1)).div(c10::Scalar(sim.size(-2)));
-      Tensor attract = scaled(rows, ctx->saved_data["lam_t"].toTensor(), ctx->saved_data["lam"].toDouble(), true)
-                           .to(sim.scalar_type());
-      Tensor repulse = scaled(rows, ctx->saved_data["one_minus_lam_t"].toTensor(),
-                              ctx->saved_data["one_minus_lam"].toDouble(), false)
-                           .to(sim.scalar_type());
-      Tensor from_lse = repulse.unsqueeze(-1).mul(sim.sub(lse.unsqueeze(-1)).exp());
-      Tensor from_loss = from_lse.scatter_add_(-1, index, attract.unsqueeze(-1));
-      grad = grad.defined() ? grad.add(from_loss) : from_loss;
-    }
+    auto grad = gaussian_backward(
+        ctx->get_saved_variables(), grads[0], grads[1], ctx->saved_data["lam"].toDouble(),
+        ctx->saved_data["one_minus_lam"].toDouble(), ctx->saved_data["lam_t"].toTensor(),
+        ctx->saved_data["one_minus_lam_t"].toTensor(), ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+        ctx->needs_input_grad(2));
     variable_list out(8);  // h, W, gamma, labels, lam, 1 - lam, and their tensor forms
-    if (!grad.defined()) return out;
-    if (ctx->needs_input_grad(2)) out[2] = grad.mul(squared).sum_to_size(neg_gamma.sizes()).neg();
-    // The gamma product's, then square's (2 dist), then cdist's backward.
-    Tensor grad_dist = grad.mul(neg_gamma).mul(dist.mul(2.0));
-    if (ctx->needs_input_grad(0)) out[0] = at::_cdist_backward(grad_dist.contiguous(), h, W, 2.0, dist);
-    if (ctx->needs_input_grad(1))
-      out[1] = at::_cdist_backward(grad_dist.mT().contiguous(), W, h, 2.0, dist.mT().contiguous());
+    out[0] = grad[0], out[1] = grad[1], out[2] = grad[2];
     return out;
   }
 };
 
 struct LeakyMLPFn : public torch::autograd::Function<LeakyMLPFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& x, double slope, at::TensorList params) {
-    std::vector<Tensor> saved{x};
-    Tensor a = x;
-    for (size_t i = 0; i + 1 < params.size(); i += 2) {
-      // In place on addmm's fresh result, as LeakyReLU(inplace=True) would.
-      Tensor z = at::addmm(params[i + 1], a, params[i].t());
-      a = at::leaky_relu_(z, slope);
-      saved.push_back(a);
-    }
+    std::vector<Tensor> saved;
+    Tensor a = mlp_forward(x, slope, params, saved);
     saved.insert(saved.end(), params.begin(), params.end());
     ctx->save_for_backward(saved);
     ctx->saved_data["slope"] = slope;
@@ -93,21 +136,44 @@ struct LeakyMLPFn : public torch::autograd::Function<LeakyMLPFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const size_t layers = (saved.size() - 1) / 3;
-    const double slope = ctx->saved_data["slope"].toDouble();
-    // x, slope, then the parameters; needs_input_grad counts tensors only: x is 0,
-    // parameter k is 1 + k.
-    variable_list out(2 + 2 * layers);
-    Tensor grad = grads[0];
-    for (size_t i = layers; i-- > 0;) {
-      grad = at::leaky_relu_backward(grad, saved[i + 1], slope, true);
-      if (ctx->needs_input_grad(1 + 2 * i)) out[2 + 2 * i] = grad.t().mm(saved[i]);
-      if (ctx->needs_input_grad(2 + 2 * i)) out[3 + 2 * i] = grad.sum({0});
-      if (i > 0 || ctx->needs_input_grad(0)) grad = grad.mm(saved[layers + 1 + 2 * i]);
-    }
-    if (ctx->needs_input_grad(0)) out[0] = grad;
+    std::vector<Tensor> activations(saved.begin(), saved.begin() + layers + 1);
+    std::vector<Tensor> params(saved.begin() + layers + 1, saved.end());
+    // needs_input_grad counts tensors only: x is 0, parameter k is 1 + k.
+    auto got = mlp_backward(activations, params, ctx->saved_data["slope"].toDouble(), grads[0],
+                            [&](int k) { return ctx->needs_input_grad(1 + k); });
+    variable_list out(2 + 2 * layers);  // x, slope, then the parameters
+    out[0] = got[0];
+    for (size_t k = 0; k < 2 * layers; ++k) out[2 + k] = got[1 + k];
     return out;
   }
 };
+
+// One training step of an FFNN with a Gaussian-COREL head (a fixed gamma) and Adam, with
+// no autograd graph: the calls that autograd would make for `loss.backward()` on the two
+// nodes above (the loss's gradient seeded with ones_like, as backward() seeds it), then
+// FusedAdam's. `layers` are the FFNN's (W1, b1, ..., W_L, b_L) and `W` the class vectors,
+// in the optimiser's order with their moments and steps; their gradients are left in
+// .grad as backward() leaves them. Returns (loss, sim), as the autograd step does.
+std::vector<Tensor> gaussian_mlp_step(const Tensor& x, const Tensor& labels, double slope, std::vector<Tensor> layers,
+                                      const Tensor& W, const Tensor& gamma, double lam, double one_minus_lam,
+                                      std::vector<Tensor> exp_avgs, std::vector<Tensor> exp_avg_sqs,
+                                      std::vector<Tensor> steps, double lr, double beta1, double beta2, double eps) {
+  torch::NoGradGuard no_grad;  // as inside an autograd Function's forward and backward
+  std::vector<Tensor> activations, saved;
+  Tensor h = mlp_forward(x, slope, layers, activations);
+  auto out = gaussian_forward(h, W, gamma.to(h.scalar_type()), labels, lam, one_minus_lam, Tensor(), Tensor(), saved);
+  Tensor seed = at::ones_like(out[0], at::MemoryFormat::Preserve);
+  auto head = gaussian_backward(saved, seed, Tensor(), lam, one_minus_lam, Tensor(), Tensor(), true, true, false);
+  auto encoder = mlp_backward(activations, layers, slope, head[0], [](int k) { return k >= 0; });
+  std::vector<Tensor> params(layers), grads(encoder.begin() + 1, encoder.end());
+  params.push_back(W);
+  grads.push_back(head[1]);
+  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i];
+  at::_foreach_add_(steps, 1);
+  at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, {}, steps, lr, beta1, beta2, /*weight_decay=*/0.0, eps,
+                   /*amsgrad=*/false, /*maximize=*/false);
+  return out;
+}
 
 std::vector<Tensor> gaussian_ar(const Tensor& h, const Tensor& W, const Tensor& gamma, const Tensor& labels,
                                 double lam, double one_minus_lam, const std::optional<Tensor>& lam_t,
@@ -124,4 +190,6 @@ Tensor leaky_mlp(const Tensor& x, double slope, std::vector<Tensor> params) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gaussian_ar", &gaussian_ar, "(loss, sim) of Gaussian-COREL as one node (corel.fused.GaussianAR)");
   m.def("leaky_mlp", &leaky_mlp, "the FFNN's layers as one node (corel.fused.LeakyMLP)");
+  m.def("gaussian_mlp_step", &gaussian_mlp_step,
+        "one Adam step of an FFNN with a Gaussian-COREL head, without autograd (corel.fused.gaussian_mlp_step)");
 }
