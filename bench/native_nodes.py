@@ -1,12 +1,19 @@
-"""The compiled fused nodes (corel.native) against their Python twins, in one process.
+"""The compiled step and nodes (corel.native) against the autograd step and the Python nodes.
 
 Trains the paper's FFNN (Gaussian-COREL head) on Fashion-MNIST for one epoch with
-``corel.training.train_pass``, alternating the two implementations of the fused nodes
-``--repeats`` times (the Python one by hiding the built module, as ``COREL_NATIVE=0``
-does), each from the same initial weights and order, and prints the median samples/s of
-each, the ratio, and whether the two epochs ended on the same weights bit for bit (they
-must: the nodes make the same calls). Needs ``python -m corel.native build`` (``make
-install`` runs it). Run: ``.venv/bin/python bench/native_nodes.py [--repeats 7]``.
+``corel.training.train_pass`` three ways, alternated ``--repeats`` times in one process,
+each from the same initial weights and order:
+
+* ``step``: the whole step as one native call (:mod:`corel.step`), the default;
+* ``nodes``: the autograd step over the compiled fused nodes (the native step hidden);
+* ``python``: the autograd step over the Python nodes (the built module hidden, as
+  ``COREL_NATIVE=0`` does);
+
+then a 10-member lambda sweep (``StackedRun.train_pass``) with and without the stacked
+native step. It prints the median samples/s of each, the ratios, and whether every way
+ended on the same weights bit for bit (it must: each makes the same calls). Needs
+``python -m corel.native build`` (``make install`` runs it).
+Run: ``.venv/bin/python bench/native_nodes.py [--repeats 5]``.
 """
 
 from __future__ import annotations
@@ -15,34 +22,75 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
 
 import torch
 from flops import describe  # bench/flops.py, beside this file
 
-from corel import native
-from corel.data import load_dataset
+from corel import native, stacked, training
+from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
-from corel.training import start_run, train_pass
+
+WAYS = ("step", "nodes", "python")
 
 
-def epoch(spec: ExperimentSpec, data, compiled: bool) -> tuple[float, dict[str, torch.Tensor]]:
-    """(samples/s, the weights after the epoch) with or without the compiled nodes."""
-    built = native.module
-    if not compiled:
-        native.module = lambda: None  # type: ignore[assignment]
-    try:
-        run = start_run(spec, data=data, device="cpu")
+def _hidden(owner: Any, name: str, stack: ExitStack) -> None:
+    """``owner.name`` returns None until the stack closes."""
+    kept = getattr(owner, name)
+    setattr(owner, name, lambda *args, **kwargs: None)
+    stack.callback(setattr, owner, name, kept)
+
+
+def solo(spec: ExperimentSpec, data: Dataset, way: str) -> tuple[float, dict[str, torch.Tensor]]:
+    """(samples/s, the weights after the epoch) of one solo epoch the given way."""
+    with ExitStack() as stack:
+        if way != "step":
+            _hidden(training, "gaussian_mlp_step", stack)
+        if way == "python":
+            _hidden(native, "module", stack)
+        run = training.start_run(spec, data=data, device="cpu")
         started = time.perf_counter()
-        assert train_pass(run) is not None
+        assert training.train_pass(run) is not None
         rate = len(data.y_train) / (time.perf_counter() - started)
-    finally:
-        native.module = built  # type: ignore[assignment]
     return rate, run.model.state_dict()
+
+
+def group(specs: list[ExperimentSpec], data: Dataset, way: str) -> tuple[float, dict[str, torch.Tensor]]:
+    """(model-samples/s, the stacked weights after the epoch) of one stacked epoch."""
+    with ExitStack() as stack:
+        if way != "step":
+            _hidden(stacked, "stacked_gaussian_mlp_step", stack)
+        run = stacked.StackedRun.start(specs, data, device="cpu")
+        run.train_pass()  # the first pass creates Adam's state; the second is timed
+        started = time.perf_counter()
+        assert run.train_pass() is not None
+        rate = len(specs) * len(data.y_train) / (time.perf_counter() - started)
+    return rate, {k: v.detach() for k, v in run.params.items()}
+
+
+def alternate(repeats: int, ways: tuple[str, ...], one: Callable[[str], tuple[float, dict[str, torch.Tensor]]]
+              ) -> tuple[dict[str, float], bool]:
+    """Median rate of each way over ``repeats`` alternations, and whether they all ended
+    on the same weights bit for bit each time."""
+    rates: dict[str, list[float]] = {way: [] for way in ways}
+    same = True
+    for _ in range(repeats):
+        weights = {}
+        for way in ways:
+            rate, weights[way] = one(way)
+            rates[way].append(rate)
+        first = weights[ways[0]]
+        same = same and all(torch.equal(first[k], w[k]) for w in weights.values() for k in first)
+    for way, values in rates.items():
+        print(f"  {way:6s}: median {statistics.median(values):9.0f}  (runs: {', '.join(f'{v:.0f}' for v in values)})")
+    return {way: statistics.median(values) for way, values in rates.items()}, same
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     args = parser.parse_args()
     if native.module() is None:
@@ -51,19 +99,17 @@ def main() -> None:
     data = load_dataset(spec, args.data_dir)
     print(f"Fashion-MNIST FFNN (gaussian, fp32), {len(data.y_train)} training samples, batch "
           f"{spec.batch_size}, torch {torch.__version__}, {describe('cpu')}")
-    epoch(spec, data, True)  # warm-up
-    compiled, python, same = [], [], True
-    for _ in range(args.repeats):
-        a, weights_a = epoch(spec, data, True)
-        b, weights_b = epoch(spec, data, False)
-        compiled.append(a)
-        python.append(b)
-        same = same and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
-    a, b = statistics.median(compiled), statistics.median(python)
-    print(f"compiled nodes (corel.native): median {a:9.0f} samples/s  (runs: {', '.join(f'{v:.0f}' for v in compiled)})")
-    print(f"Python nodes (corel.fused)   : median {b:9.0f} samples/s  (runs: {', '.join(f'{v:.0f}' for v in python)})")
-    print(f"same weights after each epoch, bit for bit: {'yes' if same else 'NO'}")
-    print(f"ratio compiled / Python: {a / b:.2f}")
+    solo(spec, data, "step")  # warm-up
+    print("solo epoch, samples/s:")
+    rates, same = alternate(args.repeats, WAYS, lambda way: solo(spec, data, way))
+    print(f"  same weights after each epoch, bit for bit: {'yes' if same else 'NO'}")
+    specs = [spec.model_copy(update={"lam": lam / 10}) for lam in range(1, 11)]
+    print("10-member stacked epoch (lam 0.1..1.0), model-samples/s:")
+    stacks, stacks_same = alternate(args.repeats, WAYS[:2], lambda way: group(specs, data, way))
+    print(f"  same weights after each epoch, bit for bit: {'yes' if stacks_same else 'NO'}")
+    print(f"ratio native step / autograd step over compiled nodes: {rates['step'] / rates['nodes']:.2f}")
+    print(f"ratio compiled nodes / Python nodes: {rates['nodes'] / rates['python']:.2f}")
+    print(f"ratio stacked native step / stacked autograd step: {stacks['step'] / stacks['nodes']:.2f}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Gaussian-COREL head, ``--steps`` steps of ``corel.training.train_pass`` and of a
 self CPU time, its milliseconds a step and its calls a step. The matrix products are the
 arithmetic; everything else is what the loop costs around it. (Under a profiler
 ``FusedAdam.step`` takes torch's wrapped step, so its ``Optimizer.step#`` row is Python
-that an unprofiled step does not run. And the stacked step's first-layer weight gradient,
+that an unprofiled step does not run; and the native step of ``corel/step.py`` stands
+aside, so the table is the autograd step's; ``--timer dispatch`` times the native step. And the stacked step's first-layer weight gradient,
 ``aten::mm`` of 1280 x 128 x 784, runs several times slower under the profiler than
 without it: 4-6 ms against 1.65 ms, timed per ATen call with a TorchDispatchMode, on a
 2-core AMD EPYC.)

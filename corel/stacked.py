@@ -70,6 +70,7 @@ from corel.models import FFNN, Classifier
 from corel.optim import adam
 from corel.progress import EpochMetrics, GroupCallback
 from corel.spec import ExperimentSpec
+from corel.step import stacked_gaussian_mlp_step, stacked_layers
 from corel.training import EVAL_BATCH, Run, build_model, make_optimizer, pass_totals
 
 __all__ = ["StackedRun"]
@@ -202,6 +203,10 @@ class StackedRun:
         self._template = members[0]
         self._state_keys = list(self._template.state_dict())
         self._mlp = _mlp_plan(self._template.encoder)
+        # A Gaussian-COREL FFNN stack in float32 or float64: its step as one native call
+        # where corel.step covers it (bit for bit the autograd step).
+        native = self.loss_name == "gaussian" and self.precision == "fp32"
+        self._native_layout = stacked_layers(self._mlp) if native else None
         self._vmapped_encoder = torch.vmap(self._member_encode, in_dims=(0, 0, None))
         self._vmapped_loss = torch.vmap(self._member_loss, in_dims=(0, 0, 0, 0, 0, None))
         self._vmapped_predict = torch.vmap(self._member_predict, in_dims=(0, 0, 0))
@@ -451,6 +456,10 @@ class StackedRun:
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One Adam step of every member on a batch: (losses (M,), similarities), detached."""
         self.optimizer.zero_grad(set_to_none=True)
+        done = stacked_gaussian_mlp_step(self._native_layout, self.params, self.buffers, self.optimizer,
+                                         self.lam, self.one_minus_lam, xb, yb)
+        if done is not None:
+            return done
         with autocast(self.device, self.precision):
             h = self.encode(xb, per_member)
         loss, sim = self._stacked_loss(h, yb)

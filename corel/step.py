@@ -5,18 +5,25 @@ The paper's FFNN with the product's default head (Gaussian-COREL, gamma fixed) a
 update as one C++ call (``gaussian_mlp_step`` in ``corel/native/fused.cpp``), which makes
 the ATen calls that ``loss.backward()`` and :class:`corel.optim.FusedAdam` make on the
 fused nodes of :mod:`corel.fused`, in their order, without building an autograd graph.
-So the weights, gradients, moments, loss and similarities it leaves are bit for bit the
-autograd step's (``tests/corel/test_step.py``); it saves the graph's bookkeeping and the
-step's Python (on a 2-core CPU, a good share of a 1 ms step).
+:func:`stacked_gaussian_mlp_step` does the same for a stack of such members
+(:class:`corel.stacked.StackedRun`), with the calls autograd makes for the stacked FFNN's
+plain operations. So the weights, gradients, moments, losses and similarities they leave
+are bit for bit the autograd step's (``tests/corel/test_step.py``); they save the graph's
+bookkeeping and the step's Python (on a 2-core CPU a solo epoch ran about 1.3x as fast,
+a 10-member stack about 1.04x: ``bench/native_nodes.py``).
 
-It returns None wherever the autograd step should run instead: no native build, another
+They return None wherever the autograd step should run instead: no native build, another
 encoder or head, a learned gamma, a frozen parameter, hooks on the encoder or the
 parameters, an optimiser other than a lean :class:`~corel.optim.FusedAdam` (its first
-step, which creates the state, included), bf16, and where :mod:`corel.fused` would not
-fuse either (no gradients, ``torch.func`` transforms, traces, export, autocast).
+step, which creates the state, included), bf16, a GPU (where the step is replayed as a
+CUDA graph, :mod:`corel.graphs`, which takes away the same overhead), and where
+:mod:`corel.fused` would not fuse either (no gradients, ``torch.func`` transforms,
+traces, export, autocast).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch.nn.modules import module as torch_module
@@ -27,7 +34,7 @@ from corel.losses import GaussianCOREL, LossHead, check_labels
 from corel.models import FFNN, Classifier
 from corel.optim import FusedAdam
 
-__all__ = ["gaussian_mlp_step"]
+__all__ = ["gaussian_mlp_step", "stacked_gaussian_mlp_step", "stacked_layers"]
 
 
 def gaussian_mlp_step(
@@ -51,27 +58,82 @@ def gaussian_mlp_step(
     state = optimizer.lean_state()
     if state is None:
         return None
+    adam = _adam_arguments(optimizer, state, [*layers, W])
+    if adam is None:
+        return None
+    if check:
+        check_labels(y, x.shape[0], head.num_classes)
+    loss, sim = native.gaussian_mlp_step(x.flatten(1), y, slope, layers, W, head.fixed_gamma, head.lam,
+                                         1.0 - head.lam, *adam)
+    return loss, sim
+
+
+def stacked_layers(plan: list[tuple[str, Any]] | None) -> tuple[float, list[str]] | None:
+    """(slope, the linear layers' names) of a stacked FFNN's plan (``corel.stacked._mlp_plan``)
+    that :func:`stacked_gaussian_mlp_step` can take: Flatten, then (Linear, LeakyReLU) pairs
+    with one slope; None otherwise."""
+    if not plan or plan[0][0] != "flatten" or len(plan) % 2 != 1:
+        return None
+    pairs = list(zip(plan[1::2], plan[2::2], strict=True))
+    if any(a[0] != "linear" or b[0] != "leaky_relu" for a, b in pairs):
+        return None
+    slopes = {float(b[1]) for _, b in pairs}
+    if len(slopes) != 1:
+        return None
+    return next(iter(slopes)), [a[1] for a, _ in pairs]
+
+
+def stacked_gaussian_mlp_step(
+    layout: tuple[float, list[str]] | None, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer, lam: torch.Tensor, one_minus_lam: torch.Tensor,
+    x: torch.Tensor, y: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One Adam step of a stack of Gaussian-COREL FFNNs (:class:`corel.stacked.StackedRun`'s
+    ``params``, ``buffers``, ``optimizer`` and per-member ``lam``, ``one_minus_lam`` (M,)) on
+    shared inputs x (N, ...) and labels y (N,), or each member's (M, N, ...) and (M, N), as
+    one native call: (losses (M,), similarities (M, N, K)), bit for bit the autograd step's;
+    None where that should run. ``layout``: :func:`stacked_layers` of the run's plan."""
+    native = _native.module()
+    if native is None or layout is None or not isinstance(optimizer, FusedAdam) or "head.log_gamma" in params:
+        return None
+    slope, names = layout
+    layers = [params[f"{name}.{kind}"] for name in names for kind in ("weight", "bias")]
+    W = params["head.W"]
+    if (x.shape[-2 if y.dim() == 2 else 0] == 0 or x.device.type != "cpu" or x.dtype != W.dtype
+            or not _plain_autograd(x) or _hooked(None, [*layers, W])):
+        return None
+    state = optimizer.lean_state()
+    adam = None if state is None else _adam_arguments(optimizer, state, [*layers, W])
+    if adam is None:
+        return None
+    gamma = buffers["head.fixed_gamma"].to(W.dtype).view(-1, 1, 1)
+    loss, sim = native.stacked_gaussian_mlp_step(x, y, slope, layers, W, gamma, lam.unsqueeze(1),
+                                                 one_minus_lam.unsqueeze(1), *adam)
+    return loss, sim
+
+
+def _adam_arguments(optimizer: torch.optim.Optimizer, state: tuple[list[torch.Tensor], ...],
+                    tensors: list[torch.Tensor]) -> list[Any] | None:
+    """The native steps' Adam arguments (moments, steps, lr, betas, eps) where the
+    optimiser's parameters are exactly ``tensors``, in that order, with a float lr."""
     params, exp_avgs, exp_avg_sqs, steps = state
-    if len(params) != len(layers) + 1 or any(a is not b for a, b in zip(params, [*layers, W], strict=False)):
+    if len(params) != len(tensors) or any(a is not b for a, b in zip(params, tensors, strict=True)):
         return None  # the optimiser holds other tensors, or these in another order
     group = optimizer.param_groups[0]
     if not isinstance(group["lr"], float):
         return None  # a tensor lr takes torch's other kernel
-    if check:
-        check_labels(y, x.shape[0], head.num_classes)
     beta1, beta2 = group["betas"]
-    loss, sim = native.gaussian_mlp_step(
-        x.flatten(1), y, slope, layers, W, head.fixed_gamma, head.lam, 1.0 - head.lam,
-        exp_avgs, exp_avg_sqs, steps, float(group["lr"]), float(beta1), float(beta2), float(group["eps"]))
-    return loss, sim
+    return [exp_avgs, exp_avg_sqs, steps, float(group["lr"]), float(beta1), float(beta2), float(group["eps"])]
 
 
-def _hooked(encoder: torch.nn.Module, params: list[torch.Tensor]) -> bool:
+def _hooked(encoder: torch.nn.Module | None, params: list[torch.Tensor]) -> bool:
     """Whether anything would watch the autograd step that this one skips: the encoder's
     forward hooks (its call is replaced), global module hooks, the parameters' gradient
     hooks, or a parameter that takes no gradient; or a head whose ``after_batch`` does
     something (Gaussian-COREL's does nothing)."""
-    if (encoder._forward_hooks or encoder._forward_pre_hooks or torch_module._global_forward_hooks
+    if encoder is not None and (encoder._forward_hooks or encoder._forward_pre_hooks):
+        return True
+    if (torch_module._global_forward_hooks
             or torch_module._global_forward_pre_hooks or GaussianCOREL.after_batch is not LossHead.after_batch):
         return True
     return any(not p.requires_grad or p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)

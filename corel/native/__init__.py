@@ -1,5 +1,7 @@
-"""corel's fused autograd nodes compiled: ``fused.cpp`` beside this file, built once per
-environment by ``python -m corel.native build`` (``make install`` runs it).
+"""corel's fused autograd nodes compiled, and the training steps built from them:
+``fused.cpp`` beside this file, built once per environment by ``python -m corel.native
+build`` (``make install`` runs it). The steps (:mod:`corel.step`) run a whole Adam step of
+a Gaussian-COREL FFNN, solo or stacked, as one call without an autograd graph.
 
 The C++ nodes make the same ATen calls in the same order as their Python twins in
 :mod:`corel.fused`, so a run gives the same numbers bit for bit with or without them
@@ -96,7 +98,8 @@ def enabled() -> bool:
 
 @functools.cache
 def module() -> ModuleType | None:
-    """The built extension (``gaussian_ar``, ``leaky_mlp``), or None (see the module)."""
+    """The built extension (``gaussian_ar``, ``leaky_mlp``, ``gaussian_mlp_step``,
+    ``stacked_gaussian_mlp_step``), or None (see the module)."""
     if not enabled():
         return None
     path = build_path()

@@ -148,12 +148,23 @@ struct LeakyMLPFn : public torch::autograd::Function<LeakyMLPFn> {
   }
 };
 
+// FusedAdam's step (corel/optim.py) on parameters whose gradients are `grads`: they are
+// left in .grad as backward() leaves them, then the steps counted and the fused kernel run.
+void adam_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, std::vector<Tensor>& exp_avgs,
+               std::vector<Tensor>& exp_avg_sqs, std::vector<Tensor>& steps, double lr, double beta1, double beta2,
+               double eps) {
+  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i];
+  at::_foreach_add_(steps, 1);
+  at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, {}, steps, lr, beta1, beta2, /*weight_decay=*/0.0, eps,
+                   /*amsgrad=*/false, /*maximize=*/false);
+}
+
 // One training step of an FFNN with a Gaussian-COREL head (a fixed gamma) and Adam, with
 // no autograd graph: the calls that autograd would make for `loss.backward()` on the two
 // nodes above (the loss's gradient seeded with ones_like, as backward() seeds it), then
 // FusedAdam's. `layers` are the FFNN's (W1, b1, ..., W_L, b_L) and `W` the class vectors,
-// in the optimiser's order with their moments and steps; their gradients are left in
-// .grad as backward() leaves them. Returns (loss, sim), as the autograd step does.
+// in the optimiser's order with their moments and steps. Returns (loss, sim), as the
+// autograd step does.
 std::vector<Tensor> gaussian_mlp_step(const Tensor& x, const Tensor& labels, double slope, std::vector<Tensor> layers,
                                       const Tensor& W, const Tensor& gamma, double lam, double one_minus_lam,
                                       std::vector<Tensor> exp_avgs, std::vector<Tensor> exp_avg_sqs,
@@ -168,10 +179,74 @@ std::vector<Tensor> gaussian_mlp_step(const Tensor& x, const Tensor& labels, dou
   std::vector<Tensor> params(layers), grads(encoder.begin() + 1, encoder.end());
   params.push_back(W);
   grads.push_back(head[1]);
-  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i];
-  at::_foreach_add_(steps, 1);
-  at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, {}, steps, lr, beta1, beta2, /*weight_decay=*/0.0, eps,
-                   /*amsgrad=*/false, /*maximize=*/false);
+  adam_step(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps);
+  return out;
+}
+
+// The same for a stack of M such members (corel.stacked.StackedRun's step): the calls
+// that autograd makes for `loss.sum().backward()` on the stacked FFNN as
+// corel.stacked._mlp_forward computes it (shared inputs x (N, ...): the first layer as
+// F.linear's addmm on the members' weights side by side, made (M, N, out) with a copy;
+// each member's own inputs x (M, N, ...): baddbmm), with out-of-place LeakyReLUs, then the
+// stacked Gaussian-COREL node with per-member lambdas (M, 1) and gamma (M, 1, 1), then
+// FusedAdam over the stacked (W1, b1, ..., W_L, b_L, W). Each formula is autograd's
+// (derivatives.yaml's, broadcasts summed back with sum_to, gradients made contiguous as
+// AccumulateGrad makes them). Returns (losses (M,), sim (M, N, K)).
+std::vector<Tensor> stacked_gaussian_mlp_step(
+    const Tensor& x, const Tensor& labels, double slope, std::vector<Tensor> layers, const Tensor& W,
+    const Tensor& gamma, const Tensor& lam, const Tensor& one_minus_lam, std::vector<Tensor> exp_avgs,
+    std::vector<Tensor> exp_avg_sqs, std::vector<Tensor> steps, double lr, double beta1, double beta2, double eps) {
+  torch::NoGradGuard no_grad;
+  const bool shared = labels.dim() == 1;
+  const size_t count = layers.size() / 2;
+  std::vector<Tensor> inputs, before;  // each layer's input and its pre-activation
+  Tensor a = x.flatten(shared ? 1 : 2);
+  for (size_t i = 0; i < count; ++i) {
+    const Tensor &Wi = layers[2 * i], &bi = layers[2 * i + 1];
+    const int64_t members = Wi.size(0), out = Wi.size(1), dim = Wi.size(2);
+    Tensor z;
+    if (i == 0 && shared) {
+      z = at::addmm(bi.reshape({members * out}), a, Wi.reshape({members * out, dim}).t());  // F.linear
+      z = z.view({a.size(0), members, out}).transpose(0, 1).contiguous();
+    } else {
+      z = at::baddbmm(bi.unsqueeze(1), a, Wi.transpose(1, 2));
+    }
+    inputs.push_back(a);
+    before.push_back(z);
+    a = at::leaky_relu(z, slope);
+  }
+  std::vector<Tensor> saved;
+  auto out = gaussian_forward(a, W, gamma, labels, 0.0, 0.0, lam, one_minus_lam, saved);
+  // sum()'s backward of backward()'s seed: a 0-d one expanded to the members.
+  Tensor seed = at::ones({}, out[0].options()).expand(out[0].sizes());
+  auto head = gaussian_backward(saved, seed, Tensor(), 0.0, 0.0, lam, one_minus_lam, true, true, false);
+  std::vector<Tensor> grads(layers.size());
+  Tensor grad = head[0];
+  for (size_t i = count; i-- > 0;) {
+    const Tensor& Wi = layers[2 * i];
+    const int64_t members = Wi.size(0), out = Wi.size(1), dim = Wi.size(2);
+    grad = at::leaky_relu_backward(grad, before[i], slope, false);
+    if (i == 0 && shared) {
+      // contiguous's and transpose's backward, then view's (a reshape, which copies),
+      // then addmm's: the weight's as mm_mat2_backward takes it for a transposed mat2.
+      Tensor flat = grad.transpose(0, 1).reshape({inputs[0].size(0), members * out});
+      // (mm_mat2_backward's (flat^T x)^T, transposed back by t's backward: a view of this.)
+      grads[0] = flat.t().mm(inputs[0]).reshape({members, out, dim}).contiguous();
+      const std::vector<int64_t> bias{members * out};
+      grads[1] = at::sum_to(flat, at::IntArrayRef(bias)).reshape({members, out}).contiguous();
+    } else {
+      // baddbmm's: the bias broadcast over the rows summed back, the weight's through its
+      // transpose, the input's where a layer below takes it.
+      const std::vector<int64_t> bias{members, 1, out};
+      grads[2 * i + 1] = at::sum_to(grad, at::IntArrayRef(bias)).squeeze(1).contiguous();
+      grads[2 * i] = inputs[i].transpose(1, 2).bmm(grad).transpose(1, 2).contiguous();
+      if (i > 0) grad = grad.bmm(Wi.transpose(1, 2).transpose(1, 2));
+    }
+  }
+  std::vector<Tensor> params(layers);
+  params.push_back(W);
+  grads.push_back(head[1].contiguous());
+  adam_step(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps);
   return out;
 }
 
@@ -191,5 +266,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gaussian_ar", &gaussian_ar, "(loss, sim) of Gaussian-COREL as one node (corel.fused.GaussianAR)");
   m.def("leaky_mlp", &leaky_mlp, "the FFNN's layers as one node (corel.fused.LeakyMLP)");
   m.def("gaussian_mlp_step", &gaussian_mlp_step,
-        "one Adam step of an FFNN with a Gaussian-COREL head, without autograd (corel.fused.gaussian_mlp_step)");
+        "one Adam step of an FFNN with a Gaussian-COREL head, without autograd (corel.step.gaussian_mlp_step)");
+  m.def("stacked_gaussian_mlp_step", &stacked_gaussian_mlp_step,
+        "the same for a stack of members (corel.step.stacked_gaussian_mlp_step)");
 }

@@ -1,6 +1,6 @@
-"""The whole training step as one native call (corel.step): bit for bit the autograd step
-it replaces, really taken in training, and out of the way wherever the autograd step must
-run (hooks, another head, a learned gamma, the optimiser's first step)."""
+"""The whole training step as one native call (corel.step), solo and stacked: bit for bit
+the autograd step it replaces, really taken in training, and out of the way wherever the
+autograd step must run (hooks, another head, a learned gamma, the optimiser's first step)."""
 
 from __future__ import annotations
 
@@ -34,13 +34,15 @@ def _batches(dtype, steps=6, size=16):
 
 
 class Counted:
-    """corel.step.gaussian_mlp_step, counting the steps it took (non-None) and passed."""
+    """A native step of corel.step (the solo one by default), counting the steps it took
+    (non-None) and passed."""
 
-    def __init__(self):
+    def __init__(self, native_step=step.gaussian_mlp_step):
+        self.native_step = native_step
         self.took = self.passed = 0
 
     def __call__(self, *args, **kwargs):
-        out = step.gaussian_mlp_step(*args, **kwargs)
+        out = self.native_step(*args, **kwargs)
         if out is None:
             self.passed += 1
         else:
@@ -143,3 +145,53 @@ def test_hooks_and_the_first_step_keep_the_autograd_step():
     assert step.gaussian_mlp_step(model, torch.optim.Adam(model.parameters()), x, y, check=False) is None
     assert step.gaussian_mlp_step(model, optimizer, x.double(), y, check=False) is None
     assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is not None
+
+
+def _group(dtype, seeds, **spec):
+    from corel.stacked import StackedRun
+
+    x, y = _batches(torch.float32, steps=1, size=300)[0]
+    data = Dataset(name="noise", modality="image", x_train=x, y_train=y, x_val=x[:20], y_val=y[:20],
+                   x_test=x[:20], y_test=y[:20], class_names=[str(k) for k in range(10)],
+                   input_shape=(1, 28, 28), preprocessing={}).astype(dtype)
+    values = {"dataset": "fashion-mnist", "model": "ffnn", "loss": "gaussian", "hidden": 32, "epochs": 1} | spec
+    return StackedRun.start([ExperimentSpec(**values, lam=lam, seed=seed) for seed in seeds for lam in (0.3, 0.9)],
+                            data, device="cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seeds", [[0], [0, 1]], ids=["shared batches", "a stream per seed"])
+def test_the_stacked_native_step_is_the_autograd_step_bit_for_bit(dtype, seeds, monkeypatch):
+    from corel import stacked
+
+    results = {}
+    for name in ("native", "autograd"):
+        counted = Counted(step.stacked_gaussian_mlp_step)
+        monkeypatch.setattr(stacked, "stacked_gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
+        run = _group(dtype, seeds)
+        first = run.train_pass()
+        second = run.train_pass()
+        results[name] = run, (first, second), counted
+    (run, passes, counted), (theirs, their_passes, _) = results.values()
+    assert (counted.took, counted.passed) == (5, 1)  # 2 passes of 3 steps; the first creates Adam's state
+    assert passes == their_passes
+    assert passes[0] != passes[1]
+    for name, p in run.params.items():
+        assert torch.equal(p, theirs.params[name]), name
+        assert torch.equal(p.grad, theirs.params[name].grad), name
+    mine, want = run.optimizer.state_dict()["state"], theirs.optimizer.state_dict()["state"]
+    for index, entry in want.items():
+        for key, value in entry.items():
+            assert torch.equal(mine[index][key], value), (index, key)
+
+
+@pytest.mark.parametrize("spec", [{"loss": "cce"}, {"learn_gamma": True}, {"model": "cnn"}])
+def test_other_stacks_take_the_autograd_step(spec, monkeypatch):
+    from corel import stacked
+
+    counted = Counted(step.stacked_gaussian_mlp_step)
+    monkeypatch.setattr(stacked, "stacked_gaussian_mlp_step", counted)
+    run = _group(torch.float32, [0], **spec)
+    run.train_pass()
+    run.train_pass()
+    assert counted.took == 0 and counted.passed == 6
