@@ -129,8 +129,11 @@ def _adam_arguments(optimizer: torch.optim.Optimizer, state: tuple[list[torch.Te
 def _hooked(encoder: torch.nn.Module | None, params: list[torch.Tensor]) -> bool:
     """Whether anything would watch the autograd step that this one skips: the encoder's
     forward hooks (its call is replaced), global module hooks, the parameters' gradient
-    hooks, or a parameter that takes no gradient; or a head whose ``after_batch`` does
-    something (Gaussian-COREL's does nothing)."""
+    hooks, or a parameter that takes no gradient; a head whose ``after_batch`` does
+    something (Gaussian-COREL's does nothing); or autograd's anomaly mode, which checks
+    each backward node's output."""
+    if torch.is_anomaly_enabled():
+        return True
     if encoder is not None and (encoder._forward_hooks or encoder._forward_pre_hooks):
         return True
     if (torch_module._global_forward_hooks

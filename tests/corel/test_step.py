@@ -142,6 +142,8 @@ def test_hooks_and_the_first_step_keep_the_autograd_step():
     model.head.W.requires_grad_(True)
     with torch.no_grad():
         assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is None
+    with torch.autograd.detect_anomaly(check_nan=True):
+        assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is None
     assert step.gaussian_mlp_step(model, torch.optim.Adam(model.parameters()), x, y, check=False) is None
     assert step.gaussian_mlp_step(model, optimizer, x.double(), y, check=False) is None
     assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is not None
