@@ -99,7 +99,7 @@ def stacked_gaussian_mlp_step(
     slope, names = layout
     layers = [params[f"{name}.{kind}"] for name in names for kind in ("weight", "bias")]
     W = params["head.W"]
-    if (x.shape[-2 if y.dim() == 2 else 0] == 0 or x.device.type != "cpu" or x.dtype != W.dtype
+    if (y.numel() == 0 or x.device.type != "cpu" or x.dtype != W.dtype
             or not _plain_autograd(x) or _hooked(None, [*layers, W])):
         return None
     state = optimizer.lean_state()
