@@ -34,7 +34,7 @@ from torch import nn
 
 from corel import native as _native
 
-__all__ = ["GaussianAR", "LeakyMLP", "fusable", "gaussian_ar", "leaky_mlp"]
+__all__ = ["GaussianAR", "LeakyMLP", "fusable", "gaussian_ar", "leaky_mlp", "plain_autograd"]
 
 
 class LeakyMLP(torch.autograd.Function):
@@ -95,7 +95,7 @@ def leaky_mlp(x: torch.Tensor, slope: float, linears: list[nn.Linear]) -> torch.
     """The layers on x (N, ...) flattened, as one :class:`LeakyMLP` node, or None where the
     plain modules should run: without gradients, under ``torch.func`` transforms, a trace,
     an export or autocast."""
-    if not any(m.weight.requires_grad for m in linears) or not _plain_autograd(x):
+    if not any(m.weight.requires_grad for m in linears) or not plain_autograd(x):
         return None
     params = [t for m in linears for t in (m.weight, m.bias)]
     if any(p.dtype != x.dtype or p.device != x.device for p in params):
@@ -108,7 +108,7 @@ def leaky_mlp(x: torch.Tensor, slope: float, linears: list[nn.Linear]) -> torch.
     return out
 
 
-def _plain_autograd(x: torch.Tensor) -> bool:
+def plain_autograd(x: torch.Tensor) -> bool:
     """True where a fused node may replace the plain operations on x: with gradients, and
     in no ``torch.func`` transform, trace, script, export, ``torch.compile`` (which traces
     the plain operations whole, where the compiled node would break its graph) or autocast."""
@@ -180,7 +180,7 @@ def gaussian_ar(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(loss, sim) as one :class:`GaussianAR` node, or None where the plain operations
     should run (see :func:`leaky_mlp`), or where the tensors differ in dtype or device."""
-    if not _plain_autograd(h):
+    if not plain_autograd(h):
         return None
     if any(t.dtype != h.dtype for t in (W, gamma)):
         return None

@@ -55,6 +55,11 @@ class FFNN(nn.Module):
         self.out_dim = hidden
         self._fused = fusable(self.net)
 
+    @property
+    def fused_layers(self) -> tuple[float, list[nn.Linear]] | None:
+        """(slope, linears) where the layers run as one fused node (no dropout), else None."""
+        return self._fused
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Training without dropout: the layers as one autograd node, bit for bit the same.
         if self._fused is not None:

@@ -29,7 +29,7 @@ import torch
 from torch.nn.modules import module as torch_module
 
 from corel import native as _native
-from corel.fused import _plain_autograd
+from corel.fused import plain_autograd
 from corel.losses import GaussianCOREL, LossHead, check_labels
 from corel.models import FFNN, Classifier
 from corel.optim import FusedAdam
@@ -47,12 +47,13 @@ def gaussian_mlp_step(
     if native is None or not isinstance(optimizer, FusedAdam):
         return None
     encoder, head = model.encoder, model.head
-    if type(encoder) is not FFNN or encoder._fused is None or type(head) is not GaussianCOREL or head.learn_gamma:
+    fused = encoder.fused_layers if type(encoder) is FFNN else None
+    if fused is None or type(head) is not GaussianCOREL or head.learn_gamma:
         return None
-    slope, linears = encoder._fused
+    slope, linears = fused
     layers = [t for m in linears for t in (m.weight, m.bias)]
     W = head.W
-    if (x.shape[0] == 0 or x.device.type != "cpu" or x.dtype != W.dtype or x.device != W.device or not _plain_autograd(x)
+    if (x.shape[0] == 0 or x.device.type != "cpu" or x.dtype != W.dtype or x.device != W.device or not plain_autograd(x)
             or _hooked(encoder, [*layers, W])):
         return None
     state = optimizer.lean_state()
@@ -100,7 +101,7 @@ def stacked_gaussian_mlp_step(
     layers = [params[f"{name}.{kind}"] for name in names for kind in ("weight", "bias")]
     W = params["head.W"]
     if (y.numel() == 0 or x.device.type != "cpu" or x.dtype != W.dtype
-            or not _plain_autograd(x) or _hooked(None, [*layers, W])):
+            or not plain_autograd(x) or _hooked(None, [*layers, W])):
         return None
     state = optimizer.lean_state()
     adam = None if state is None else _adam_arguments(optimizer, state, [*layers, W])

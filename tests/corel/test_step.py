@@ -119,6 +119,7 @@ def test_other_heads_and_encoders_take_the_autograd_step(spec):
     assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is None
 
 
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")
 def test_hooks_and_the_first_step_keep_the_autograd_step():
     model, optimizer = _model()
     x, y = _batches(torch.float32, steps=1)[0]
