@@ -155,7 +155,11 @@ def lambda_png(rep: dict[str, Any], size: tuple[int, int] = (800, 500)) -> bytes
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title(f"Sweep {rep['sweep_id']}: validation accuracy against lambda")
     ax.grid(alpha=0.3)
-    ax.legend(loc="best")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best")
+    else:  # no run has finished yet: say so, rather than an empty legend's warning
+        ax.text(0.5, 0.5, "no run of this sweep has a validation accuracy yet", ha="center", va="center",
+                transform=ax.transAxes, color="grey")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from PIL import Image
 from scipy import stats
 
 from app.main import create_app
-from app.services.sweep_render import rows_by_table, to_markdown
+from app.services.sweep_render import lambda_png, rows_by_table, to_markdown
 from corel import report as corel_report
 from tests.corel.test_report import records as report_records
 
@@ -227,3 +228,17 @@ def test_the_markdown_report_puts_the_papers_clustering_beside_ours():
     assert "| 91.30 | 0.824 | 0.840 | 0.740 |" in text
     paper_rows = [r for r in rows_by_table(rep) if r["table"] == "clustering_paper"]
     assert {r["score"]: r["value"] for r in paper_rows} == published[("gaussian", "kmeans")]
+
+
+def test_the_lambda_plot_of_a_sweep_without_results_says_so_without_a_warning():
+    # Before any run of a sweep has finished its report has no lambda rows; the plot then
+    # says so instead of drawing an empty legend (matplotlib warned on every such request).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        empty = Image.open(io.BytesIO(lambda_png({"sweep_id": "s", "lambda_tuning": {}})))
+        full = Image.open(io.BytesIO(lambda_png(
+            {"sweep_id": "s", "lambda_tuning": corel_report.lambda_tuning(report_records())})))
+    assert empty.format == full.format == "PNG" and empty.size == full.size == (800, 500)
+    # The message is drawn in the middle of the axes, where the empty plot had nothing.
+    middle = np.asarray(empty.convert("L"))[230:270, 200:600]
+    assert middle.min() < 200
