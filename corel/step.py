@@ -9,8 +9,8 @@ fused nodes of :mod:`corel.fused`, in their order, without building an autograd 
 (:class:`corel.stacked.StackedRun`), with the calls autograd makes for the stacked FFNN's
 plain operations. So the weights, gradients, moments, losses and similarities they leave
 are bit for bit the autograd step's (``tests/corel/test_step.py``); they save the graph's
-bookkeeping and the step's Python (on a 2-core CPU a solo epoch ran about 1.3x as fast,
-a 10-member stack about 1.04x: ``bench/native_nodes.py``).
+bookkeeping and the step's Python (on a 2-core AMD EPYC a solo epoch ran 1.3-1.4x as
+fast, a 10-member stack 1.04-1.11x: ``bench/native_nodes.py``).
 
 They return None wherever the autograd step should run instead: no native build, another
 encoder or head, a learned gamma, a frozen parameter, hooks on the encoder or the
@@ -56,10 +56,7 @@ def gaussian_mlp_step(
     if (x.shape[0] == 0 or x.device.type != "cpu" or x.dtype != W.dtype or x.device != W.device or not plain_autograd(x)
             or _hooked(encoder, [*layers, W])):
         return None
-    state = optimizer.lean_state()
-    if state is None:
-        return None
-    adam = _adam_arguments(optimizer, state, [*layers, W])
+    adam = _adam_arguments(optimizer, [*layers, W])
     if adam is None:
         return None
     if check:
@@ -103,8 +100,7 @@ def stacked_gaussian_mlp_step(
     if (y.numel() == 0 or x.device.type != "cpu" or x.dtype != W.dtype
             or not plain_autograd(x) or _hooked(None, [*layers, W])):
         return None
-    state = optimizer.lean_state()
-    adam = None if state is None else _adam_arguments(optimizer, state, [*layers, W])
+    adam = _adam_arguments(optimizer, [*layers, W])
     if adam is None:
         return None
     gamma = buffers["head.fixed_gamma"].to(W.dtype).view(-1, 1, 1)
@@ -113,10 +109,13 @@ def stacked_gaussian_mlp_step(
     return loss, sim
 
 
-def _adam_arguments(optimizer: torch.optim.Optimizer, state: tuple[list[torch.Tensor], ...],
-                    tensors: list[torch.Tensor]) -> list[Any] | None:
+def _adam_arguments(optimizer: FusedAdam, tensors: list[torch.Tensor]) -> list[Any] | None:
     """The native steps' Adam arguments (moments, steps, lr, betas, eps) where the
-    optimiser's parameters are exactly ``tensors``, in that order, with a float lr."""
+    optimiser's next step may be lean (:meth:`FusedAdam.lean_state`) and its parameters
+    are exactly ``tensors``, in that order, with a float lr; None otherwise."""
+    state = optimizer.lean_state()
+    if state is None:
+        return None
     params, exp_avgs, exp_avg_sqs, steps = state
     if len(params) != len(tensors) or any(a is not b for a, b in zip(params, tensors, strict=True)):
         return None  # the optimiser holds other tensors, or these in another order

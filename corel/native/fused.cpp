@@ -240,7 +240,7 @@ std::vector<Tensor> stacked_gaussian_mlp_step(
       const std::vector<int64_t> bias{members, 1, out};
       grads[2 * i + 1] = at::sum_to(grad, at::IntArrayRef(bias)).squeeze(1).contiguous();
       grads[2 * i] = inputs[i].transpose(1, 2).bmm(grad).transpose(1, 2).contiguous();
-      if (i > 0) grad = grad.bmm(Wi.transpose(1, 2).transpose(1, 2));
+      if (i > 0) grad = grad.bmm(Wi);  // batch2.transpose(1, 2) of batch2 = Wi.transpose(1, 2)
     }
   }
   std::vector<Tensor> params(layers);
