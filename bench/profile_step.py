@@ -19,7 +19,8 @@ costs around it. The step time with no timer at all is printed first, and last a
 the step if nothing ran but its products, Adam and the loss's distances, as timed (calls
 whose cost the math and the parameter count fix: Adam reads and writes four tensors the
 size of the model, and Gaussian-COREL takes its distances from the differences,
-``corel/similarity.py``), and the fraction of sgemm that such a step would reach by the
+``corel/similarity.py``; their backward is matrix products, counted with the products,
+``corel.fused.squared_distance_backward``), and the fraction of sgemm that such a step would reach by the
 throughput benchmarks' measure (6 FLOPs a weight; the first layer's products do 4, as no
 gradient of the input is taken, so that measure can pass 1).
 Run: ``.venv/bin/python bench/profile_step.py [--steps 100] [--rows 20] [--timer dispatch]``.
@@ -89,7 +90,8 @@ class Timer(TorchDispatchMode):
 
 
 # What a step cannot do without, besides its products: Adam (and its step count) and the
-# Gaussian-COREL distances, forward and backward.
+# Gaussian-COREL distances (cdist forward; its backward is products since corel's squared
+# distances have their own, but a plain cdist's backward counts here).
 FLOOR = ("aten._fused_adam_.default", "aten._foreach_add_.Scalar",
          "aten._cdist_forward.default", "aten._cdist_backward.default")
 

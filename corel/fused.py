@@ -34,7 +34,10 @@ from torch import nn
 
 from corel import native as _native
 
-__all__ = ["GaussianAR", "LeakyMLP", "fusable", "gaussian_ar", "leaky_mlp", "plain_autograd"]
+__all__ = [
+    "GaussianAR", "LeakyMLP", "SquaredDistance", "fusable", "gaussian_ar", "leaky_mlp", "plain_autograd",
+    "squared_distance_backward", "squared_distances",
+]
 
 
 class LeakyMLP(torch.autograd.Function):
@@ -120,6 +123,64 @@ def plain_autograd(x: torch.Tensor) -> bool:
     return not torch.is_autocast_enabled(x.device.type)
 
 
+def squared_distance_backward(grad: torch.Tensor, h: torch.Tensor, W: torch.Tensor, need_h: bool = True,
+                              need_w: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of ``sum(grad * |h_i - w_k|^2)`` with respect to h and W (each where
+    asked for): ``2 sum_k grad_ik (h_i - w_k)`` and ``2 sum_i grad_ik (w_k - h_i)``.
+
+    As matrix products (``addmm`` for a pair, ``baddbmm`` for a stack) rather than
+    cdist's own backward, which forms every difference h_i - w_k, divides it by its
+    distance and sums it: on a 2-core CPU that took 0.66 ms of a 10-member stacked step
+    against about 0.1 ms here, and on a GPU it is slower still. The sums are taken about
+    the class vectors' mean c, ``(h_i - c) sum_k grad_ik - sum_k grad_ik (w_k - c)``, not
+    about the origin: what the expansion loses to rounding scales with the vectors it
+    multiplies, and |h_i - c| is the size of the distances themselves where |h_i| may be
+    far larger (:func:`corel.similarity.gaussian`). At zero distance (h_i = w_k) the
+    term is exactly 0, as the squared distance's derivative is.
+    """
+    twice = grad * 2.0
+    centre = W.mean(-2, keepdim=True)
+    h_c, w_c = h - centre, W - centre
+    grad_h = _minus_product(h_c * twice.sum(-1, keepdim=True), twice, w_c) if need_h else None
+    grad_w = _minus_product(w_c * twice.sum(-2).unsqueeze(-1), twice.mT, h_c) if need_w else None
+    return grad_h, grad_w
+
+
+def _minus_product(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``base - a @ b`` as one call for a pair (``addmm``) or a stack (``baddbmm``)."""
+    if base.dim() == 2:
+        return torch.addmm(base, a, b, alpha=-1)
+    if base.dim() == 3:
+        return torch.baddbmm(base, a, b, alpha=-1)
+    return base - a.matmul(b)
+
+
+class SquaredDistance(torch.autograd.Function):
+    """``cdist(h, W)**2``, the squared distances of h (N, H) to W (K, H) (or of a stack,
+    (M, N, H) and (M, K, H)), taken from the differences as
+    :func:`corel.similarity.gaussian` takes them, with :func:`squared_distance_backward`
+    as its backward."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(h, W)
+        return torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist").square()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        h, W = ctx.saved_tensors
+        return squared_distance_backward(grad, h, W, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+
+
+def squared_distances(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """``cdist(h, W)**2``: one :class:`SquaredDistance` node where a gradient is wanted
+    and the plain operations are not needed (:func:`plain_autograd`), else cdist and
+    square (the same values; autograd's own backward then)."""
+    if (h.requires_grad or W.requires_grad) and plain_autograd(h):
+        return SquaredDistance.apply(h, W)
+    return torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist").square()
+
+
 class GaussianAR(torch.autograd.Function):
     """(loss, sim) of Gaussian-COREL: ``sim = -gamma * cdist(h, W)**2`` (the differences'
     norms, as :func:`corel.similarity.gaussian`) and the batch mean
@@ -133,14 +194,13 @@ class GaussianAR(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, W: torch.Tensor, gamma: torch.Tensor, labels: torch.Tensor,
                 lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor) -> tuple[torch.Tensor, ...]:
-        dist = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist")
-        squared = dist.square()
+        squared = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist").square()
         neg_gamma = -gamma
         sim = neg_gamma * squared
         index = labels.expand(sim.shape[:-1]).unsqueeze(-1)
         lse = torch.logsumexp(sim, dim=-1)
         loss = (-lam * sim.gather(-1, index).squeeze(-1) + one_minus_lam * lse).mean(-1)
-        ctx.save_for_backward(h, W, dist, squared, neg_gamma, sim, lse, index)
+        ctx.save_for_backward(h, W, squared, neg_gamma, sim, lse, index)
         ctx.lam, ctx.one_minus_lam = lam, one_minus_lam
         ctx.set_materialize_grads(False)
         return loss, sim
@@ -148,7 +208,7 @@ class GaussianAR(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor | None, grad_sim: torch.Tensor | None
                  ) -> tuple[torch.Tensor | None, ...]:
-        h, W, dist, squared, neg_gamma, sim, lse, index = ctx.saved_tensors
+        h, W, squared, neg_gamma, sim, lse, index = ctx.saved_tensors
         grad = grad_sim
         if grad_loss is not None:
             # The mean's, the weighted sum's, then logsumexp's and the gather's backward.
@@ -164,13 +224,9 @@ class GaussianAR(torch.autograd.Function):
         grad_gamma = None
         if ctx.needs_input_grad[2]:
             grad_gamma = -(grad * squared).sum_to_size(neg_gamma.shape)
-        # The gamma product's, then square's (2 dist), then cdist's backward.
-        grad_dist = (grad * neg_gamma) * (2.0 * dist)
-        grad_h = grad_w = None
-        if ctx.needs_input_grad[0]:
-            grad_h = torch.ops.aten._cdist_backward(grad_dist.contiguous(), h, W, 2.0, dist)
-        if ctx.needs_input_grad[1]:
-            grad_w = torch.ops.aten._cdist_backward(grad_dist.mT.contiguous(), W, h, 2.0, dist.mT.contiguous())
+        # The gamma product's, then the squared distances' backward.
+        grad_h, grad_w = squared_distance_backward(
+            grad * neg_gamma, h, W, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         return grad_h, grad_w, grad_gamma, None, None, None
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from corel.fused import squared_distances
+
 __all__ = ["SIMILARITIES", "check_pair", "cosine", "dot", "gaussian"]
 
 # Below this norm a vector counts as zero; its cosine similarity is then 0.
@@ -59,7 +61,9 @@ def gaussian(h: torch.Tensor, W: torch.Tensor, gamma: float | torch.Tensor = 0.5
     matrix-product shortcut) rather than expanded as |h|^2 - 2 h.w_k + |w_k|^2:
     the expansion cancels catastrophically when |h| is large and h is close to
     w_k (at |h| ~ 500 a point on its class vector came out 0.03 away in float32).
-    At zero distance the gradient is 0, as it is for the squared distance.
+    At zero distance the gradient is 0, as it is for the squared distance. The gradient
+    is taken as matrix products about the class vectors' mean
+    (:func:`corel.fused.squared_distance_backward`).
     """
     check_pair(h, W)
     g = torch.as_tensor(gamma, dtype=h.dtype, device=h.device)
@@ -71,8 +75,7 @@ def gaussian(h: torch.Tensor, W: torch.Tensor, gamma: float | torch.Tensor = 0.5
 def _gaussian(h: torch.Tensor, W: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     """:func:`gaussian` without its checks, for a head whose gamma is positive by
     construction (reading a tensor's sign to check it would wait for a GPU every step)."""
-    dist = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist")
-    return -gamma * dist.square()
+    return -gamma * squared_distances(h, W)
 
 
 SIMILARITIES = {"dot": dot, "cosine": cosine, "gaussian": gaussian}

@@ -21,20 +21,26 @@ Tensor scaled(const Tensor& x, const Tensor& weight, double value, bool negate) 
 
 Tensor or_undefined(const std::optional<Tensor>& t) { return t.has_value() ? *t : Tensor(); }
 
+// base - a @ b as one call for a pair (addmm) or a stack (baddbmm), as corel.fused's _minus_product.
+Tensor minus_product(const Tensor& base, const Tensor& a, const Tensor& b) {
+  if (base.dim() == 2) return at::addmm(base, a, b, /*beta=*/1, /*alpha=*/-1);
+  if (base.dim() == 3) return at::baddbmm(base, a, b, /*beta=*/1, /*alpha=*/-1);
+  return base.sub(a.matmul(b));
+}
+
 // Gaussian-COREL's forward: (loss, sim), keeping in `saved` what the backward needs
-// (h, W, dist, squared, -gamma, sim, lse, index).
+// (h, W, squared, -gamma, sim, lse, index).
 std::vector<Tensor> gaussian_forward(const Tensor& h, const Tensor& W, const Tensor& gamma, const Tensor& labels,
                                      double lam, double one_minus_lam, const Tensor& lam_w, const Tensor& repulse_w,
                                      std::vector<Tensor>& saved) {
-  Tensor dist = at::cdist(h, W, 2.0, /*compute_mode=donot_use_mm_for_euclid_dist*/ 2);
-  Tensor squared = dist.square();
+  Tensor squared = at::cdist(h, W, 2.0, /*compute_mode=donot_use_mm_for_euclid_dist*/ 2).square();
   Tensor neg_gamma = gamma.neg();
   Tensor sim = neg_gamma.mul(squared);
   Tensor index = labels.expand(sim.sizes().slice(0, sim.dim() - 1)).unsqueeze(-1);
   Tensor lse = at::logsumexp(sim, {-1});
   Tensor attract = scaled(sim.gather(-1, index).squeeze(-1), lam_w, lam, true);
   Tensor loss = attract.add(scaled(lse, repulse_w, one_minus_lam, false)).mean({-1});
-  saved = {h, W, dist, squared, neg_gamma, sim, lse, index};
+  saved = {h, W, squared, neg_gamma, sim, lse, index};
   return {loss, sim};
 }
 
@@ -43,8 +49,8 @@ std::vector<Tensor> gaussian_forward(const Tensor& h, const Tensor& W, const Ten
 std::vector<Tensor> gaussian_backward(const std::vector<Tensor>& saved, const Tensor& grad_loss, Tensor grad,
                                       double lam, double one_minus_lam, const Tensor& lam_w, const Tensor& repulse_w,
                                       bool need_h, bool need_w, bool need_gamma) {
-  const Tensor &h = saved[0], &W = saved[1], &dist = saved[2], &squared = saved[3];
-  const Tensor &neg_gamma = saved[4], &sim = saved[5], &lse = saved[6], &index = saved[7];
+  const Tensor &h = saved[0], &W = saved[1], &squared = saved[2];
+  const Tensor &neg_gamma = saved[3], &sim = saved[4], &lse = saved[5], &index = saved[6];
   if (grad_loss.defined()) {
     // The mean's, the weighted sum's, then logsumexp's and the gather's backward; a
     // stack's float64 lambdas rounded to sim's dtype as autograd rounds them.
@@ -58,10 +64,13 @@ std::vector<Tensor> gaussian_backward(const std::vector<Tensor>& saved, const Te
   std::vector<Tensor> out(3);  // h, W, gamma
   if (!grad.defined()) return out;
   if (need_gamma) out[2] = grad.mul(squared).sum_to_size(neg_gamma.sizes()).neg();
-  // The gamma product's, then square's (2 dist), then cdist's backward.
-  Tensor grad_dist = grad.mul(neg_gamma).mul(dist.mul(2.0));
-  if (need_h) out[0] = at::_cdist_backward(grad_dist.contiguous(), h, W, 2.0, dist);
-  if (need_w) out[1] = at::_cdist_backward(grad_dist.mT().contiguous(), W, h, 2.0, dist.mT().contiguous());
+  // The gamma product's, then the squared distances' backward as products about the class
+  // vectors' mean (corel.fused.squared_distance_backward).
+  Tensor twice = grad.mul(neg_gamma).mul(2.0);
+  Tensor centre = W.mean({-2}, /*keepdim=*/true);
+  Tensor h_c = h.sub(centre), w_c = W.sub(centre);
+  if (need_h) out[0] = minus_product(h_c.mul(twice.sum({-1}, /*keepdim=*/true)), twice, w_c);
+  if (need_w) out[1] = minus_product(w_c.mul(twice.sum({-2}).unsqueeze(-1)), twice.mT(), h_c);
   return out;
 }
 

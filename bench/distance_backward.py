@@ -1,0 +1,93 @@
+"""The squared distances' backward: corel's matrix products against cdist's own backward.
+
+Gaussian-COREL's similarity is ``-gamma cdist(h, W)**2``. Autograd's backward of that
+(``aten._cdist_backward`` for h and for W, after the square's) forms every difference
+h_i - w_k, divides it by its distance and sums it; corel's
+(``corel.fused.squared_distance_backward``) takes the same sums as matrix products about
+the class vectors' mean (here its Python; corel's native steps make the same calls in C++). This times both on the paper's FFNN shapes (batch 128, 10
+classes, 128-d representations), solo and as a 10-member stack, alternating them
+``--repeats`` times in one run, and prints the median milliseconds of each, their ratio,
+and how far each lands from the exact gradient (float64, from the differences) in float32,
+near the origin and 500 away from it.
+Run: ``.venv/bin/python bench/distance_backward.py [--repeats 7] [--calls 200]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from corel.fused import squared_distance_backward
+
+
+def cdist_backward(grad: torch.Tensor, h: torch.Tensor, W: torch.Tensor,
+                   dist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What autograd ran for ``cdist(h, W)**2`` before corel's own backward: the square's
+    (2 dist, from the forward's distances), then cdist's for h and for W."""
+    grad_dist = grad * (2.0 * dist)
+    return (torch.ops.aten._cdist_backward(grad_dist.contiguous(), h, W, 2.0, dist),
+            torch.ops.aten._cdist_backward(grad_dist.mT.contiguous(), W, h, 2.0, dist.mT.contiguous()))
+
+
+def corel_backward(grad: torch.Tensor, h: torch.Tensor, W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    grad_h, grad_w = squared_distance_backward(grad, h, W)
+    assert grad_h is not None and grad_w is not None
+    return grad_h, grad_w
+
+
+def milliseconds(fn: Callable[[], object], calls: int) -> float:
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - started) / calls * 1e3
+
+
+def error(got: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((got.double() - exact).abs().max() / exact.abs().max())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+    g = torch.Generator().manual_seed(0)
+    print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads")
+    for label, stack in (("solo (128 x 10, 128-d)", ()), ("stacked (10 x 128 x 10, 128-d)", (10,))):
+        h = torch.randn(*stack, 128, 128, generator=g)
+        W = torch.randn(*stack, 10, 128, generator=g)
+        grad = torch.randn(*stack, 128, 10, generator=g)
+        dist = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist")
+        times: dict[str, list[float]] = {"cdist": [], "corel": []}
+        old, new = partial(cdist_backward, grad, h, W, dist), partial(corel_backward, grad, h, W)
+        milliseconds(old, 20)  # warm-up
+        milliseconds(new, 20)
+        for _ in range(args.repeats):
+            times["cdist"].append(milliseconds(old, args.calls))
+            times["corel"].append(milliseconds(new, args.calls))
+        a, b = statistics.median(times["cdist"]), statistics.median(times["corel"])
+        print(f"{label}: cdist's backward {a:.3f} ms, corel's {b:.3f} ms (medians of {args.repeats})")
+        print(f"  ratio cdist / corel: {a / b:.2f}x")
+    for offset in (0.0, 500.0):
+        shift = torch.randn(1, 128, generator=g, dtype=torch.float64)
+        shift = shift / shift.norm() * offset
+        h = (shift + torch.randn(128, 128, generator=g, dtype=torch.float64)).float()
+        W = (shift + torch.randn(10, 128, generator=g, dtype=torch.float64)).float()
+        grad = torch.randn(128, 10, generator=g)
+        diff = h.double().unsqueeze(-2) - W.double().unsqueeze(-3)
+        exact_h = 2 * (grad.double().unsqueeze(-1) * diff).sum(-2)
+        exact_w = -2 * (grad.double().unsqueeze(-1) * diff).sum(-3)
+        dist = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist")
+        old, new = cdist_backward(grad, h, W, dist), corel_backward(grad, h, W)
+        print(f"float32 error against the exact gradient (float64), points {offset:g} from the origin: "
+              f"cdist's {max(error(old[0], exact_h), error(old[1], exact_w)):.2g}, "
+              f"corel's {max(error(new[0], exact_h), error(new[1], exact_w)):.2g} (of the largest component)")
+
+
+if __name__ == "__main__":
+    main()
