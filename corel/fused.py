@@ -14,9 +14,9 @@ trace, export, ``torch.compile`` or autocast, where the plain modules run instea
 
 :class:`GaussianAR` does the same for the Gaussian-COREL head (the product's default
 loss): the squared distances, the similarities and the attractive-repulsive loss as one
-node. Autograd records about a dozen nodes for them (cdist, square, the gamma product, the
-gather, logsumexp, the weighted sum and the mean), and at the paper's sizes their
-bookkeeping costs more than their arithmetic. Its backward makes autograd's calls in
+node. Autograd records about a dozen nodes for them (the squared distances'
+:class:`SquaredDistance`, the gamma product, the gather, logsumexp, the weighted sum and
+the mean), and at the paper's sizes their bookkeeping costs more than their arithmetic. Its backward makes autograd's calls in
 autograd's order (``tests/corel/test_fused.py`` checks the gradients bit for bit);
 :func:`gaussian_ar` decides when it applies, as :func:`leaky_mlp` does.
 
