@@ -9,7 +9,8 @@ classes, 128-d representations), solo and as a 10-member stack, alternating them
 ``--repeats`` times in one run, and prints the median milliseconds of each, their ratio,
 and how far each lands from the exact gradient (float64, from the differences) in float32,
 near the origin and 500 away from it.
-Run: ``.venv/bin/python bench/distance_backward.py [--repeats 7] [--calls 200]``.
+Run: ``.venv/bin/python bench/distance_backward.py [--repeats 7] [--calls 200]`` (``--device
+cuda`` on a GPU, with TF32 off as corel's fp32 training has it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+from flops import describe, synchronize  # bench/flops.py, beside this file
 
+from corel.device import ieee_float32
 from corel.fused import squared_distance_backward
 
 
@@ -40,48 +43,57 @@ def corel_backward(grad: torch.Tensor, h: torch.Tensor, W: torch.Tensor) -> tupl
     return grad_h, grad_w
 
 
-def milliseconds(fn: Callable[[], object], calls: int) -> float:
+def milliseconds(fn: Callable[[], object], calls: int, device: torch.device) -> float:
+    synchronize(device)
     started = time.perf_counter()
     for _ in range(calls):
         fn()
+    synchronize(device)
     return (time.perf_counter() - started) / calls * 1e3
 
 
 def error(got: torch.Tensor, exact: torch.Tensor) -> float:
-    return float((got.double() - exact).abs().max() / exact.abs().max())
+    return float((got.double().cpu() - exact).abs().max() / exact.abs().max())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda (float32 products, TF32 off)")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    with ieee_float32(device):
+        run(args.repeats, args.calls, device)
+
+
+def run(repeats: int, calls: int, device: torch.device) -> None:
     g = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {describe(device)}")
     for label, stack in (("solo (128 x 10, 128-d)", ()), ("stacked (10 x 128 x 10, 128-d)", (10,))):
-        h = torch.randn(*stack, 128, 128, generator=g)
-        W = torch.randn(*stack, 10, 128, generator=g)
-        grad = torch.randn(*stack, 128, 10, generator=g)
+        h = torch.randn(*stack, 128, 128, generator=g).to(device)
+        W = torch.randn(*stack, 10, 128, generator=g).to(device)
+        grad = torch.randn(*stack, 128, 10, generator=g).to(device)
         dist = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist")
         times: dict[str, list[float]] = {"cdist": [], "corel": []}
         old, new = partial(cdist_backward, grad, h, W, dist), partial(corel_backward, grad, h, W)
-        milliseconds(old, 20)  # warm-up
-        milliseconds(new, 20)
-        for _ in range(args.repeats):
-            times["cdist"].append(milliseconds(old, args.calls))
-            times["corel"].append(milliseconds(new, args.calls))
+        milliseconds(old, 20, device)  # warm-up
+        milliseconds(new, 20, device)
+        for _ in range(repeats):
+            times["cdist"].append(milliseconds(old, calls, device))
+            times["corel"].append(milliseconds(new, calls, device))
         a, b = statistics.median(times["cdist"]), statistics.median(times["corel"])
-        print(f"{label}: cdist's backward {a:.3f} ms, corel's {b:.3f} ms (medians of {args.repeats})")
+        print(f"{label}: cdist's backward {a:.3f} ms, corel's {b:.3f} ms (medians of {repeats})")
         print(f"  ratio cdist / corel: {a / b:.2f}x")
     for offset in (0.0, 500.0):
         shift = torch.randn(1, 128, generator=g, dtype=torch.float64)
         shift = shift / shift.norm() * offset
-        h = (shift + torch.randn(128, 128, generator=g, dtype=torch.float64)).float()
-        W = (shift + torch.randn(10, 128, generator=g, dtype=torch.float64)).float()
-        grad = torch.randn(128, 10, generator=g)
-        diff = h.double().unsqueeze(-2) - W.double().unsqueeze(-3)
-        exact_h = 2 * (grad.double().unsqueeze(-1) * diff).sum(-2)
-        exact_w = -2 * (grad.double().unsqueeze(-1) * diff).sum(-3)
+        h = (shift + torch.randn(128, 128, generator=g, dtype=torch.float64)).float().to(device)
+        W = (shift + torch.randn(10, 128, generator=g, dtype=torch.float64)).float().to(device)
+        grad = torch.randn(128, 10, generator=g).to(device)
+        diff = h.double().cpu().unsqueeze(-2) - W.double().cpu().unsqueeze(-3)
+        exact_h = 2 * (grad.double().cpu().unsqueeze(-1) * diff).sum(-2)
+        exact_w = -2 * (grad.double().cpu().unsqueeze(-1) * diff).sum(-3)
         dist = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist")
         old, new = cdist_backward(grad, h, W, dist), corel_backward(grad, h, W)
         print(f"float32 error against the exact gradient (float64), points {offset:g} from the origin: "

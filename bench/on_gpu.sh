@@ -79,6 +79,8 @@ benchmarks() {
             --model cnn --members 1 --seeds 3 --train-subset 12800 --repeats 2
         pair "sweep_throughput" 150 bench/sweep_throughput.py
         pair "train_throughput bf16" 120 bench/train_throughput.py --precision bf16
+        echo "== distance_backward"  # Gaussian-COREL's distance gradient: corel's against cdist's
+        timeout "$(cap 60)" "$PY" bench/distance_backward.py --device cuda
     } >>"$OUT/bench.txt" 2>&1
     echo "benchmarks done at $(( $(date +%s) - T0 )) s"
 }

@@ -99,7 +99,7 @@ def test_bad_gamma(gamma):
         similarity.gaussian(torch.randn(2, 3), torch.randn(2, 3), gamma)
 
 
-def _far_cluster(dtype, stack=(), n=12, k=5, dim=16, offset=500.0):
+def far_cluster(dtype, stack=(), n=12, k=5, dim=16, offset=500.0):
     """Points and class vectors a few units apart, all about ``offset`` from the origin
     (the case where an expansion about the origin loses the distances to rounding)."""
     g = torch.Generator().manual_seed(3)
@@ -111,7 +111,7 @@ def _far_cluster(dtype, stack=(), n=12, k=5, dim=16, offset=500.0):
     return h.to(dtype), W.to(dtype), grad.to(dtype)
 
 
-def _exact_gradients(h, W, grad):
+def exact_gradients(h, W, grad):
     """2 sum_k grad_ik (h_i - w_k) and 2 sum_i grad_ik (w_k - h_i), from the differences in
     float64."""
     h, W, grad = h.double(), W.double(), grad.double()
@@ -125,8 +125,8 @@ def test_the_squared_distances_gradient_is_accurate_far_from_the_origin(stack):
     products about the class vectors' mean: in float32, 500 away from the origin, it is as
     close to the exact one (float64, from the differences) as float32 rounding of the
     distances allows, in a pair and in a stack of pairs."""
-    h, W, grad = _far_cluster(torch.float32, stack)
-    exact_h, exact_w = _exact_gradients(h, W, grad)
+    h, W, grad = far_cluster(torch.float32, stack)
+    exact_h, exact_w = exact_gradients(h, W, grad)
     got_h, got_w = fused.squared_distance_backward(grad, h, W)
     for got, exact in ((got_h, exact_h), (got_w, exact_w)):
         assert got.dtype == torch.float32 and got.shape == exact.shape
@@ -143,13 +143,13 @@ def test_the_gaussian_similarity_trains_through_its_squared_distance_node():
     """With a gradient wanted, similarity.gaussian records one SquaredDistance node whose
     gradients match the exact ones (float64) and pass gradcheck; without one (no_grad, or
     nothing requiring a gradient) it runs plain cdist: the same values either way."""
-    h, W, grad = _far_cluster(torch.float64, offset=3.0)
+    h, W, grad = far_cluster(torch.float64, offset=3.0)
     h, W = h.requires_grad_(), W.requires_grad_()
     sim = similarity.gaussian(h, W, 0.5)
     assert type(sim.grad_fn).__name__ == "MulBackward0"
     assert sim.grad_fn.next_functions[1][0].name().endswith("SquaredDistanceBackward")
     sim.backward(grad)
-    exact_h, exact_w = _exact_gradients(h.detach(), W.detach(), -0.5 * grad)
+    exact_h, exact_w = exact_gradients(h.detach(), W.detach(), -0.5 * grad)
     torch.testing.assert_close(h.grad, exact_h, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(W.grad, exact_w, rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(lambda a, b: fused.squared_distances(a, b), (h, W))

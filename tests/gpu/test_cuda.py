@@ -249,3 +249,22 @@ def test_fp32_training_evaluation_and_serving_run_in_ieee_float32_on_the_gpu(dig
     assert {where for where, *_ in seen} == {"train forward", "train backward", "evaluation", "stacked", "served"}
     assert [s for s in seen if s[1] or s[2]] == []
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32  # put back
+
+
+def test_the_gaussian_distance_gradient_runs_on_the_gpu_as_exactly_as_on_the_cpu():
+    """Gaussian-COREL's squared-distance backward (matrix products about the class vectors'
+    mean) on CUDA, in float32 with TF32 off as training has it, 500 away from the origin: on
+    the GPU, and as close to the exact gradient (float64, from the differences) as on the
+    CPU, for a pair and for a stack."""
+    from corel.device import ieee_float32
+    from corel.fused import squared_distance_backward
+    from tests.corel.test_similarity import exact_gradients, far_cluster
+
+    for stack in ((), (4,)):
+        h, W, grad = far_cluster(torch.float32, stack)
+        exact_h, exact_w = exact_gradients(h, W, grad)
+        with ieee_float32(torch.device("cuda")):
+            got_h, got_w = squared_distance_backward(grad.cuda(), h.cuda(), W.cuda())
+        for got, exact in ((got_h, exact_h), (got_w, exact_w)):
+            assert got.device.type == "cuda" and got.dtype == torch.float32
+            assert float((got.double().cpu() - exact).abs().max() / exact.abs().max()) < 1e-6
