@@ -24,6 +24,7 @@ from functools import partial
 import torch
 from flops import describe, synchronize  # bench/flops.py, beside this file
 
+from corel import native
 from corel.device import ieee_float32
 from corel.fused import squared_distance_backward
 
@@ -69,22 +70,29 @@ def main() -> None:
 
 def run(repeats: int, calls: int, device: torch.device) -> None:
     g = torch.Generator().manual_seed(0)
+    built = native.module()
     print(f"torch {torch.__version__}, {describe(device)}")
     for label, stack in (("solo (128 x 10, 128-d)", ()), ("stacked (10 x 128 x 10, 128-d)", (10,))):
         h = torch.randn(*stack, 128, 128, generator=g).to(device)
         W = torch.randn(*stack, 10, 128, generator=g).to(device)
         grad = torch.randn(*stack, 128, 10, generator=g).to(device)
         dist = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist")
-        times: dict[str, list[float]] = {"cdist": [], "corel": []}
-        old, new = partial(cdist_backward, grad, h, W, dist), partial(corel_backward, grad, h, W)
-        milliseconds(old, 20, device)  # warm-up
-        milliseconds(new, 20, device)
+        ways = {"cdist's": partial(cdist_backward, grad, h, W, dist),
+                "corel's (Python)": partial(corel_backward, grad, h, W)}
+        if built is not None:  # the same calls in C++, as corel's native steps make them
+            ways["corel's (C++)"] = partial(built.squared_distance_backward, grad, h, W, True, True)
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for fn in ways.values():
+            milliseconds(fn, 20, device)  # warm-up
         for _ in range(repeats):
-            times["cdist"].append(milliseconds(old, calls, device))
-            times["corel"].append(milliseconds(new, calls, device))
-        a, b = statistics.median(times["cdist"]), statistics.median(times["corel"])
-        print(f"{label}: cdist's backward {a:.3f} ms, corel's {b:.3f} ms (medians of {repeats})")
-        print(f"  ratio cdist / corel: {a / b:.2f}x")
+            for name, fn in ways.items():
+                times[name].append(milliseconds(fn, calls, device))
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        print(f"{label}: " + ", ".join(f"{name} {ms:.3f} ms" for name, ms in medians.items())
+              + f" (medians of {repeats})")
+        baseline = medians["cdist's"]
+        for name in list(ways)[1:]:
+            print(f"  ratio cdist's / {name}: {baseline / medians[name]:.2f}x")
     for offset in (0.0, 500.0):
         shift = torch.randn(1, 128, generator=g, dtype=torch.float64)
         shift = shift / shift.norm() * offset

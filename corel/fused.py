@@ -128,10 +128,9 @@ def squared_distance_backward(grad: torch.Tensor, h: torch.Tensor, W: torch.Tens
     """The gradients of ``sum(grad * |h_i - w_k|^2)`` with respect to h and W (each where
     asked for): ``2 sum_k grad_ik (h_i - w_k)`` and ``2 sum_i grad_ik (w_k - h_i)``.
 
-    As matrix products (``addmm`` for a pair, ``baddbmm`` for a stack) rather than
+    As matrix products (``addmm``; for a stack, one for each member on a CPU) rather than
     cdist's own backward, which forms every difference h_i - w_k, divides it by its
-    distance and sums it: on a 2-core CPU that took 0.66 ms of a 10-member stacked step
-    against about 0.1 ms here, and on a GPU it is slower still. The sums are taken about
+    distance and sums it (``bench/distance_backward.py`` times the two). The sums are taken about
     the class vectors' mean c, ``(h_i - c) sum_k grad_ik - sum_k grad_ik (w_k - c)``, not
     about the origin: what the expansion loses to rounding scales with the vectors it
     multiplies, and |h_i - c| is the size of the distances themselves where |h_i| may be
@@ -147,12 +146,19 @@ def squared_distance_backward(grad: torch.Tensor, h: torch.Tensor, W: torch.Tens
 
 
 def _minus_product(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``base - a @ b`` as one call for a pair (``addmm``) or a stack (``baddbmm``)."""
+    """``base - a @ b``: ``addmm`` for a pair; for a stack on a CPU one ``addmm`` per
+    member, elsewhere one ``baddbmm``. MKL rounds some of these products differently in a
+    batch than alone (the class vectors' (K x N) @ (N x H) among them), and a call per
+    member keeps a stacked member's gradients its solo run's bit for bit; on a GPU each call
+    is a kernel launch, and runs there are compared to a tolerance."""
     if base.dim() == 2:
         return torch.addmm(base, a, b, alpha=-1)
-    if base.dim() == 3:
+    if base.dim() == 3 and base.device.type != "cpu":
         return torch.baddbmm(base, a, b, alpha=-1)
-    return base - a.matmul(b)
+    out = torch.empty(base.shape, dtype=base.dtype, device=base.device)
+    for o, x, y, z in zip(out.flatten(0, -3), base.flatten(0, -3), a.flatten(0, -3), b.flatten(0, -3), strict=True):
+        torch.addmm(x, y, z, alpha=-1, out=o)
+    return out
 
 
 class SquaredDistance(torch.autograd.Function):

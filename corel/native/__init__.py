@@ -98,8 +98,8 @@ def enabled() -> bool:
 
 @functools.cache
 def module() -> ModuleType | None:
-    """The built extension (``gaussian_ar``, ``leaky_mlp``, ``gaussian_mlp_step``,
-    ``stacked_gaussian_mlp_step``), or None (see the module)."""
+    """The built extension (``gaussian_ar``, ``leaky_mlp``, ``squared_distance_backward``,
+    ``gaussian_mlp_step``, ``stacked_gaussian_mlp_step``), or None (see the module)."""
     if not enabled():
         return None
     path = build_path()

@@ -21,11 +21,31 @@ Tensor scaled(const Tensor& x, const Tensor& weight, double value, bool negate) 
 
 Tensor or_undefined(const std::optional<Tensor>& t) { return t.has_value() ? *t : Tensor(); }
 
-// base - a @ b as one call for a pair (addmm) or a stack (baddbmm), as corel.fused's _minus_product.
+// base - a @ b: addmm for a pair; for a stack on a CPU one addmm per member (a stacked
+// member's bits its solo run's), elsewhere one baddbmm; as corel.fused's _minus_product.
 Tensor minus_product(const Tensor& base, const Tensor& a, const Tensor& b) {
   if (base.dim() == 2) return at::addmm(base, a, b, /*beta=*/1, /*alpha=*/-1);
-  if (base.dim() == 3) return at::baddbmm(base, a, b, /*beta=*/1, /*alpha=*/-1);
-  return base.sub(a.matmul(b));
+  if (base.dim() == 3 && !base.device().is_cpu()) return at::baddbmm(base, a, b, /*beta=*/1, /*alpha=*/-1);
+  Tensor out = at::empty(base.sizes(), base.options());
+  Tensor outs = out.flatten(0, -3), bases = base.flatten(0, -3), as = a.flatten(0, -3), bs = b.flatten(0, -3);
+  for (int64_t i = 0; i < outs.size(0); ++i) {
+    Tensor o = outs[i];
+    at::addmm_out(o, bases[i], as[i], bs[i], /*beta=*/1, /*alpha=*/-1);
+  }
+  return out;
+}
+
+// The gradients of sum(grad * |h_i - w_k|^2) for h and W (each where asked for), as matrix
+// products about the class vectors' mean: corel.fused.squared_distance_backward's calls.
+std::vector<Tensor> squared_distance_backward(const Tensor& grad, const Tensor& h, const Tensor& W, bool need_h,
+                                              bool need_w) {
+  std::vector<Tensor> out(2);
+  Tensor twice = grad.mul(2.0);
+  Tensor centre = W.mean({-2}, /*keepdim=*/true);
+  Tensor h_c = h.sub(centre), w_c = W.sub(centre);
+  if (need_h) out[0] = minus_product(h_c.mul(twice.sum({-1}, /*keepdim=*/true)), twice, w_c);
+  if (need_w) out[1] = minus_product(w_c.mul(twice.sum({-2}).unsqueeze(-1)), twice.mT(), h_c);
+  return out;
 }
 
 // Gaussian-COREL's forward: (loss, sim), keeping in `saved` what the backward needs
@@ -64,13 +84,9 @@ std::vector<Tensor> gaussian_backward(const std::vector<Tensor>& saved, const Te
   std::vector<Tensor> out(3);  // h, W, gamma
   if (!grad.defined()) return out;
   if (need_gamma) out[2] = grad.mul(squared).sum_to_size(neg_gamma.sizes()).neg();
-  // The gamma product's, then the squared distances' backward as products about the class
-  // vectors' mean (corel.fused.squared_distance_backward).
-  Tensor twice = grad.mul(neg_gamma).mul(2.0);
-  Tensor centre = W.mean({-2}, /*keepdim=*/true);
-  Tensor h_c = h.sub(centre), w_c = W.sub(centre);
-  if (need_h) out[0] = minus_product(h_c.mul(twice.sum({-1}, /*keepdim=*/true)), twice, w_c);
-  if (need_w) out[1] = minus_product(w_c.mul(twice.sum({-2}).unsqueeze(-1)), twice.mT(), h_c);
+  // The gamma product's, then the squared distances'.
+  auto distances = squared_distance_backward(grad.mul(neg_gamma), h, W, need_h, need_w);
+  out[0] = distances[0], out[1] = distances[1];
   return out;
 }
 
@@ -272,6 +288,8 @@ Tensor leaky_mlp(const Tensor& x, double slope, std::vector<Tensor> params) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("squared_distance_backward", &squared_distance_backward,
+        "the squared distances' gradients for h and W (corel.fused.squared_distance_backward)");
   m.def("gaussian_ar", &gaussian_ar, "(loss, sim) of Gaussian-COREL as one node (corel.fused.GaussianAR)");
   m.def("leaky_mlp", &leaky_mlp, "the FFNN's layers as one node (corel.fused.LeakyMLP)");
   m.def("gaussian_mlp_step", &gaussian_mlp_step,

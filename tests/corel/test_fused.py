@@ -304,3 +304,30 @@ def test_the_gaussian_head_trains_with_the_fused_node_and_stands_aside_elsewhere
         assert not _ran(head.loss_and_similarities(h, labels)[0], "GaussianAR")
     with pytest.raises(ValueError, match=r"labels must lie in 0\.\.4"):
         head.loss_and_similarities(h, torch.full((9,), 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_squared_distances_backward_is_one_in_python_and_c_and_a_stack_is_its_members(dtype):
+    """corel.native's squared-distance backward is corel.fused's bit for bit, for a pair and
+    a stack, for h and W alone and together; and each member of a stack gets exactly the
+    gradients it gets alone (so a stacked sweep's member trains as its solo run)."""
+    built = native.module()
+    assert built is not None
+    from corel.fused import squared_distance_backward
+
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(4, 128, 32, generator=g, dtype=dtype) * 3
+    W = torch.randn(4, 10, 32, generator=g, dtype=dtype) * 3
+    grad = torch.randn(4, 128, 10, generator=g, dtype=dtype)
+    for args in ((grad, h, W), (grad[0], h[0], W[0])):
+        for need in ((True, True), (True, False), (False, True)):
+            python, c = squared_distance_backward(*args, *need), built.squared_distance_backward(*args, *need)
+            for a, b, wanted in zip(python, c, need, strict=True):
+                if wanted:
+                    assert torch.equal(a, b)
+                else:
+                    assert a is None and b is None
+    stacked_h, stacked_w = squared_distance_backward(grad, h, W)
+    for m in range(4):
+        solo_h, solo_w = squared_distance_backward(grad[m], h[m], W[m])
+        assert torch.equal(stacked_h[m], solo_h) and torch.equal(stacked_w[m], solo_w)
