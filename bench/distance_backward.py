@@ -4,11 +4,12 @@ Gaussian-COREL's similarity is ``-gamma cdist(h, W)**2``. Autograd's backward of
 (``aten._cdist_backward`` for h and for W, after the square's) forms every difference
 h_i - w_k, divides it by its distance and sums it; corel's
 (``corel.fused.squared_distance_backward``) takes the same sums as matrix products about
-the class vectors' mean (here its Python; corel's native steps make the same calls in C++). This times both on the paper's FFNN shapes (batch 128, 10
-classes, 128-d representations), solo and as a 10-member stack, alternating them
-``--repeats`` times in one run, and prints the median milliseconds of each, their ratio,
-and how far each lands from the exact gradient (float64, from the differences) in float32,
-near the origin and 500 away from it.
+the class vectors' mean. This times cdist's, corel's Python and (where ``corel.native``
+is built) corel's C++, which the native steps run, on the paper's FFNN shapes (batch 128,
+10 classes, 128-d representations), solo and as a 10-member stack, alternating them
+``--repeats`` times in one run, and prints the median milliseconds of each, the ratios to
+cdist's, and how far cdist's and corel's land from the exact gradient (float64, from the
+differences) in float32, near the origin and 500 away from it.
 Run: ``.venv/bin/python bench/distance_backward.py [--repeats 7] [--calls 200]`` (``--device
 cuda`` on a GPU, with TF32 off as corel's fp32 training has it).
 """

@@ -16,8 +16,8 @@ trace, export, ``torch.compile`` or autocast, where the plain modules run instea
 loss): the squared distances, the similarities and the attractive-repulsive loss as one
 node. Autograd records about a dozen nodes for them (the squared distances'
 :class:`SquaredDistance`, the gamma product, the gather, logsumexp, the weighted sum and
-the mean), and at the paper's sizes their bookkeeping costs more than their arithmetic. Its backward makes autograd's calls in
-autograd's order (``tests/corel/test_fused.py`` checks the gradients bit for bit);
+the mean), and at the paper's sizes their bookkeeping costs more than their arithmetic.
+Its backward makes autograd's calls in autograd's order (``tests/corel/test_fused.py`` checks the gradients bit for bit);
 :func:`gaussian_ar` decides when it applies, as :func:`leaky_mlp` does.
 
 Where :mod:`corel.native` is built, both run as its C++ twins of these nodes, which make
@@ -145,6 +145,12 @@ def squared_distance_backward(grad: torch.Tensor, h: torch.Tensor, W: torch.Tens
     return grad_h, grad_w
 
 
+def _cdist_squared(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """The squared distances' values, from the differences (cdist without its
+    matrix-product shortcut), then squared: every forward here takes them so."""
+    return torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist").square()
+
+
 def _minus_product(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``base - a @ b``: ``addmm`` for a pair; for a stack on a CPU one ``addmm`` per
     member, elsewhere one ``baddbmm``. MKL rounds some of these products differently in a
@@ -170,7 +176,7 @@ class SquaredDistance(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(h, W)
-        return torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist").square()
+        return _cdist_squared(h, W)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -184,7 +190,7 @@ def squared_distances(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     square (the same values; autograd's own backward then)."""
     if (h.requires_grad or W.requires_grad) and plain_autograd(h):
         return SquaredDistance.apply(h, W)
-    return torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist").square()
+    return _cdist_squared(h, W)
 
 
 class GaussianAR(torch.autograd.Function):
@@ -200,7 +206,7 @@ class GaussianAR(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, W: torch.Tensor, gamma: torch.Tensor, labels: torch.Tensor,
                 lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor) -> tuple[torch.Tensor, ...]:
-        squared = torch.cdist(h, W, compute_mode="donot_use_mm_for_euclid_dist").square()
+        squared = _cdist_squared(h, W)
         neg_gamma = -gamma
         sim = neg_gamma * squared
         index = labels.expand(sim.shape[:-1]).unsqueeze(-1)

@@ -9,8 +9,8 @@ fused nodes of :mod:`corel.fused`, in their order, without building an autograd 
 (:class:`corel.stacked.StackedRun`), with the calls autograd makes for the stacked FFNN's
 plain operations. So the weights, gradients, moments, losses and similarities they leave
 are bit for bit the autograd step's (``tests/corel/test_step.py``); they save the graph's
-bookkeeping and the step's Python (on a 2-core AMD EPYC a solo epoch ran 1.3-1.4x as
-fast, a 10-member stack 1.04-1.11x: ``bench/native_nodes.py``).
+bookkeeping and the step's Python (on a 2-core AMD EPYC a solo epoch ran 1.15-1.4x as
+fast, a 10-member stack 1.01-1.11x, over two sessions' runs: ``bench/native_nodes.py``).
 
 They return None wherever the autograd step should run instead: no native build, another
 encoder or head, a learned gamma, a frozen parameter, hooks on the encoder or the
