@@ -20,6 +20,10 @@ the mean), and at the paper's sizes their bookkeeping costs more than their arit
 Its backward makes autograd's calls in autograd's order (``tests/corel/test_fused.py`` checks the gradients bit for bit);
 :func:`gaussian_ar` decides when it applies, as :func:`leaky_mlp` does.
 
+:class:`SharedLinear` is a stack's first layer on the members' shared inputs (one
+``baddbmm`` over the inputs broadcast to the members, whose rounding is each member's own
+``addmm``'s), with the backward that one wide product's autograd takes (``corel.stacked``).
+
 Where :mod:`corel.native` is built, both run as its C++ twins of these nodes, which make
 the same calls in the same order (the same numbers bit for bit) without the per-call
 Python; these Python nodes run where it is not.
@@ -35,8 +39,8 @@ from torch import nn
 from corel import native as _native
 
 __all__ = [
-    "GaussianAR", "LeakyMLP", "SquaredDistance", "fusable", "gaussian_ar", "leaky_mlp", "plain_autograd",
-    "squared_distance_backward", "squared_distances",
+    "GaussianAR", "LeakyMLP", "SharedLinear", "SquaredDistance", "fusable", "gaussian_ar", "leaky_mlp",
+    "plain_autograd", "shared_linear", "squared_distance_backward", "squared_distances",
 ]
 
 
@@ -73,6 +77,49 @@ class LeakyMLP(torch.autograd.Function):
             if i > 0 or ctx.needs_input_grad[0]:
                 grad = grad.mm(params[2 * i])
         return (grad if ctx.needs_input_grad[0] else None, None, *grads)
+
+
+class SharedLinear(torch.autograd.Function):
+    """M linear layers on one input: x (N, D), W (M, out, D), b (M, out) -> (M, N, out),
+    member m's ``x W_m^T + b_m``.
+
+    The forward is one ``baddbmm`` over x broadcast to the members: on a CPU each member's
+    rows come out as its solo run's ``addmm`` rounds them, and it runs faster there than
+    the members' weights side by side as one (N, D) x (D, M out) product, whose speed on 2
+    cores also swings between runs (``bench/sweep_throughput.py``). Autograd's backward of
+    that ``baddbmm`` would take each weight's gradient as (D x N) x (N x out) and copy it
+    into W's layout; this one takes them as one (M out x N) x (N x D) product in W's own
+    layout, the calls autograd makes for the side-by-side product, so the gradients are
+    those of that wide layer bit for bit. corel.native's stacked step makes the same calls.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, W)
+        return _shared_forward(x, W, b)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, W = ctx.saved_tensors
+        members, out, dim = W.shape
+        flat = grad.transpose(0, 1).reshape(x.shape[0], members * out)  # (N, M out)
+        grad_x = flat.mm(W.reshape(members * out, dim)) if ctx.needs_input_grad[0] else None
+        grad_w = flat.t().mm(x).view(members, out, dim) if ctx.needs_input_grad[1] else None
+        grad_b = flat.sum(0).view(members, out) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+def shared_linear(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """:class:`SharedLinear` where a gradient is wanted and :func:`plain_autograd` holds;
+    else its forward's plain ``baddbmm`` (the same values; autograd's own backward then)."""
+    if (W.requires_grad or b.requires_grad or x.requires_grad) and plain_autograd(x):
+        out: torch.Tensor = SharedLinear.apply(x, W, b)
+        return out
+    return _shared_forward(x, W, b)
+
+
+def _shared_forward(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.baddbmm(b.unsqueeze(1), x.expand(W.shape[0], *x.shape), W.transpose(1, 2))
 
 
 def fusable(layers: nn.Sequential) -> tuple[float, list[nn.Linear]] | None:
@@ -141,7 +188,11 @@ def squared_distance_backward(grad: torch.Tensor, h: torch.Tensor, W: torch.Tens
     centre = W.mean(-2, keepdim=True)
     h_c, w_c = h - centre, W - centre
     grad_h = _minus_product(h_c * twice.sum(-1, keepdim=True), twice, w_c) if need_h else None
-    grad_w = _minus_product(w_c * twice.sum(-2).unsqueeze(-1), twice.mT, h_c) if need_w else None
+    # W's as its transpose, (H x N) @ (N x K): MKL rounds that form alike alone and in a
+    # stack's batch, where (K x N) @ (N x H) comes out differently (as the layers' weight
+    # gradients, which autograd takes in the same form).
+    grad_w = (_minus_product((w_c * twice.sum(-2).unsqueeze(-1)).mT, h_c.mT, twice).mT.contiguous()
+              if need_w else None)
     return grad_h, grad_w
 
 
@@ -152,19 +203,12 @@ def _cdist_squared(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 
 
 def _minus_product(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``base - a @ b``: ``addmm`` for a pair; for a stack on a CPU one ``addmm`` per
-    member, elsewhere one ``baddbmm``. MKL rounds some of these products differently in a
-    batch than alone (the class vectors' (K x N) @ (N x H) among them), and a call per
-    member keeps a stacked member's gradients its solo run's bit for bit; on a GPU each call
-    is a kernel launch, and runs there are compared to a tolerance."""
+    """``base - a @ b``: ``addmm`` for a pair, one ``baddbmm`` for a stack (M, ...). In the
+    forms :func:`squared_distance_backward` takes them, a stacked member's products are its
+    solo run's bit for bit (``tests/corel/test_fused.py``)."""
     if base.dim() == 2:
         return torch.addmm(base, a, b, alpha=-1)
-    if base.dim() == 3 and base.device.type != "cpu":
-        return torch.baddbmm(base, a, b, alpha=-1)
-    out = torch.empty(base.shape, dtype=base.dtype, device=base.device)
-    for o, x, y, z in zip(out.flatten(0, -3), base.flatten(0, -3), a.flatten(0, -3), b.flatten(0, -3), strict=True):
-        torch.addmm(x, y, z, alpha=-1, out=o)
-    return out
+    return torch.baddbmm(base, a, b, alpha=-1)
 
 
 class SquaredDistance(torch.autograd.Function):

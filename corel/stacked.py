@@ -61,7 +61,7 @@ from corel.device import (
     pick_device,
     to_device,
 )
-from corel.fused import gaussian_ar
+from corel.fused import gaussian_ar, shared_linear
 from corel.graphs import GraphedSteps, graph_mode
 from corel.grouping import as_spec, check_group
 from corel.loss_catalog import declaration
@@ -126,8 +126,8 @@ def _mlp_forward(plan: list[tuple[str, Any]], params: Tensors, x: torch.Tensor,
     (M, N, ...) where ``shared`` is False, -> (M, N, out) with batched matrix products.
 
     The same function as ``vmap(functional_call(ffnn))``, arranged for speed: the first
-    layer, whose input all members share, is one (N, D) x (D, M * out) product, and its
-    weight gradient comes out in the stacked parameter's own layout.
+    layer, whose input all members share, is :func:`corel.fused.shared_linear` (one
+    ``baddbmm``, its weight gradient one product in the stacked parameter's own layout).
     """
     # shared: x is the members' common input until the first linear layer
     for kind, arg in plan:
@@ -135,11 +135,8 @@ def _mlp_forward(plan: list[tuple[str, Any]], params: Tensors, x: torch.Tensor,
             x = x.flatten(1 if shared else 2)
         elif kind == "linear":
             W, b = params[f"{arg}.weight"], params[f"{arg}.bias"]
-            members, out, dim = W.shape
             if shared:
-                z = F.linear(x, W.reshape(members * out, dim), b.reshape(members * out))
-                x = z.view(len(x), members, out).transpose(0, 1).contiguous()
-                shared = False
+                x, shared = shared_linear(x, W, b), False
             else:
                 x = torch.baddbmm(b.unsqueeze(1), x, W.transpose(1, 2))
         else:

@@ -21,18 +21,10 @@ Tensor scaled(const Tensor& x, const Tensor& weight, double value, bool negate) 
 
 Tensor or_undefined(const std::optional<Tensor>& t) { return t.has_value() ? *t : Tensor(); }
 
-// base - a @ b: addmm for a pair; for a stack on a CPU one addmm per member (a stacked
-// member's bits its solo run's), elsewhere one baddbmm; as corel.fused's _minus_product.
+// base - a @ b: addmm for a pair, one baddbmm for a stack; as corel.fused's _minus_product.
 Tensor minus_product(const Tensor& base, const Tensor& a, const Tensor& b) {
   if (base.dim() == 2) return at::addmm(base, a, b, /*beta=*/1, /*alpha=*/-1);
-  if (base.dim() == 3 && !base.device().is_cpu()) return at::baddbmm(base, a, b, /*beta=*/1, /*alpha=*/-1);
-  Tensor out = at::empty(base.sizes(), base.options());
-  Tensor outs = out.flatten(0, -3), bases = base.flatten(0, -3), as = a.flatten(0, -3), bs = b.flatten(0, -3);
-  for (int64_t i = 0; i < outs.size(0); ++i) {
-    Tensor o = outs[i];
-    at::addmm_out(o, bases[i], as[i], bs[i], /*beta=*/1, /*alpha=*/-1);
-  }
-  return out;
+  return at::baddbmm(base, a, b, /*beta=*/1, /*alpha=*/-1);
 }
 
 // The gradients of sum(grad * |h_i - w_k|^2) for h and W (each where asked for), as matrix
@@ -44,7 +36,8 @@ std::vector<Tensor> squared_distance_backward(const Tensor& grad, const Tensor& 
   Tensor centre = W.mean({-2}, /*keepdim=*/true);
   Tensor h_c = h.sub(centre), w_c = W.sub(centre);
   if (need_h) out[0] = minus_product(h_c.mul(twice.sum({-1}, /*keepdim=*/true)), twice, w_c);
-  if (need_w) out[1] = minus_product(w_c.mul(twice.sum({-2}).unsqueeze(-1)), twice.mT(), h_c);
+  // W's as its transpose, (H x N) @ (N x K), the form a stack's batch rounds as its members.
+  if (need_w) out[1] = minus_product(w_c.mul(twice.sum({-2}).unsqueeze(-1)).mT(), h_c.mT(), twice).mT().contiguous();
   return out;
 }
 
@@ -211,8 +204,9 @@ std::vector<Tensor> gaussian_mlp_step(const Tensor& x, const Tensor& labels, dou
 // The same for a stack of M such members (corel.stacked.StackedRun's step): the calls
 // that autograd makes for `loss.sum().backward()` on the stacked FFNN as
 // corel.stacked._mlp_forward computes it (shared inputs x (N, ...): the first layer as
-// F.linear's addmm on the members' weights side by side, made (M, N, out) with a copy;
-// each member's own inputs x (M, N, ...): baddbmm), with out-of-place LeakyReLUs, then the
+// corel.fused.SharedLinear, a baddbmm over x broadcast with the backward of the members'
+// weights side by side; each member's own inputs x (M, N, ...): baddbmm), with
+// out-of-place LeakyReLUs, then the
 // stacked Gaussian-COREL node with per-member lambdas (M, 1) and gamma (M, 1, 1), then
 // FusedAdam over the stacked (W1, b1, ..., W_L, b_L, W). Each formula is autograd's
 // (derivatives.yaml's, broadcasts summed back with sum_to, gradients made contiguous as
@@ -231,8 +225,7 @@ std::vector<Tensor> stacked_gaussian_mlp_step(
     const int64_t members = Wi.size(0), out = Wi.size(1), dim = Wi.size(2);
     Tensor z;
     if (i == 0 && shared) {
-      z = at::addmm(bi.reshape({members * out}), a, Wi.reshape({members * out, dim}).t());  // F.linear
-      z = z.view({a.size(0), members, out}).transpose(0, 1).contiguous();
+      z = at::baddbmm(bi.unsqueeze(1), a.expand({members, a.size(0), dim}), Wi.transpose(1, 2));  // SharedLinear
     } else {
       z = at::baddbmm(bi.unsqueeze(1), a, Wi.transpose(1, 2));
     }
@@ -252,13 +245,10 @@ std::vector<Tensor> stacked_gaussian_mlp_step(
     const int64_t members = Wi.size(0), out = Wi.size(1), dim = Wi.size(2);
     grad = at::leaky_relu_backward(grad, before[i], slope, false);
     if (i == 0 && shared) {
-      // contiguous's and transpose's backward, then view's (a reshape, which copies),
-      // then addmm's: the weight's as mm_mat2_backward takes it for a transposed mat2.
+      // SharedLinear's backward: the gradient as (N, M out), the weights' one product.
       Tensor flat = grad.transpose(0, 1).reshape({inputs[0].size(0), members * out});
-      // (mm_mat2_backward's (flat^T x)^T, transposed back by t's backward: a view of this.)
-      grads[0] = flat.t().mm(inputs[0]).reshape({members, out, dim}).contiguous();
-      const std::vector<int64_t> bias{members * out};
-      grads[1] = at::sum_to(flat, at::IntArrayRef(bias)).reshape({members, out}).contiguous();
+      grads[0] = flat.t().mm(inputs[0]).view({members, out, dim});
+      grads[1] = flat.sum({0}).view({members, out});
     } else {
       // baddbmm's: the bias broadcast over the rows summed back, the weight's through its
       // transpose, the input's where a layer below takes it.

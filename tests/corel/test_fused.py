@@ -306,19 +306,22 @@ def test_the_gaussian_head_trains_with_the_fused_node_and_stands_aside_elsewhere
         head.loss_and_similarities(h, torch.full((9,), 5))
 
 
+@pytest.mark.parametrize("members,width", [(4, 32), (10, 128)])  # (10, 128): the FFNN sweep's
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_squared_distances_backward_is_one_in_python_and_c_and_a_stack_is_its_members(dtype):
+def test_the_squared_distances_backward_is_one_in_python_and_c_and_a_stack_is_its_members(dtype, members, width):
     """corel.native's squared-distance backward is corel.fused's bit for bit, for a pair and
     a stack, for h and W alone and together; and each member of a stack gets exactly the
-    gradients it gets alone (so a stacked sweep's member trains as its solo run)."""
+    gradients it gets alone (so a stacked sweep's member trains as its solo run). In
+    float32 this fails if W's gradient is taken as (K x N) @ (N x H), one baddbmm for the
+    stack: MKL rounds that form differently in a batch than alone."""
     built = native.module()
     assert built is not None
     from corel.fused import squared_distance_backward
 
     g = torch.Generator().manual_seed(5)
-    h = torch.randn(4, 128, 32, generator=g, dtype=dtype) * 3
-    W = torch.randn(4, 10, 32, generator=g, dtype=dtype) * 3
-    grad = torch.randn(4, 128, 10, generator=g, dtype=dtype)
+    h = torch.randn(members, 128, width, generator=g, dtype=dtype) * 3
+    W = torch.randn(members, 10, width, generator=g, dtype=dtype) * 3
+    grad = torch.randn(members, 128, 10, generator=g, dtype=dtype)
     for args in ((grad, h, W), (grad[0], h[0], W[0])):
         for need in ((True, True), (True, False), (False, True)):
             python, c = squared_distance_backward(*args, *need), built.squared_distance_backward(*args, *need)
@@ -328,6 +331,56 @@ def test_the_squared_distances_backward_is_one_in_python_and_c_and_a_stack_is_it
                 else:
                     assert a is None and b is None
     stacked_h, stacked_w = squared_distance_backward(grad, h, W)
-    for m in range(4):
+    for m in range(members):
         solo_h, solo_w = squared_distance_backward(grad[m], h[m], W[m])
         assert torch.equal(stacked_h[m], solo_h) and torch.equal(stacked_w[m], solo_w)
+
+
+def _wide_first_layer(x, W, b):
+    """A stack's first layer as it was before SharedLinear: the members' weights side by
+    side as one F.linear, made (M, N, out) with a copy; plain autograd."""
+    members, out, dim = W.shape
+    z = nn.functional.linear(x, W.reshape(members * out, dim), b.reshape(members * out))
+    return z.view(len(x), members, out).transpose(0, 1).contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_shared_first_layer_has_the_wide_layers_gradients_bit_for_bit(dtype):
+    """corel.fused.SharedLinear: the same layer as the members' weights side by side (its
+    values to rounding, each member's as its own product), and the gradients of x, W and b
+    that autograd takes for that wide product, bit for bit, which the stacked native step
+    and the stacked runs' checkpoints rely on."""
+    from corel.fused import shared_linear
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.rand(128, 784, generator=g, dtype=dtype, requires_grad=True)
+    W = (torch.randn(10, 128, 784, generator=g, dtype=dtype) * 0.05).requires_grad_()
+    b = torch.randn(10, 128, generator=g, dtype=dtype, requires_grad=True)
+    upstream = torch.randn(10, 128, 128, generator=g, dtype=dtype)
+    out = shared_linear(x, W, b)
+    assert _ran(out, "SharedLinear") and out.shape == (10, 128, 128)
+    wide = _wide_first_layer(x, W, b)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(out, wide, rtol=0, atol=tol)
+    for m in range(10):
+        torch.testing.assert_close(out[m], nn.functional.linear(x, W[m], b[m]), rtol=0, atol=tol)
+    got = torch.autograd.grad(out, (x, W, b), upstream)
+    want = torch.autograd.grad(wide, (x, W, b), upstream)
+    for a, c in zip(got, want, strict=True):
+        assert torch.equal(a, c) and a.is_contiguous()
+
+
+def test_the_shared_first_layer_checks_its_gradient_numerically_and_stands_aside():
+    from corel.fused import shared_linear
+
+    torch.manual_seed(3)
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(shared_linear, (x, W, b))
+    with torch.no_grad():
+        plain = shared_linear(x, W, b)
+    assert plain.grad_fn is None and torch.equal(plain, shared_linear(x, W, b))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = shared_linear(x.float(), W.float(), b.float())
+    assert not _ran(cast, "SharedLinear") and cast.dtype == torch.bfloat16
