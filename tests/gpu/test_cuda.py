@@ -268,3 +268,26 @@ def test_the_gaussian_distance_gradient_runs_on_the_gpu_as_exactly_as_on_the_cpu
         for got, exact in ((got_h, exact_h), (got_w, exact_w)):
             assert got.device.type == "cuda" and got.dtype == torch.float32
             assert float((got.double().cpu() - exact).abs().max() / exact.abs().max()) < 1e-6
+
+
+def test_a_stacks_shared_first_layer_runs_on_the_gpu_as_the_wide_layer():
+    """corel.fused.SharedLinear (a stack's first layer on shared inputs: one baddbmm over the
+    inputs broadcast to the members) on CUDA, in float64: on the GPU, with the values and
+    the gradients of x, W and b of the members' weights side by side as one layer."""
+    from corel.fused import shared_linear
+    from tests.corel.test_fused import _wide_first_layer
+
+    g = torch.Generator().manual_seed(7)
+    x, W, b, upstream = (torch.randn(*shape, generator=g, dtype=torch.float64).cuda()
+                         for shape in ((128, 784), (10, 128, 784), (10, 128), (10, 128, 128)))
+    for t in (x, W, b):
+        t.requires_grad_()
+    out = shared_linear(x, W, b)
+    assert out.device.type == "cuda" and "SharedLinear" in out.grad_fn.name()
+    wide = _wide_first_layer(x, W, b)
+    torch.testing.assert_close(out, wide, rtol=0, atol=1e-10)
+    got = torch.autograd.grad(out, (x, W, b), upstream)
+    want = torch.autograd.grad(wide, (x, W, b), upstream)
+    for a, c in zip(got, want, strict=True):
+        assert a.device.type == "cuda"
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-10)
