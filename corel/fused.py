@@ -83,8 +83,9 @@ class SharedLinear(torch.autograd.Function):
     """M linear layers on one input: x (N, D), W (M, out, D), b (M, out) -> (M, N, out),
     member m's ``x W_m^T + b_m``.
 
-    The forward is one ``baddbmm`` over x broadcast to the members: on a CPU each member's
-    rows come out as its solo run's ``addmm`` rounds them, and it runs faster there than
+    The forward is one ``baddbmm`` over x broadcast to the members: with MKL on an AVX2 CPU
+    each member's rows come out as its solo run's ``addmm`` rounds them (elsewhere, to
+    rounding), and it runs faster there than
     the members' weights side by side as one (N, D) x (D, M out) product, whose speed on 2
     cores also swings between runs (``bench/sweep_throughput.py``). Autograd's backward of
     that ``baddbmm`` would take each weight's gradient as (D x N) x (N x out) and copy it
@@ -188,9 +189,9 @@ def squared_distance_backward(grad: torch.Tensor, h: torch.Tensor, W: torch.Tens
     centre = W.mean(-2, keepdim=True)
     h_c, w_c = h - centre, W - centre
     grad_h = _minus_product(h_c * twice.sum(-1, keepdim=True), twice, w_c) if need_h else None
-    # W's as its transpose, (H x N) @ (N x K): MKL rounds that form alike alone and in a
-    # stack's batch, where (K x N) @ (N x H) comes out differently (as the layers' weight
-    # gradients, which autograd takes in the same form).
+    # W's as its transpose, (H x N) @ (N x K): MKL (AVX2) rounds that form alike alone and
+    # in a stack's batch, where (K x N) @ (N x H) comes out a few ulps apart (the layers'
+    # weight gradients, which autograd takes in the same form, match alike).
     grad_w = (_minus_product((w_c * twice.sum(-2).unsqueeze(-1)).mT, h_c.mT, twice).mT.contiguous()
               if need_w else None)
     return grad_h, grad_w
@@ -203,9 +204,10 @@ def _cdist_squared(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 
 
 def _minus_product(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``base - a @ b``: ``addmm`` for a pair, one ``baddbmm`` for a stack (M, ...). In the
-    forms :func:`squared_distance_backward` takes them, a stacked member's products are its
-    solo run's bit for bit (``tests/corel/test_fused.py``)."""
+    """``base - a @ b``: ``addmm`` for a pair (2-D), one ``baddbmm`` for a stack (3-D). In
+    the forms :func:`squared_distance_backward` takes them, MKL on this project's AVX2
+    machines rounds a stacked member's products as its solo run's, bit for bit
+    (``bench/sweep_throughput.py`` prints the difference)."""
     if base.dim() == 2:
         return torch.addmm(base, a, b, alpha=-1)
     return torch.baddbmm(base, a, b, alpha=-1)

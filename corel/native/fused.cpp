@@ -36,7 +36,7 @@ std::vector<Tensor> squared_distance_backward(const Tensor& grad, const Tensor& 
   Tensor centre = W.mean({-2}, /*keepdim=*/true);
   Tensor h_c = h.sub(centre), w_c = W.sub(centre);
   if (need_h) out[0] = minus_product(h_c.mul(twice.sum({-1}, /*keepdim=*/true)), twice, w_c);
-  // W's as its transpose, (H x N) @ (N x K), the form a stack's batch rounds as its members.
+  // W's as its transpose, (H x N) @ (N x K), the form MKL (AVX2) rounds in a batch as alone.
   if (need_w) out[1] = minus_product(w_c.mul(twice.sum({-2}).unsqueeze(-1)).mT(), h_c.mT(), twice).mT().contiguous();
   return out;
 }

@@ -309,11 +309,12 @@ def test_the_gaussian_head_trains_with_the_fused_node_and_stands_aside_elsewhere
 @pytest.mark.parametrize("members,width", [(4, 32), (10, 128)])  # (10, 128): the FFNN sweep's
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_squared_distances_backward_is_one_in_python_and_c_and_a_stack_is_its_members(dtype, members, width):
-    """corel.native's squared-distance backward is corel.fused's bit for bit, for a pair and
-    a stack, for h and W alone and together; and each member of a stack gets exactly the
-    gradients it gets alone (so a stacked sweep's member trains as its solo run). In
-    float32 this fails if W's gradient is taken as (K x N) @ (N x H), one baddbmm for the
-    stack: MKL rounds that form differently in a batch than alone."""
+    """corel.native's squared-distance backward is corel.fused's bit for bit (the same calls),
+    for a pair and a stack, for h and W alone and together; and each member of a stack gets
+    the gradients it gets alone, to a few ulps of their largest component. (Bit for bit
+    with this machine's MKL, as bench/sweep_throughput.py prints; but a batched product and
+    a single one may round differently on another CPU's kernels, so the test allows the
+    ulps that a different summation order of 128 terms may cost.)"""
     built = native.module()
     assert built is not None
     from corel.fused import squared_distance_backward
@@ -331,9 +332,11 @@ def test_the_squared_distances_backward_is_one_in_python_and_c_and_a_stack_is_it
                 else:
                     assert a is None and b is None
     stacked_h, stacked_w = squared_distance_backward(grad, h, W)
+    eps = torch.finfo(dtype).eps
     for m in range(members):
-        solo_h, solo_w = squared_distance_backward(grad[m], h[m], W[m])
-        assert torch.equal(stacked_h[m], solo_h) and torch.equal(stacked_w[m], solo_w)
+        for got, solo in zip((stacked_h[m], stacked_w[m]), squared_distance_backward(grad[m], h[m], W[m]),
+                             strict=True):
+            torch.testing.assert_close(got, solo, rtol=0, atol=64 * eps * float(solo.abs().max()))
 
 
 def _wide_first_layer(x, W, b):
