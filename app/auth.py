@@ -28,11 +28,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 from urllib.parse import parse_qsl
 
-from sqlalchemy import select
+from sqlalchemy import or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import ApiToken, User, as_utc, utcnow
@@ -146,7 +147,29 @@ def lookup_token(session: Session, token: str, now: datetime | None = None) -> P
     scope: Scope = token_row.scope  # type: ignore[assignment]
     if scope == "admin" and not user.admin:
         scope = "write"  # an admin token of a user who is no longer admin
+    _touch(session, token_row, now or utcnow())
     return Principal(user.id, scope, token_row.id, user.name)
+
+
+LAST_USED_EVERY = timedelta(minutes=1)
+
+
+def _touch(session: Session, token_row: ApiToken, now: datetime) -> None:
+    """Record when a token was last used, at most once a minute (a write on every request
+    would put one on every read). A database that refuses the write costs the request
+    nothing: the authentication stands."""
+    last = token_row.last_used_at
+    if last is not None and now - as_utc(last) < LAST_USED_EVERY:
+        return
+    try:
+        session.execute(update(ApiToken).where(
+            ApiToken.id == token_row.id,
+            or_(ApiToken.last_used_at.is_(None), ApiToken.last_used_at < now - LAST_USED_EVERY))
+            .values(last_used_at=now))
+        session.commit()
+    except SQLAlchemyError as exc:
+        session.rollback()
+        log.warning("token last use not recorded", extra={"error": type(exc).__name__})
 
 
 class FailureBudget:

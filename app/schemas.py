@@ -539,7 +539,7 @@ class UserRead(BaseModel):
     id: int
     name: str
     admin: bool
-    created_at: datetime
+    created_at: Timestamp
 
 
 class TokenCreate(BaseModel):
@@ -548,17 +548,25 @@ class TokenCreate(BaseModel):
     scope: Literal["read", "write", "admin"] = "write"
     expires_days: float | None = Field(default=None, gt=0, le=3650,
                                        description="days until the token stops working; none: never")
+    name: str | None = Field(default=None, min_length=1, max_length=64,
+                             description="what the token is for (a laptop, a CI job), to tell it "
+                             "apart in the list")
 
 
 class TokenRead(BaseModel):
+    """A token as listed: never the token itself (only its hash is stored)."""
+
     model_config = ConfigDict(from_attributes=True)
 
     id: int
     user_id: int
+    name: str | None
     scope: str
-    created_at: datetime
-    expires_at: datetime | None
-    revoked_at: datetime | None
+    created_at: Timestamp
+    expires_at: Timestamp | None
+    revoked_at: Timestamp | None
+    last_used_at: Timestamp | None = Field(
+        description="the last request it authenticated, to the minute (written at most once a minute)")
 
 
 class TokenCreated(TokenRead):
@@ -602,7 +610,7 @@ class AuditRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: int
-    at: datetime
+    at: Timestamp
     user_id: int | None
     token_id: int | None
     client: str | None

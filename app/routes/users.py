@@ -7,8 +7,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
 
+from app.auth import Principal
 from app.deps import PrincipalDep, SessionDep, SettingsDep
-from app.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT
+from app.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT, InvalidInput
 from app.schemas import (
     AuditRead,
     MeRead,
@@ -32,6 +33,25 @@ def me(principal: PrincipalDep) -> MeRead:
                   admin=principal.admin)
 
 
+def _own_user(principal: Principal) -> int:
+    if principal.user_id is None:
+        raise InvalidInput(f"the {principal.name} is no user and has no tokens of its own; an "
+                           "admin lists a user's with GET /users/{user_id}/tokens")
+    return principal.user_id
+
+
+@router.get("/me/tokens", response_model=list[TokenRead],
+            summary="The caller's own tokens, newest first (never the tokens themselves)")
+def my_tokens(principal: PrincipalDep, session: SessionDep):
+    return users_service.list_tokens(session, _own_user(principal))
+
+
+@router.delete("/me/tokens/{token_id:int}", response_model=TokenRead,
+               summary="Revoke one of the caller's own tokens: it fails from the next request on")
+def revoke_my_token(token_id: int, principal: PrincipalDep, session: SessionDep):
+    return users_service.revoke_token(session, token_id, user_id=_own_user(principal))
+
+
 @router.post("/users", status_code=status.HTTP_201_CREATED, response_model=UserRead,
              summary="Add a user (admin)")
 def create_user(body: UserCreate, session: SessionDep, request: Request):
@@ -49,8 +69,15 @@ def list_users(session: SessionDep):
              response_model=TokenCreated,
              summary="A new token for a user (admin); the answer is the only place it is shown")
 def create_token(user_id: int, body: TokenCreate, session: SessionDep):
-    row, token = users_service.create_token(session, user_id, body.scope, body.expires_days)
+    row, token = users_service.create_token(session, user_id, body.scope, body.expires_days,
+                                            body.name)
     return TokenCreated.model_validate({**TokenRead.model_validate(row).model_dump(), "token": token})
+
+
+@router.get("/users/{user_id:int}/tokens", response_model=list[TokenRead],
+            summary="A user's tokens, newest first (admin; never the tokens themselves)")
+def list_tokens(user_id: int, session: SessionDep):
+    return users_service.list_tokens(session, user_id)
 
 
 @router.delete("/tokens/{token_id:int}", response_model=TokenRead,

@@ -4,7 +4,13 @@
 - Experiments, sweeps and uploads are private to their owner, who (or an admin) may share
   one with another user for reading or writing, or make it readable by every user. A
   sweep's members are readable (writable) by whoever may read (write) the sweep.
-- Embedding jobs and indexes belong to who created them.
+- Embedding jobs and indexes belong to who created them, and are made under an
+  experiment: whoever may read (write) that experiment may read (cancel) them too, so its
+  owner sees what a user it shared it with for writing built from it.
+- Every request that changes something needs write access to each row it names: the
+  row in its path (cancel, delete, build an index or a batch job from an experiment) and an
+  upload its body names (train or embed from it); sharing needs the owner. Only the POSTs
+  that compute from a model (/embed, /predict, /neighbors) need no more than reading.
 - Rows without an owner (created with no users, or by the bootstrap admin) are read as
   before by an admin and, with COREL_API_TOKEN_READS=false, by anonymous readers.
 
@@ -24,7 +30,7 @@ from typing import Any, Literal
 from sqlalchemy import ColumnElement, false, or_, select, true
 from sqlalchemy.orm import Session
 
-from app.auth import READ_METHODS, Principal
+from app.auth import Principal, is_write
 from app.errors import Forbidden, InvalidInput, NotFound, check_id
 from app.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, Share, Sweep, User
 from app.services.lookup import get_or_404
@@ -45,6 +51,8 @@ PATH_PARAMS = {"experiment_id": "experiment", "sweep_id": "sweep", "dataset_id":
                "job_id": "embedding_job", "index_id": "index"}
 SHARE_COLUMNS = {"experiment": Share.experiment_id, "sweep": Share.sweep_id,
                  "dataset": Share.dataset_id}
+# Rows made under an experiment (POST /experiments/{id}/embeddings, /index).
+MADE_UNDER = ("embedding_job", "index")
 OWNED = tuple(model for model, _ in KINDS.values())
 
 
@@ -68,8 +76,12 @@ def readable(principal: Principal | None, model: type[Any]) -> ColumnElement[boo
         return true()
     kind = next(k for k, (m, _) in KINDS.items() if m is model)
     if principal.user_id is None:  # an anonymous reader: what has no owner, and what is public
-        return or_(model.owner_id.is_(None), model.public.is_(True)) if kind in SHARE_COLUMNS \
-            else model.owner_id.is_(None)
+        if kind in SHARE_COLUMNS:
+            return or_(model.owner_id.is_(None), model.public.is_(True))
+        if kind in MADE_UNDER:
+            return or_(model.owner_id.is_(None), model.experiment_id.in_(
+                select(Experiment.id).where(readable(principal, Experiment))))
+        return model.owner_id.is_(None)
     clauses: list[ColumnElement[bool]] = [model.owner_id == principal.user_id]
     if kind in SHARE_COLUMNS:
         column = SHARE_COLUMNS[kind]
@@ -78,6 +90,9 @@ def readable(principal: Principal | None, model: type[Any]) -> ColumnElement[boo
                                                       column.is_not(None)))]
     if model is Experiment:
         clauses.append(Experiment.sweep_id.in_(select(Sweep.id).where(readable(principal, Sweep))))
+    if model in (EmbeddingJob, NeighborIndex):  # made under an experiment its reader may see
+        clauses.append(model.experiment_id.in_(
+            select(Experiment.id).where(readable(principal, Experiment))))
     return or_(*clauses) if clauses else false()
 
 
@@ -89,9 +104,13 @@ def level_of(session: Session, principal: Principal | None, kind: str, row: Any)
     uid = principal.user_id
     if uid is None:
         public = kind in SHARE_COLUMNS and row.public
-        return "read" if row.owner_id is None or public else None
+        if row.owner_id is None or public:
+            return "read"
+        return _via_experiment(session, principal, row) if kind in MADE_UNDER else None
     if row.owner_id == uid:
         return "manage"
+    if kind in MADE_UNDER:
+        return _via_experiment(session, principal, row)
     level: Level | None = None
     if kind in SHARE_COLUMNS:
         column = SHARE_COLUMNS[kind]
@@ -103,6 +122,14 @@ def level_of(session: Session, principal: Principal | None, kind: str, row: Any)
         if via is not None:
             level = "write" if RANK[via] >= RANK["write"] else level or "read"
     return level
+
+
+def _via_experiment(session: Session, principal: Principal, row: Any) -> Level | None:
+    """A batch job's or an index's level for one who did not make it: read or write as
+    its experiment allows (managing it stays its maker's)."""
+    experiment = session.get(Experiment, row.experiment_id)
+    level = level_of(session, principal, "experiment", experiment) if experiment else None
+    return None if level is None else "write" if RANK[level] >= RANK["write"] else "read"
 
 
 def check(session: Session, principal: Principal | None, kind: str, row_id: int,
@@ -117,7 +144,9 @@ def check(session: Session, principal: Principal | None, kind: str, row_id: int,
     if RANK[level] < RANK[need]:
         if need == "manage":
             raise Denied(f"only the owner of {what} {row_id} or an admin may share it")
-        raise Denied(f"{what} {row_id} is shared with you for reading only")
+        raise Denied(f"{what} {row_id} is shared with you for reading only, and this request "
+                     "changes something with it: it needs write access (its owner may share "
+                     "it with you for writing)")
     if need != "read" and principal is not None and not principal.can_write:
         raise Denied("this token may only read (scope read)")
     return row
@@ -129,17 +158,16 @@ def require(session: Session, kind: str, row_id: int, need: Need = "read") -> An
 
 
 def need_of(method: str, path: str) -> Need:
-    """What a request needs of the rows its path names: sharing one needs its owner (or an
-    admin), cancelling or deleting one write access, anything else (reading it or who it
-    is shared with, embedding with it, building an index or a batch job from it) read
-    access."""
-    if method in READ_METHODS:
+    """What a request needs of the rows its path names: reading them (or who they are
+    shared with) and the POSTs that only compute from a model (/embed, /predict,
+    /neighbors) read access; sharing one its owner (or an admin); every other request that
+    changes something (cancel, delete, build an index or a batch embedding job from an
+    experiment) write access."""
+    if not is_write(method, path):
         return "read"
     if path.endswith("/shares") or "/shares/" in path:
         return "manage"
-    if method == "DELETE" or path.endswith("/cancel"):
-        return "write"
-    return "read"
+    return "write"
 
 
 def check_path(session: Session, principal: Principal, method: str, path: str,

@@ -15,6 +15,7 @@ the user may not see or change, in :func:`app.deps.check_path_access`) is record
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from sqlalchemy import ColumnElement, event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException
 
-from app.auth import Principal, is_write
+from app.auth import Principal, is_admin_path, is_write
 from app.db import session_scope
 from app.errors import MAX_ID, DomainError, Forbidden, Unauthorized
 from app.models import ApiToken, AuditEntry, Share, User
@@ -148,8 +149,10 @@ def record_refusal(factory: sessionmaker[Session], request: Request, principal: 
                    status: int, detail: str) -> None:
     """Record a write refused before its handler ran, in a transaction of its own: only
     where a user is known (not the open mode or the bootstrap admin, who are never
-    refused; not a token that names no user) and the request is a write. Never raises."""
-    if principal.user_id is None or not is_write(request.method, request.url.path):
+    refused; not a token that names no user) and the request is a write or asks an
+    admin's route (another user's tokens, the log itself). Never raises."""
+    if principal.user_id is None or not (is_write(request.method, request.url.path)
+                                         or is_admin_path(request.url.path)):
         return
     draft = draft_of(request, principal)
     try:
@@ -157,6 +160,28 @@ def record_refusal(factory: sessionmaker[Session], request: Request, principal: 
             session.add(draft.row("refused", status, detail))
     except Exception as error:
         _not_written(draft, error)
+
+
+def cli_actor() -> str:
+    """Who an administrative command acts as: the CLI, with the OS user and the host."""
+    import getpass
+    import socket
+
+    try:
+        who = getpass.getuser()
+    except Exception:  # no name for this uid (a container's)
+        who = str(os.getuid())
+    return f"cli {who}@{socket.gethostname()}"[:64]
+
+
+def record_cli(session: Session, action: str, resource: str | None, resource_id: int | None,
+               outcome: str = "ok", detail: str | None = None) -> None:
+    """An entry for an administrative command (``corel users``, ``corel tokens``), as the
+    same action over HTTP leaves one: in ``session``, committed with the change it
+    records; ``client`` names the CLI, the OS user and the host."""
+    session.add(AuditEntry(user_id=None, token_id=None, client=cli_actor(), action=action[:160],
+                           resource=resource, resource_id=resource_id, outcome=outcome,
+                           status=None, detail=detail[:500] if detail else None))
 
 
 def _not_written(draft: Draft, error: BaseException) -> None:

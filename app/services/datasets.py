@@ -171,13 +171,15 @@ def create_upload(session: Session, filename: str, kind: str, path: Path,
 
 
 def referenced_upload(session: Session, dataset_id: int) -> DatasetUpload:
-    """The upload a request body names by ``dataset_id``: a 404 if there is none (the
-    schema can say what an id looks like, not which ids exist)."""
+    """The upload a request body names by ``dataset_id`` to train on or embed: a 404 if
+    there is none (the schema can say what an id looks like, not which ids exist) or the
+    caller may not see it, a 403 if it may only read it (a job made from an upload needs
+    write access to it, as every write needs to what it names)."""
     upload = session.get(DatasetUpload, dataset_id) if 1 <= dataset_id <= MAX_ID else None
     if upload is None:
         raise NotFound(f"dataset_id {dataset_id} does not exist; upload with POST /datasets")
     try:
-        access.require(session, "dataset", dataset_id, "read")
+        access.require(session, "dataset", dataset_id, "write")
     except access.Hidden as exc:  # another user's private upload: as if there were none
         raise access.Hidden(f"dataset_id {dataset_id} does not exist; upload with POST /datasets") from exc
     return upload

@@ -544,7 +544,7 @@ def test_the_lists_show_each_row_s_owner(browser, team):
     pg.wait_for_selector(f'#experiments tbody tr[data-id="{team["boot_run"]}"]')
     owner = {i: pg.inner_text(f'#experiments tr[data-id="{i}"] td.owner')
              for i in (team["ann_run"], team["bob_run"], team["boot_run"])}
-    assert owner == {team["ann_run"]: "ann", team["bob_run"]: "bob", team["boot_run"]: "–"}
+    assert owner == {team["ann_run"]: "ann", team["bob_run"]: "bob", team["boot_run"]: "unowned"}
     assert "bootstrap admin · admin" in pg.inner_text("#whoami")
     shot(pg, "owners-experiments")
     pg.goto("/ui/sweeps")

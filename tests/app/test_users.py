@@ -4,7 +4,9 @@ end the open mode of the suite's shared database."""
 
 from __future__ import annotations
 
+import getpass
 import hmac
+import socket
 import subprocess
 import sys
 import uuid
@@ -352,6 +354,111 @@ def test_the_cli_adds_users_and_creates_and_revokes_tokens(api: TestClient,
     r = corel("tokens", "revoke", str(token_id))
     assert r.returncode == 0, r.stderr
     assert api.get("/users", headers=auth(token)).status_code == 401
+    # Each change, and each refusal, is in the audit log as the CLI's, with the OS user
+    # and the host, as the same action over HTTP would be.
+    cli = [(e["action"], e["resource"], e["outcome"]) for e in
+           api.get("/audit", headers=ADMIN).json()["items"] if (e["client"] or "").startswith("cli ")]
+    assert cli == [("corel tokens revoke", "token", "ok"), ("corel tokens create", None, "refused"),
+                   ("corel tokens create", "token", "ok"), ("corel users add", None, "refused"),
+                   ("corel users add", "user", "ok")], cli
+    entry = api.get("/audit", params={"action": "corel users add"}, headers=ADMIN).json()["items"][-1]
+    assert entry["client"] == f"cli {getpass.getuser()}@{socket.gethostname()}"[:64]
+    assert entry["resource_id"] == api.get("/users", headers=ADMIN).json()[0]["id"]
+    assert "nobody" in api.get("/audit", params={"action": "corel tokens create"},
+                               headers=ADMIN).json()["items"][0]["detail"]
+
+
+def test_users_list_and_revoke_their_own_tokens_and_admins_anyones(
+        api: TestClient, own_settings: Settings) -> None:
+    a_id, first_id, a = user_token(api, "alice")
+    b_id, b_token_id, b = user_token(api, "bob")
+    r = api.post(f"/users/{a_id}/tokens", json={"scope": "read", "name": "laptop"}, headers=ADMIN)
+    second = r.json()["id"]
+    listed = api.get("/me/tokens", headers=auth(a)).json()
+    assert [t["id"] for t in listed] == [second, first_id]
+    assert listed[0]["name"] == "laptop" and listed[0]["scope"] == "read"
+    assert set(listed[0]) == {"id", "user_id", "name", "scope", "created_at", "expires_at",
+                              "revoked_at", "last_used_at"}  # never the token, nor its hash
+    assert listed[1]["last_used_at"] is not None  # it authenticated this very request
+    assert listed[0]["last_used_at"] is None
+    assert a not in api.get("/me/tokens", headers=auth(a)).text
+    # Another user's token: as if there were none, and the refusal is audited.
+    r = api.delete(f"/me/tokens/{b_token_id}", headers=auth(a))
+    assert r.status_code == 404, r.text
+    assert api.get("/me", headers=auth(b)).status_code == 200
+    r = api.delete(f"/me/tokens/{second}", headers=auth(a))
+    assert r.status_code == 200 and r.json()["revoked_at"] is not None
+    assert api.get("/me/tokens", headers=auth(a)).json()[0]["revoked_at"] is not None
+    # A user's tokens are an admin's to list; another user's without admin scope: 403, audited.
+    assert [t["id"] for t in api.get(f"/users/{b_id}/tokens", headers=ADMIN).json()] == [b_token_id]
+    r = api.get(f"/users/{b_id}/tokens", headers=auth(a))
+    assert r.status_code == 403 and "admin token" in r.json()["detail"]
+    refused = api.get("/audit", params={"user_id": a_id}, headers=ADMIN).json()["items"]
+    assert [(e["action"], e["outcome"], e["status"]) for e in refused][:2] == [
+        (f"GET /users/{b_id}/tokens", "refused", 403),  # refused before routing: its path
+        ("DELETE /me/tokens/{token_id}", "ok", 200)]
+    assert ("DELETE /me/tokens/{token_id}", "refused", 404) in [
+        (e["action"], e["outcome"], e["status"]) for e in refused]
+    # The bootstrap admin is no user: it has no tokens of its own to list.
+    r = api.get("/me/tokens", headers=ADMIN)
+    assert r.status_code == 422 and "GET /users/{user_id}/tokens" in r.json()["detail"]
+    # The CLI's list: every user's, or one's; never a token.
+    env = settings_env(own_settings)
+    out = subprocess.run([sys.executable, "-m", "corel.cli", "tokens", "list", "alice"], env=env,
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split("\t") for line in out.stdout.splitlines()[1:]]
+    assert [(int(r[0]), r[2], r[3], r[7]) for r in rows] == [(second, "laptop", "read", "revoked"),
+                                                             (first_id, "-", "write", "valid")]
+    assert a not in out.stdout
+
+
+def test_rows_made_before_users_are_adopted_by_one(own_settings: Settings) -> None:
+    """Rows made in the open mode have no owner: once users exist only admins see them
+    (marked unowned); `corel users adopt` hands them to a user, all or by kind and id."""
+    open_settings = own_settings.model_copy(update={"api_token": None})
+    with TestClient(create_app(open_settings)) as c:
+        runs = [c.post("/experiments", json=RUN).json()["id"] for _ in range(3)]
+        sweep = c.post("/sweeps", json={"base": RUN, "grid": {"seed": [0, 1]}}).json()["id"]
+        members = c.get(f"/sweeps/{sweep}").json()["experiment_ids"]
+    env = settings_env(own_settings)
+
+    def corel(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "corel.cli", *args], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+
+    assert corel("users", "add", "erin").returncode == 0
+    out = corel("users", "list")
+    assert "unowned" in out.stdout and "5 experiments, 1 sweep" in out.stdout, out.stdout
+    r = corel("tokens", "create", "erin")
+    erin = auth(r.stdout.strip())
+    with TestClient(create_app(own_settings)) as api:
+        assert api.get("/experiments", headers=erin).json()["total"] == 0
+        assert api.get(f"/experiments/{runs[0]}", headers=erin).status_code == 404
+        # Into a user that does not exist: named in the error, nothing handed over, audited.
+        r = corel("users", "adopt", "nobody")
+        assert r.returncode == 1 and "'nobody'" in r.stderr
+        assert api.get("/experiments", headers=erin).json()["total"] == 0
+        # A row that does not exist: nothing handed over, not even the others named.
+        r = corel("users", "adopt", "erin", "--kind", "experiment", "--id", str(runs[0]),
+                  "--id", "99999")
+        assert r.returncode == 1 and "experiment 99999 does not exist" in r.stderr
+        assert api.get(f"/experiments/{runs[0]}", headers=erin).status_code == 404
+        r = corel("users", "adopt", "erin", "--kind", "sweep", "--id", str(sweep))
+        assert r.returncode == 0, r.stderr
+        assert api.get(f"/sweeps/{sweep}", headers=erin).json()["owner"]["name"] == "erin"
+        mine = {e["id"] for e in api.get("/experiments", headers=erin).json()["items"]}
+        assert mine == set(members)
+        r = corel("users", "adopt", "erin")
+        assert r.returncode == 0 and "3 rows handed to erin" in r.stdout, r.stdout
+        mine = {e["id"] for e in api.get("/experiments", headers=erin).json()["items"]}
+        assert mine == set(members) | set(runs)
+        assert api.get(f"/experiments/{runs[0]}", headers=erin).json()["owner"]["name"] == "erin"
+        actions = [(e["action"], e["outcome"]) for e in api.get("/audit", headers=ADMIN).json()["items"]
+                   if e["action"].startswith("corel users adopt")]
+        assert actions == [("corel users adopt", "ok"), ("corel users adopt --kind sweep --id "
+                            f"{sweep}", "ok"), (f"corel users adopt --kind experiment --id {runs[0]}"
+                            " --id 99999", "refused"), ("corel users adopt", "refused")]
 
 
 def test_serve_refuses_the_network_with_no_token_and_no_users(own_settings: Settings) -> None:

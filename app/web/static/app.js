@@ -191,7 +191,18 @@ const corel = (() => {
 
   // A row's owner as the API gives it ({id, name} or null: made with no users, or by the
   // bootstrap admin).
-  function owner(o) { return o ? o.name : "–"; }
+  // "unowned": users can be handed such rows with `corel users adopt`.
+  function owner(o) { return o ? o.name : "unowned"; }
+
+  // A timestamp of the API (ISO 8601 with its offset) in the browser's own zone, the same
+  // way on every page. One without an offset (an API older than this page) is UTC, as
+  // the service writes every time.
+  function when(iso) {
+    if (!iso) return "–";
+    const zoned = /([zZ]|[+-]\d\d:?\d\d)$/.test(iso) ? iso : iso + "Z";
+    return new Date(zoned).toLocaleString(undefined, {
+      year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  }
 
   // Who the token is (GET /me): its name and scope in the header; the admin pages' links
   // shown only to an admin. "Change token" asks for another one.
@@ -256,5 +267,5 @@ const corel = (() => {
   });
 
   return { api, stream, el, pct, num, lossLabel, badge, progressBar, flash, query, pages,
-           ApiError, COLOURS, LOSSES, LOSS_NAMES, FINISHED, sleep, owner, shareControl, pager };
+           ApiError, COLOURS, LOSSES, LOSS_NAMES, FINISHED, sleep, owner, when, shareControl, pager };
 })();

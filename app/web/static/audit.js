@@ -12,6 +12,7 @@ corel.pages.audit = async function () {
   form.elements.user_id.append(...[...users].map(([id, name]) => el("option", { value: id }, name + " (#" + id + ")")));
   for (const name of FIELDS) if (params.get(name)) form.elements[name].value = params.get(name);
   function who(e) {
+    if (e.user_id === null && (e.client || "").startsWith("cli ")) return el("span", { class: "muted" }, "the CLI");
     if (e.user_id === null) return el("span", { class: "muted" }, e.token_id === null ? "admin token / open" : "?");
     return users.get(e.user_id) || "user " + e.user_id;
   }
@@ -22,7 +23,7 @@ corel.pages.audit = async function () {
     const page = await api("/audit?" + q.toString());
     const tbody = document.querySelector("#audit tbody");
     tbody.replaceChildren(...page.items.map((e) => el("tr", { "data-id": e.id, "data-outcome": e.outcome },
-      el("td", { class: "muted" }, new Date(e.at).toLocaleString()), el("td", { class: "user" }, who(e)),
+      el("td", { class: "muted" }, corel.when(e.at)), el("td", { class: "user" }, who(e)),
       el("td", { class: "muted" }, e.client || "–"), el("td", {}, el("code", {}, e.action)),
       el("td", {}, e.resource ? e.resource + (e.resource_id ? " #" + e.resource_id : "") : "–"),
       el("td", {}, el("span", { class: "badge " + (e.outcome === "ok" ? "succeeded" : "failed") }, e.outcome)),

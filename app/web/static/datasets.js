@@ -21,7 +21,7 @@ corel.pages.datasets = async function () {
       el("td", { class: "num" }, d.summary.num_classes === undefined ? "–" : d.summary.num_classes),
       el("td", { class: "num" }, d.size),
       el("td", { class: "owner" }, corel.owner(d.owner)),
-      el("td", { class: "muted" }, new Date(d.created_at).toLocaleString()),
+      el("td", { class: "muted" }, corel.when(d.created_at)),
       el("td", {}, el("button", { type: "button", class: "secondary", "data-action": "share", onclick: () => share(d) }, "Share…")))));
     if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No upload yet.")));
     corel.pager(page, PAGE, offset, (o) => { offset = o; load().catch((e) => corel.flash(e.message)); });

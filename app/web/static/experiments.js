@@ -33,7 +33,7 @@ corel.pages.experiments = async function () {
       el("td", { class: "num best-val" }, pct(e.best_val_accuracy)),
       el("td", { class: "num test" }, pct(e.test_accuracy)),
       el("td", { class: "owner" }, corel.owner(e.owner)),
-      el("td", { class: "muted" }, new Date(e.created_at).toLocaleString()),
+      el("td", { class: "muted" }, corel.when(e.created_at)),
       actions);
   }
 

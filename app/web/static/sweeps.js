@@ -21,7 +21,7 @@ corel.pages.sweeps = async function () {
       el("td", {}, doneBar(s)),
       el("td", { class: "num" }, s.counts.failed),
       el("td", { class: "owner" }, corel.owner(s.owner)),
-      el("td", { class: "muted" }, new Date(s.created_at).toLocaleString()))));
+      el("td", { class: "muted" }, corel.when(s.created_at)))));
     if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No sweep yet.")));
     corel.pager(page, PAGE, offset, (o) => { offset = o; load().catch((e) => corel.flash(e.message)); });
   }
