@@ -638,3 +638,46 @@ def test_the_audit_page_is_an_admin_s(browser, team):
     assert "user_id=" in root.url
     shot(root, "audit")
     assert not ann.errors and not root.errors, (ann.errors, root.errors)
+
+
+@pytest.mark.own_auth
+def test_every_page_shows_times_in_the_browser_s_zone(browser, team):
+    """A browser in Tokyo: the audit log and the lists show each instant the API returns
+    (with its offset) as that minute in Tokyo, the same way on every page (the audit page
+    once showed an entry nine hours off the experiment list's, its time read without a
+    zone as the browser's own)."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    def tokyo(iso: str) -> str:
+        t = datetime.fromisoformat(iso).astimezone(ZoneInfo("Asia/Tokyo"))
+        return f"{t:%b} {t.day}, {t.year}, {t:%I:%M %p}"  # en-US, as the page's formatter
+
+    c, root = team["client"], team["root"]
+    context = browser.new_context(viewport={"width": 1360, "height": 900}, base_url=team["url"],
+                                  timezone_id="Asia/Tokyo", locale="en-US")
+    team["contexts"].append(context)
+    context.add_init_script(f"sessionStorage.setItem('corel-api-token', {root['token']!r})")
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    assert pg.evaluate("Intl.DateTimeFormat().resolvedOptions().timeZone") == "Asia/Tokyo"
+    run = team["ann_run"]
+    created = c.get(f"/experiments/{run}", headers=root["auth"]).json()["created_at"]
+    pg.goto("/")
+    cell = f'#experiments tr[data-id="{run}"] td.muted'
+    pg.wait_for_selector(cell)
+    assert tokyo(created) in pg.locator(f'#experiments tr[data-id="{run}"]').inner_text()
+    pg.goto("/ui/sweeps")
+    sweep = team["ann_sweep"]
+    pg.wait_for_selector(f'#sweeps tr[data-id="{sweep}"]')
+    sweep_created = c.get(f"/sweeps/{sweep}", headers=root["auth"]).json()["created_at"]
+    assert tokyo(sweep_created) in pg.locator(f'#sweeps tr[data-id="{sweep}"]').inner_text()
+    entry = c.get("/audit", params={"resource": "experiment", "resource_id": run},
+                  headers=root["auth"]).json()["items"][-1]
+    pg.goto("/ui/audit")
+    pg.wait_for_selector(f'#audit tr[data-id="{entry["id"]}"]')
+    shown = pg.locator(f'#audit tr[data-id="{entry["id"]}"] td').first.inner_text()
+    assert shown == tokyo(entry["at"]), (shown, entry["at"])
+    shot(pg, "audit-tokyo")
+    assert not errors, errors

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import hmac
+import re
 import socket
 import subprocess
 import sys
@@ -557,3 +558,116 @@ def test_a_refused_write_leaves_an_audit_entry(api: TestClient) -> None:
     everything = api.get("/audit", headers=ADMIN).json()["items"]
     assert [e["outcome"] for e in everything].count("refused") == 5  # not the 401
     assert api.get(f"/experiments/{run}", headers=auth(a)).json()["status"] != "cancelled"
+
+
+ZONED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+def _date_times(doc: dict[str, Any], schema: Any, value: Any) -> Iterator[tuple[str, Any]]:
+    """(where, value) of every field of ``value`` that ``schema`` (of the OpenAPI document
+    ``doc``) declares a date-time."""
+    if not isinstance(schema, dict) or value is None:
+        return
+    if "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].split("/")[-1]]
+    if schema.get("format") == "date-time":
+        yield "", value
+    for option in schema.get("anyOf", []) + schema.get("allOf", []):
+        yield from _date_times(doc, option, value)
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            for where, found in _date_times(doc, schema.get("items"), item):
+                yield f"[{i}]{where}", found
+    elif isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            for where, found in _date_times(doc, sub, value.get(name)):
+                yield f".{name}{where}", found
+
+
+def test_every_timestamp_the_api_returns_carries_its_zone(api: TestClient,
+                                                          own_settings: Settings) -> None:
+    """Every date-time of the OpenAPI document, in real answers of every route that has
+    one, on SQLite (which keeps no offset) and PostgreSQL: ISO 8601 with its offset."""
+    from app.models import EmbeddingJob, NeighborIndex, Status
+
+    uid, token_id, token = user_token(api, "tz")
+    run = submit(api, token)
+    answers: dict[tuple[str, str], Any] = {}
+
+    def call(method: str, template: str, **kwargs: Any) -> Any:
+        ids = {"experiment_id": run, "user_id": uid, "token_id": token_id, **ids_,
+               **kwargs.pop("ids", {})}
+        r = api.request(method, template.format(**ids), headers=kwargs.pop("headers", auth(token)),
+                        **kwargs)
+        assert r.status_code < 300, (method, template, r.text)
+        answers[(method, template)] = r.json()
+        return r.json()
+
+    ids_: dict[str, int] = {}
+    upload = call("POST", "/datasets", files={"file": ("t.npz", npz_bytes(x=np.eye(6, 3), y=np.arange(6) % 2))})
+    ids_["dataset_id"] = upload["id"]
+    ids_["sweep_id"] = call("POST", "/sweeps", json={"base": RUN, "grid": {"seed": [0]}})["id"]
+    factory = make_sessionmaker(engine := make_engine(own_settings.db_url))
+    with factory.begin() as session:  # a job and an index of the run, as a worker leaves them
+        now = utcnow()
+        job = EmbeddingJob(experiment_id=run, dataset_id=upload["id"], status=Status.QUEUED, n_total=6,
+                           n_done=0, cancel_requested=False, created_at=now, attempts=0,
+                           enqueued_at=now, enqueues=1, owner_id=uid)
+        index = NeighborIndex(experiment_id=run, source="train", requested_kind="exact",
+                              geometry="cosine", status=Status.QUEUED, n_total=6, n_done=0,
+                              cancel_requested=False, created_at=now, attempts=0, enqueued_at=now,
+                              enqueues=1, owner_id=uid)
+        session.add_all([job, index])
+        session.flush()
+        session.get(Experiment, run).status = Status.SUCCEEDED  # its indexes may be listed
+        ids_.update(job_id=job.id, index_id=index.id)
+    engine.dispose()
+    api.post(f"/experiments/{run}/shares", json={"public": True}, headers=auth(token))
+    call("POST", "/users/{user_id}/tokens", json={"scope": "read"}, headers=ADMIN)
+    call("POST", "/users", json={"name": "tz2"}, headers=ADMIN)
+    doc = api.get("/openapi.json").json()
+    with_dates: list[tuple[str, str]] = []
+    for template, ops in doc["paths"].items():
+        for method, op in ops.items():
+            content = next(iter(op["responses"].values())).get("content", {})
+            schema = content.get("application/json", {}).get("schema")
+            if _declares_date_time(doc, schema):
+                with_dates.append((method.upper(), template))
+    assert len(with_dates) >= 24, with_dates
+    admin_paths = ("/users", "/audit", "/tokens")
+    for method, template in with_dates:
+        if method == "GET":
+            call("GET", template, headers=ADMIN if template.startswith(admin_paths) else auth(token))
+    call("POST", "/experiments/{experiment_id}/cancel", ids={"experiment_id": submit(api, token)})
+    call("POST", "/sweeps/{sweep_id}/cancel")
+    call("POST", "/embeddings/{job_id}/cancel")
+    call("POST", "/indexes/{index_id}/cancel")
+    call("DELETE", "/me/tokens/{token_id}")
+    call("DELETE", "/tokens/{token_id}", headers=ADMIN)
+    call("GET", "/audit", headers=ADMIN)  # with the writes above in it
+    # Those that create a run or a job from a trained one are not answered here (no worker).
+    untested = {r for r in with_dates if r not in answers}
+    assert untested == {("POST", "/experiments/{experiment_id}/embeddings"),
+                        ("POST", "/experiments/{experiment_id}/index")}, untested
+    for method, template in answers:
+        op = doc["paths"][template][method.lower()]
+        schema = next(iter(op["responses"].values())).get("content", {}).get(
+            "application/json", {}).get("schema")
+        found = list(_date_times(doc, schema, answers[(method, template)]))
+        assert found or (method, template) not in with_dates, (method, template)
+        for where, value in found:
+            assert isinstance(value, str) and ZONED.match(value), (method, template, where, value)
+
+
+def _declares_date_time(doc: dict[str, Any], schema: Any, seen: frozenset[str] = frozenset()) -> bool:
+    if isinstance(schema, list):
+        return any(_declares_date_time(doc, x, seen) for x in schema)
+    if not isinstance(schema, dict):
+        return False
+    if schema.get("format") == "date-time":
+        return True
+    if "$ref" in schema:
+        name = schema["$ref"].split("/")[-1]
+        return name not in seen and _declares_date_time(
+            doc, doc["components"]["schemas"][name], seen | {name})
+    return any(_declares_date_time(doc, v, seen) for v in schema.values())
