@@ -417,3 +417,19 @@ class AuditEntry(Base):
     outcome: Mapped[str] = mapped_column(String(16))  # "ok" | "failed"
     status: Mapped[int | None] = mapped_column(Integer)
     detail: Mapped[str | None] = mapped_column(String(500))
+
+
+class WorkerPresence(Base):
+    """A live worker process, and the host it runs on (``host``: the kernel's boot id,
+    the same in every container of one machine), written by the worker every few seconds
+    (worker/tasks.py): the workers of one host divide its cores by counting each other
+    here (app/services/workers.py). A row not written for a while is a worker gone."""
+
+    __tablename__ = "worker_presence"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(64), index=True)
+    cpus: Mapped[int] = mapped_column(Integer)
+    threads: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

@@ -156,10 +156,11 @@ class Settings(BaseSettings):
     )
     worker_torch_threads: int = Field(
         default=0, ge=0,
-        description="Torch threads of each worker process; 0: torch's default (one per core). "
-        "Several workers on one host should share its cores (cores / workers each): two "
-        "workers on two cores that each use both trained 14x slower than with one thread "
-        "each (bench/fault_soak.py's digits runs, 1.89 against 0.13 s an epoch).",
+        description="Torch threads of each worker process; 0 (the default): its share of the "
+        "host, the CPUs it may use divided by the workers on its host, which count each other "
+        "through the database (app/services/workers.py), at least 1. Two workers on two "
+        "cores that each used both trained an epoch up to 50x slower than with one thread "
+        "each (bench/host_contention.py).",
     )
     worker_metrics_port: int = Field(
         default=0, ge=0, le=65535,

@@ -50,6 +50,7 @@ from corel.spec import ExperimentSpec
 from corel.stacked import StackedRun
 from corel.training import FitResult, Run, embed_all, fit
 from corel.vectorized import fit_group
+from worker import host_share
 from worker.metrics import METRICS
 
 log = logging.getLogger("corel.worker")
@@ -165,6 +166,7 @@ class DatabaseRecorder(Callback):
         if self.setup is not None:
             self.setup.stop()
             self.setup = None
+        host_share.apply()  # a worker that joined the host takes its share from the next batch
         if time.monotonic() - self.last_beat >= self.heartbeat_every:
             try:
                 with session_scope(self.factory) as session:
@@ -394,6 +396,7 @@ class GroupRecorder(GroupCallback):
         if self.setup is not None:
             self.setup.stop()
             self.setup = None
+        host_share.apply()  # a worker that joined the host takes its share from the next batch
         if time.monotonic() - self.last_beat < self.heartbeat_every:
             return False
         with session_scope(self.factory) as session:

@@ -7,7 +7,13 @@ import threading
 from functools import cache
 from typing import Any
 
-from celery.signals import task_postrun, worker_process_init, worker_ready, worker_shutting_down
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_process_init,
+    worker_ready,
+    worker_shutting_down,
+)
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -17,7 +23,7 @@ from app.db import make_engine, make_sessionmaker
 from app.lifecycle import next_lease_expiry, reconcile
 from app.logging import configure_logging
 from app.settings import Settings
-from worker import embedding, indexing, runner
+from worker import embedding, host_share, indexing, runner
 from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery
 from worker.metrics import METRICS
 
@@ -110,19 +116,24 @@ def _forget_delivered_messages(**_: Any) -> None:
 
 @worker_process_init.connect
 def _threads(**_: Any) -> None:
-    """The torch threads the settings give each worker process (prefork's children too)."""
-    threads = _settings().worker_torch_threads
-    if threads:
-        import torch
+    """The torch threads of each worker process (prefork's children too): its share of
+    the host's cores (worker/host_share.py), or COREL_WORKER_TORCH_THREADS."""
+    host_share.apply()
 
-        torch.set_num_threads(threads)
+
+@task_prerun.connect
+def _threads_for_the_task(**_: Any) -> None:
+    host_share.apply()  # in the thread that runs the task
 
 
 @worker_ready.connect
 def _on_ready(**_: Any) -> None:
     configure_logging(_settings().log_level)
+    host_share.refresh(_factory(), _settings())
     _threads()
     threading.Thread(target=_reconcile_forever, name="corel-reconcile", daemon=True).start()
+    threading.Thread(target=host_share.keep_current, args=(_factory(), _settings(), _stop),
+                     name="corel-host-share", daemon=True).start()
     port = _settings().worker_metrics_port
     if port:
         try:

@@ -99,7 +99,10 @@ def worker_command(concurrency: int = 1, pool: str = "solo") -> list[str]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    os.execv(sys.executable, worker_command(args.concurrency, args.pool))
+    from app.services.workers import worker_environ
+
+    # OpenMP's wait policy is read when torch loads: in the worker's own environment.
+    os.execve(sys.executable, worker_command(args.concurrency, args.pool), worker_environ(os.environ))
     return 0  # not reached
 
 
@@ -215,7 +218,9 @@ def _serve(args: argparse.Namespace) -> int:
     worker = None
     _exit_on_sigterm(0)  # stopping a server is no failure (make serve said "Error 143")
     if embedded and not args.no_worker:
-        worker = subprocess.Popen(worker_command())
+        from app.services.workers import worker_environ
+
+        worker = subprocess.Popen(worker_command(), env=worker_environ(os.environ))
     try:
         print(f"corel: the dashboard is at http://{args.host}:{args.port}/ (the API's docs at /docs)",
               file=sys.stderr, flush=True)

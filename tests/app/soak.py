@@ -72,9 +72,9 @@ class SoakConfig:
     lease_seconds: float = 10.0
     heartbeat_seconds: float = 2.0
     redis_aof: bool = True  # as docker-compose.yml runs it
-    # Torch threads per worker (COREL_WORKER_TORCH_THREADS): two workers share two cores
-    # here. None: torch's default in each (one per core), 14x slower here.
-    worker_threads: int | None = 1
+    # Torch threads per worker (COREL_WORKER_TORCH_THREADS). None, as users run them: the
+    # product's default, the workers of a host dividing its cores (app/services/workers.py).
+    worker_threads: int | None = None
     unique_specs: int = 8  # runs cycle through this many specs (the references' cost)
     # The faults in this order instead of shuffled decks (a test that must meet each kind
     # while work is queued); the soak stops dealing when it runs out.

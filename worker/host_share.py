@@ -1,0 +1,78 @@
+"""This worker's share of its host's cores (app/services/workers.py), kept current by a
+thread of its own and applied by the thread that trains: torch's thread count belongs to
+the thread that sets it (OpenMP), so the training thread sets it itself, when a task
+starts and after each batch (worker/runner.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+
+import torch
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import session_scope
+from app.services import workers
+from app.settings import Settings
+
+log = logging.getLogger("corel.worker")
+
+INTERVAL = 3.0  # seconds between two writes of this worker's presence
+NAME = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:200]
+
+_current: workers.Share | None = None
+_load = workers.HostLoad()
+_lock = threading.Lock()
+
+
+def current() -> workers.Share | None:
+    return _current
+
+
+def refresh(factory: sessionmaker[Session], settings: Settings) -> workers.Share:
+    """Write this worker's presence, count the workers of its host, and keep the share.
+    The database away: the last share stands (the first one is the whole allowance)."""
+    global _current
+    cpus = workers.cpu_allowance()
+    configured = settings.worker_torch_threads
+    try:
+        with session_scope(factory) as session:
+            host = workers.host_key()
+            last = _current.threads if _current is not None else cpus
+            workers.announce(session, NAME, host, cpus, configured or last)
+            count = workers.workers_on(session, host, workers.presence_ttl(INTERVAL))
+        share = workers.share_of(cpus, count, configured, _load.others())
+    except Exception as exc:
+        if _current is not None:
+            return _current
+        log.warning("could not count this host's workers", extra={"error": type(exc).__name__})
+        share = workers.share_of(cpus, 1, configured)
+    with _lock:
+        before, _current = _current, share
+    if before is None or (before.threads, before.workers) != (share.threads, share.workers):
+        log.info(f"torch threads: {share.threads} ({share.why})",
+                 extra={"threads": share.threads, "cpus": share.cpus, "workers": share.workers})
+    return share
+
+
+def apply() -> None:
+    """In the thread that trains (when a task starts, and after every batch: two integers
+    compared): torch's threads to this worker's share."""
+    share = _current
+    if share is not None and torch.get_num_threads() != share.threads:
+        torch.set_num_threads(share.threads)
+
+
+def keep_current(factory: sessionmaker[Session], settings: Settings, stop: threading.Event) -> None:
+    """Refresh the share every few seconds until ``stop``; then withdraw, so that the
+    other workers of the host take this one's cores at once."""
+    while not stop.wait(INTERVAL):
+        refresh(factory, settings)
+    try:
+        with session_scope(factory) as session:
+            workers.withdraw(session, NAME)
+    except Exception as exc:
+        log.warning("could not withdraw this worker's presence", extra={"error": type(exc).__name__})
