@@ -27,11 +27,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.services.workers import OPENMP_DEFAULTS  # noqa: E402
+from app.services.workers import WORKER_ENV_DEFAULTS  # noqa: E402
 from tests.app.soak import SoakConfig, run_soak  # noqa: E402
 
 # The references are trained in this process: in the mode the workers train in.
-for _name, _value in OPENMP_DEFAULTS.items():
+for _name, _value in WORKER_ENV_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
 
 

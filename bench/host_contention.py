@@ -155,7 +155,7 @@ def main() -> int:
               f"beside a second worker / alone: {p / a:.2f} (a fair share: at most 2)")
     if args.previous:
         now, before = figures["corel"], figures["previous"]
-        print("ratio corel / previous, alone: "
+        print("epoch seconds alone, corel / previous: "
               f"{statistics.median(now['alone']) / statistics.median(before['alone']):.2f}")
     return 0
 

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from app.services.workers import OPENMP_DEFAULTS
+from app.services.workers import WORKER_ENV_DEFAULTS
 
-# As every worker process runs (app/services/workers.py): OpenMP's threads sleep while they
-# wait, and MKL's products are the same bits for any number of threads, so that a run
-# trained in a test equals one that a worker trained on its share of the cores (MKL reads
-# this at its first call). `make test`'s first pass of tests/corel sets a mode of its own.
-for _name, _value in OPENMP_DEFAULTS.items():
+# As every worker process runs (app/services/workers.py): MKL's products the same bits for
+# any number of threads, so that a run trained in a test equals one that a worker trained
+# on its share of the cores (MKL reads this at its first call). `make test`'s first pass of
+# tests/corel sets a mode of its own.
+for _name, _value in WORKER_ENV_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
 
 REPO = Path(__file__).resolve().parents[1]

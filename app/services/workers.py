@@ -8,15 +8,15 @@ allowance (the CPUs it may run on, bounded by its cgroup's quota) divided by the
 seen on its host within :func:`presence_ttl`, and no more than the CPUs that the host's
 other processes leave idle (:class:`HostLoad`), at least one thread. A run's figures do
 not depend on its worker's share: workers multiply matrices in MKL's strict reproducible
-mode (:data:`OPENMP_DEFAULTS`), whose results are the same bits whatever the number of
+mode (:data:`WORKER_ENV_DEFAULTS`), whose results are the same bits whatever the number of
 threads, so a share may change between two batches of a run.
 
 Why it matters: torch's OpenMP threads spin while they wait for each other. Two workers
-that each ran a thread per core on two cores spun against each other, and an epoch took
-50 times as long (bench/host_contention.py). And beside any other busy process a worker's
-threads, spinning at every barrier while one of them waits for a core, made an epoch 3.5
-times as long instead of about twice: a worker's OpenMP threads sleep while they wait
-(:data:`OPENMP_DEFAULTS`; no slower alone here, 0.67 against 0.69 s an epoch).
+that each ran a thread per core on two cores spun against each other (an epoch 2.6 times
+as long as alone, once 60 times), and a worker beside another busy process of two threads
+took 3.5 times as long instead of about twice (bench/host_contention.py). At one thread
+there is no one to wait for. (OpenMP's passive wait policy helped there too, but cost a
+quarter of an epoch's speed alone on this machine, 0.755 against 0.594 s: not taken.)
 """
 
 from __future__ import annotations
@@ -40,17 +40,16 @@ CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 PROC_STAT = Path("/proc/stat")
 
 
-# What a worker process starts with unless its environment says otherwise (read by
-# OpenMP and MKL when torch loads, so set before the worker's Python starts:
-# app/cli/service.py): OpenMP's threads sleep while they wait instead of spinning, and
-# MKL's products are the same bits for any number of threads (its strict CNR mode, on
-# its AVX2 and AVX-512 code paths; no slower here on the FFNN's products).
-OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "MKL_CBWR": "AUTO,STRICT"}
+# What a worker process starts with unless its environment says otherwise (MKL reads it
+# at its first call; `corel worker` sets it before the worker's Python starts:
+# app/cli/service.py): MKL's products the same bits for any number of threads (its strict
+# CNR mode, on its AVX2 and AVX-512 code paths; no slower on the FFNN's products here).
+WORKER_ENV_DEFAULTS = {"MKL_CBWR": "AUTO,STRICT"}
 
 
 def worker_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` with :data:`OPENMP_DEFAULTS` where it sets none of its own."""
-    return {**OPENMP_DEFAULTS, **environ}
+    """``environ`` with :data:`WORKER_ENV_DEFAULTS` where it sets none of its own."""
+    return {**WORKER_ENV_DEFAULTS, **environ}
 
 
 def host_key() -> str:

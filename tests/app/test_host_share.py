@@ -88,11 +88,10 @@ def test_two_workers_on_one_host_take_a_core_each_and_one_all_once_alone(
                    and _log_lines(log1, "torch threads: 1 (2 CPUs shared by 2 workers on this host")):
             assert time.monotonic() < deadline, pool.logs()
             time.sleep(0.2)
-        # The worker's own process runs with OpenMP's threads asleep while they wait, and MKL
-        # in its strict mode (set by `corel worker` unless the environment says otherwise).
+        # The worker's own process runs MKL in its strict mode (set by `corel worker` unless
+        # the environment says otherwise).
         environ = dict(item.split("=", 1) for item in Path(f"/proc/{first.pid}/environ").read_text()
                        .split("\0") if "=" in item)
-        assert environ.get("OMP_WAIT_POLICY") == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
         assert environ.get("MKL_CBWR") == os.environ.get("MKL_CBWR", "AUTO,STRICT")
         # One stops: it withdraws, and the other takes the host's cores again.
         pool.stop(first)
@@ -122,7 +121,7 @@ def test_a_run_s_figures_do_not_depend_on_its_worker_s_share(loss: str) -> None:
     """In the environment a worker runs in, one thread and two give the same bits, so a
     run resumed by a worker with another share ends where an uninterrupted one does."""
     env = {**workers.worker_environ({k: v for k, v in os.environ.items()
-                                     if k not in workers.OPENMP_DEFAULTS}),
+                                     if k not in workers.WORKER_ENV_DEFAULTS}),
            "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", TRAIN, loss], env=env, capture_output=True,
                          text=True, timeout=300, cwd=REPO)
