@@ -130,7 +130,17 @@ def query_has_token(query_string: bytes) -> bool:
                for k, _ in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True))
 
 
-def lookup_token(session: Session, token: str, now: datetime | None = None) -> Principal | str:
+@dataclass(frozen=True)
+class Refused:
+    """Why a bearer token was refused; the user and token it names where it names one (a
+    revoked or an expired token), so that the refusal is audited as theirs."""
+
+    reason: str
+    user_id: int | None = None
+    token_id: int | None = None
+
+
+def lookup_token(session: Session, token: str, now: datetime | None = None) -> Principal | Refused:
     """The principal of a user's token, or why it is not valid. Looked up by its digest;
     the digests are compared again in constant time."""
     digest = token_digest(token)
@@ -138,12 +148,12 @@ def lookup_token(session: Session, token: str, now: datetime | None = None) -> P
         select(ApiToken, User).join(User, User.id == ApiToken.user_id)
         .where(ApiToken.token_sha256 == digest)).one_or_none()
     if row is None or not hmac.compare_digest(row[0].token_sha256.encode(), digest.encode()):
-        return "the bearer token is not valid"
+        return Refused("the bearer token is not valid")
     token_row, user = row
     if token_row.revoked_at is not None:
-        return "the bearer token has been revoked"
+        return Refused("the bearer token has been revoked", user.id, token_row.id)
     if token_row.expires_at is not None and as_utc(token_row.expires_at) <= (now or utcnow()):
-        return "the bearer token has expired"
+        return Refused("the bearer token has expired", user.id, token_row.id)
     scope: Scope = token_row.scope  # type: ignore[assignment]
     if scope == "admin" and not user.admin:
         scope = "write"  # an admin token of a user who is no longer admin

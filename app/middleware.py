@@ -28,6 +28,7 @@ from app.auth import (
     OPEN,
     TOKEN_PREFIX,
     Principal,
+    Refused,
     bearer,
     is_admin_path,
     is_open_path,
@@ -224,11 +225,16 @@ class RequestGuard(HttpMiddleware):
                           f"not answering; nothing was changed, retry in {RETRY_AFTER} s",
                           {"retry-after": str(RETRY_AFTER)})
             return None
-        if isinstance(principal, str):
+        if isinstance(principal, Refused):
             budget.fail(address)
             log.warning("authentication failed", extra={"client": address, "path": path,
-                                                        "reason": principal})
-            await _answer(send, 401, "unauthorized", principal, unauthorized)
+                                                        "reason": principal.reason})
+            if principal.user_id is not None:  # a revoked or expired token of a known user
+                known = Principal(principal.user_id, "read", principal.token_id)
+                await anyio.to_thread.run_sync(
+                    lambda: audit.record_refusal(state.sessionmaker, Request(scope), known, 401,
+                                                 principal.reason, always=True))
+            await _answer(send, 401, "unauthorized", principal.reason, unauthorized)
             return None
         refusal = None
         if is_admin_path(path) and not principal.admin:
@@ -243,17 +249,17 @@ class RequestGuard(HttpMiddleware):
             return None
         return principal
 
-    async def resolve(self, state: Any, token: str | None) -> Principal | str:
+    async def resolve(self, state: Any, token: str | None) -> Principal | Refused:
         """The principal of a bearer token, or why it is refused."""
         if token is None:
-            return "this endpoint needs an 'Authorization: Bearer <token>' header"
+            return Refused("this endpoint needs an 'Authorization: Bearer <token>' header")
         if self.settings.api_token is not None and hmac.compare_digest(
                 token.encode(), self.settings.api_token.get_secret_value().encode()):
             return BOOTSTRAP
         if not token.startswith(TOKEN_PREFIX):
-            return "the bearer token is not valid"
+            return Refused("the bearer token is not valid")
 
-        def lookup() -> Principal | str:
+        def lookup() -> Principal | Refused:
             with state.sessionmaker() as session:
                 return lookup_token(session, token)
 

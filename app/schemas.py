@@ -549,8 +549,9 @@ class TokenCreate(BaseModel):
     expires_days: float | None = Field(default=None, gt=0, le=3650,
                                        description="days until the token stops working; none: never")
     name: str | None = Field(default=None, min_length=1, max_length=64,
+                             pattern=r"^[^\x00-\x1f\x7f]+$",
                              description="what the token is for (a laptop, a CI job), to tell it "
-                             "apart in the list")
+                             "apart in the list; printable characters")
 
 
 class TokenRead(BaseModel):

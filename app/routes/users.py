@@ -7,9 +7,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
 
-from app.auth import Principal
 from app.deps import PrincipalDep, SessionDep, SettingsDep
-from app.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT, InvalidInput
+from app.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT, NotFound
 from app.schemas import (
     AuditRead,
     MeRead,
@@ -33,23 +32,21 @@ def me(principal: PrincipalDep) -> MeRead:
                   admin=principal.admin)
 
 
-def _own_user(principal: Principal) -> int:
-    if principal.user_id is None:
-        raise InvalidInput(f"the {principal.name} is no user and has no tokens of its own; an "
-                           "admin lists a user's with GET /users/{user_id}/tokens")
-    return principal.user_id
-
-
 @router.get("/me/tokens", response_model=list[TokenRead],
             summary="The caller's own tokens, newest first (never the tokens themselves)")
 def my_tokens(principal: PrincipalDep, session: SessionDep):
-    return users_service.list_tokens(session, _own_user(principal))
+    if principal.user_id is None:  # the open mode, the bootstrap admin: no tokens of its own
+        return []
+    return users_service.list_tokens(session, principal.user_id)
 
 
 @router.delete("/me/tokens/{token_id:int}", response_model=TokenRead,
                summary="Revoke one of the caller's own tokens: it fails from the next request on")
 def revoke_my_token(token_id: int, principal: PrincipalDep, session: SessionDep):
-    return users_service.revoke_token(session, token_id, user_id=_own_user(principal))
+    if principal.user_id is None:
+        raise NotFound(f"token {token_id} is not one of yours: the {principal.name} has no tokens "
+                       "of its own (an admin revokes any with DELETE /tokens/{token_id})")
+    return users_service.revoke_token(session, token_id, user_id=principal.user_id)
 
 
 @router.post("/users", status_code=status.HTTP_201_CREATED, response_model=UserRead,

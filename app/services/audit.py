@@ -146,12 +146,13 @@ def record_failure(factory: sessionmaker[Session], draft: Draft, exc: BaseExcept
 
 
 def record_refusal(factory: sessionmaker[Session], request: Request, principal: Principal,
-                   status: int, detail: str) -> None:
+                   status: int, detail: str, always: bool = False) -> None:
     """Record a write refused before its handler ran, in a transaction of its own: only
     where a user is known (not the open mode or the bootstrap admin, who are never
     refused; not a token that names no user) and the request is a write or asks an
-    admin's route (another user's tokens, the log itself). Never raises."""
-    if principal.user_id is None or not (is_write(request.method, request.url.path)
+    admin's route (another user's tokens, the log itself), or ``always`` (a revoked or
+    expired token, whatever it asked). Never raises."""
+    if principal.user_id is None or not (always or is_write(request.method, request.url.path)
                                          or is_admin_path(request.url.path)):
         return
     draft = draft_of(request, principal)

@@ -44,8 +44,9 @@ def create_token(session: Session, user_id: int, scope: Scope = "write",
         raise InvalidInput(f"scope: user {user.name!r} is not an admin; an admin token needs one")
     token = new_token()
     now = utcnow()
-    if name is not None and not 1 <= len(name) <= 64:
-        raise InvalidInput("name: a token's name has 1 to 64 characters")
+    if name is not None and (not 1 <= len(name) <= 64
+                             or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+        raise InvalidInput("name: a token's name has 1 to 64 printable characters")
     row = ApiToken(user_id=user.id, token_sha256=token_digest(token), scope=scope, created_at=now,
                    expires_at=now + timedelta(days=expires_days) if expires_days else None,
                    name=name)

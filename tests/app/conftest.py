@@ -135,6 +135,26 @@ def pg_url() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@contextmanager
+def own_database(settings: Settings, var_dir: Path) -> Iterator[Settings]:
+    """``settings`` on a fresh PostgreSQL database of its own (dropped afterwards) and a
+    queue no worker reads: for tests whose users, presence rows or counts must not meet
+    the suite's."""
+    name = f"corel_fuzz_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    s = settings.model_copy(update={
+        "database_url": f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}",
+        "queue": f"corel-fuzz-{uuid.uuid4().hex[:8]}", "max_sweep_size": 20,
+        "var_dir": var_dir, "log_level": "WARNING", "api_token": None})
+    upgrade(s)
+    try:
+        yield s
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     require(_redis_available(), f"Redis at {REDIS_URL}")

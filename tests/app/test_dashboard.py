@@ -84,7 +84,9 @@ def test_a_run_submitted_through_the_form_updates_live_to_succeeded(page, client
     page.wait_for_selector("#spec-form[data-ready=true]")
     page.select_option("#f-dataset", "digits")
     page.select_option("#f-loss", "gaussian")
-    for field, value in (("lam", "0.85"), ("epochs", "60"), ("lr", "0.003"), ("batch_size", "64")):
+    # Batches of 16: long enough a run (a worker trains this small model fast on one thread)
+    # that the page is drawn before it ends.
+    for field, value in (("lam", "0.85"), ("epochs", "60"), ("lr", "0.003"), ("batch_size", "16")):
         page.fill(f"#f-{field}", value)
     page.click("#submit")
     page.wait_for_url("**/ui/experiments/*")

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 from app.services import workers
 from app.settings import Settings
-from tests.app.conftest import Workers
+from tests.app.conftest import Workers, own_database
 from tests.conftest import REPO
 
 
@@ -71,8 +70,13 @@ def test_two_workers_on_one_host_take_a_core_each_and_one_all_once_alone(
         settings: Settings, tmp_path: Path) -> None:
     if len(os.sched_getaffinity(0)) != 2:
         pytest.skip("the figures below are those of a 2-core host (this project's machines)")
-    own = settings.model_copy(update={"queue": f"corel-share-{uuid.uuid4().hex[:8]}"})
-    assert own.worker_torch_threads == 0  # the product's default
+    (tmp_path / "var").mkdir()
+    with own_database(settings, tmp_path / "var") as own:  # no other worker's presence in it
+        assert own.worker_torch_threads == 0  # the product's default
+        _two_workers(own.model_copy(update={"log_level": "INFO"}), tmp_path)
+
+
+def _two_workers(own: Settings, tmp_path: Path) -> None:
     pool = Workers(own, tmp_path)
     try:
         first = pool.start(own)

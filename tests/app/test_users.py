@@ -104,7 +104,7 @@ def test_open_until_the_first_user_then_tokens(own_settings: Settings) -> None:
 
 def test_missing_malformed_unknown_revoked_and_expired_tokens_are_401(
         api: TestClient, own_settings: Settings) -> None:
-    _, token_id, token = user_token(api, "alice")
+    alice, token_id, token = user_token(api, "alice")
     assert api.get("/experiments", headers=auth(token)).status_code == 200
     for headers in ({}, {"Authorization": f"Basic {token}"}, {"Authorization": "Bearer"},
                     {"Authorization": f"Bearer {token} extra"},
@@ -114,7 +114,7 @@ def test_missing_malformed_unknown_revoked_and_expired_tokens_are_401(
     assert api.delete(f"/tokens/{token_id}", headers=ADMIN).status_code == 200
     r = api.get("/experiments", headers=auth(token))
     assert r.status_code == 401 and "revoked" in r.json()["detail"]
-    _, expiring_id, expiring = user_token(api, "bob", expires_days=1)
+    bob, expiring_id, expiring = user_token(api, "bob", expires_days=1)
     assert api.get("/experiments", headers=auth(expiring)).status_code == 200
     factory = make_sessionmaker(engine := make_engine(own_settings.db_url))
     with factory.begin() as session:
@@ -123,6 +123,12 @@ def test_missing_malformed_unknown_revoked_and_expired_tokens_are_401(
     engine.dispose()
     r = api.get("/experiments", headers=auth(expiring))
     assert r.status_code == 401 and "expired" in r.json()["detail"]
+    # A revoked or an expired token names its user: the refusal is audited as theirs, a
+    # read included; a token that names nobody is not (it says no more than an address).
+    refused = [(e["user_id"], e["token_id"], e["action"], e["status"], e["detail"]) for e in
+               api.get("/audit", headers=ADMIN).json()["items"] if e["outcome"] == "refused"]
+    assert refused == [(bob, expiring_id, "GET /experiments", 401, "the bearer token has expired"),
+                       (alice, token_id, "GET /experiments", 401, "the bearer token has been revoked")]
 
 
 def test_a_token_in_the_query_string_is_refused(api: TestClient) -> None:
@@ -400,9 +406,10 @@ def test_users_list_and_revoke_their_own_tokens_and_admins_anyones(
         ("DELETE /me/tokens/{token_id}", "ok", 200)]
     assert ("DELETE /me/tokens/{token_id}", "refused", 404) in [
         (e["action"], e["outcome"], e["status"]) for e in refused]
-    # The bootstrap admin is no user: it has no tokens of its own to list.
-    r = api.get("/me/tokens", headers=ADMIN)
-    assert r.status_code == 422 and "GET /users/{user_id}/tokens" in r.json()["detail"]
+    # The bootstrap admin is no user: it has no tokens of its own.
+    assert api.get("/me/tokens", headers=ADMIN).json() == []
+    r = api.delete(f"/me/tokens/{first_id}", headers=ADMIN)
+    assert r.status_code == 404 and "DELETE /tokens/{token_id}" in r.json()["detail"]
     # The CLI's list: every user's, or one's; never a token.
     env = settings_env(own_settings)
     out = subprocess.run([sys.executable, "-m", "corel.cli", "tokens", "list", "alice"], env=env,

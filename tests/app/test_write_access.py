@@ -11,13 +11,11 @@ on a database and a queue of this module's own (users end the open mode of the s
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
@@ -25,18 +23,9 @@ from sqlalchemy import func, select, text
 
 from app.db import Base, make_engine, make_sessionmaker
 from app.main import create_app
-from app.migrate import upgrade
 from app.models import AuditEntry
 from app.settings import Settings
-from tests.app.conftest import (
-    PG_ADMIN_URL,
-    REDIS_URL,
-    Workers,
-    _pg_available,
-    _redis_available,
-    npz_bytes,
-)
-from tests.conftest import require
+from tests.app.conftest import Workers, npz_bytes, own_database
 
 pytestmark = pytest.mark.own_auth
 
@@ -127,27 +116,18 @@ def _until(c: TestClient, path: str, headers: dict[str, str], timeout: float = 1
 
 
 @pytest.fixture(scope="module")
-def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
-    require(_pg_available(), f"PostgreSQL at {PG_ADMIN_URL}")
-    require(_redis_available(), f"Redis at {REDIS_URL}")
-    name = f"corel_access_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+def team(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
     tmp = tmp_path_factory.mktemp("write-access")
-    s = Settings(database_url=f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}", broker_url=REDIS_URL,
-                 queue=f"corel-access-{uuid.uuid4().hex[:8]}", var_dir=tmp, log_level="WARNING",
-                 api_token=SecretStr(BOOT), lease_seconds=4.0, heartbeat_seconds=0.5)
-    upgrade(s)
-    workers = Workers(s, tmp / "logs")
     (tmp / "logs").mkdir()
-    try:
-        workers.start(s)
-        with TestClient(create_app(s)) as c:
-            yield _build_team(c, s)
-    finally:
-        workers.stop_all()
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with own_database(settings, tmp) as own:
+        s = own.model_copy(update={"api_token": SecretStr(BOOT)})
+        workers = Workers(s, tmp / "logs")
+        try:
+            workers.start(s)
+            with TestClient(create_app(s)) as c:
+                yield _build_team(c, s)
+        finally:
+            workers.stop_all()
 
 
 def _build_team(c: TestClient, s: Settings) -> Team:
