@@ -1,0 +1,288 @@
+"""pytorch-metric-learning's losses (Musgrave et al., 2020) as corel heads: ArcFace, CosFace,
+NormalizedSoftmax, ProxyAnchor (a class or proxy matrix, scored by cosine), SupCon, a mined
+triplet loss and MultiSimilarity (pair-based: they predict with the nearest class mean).
+
+They are written as functions of the cosine similarities so that they run in corel's
+loops, serve and export as its own heads do. Each gives pytorch-metric-learning's loss
+value and gradients on the same embeddings, labels and parameters
+(tests/corel/test_peer_losses.py checks it against its objects).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from corel import similarity
+from corel.loss_catalog import declaration
+from corel.losses.head import LossHead, check_labels
+
+
+class _CosineClassHead(LossHead):
+    """A head with a class (or proxy) matrix W scored by cosine similarity; predicts with it."""
+
+    def __init__(self, num_classes: int, embedding_size: int) -> None:
+        super().__init__(num_classes, embedding_size)
+        nn.init.normal_(self.W)  # pytorch-metric-learning's default weight init
+
+    def similarities(self, h: torch.Tensor) -> torch.Tensor:
+        return similarity.cosine(h, self.W)
+
+    def _options(self) -> str:
+        return ", ".join(f"{o.field}={getattr(self, o.field)}" for o in declaration(self.name).options)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, {self._options()}"
+
+
+def _positive(name: str, value: float) -> float:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number; got {value!r}")
+    return float(value)
+
+
+class ArcFace(_CosineClassHead):
+    """ArcFace (Deng et al., 2019): scale * cos(theta_y + margin) for the own class (margin
+    in degrees), scale * cos(theta_k) for the others, softmax cross-entropy."""
+
+    name = "arcface"
+
+    def __init__(self, num_classes: int, embedding_size: int, margin: float = 28.6,
+                 scale: float = 64.0) -> None:
+        super().__init__(num_classes, embedding_size)
+        if not (isinstance(margin, int | float) and 0.0 <= margin < 90.0):
+            raise ValueError(f"margin must be in [0, 90) degrees; got {margin!r}")
+        self.margin, self.scale = float(margin), _positive("scale", scale)
+
+    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
+             check: bool = True) -> torch.Tensor:
+        if check:
+            check_labels(labels, h.shape[0], self.num_classes)
+        return arcface_loss(sim, labels, math.radians(self.margin), self.scale)
+
+
+def arcface_loss(cos: torch.Tensor, labels: torch.Tensor, margin_rad: float, scale: float) -> torch.Tensor:
+    target = cos.gather(1, labels.unsqueeze(1))
+    angles = torch.acos(target.clamp(-1, 1))
+    # cos(theta + m) while theta + m <= pi, then a line that keeps the loss decreasing
+    modified = torch.where(angles <= math.pi - margin_rad, torch.cos(angles + margin_rad),
+                           torch.cos(angles) - margin_rad * math.sin(margin_rad))
+    logits = cos + F.one_hot(labels, cos.shape[1]).to(cos.dtype) * (modified - target)
+    return F.cross_entropy(logits * scale, labels)
+
+
+class CosFace(_CosineClassHead):
+    """CosFace (Wang et al., 2018): scale * (cos(theta_y) - margin) for the own class."""
+
+    name = "cosface"
+
+    def __init__(self, num_classes: int, embedding_size: int, margin: float = 0.35,
+                 scale: float = 64.0) -> None:
+        super().__init__(num_classes, embedding_size)
+        if not (isinstance(margin, int | float) and 0.0 <= margin < 2.0):
+            raise ValueError(f"margin must be in [0, 2); got {margin!r}")
+        self.margin, self.scale = float(margin), _positive("scale", scale)
+
+    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
+             check: bool = True) -> torch.Tensor:
+        if check:
+            check_labels(labels, h.shape[0], self.num_classes)
+        return cosface_loss(sim, labels, self.margin, self.scale)
+
+
+def cosface_loss(cos: torch.Tensor, labels: torch.Tensor, margin: float, scale: float) -> torch.Tensor:
+    logits = cos - margin * F.one_hot(labels, cos.shape[1]).to(cos.dtype)
+    return F.cross_entropy(logits * scale, labels)
+
+
+class NormalizedSoftmax(_CosineClassHead):
+    """NormalizedSoftmax (Zhai & Wu, 2019): cross-entropy of cos(h, w_k) / temperature."""
+
+    name = "normsoftmax"
+
+    def __init__(self, num_classes: int, embedding_size: int, temperature: float = 0.05) -> None:
+        super().__init__(num_classes, embedding_size)
+        self.temperature = _positive("temperature", temperature)
+
+    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
+             check: bool = True) -> torch.Tensor:
+        if check:
+            check_labels(labels, h.shape[0], self.num_classes)
+        return F.cross_entropy(sim / self.temperature, labels)
+
+
+def _logsumexp_add_one(x: torch.Tensor, keep: torch.Tensor, dim: int) -> torch.Tensor:
+    """log(1 + sum_{keep} exp(x)) along ``dim``; 0 where nothing is kept."""
+    x = x.masked_fill(~keep, torch.finfo(x.dtype).min)
+    zeros = torch.zeros_like(x.select(dim, 0)).unsqueeze(dim)
+    out = torch.logsumexp(torch.cat([x, zeros], dim=dim), dim=dim)
+    return out.masked_fill(~keep.any(dim=dim), 0.0)
+
+
+class ProxyAnchor(_CosineClassHead):
+    """ProxyAnchor (Kim et al., 2020): one proxy per class (W); each proxy pulls the batch's
+    samples of its class and pushes the others, with margin delta and scale alpha."""
+
+    name = "proxyanchor"
+
+    def __init__(self, num_classes: int, embedding_size: int, margin: float = 0.1,
+                 alpha: float = 32.0) -> None:
+        super().__init__(num_classes, embedding_size)
+        nn.init.kaiming_normal_(self.W, mode="fan_out")  # as pytorch-metric-learning's proxies
+        if not (isinstance(margin, int | float) and 0.0 <= margin <= 1.0):
+            raise ValueError(f"margin must be in [0, 1]; got {margin!r}")
+        self.margin, self.alpha = float(margin), _positive("alpha", alpha)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha
+
+    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
+             check: bool = True) -> torch.Tensor:
+        if check:
+            check_labels(labels, h.shape[0], self.num_classes)
+        pos = F.one_hot(labels, self.num_classes).bool()
+        pos_term = _logsumexp_add_one(-self.alpha * (sim - self.margin), pos, dim=0)
+        neg_term = _logsumexp_add_one(self.alpha * (sim + self.margin), ~pos, dim=0)
+        with_pos = pos.any(0).sum()
+        return pos_term.sum() / with_pos + neg_term.sum() / self.num_classes
+
+
+class _ClassMeanHead(LossHead):
+    """A pair-based loss: no class vectors to train. It predicts with the nearest class mean
+    (cosine) of the training representations, which the training loop computes after every
+    epoch (:meth:`set_class_means`) and keeps in ``W``, a buffer saved with the checkpoint."""
+
+    uses_class_means = True
+    W: torch.Tensor  # type: ignore[assignment]  # a buffer here, not a Parameter
+
+    def __init__(self, num_classes: int, embedding_size: int) -> None:
+        super().__init__(num_classes, embedding_size)
+        del self.W
+        self.register_buffer("W", torch.zeros(num_classes, embedding_size))
+
+    def similarities(self, h: torch.Tensor) -> torch.Tensor:
+        return similarity.cosine(h, self.W)
+
+    @torch.no_grad()
+    def set_class_means(self, h: torch.Tensor, labels: torch.Tensor) -> None:
+        """W <- the mean of each class's unit-length representations (zero for an absent class)."""
+        unit = F.normalize(h.to(self.W.dtype), dim=1, eps=1e-12)
+        sums = torch.zeros_like(self.W).index_add_(0, labels, unit)
+        counts = torch.bincount(labels, minlength=self.num_classes).clamp_min(1).to(unit.dtype)
+        self.W.copy_(sums / counts.unsqueeze(1))
+
+    def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
+             check: bool = True) -> torch.Tensor:
+        if check:
+            check_labels(labels, h.shape[0], self.num_classes)
+        unit = F.normalize(h, dim=1, eps=1e-12)
+        return self.pair_loss(unit @ unit.T, unit, labels)
+
+    def extra_repr(self) -> str:
+        opts = ", ".join(f"{o.field}={getattr(self, o.keyword)}" for o in declaration(self.name).options)
+        return f"{super().extra_repr()}, {opts}"
+
+
+def _pairs(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positive, negative) masks of a batch: same label but not oneself; another label."""
+    same = labels.unsqueeze(1) == labels.unsqueeze(0)
+    eye = torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+    return same & ~eye, ~same
+
+
+def _mean_nonzero(losses: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """The mean of the positive entries (pytorch-metric-learning's AvgNonZeroReducer); 0
+    (connected to the graph) when there is none."""
+    keep = losses > 0
+    n = keep.sum()
+    if int(n) == 0:
+        return (h * 0).sum()
+    return (losses * keep).sum() / n
+
+
+class SupCon(_ClassMeanHead):
+    """Supervised contrastive loss (Khosla et al., 2020) on cosine similarities / temperature."""
+
+    name = "supcon"
+
+    def __init__(self, num_classes: int, embedding_size: int, temperature: float = 0.1) -> None:
+        super().__init__(num_classes, embedding_size)
+        self.temperature = _positive("temperature", temperature)
+
+    def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        pos, neg = _pairs(labels)
+        if not (bool(pos.any()) and bool(neg.any())):
+            return (h * 0).sum()
+        mat = cos / self.temperature
+        mat = mat - mat.max(dim=1, keepdim=True).values.detach()
+        denominator = torch.logsumexp(mat.masked_fill(~(pos | neg), torch.finfo(mat.dtype).min),
+                                      dim=1, keepdim=True)
+        posf = pos.to(mat.dtype)
+        mean_log_prob_pos = (posf * (mat - denominator)).sum(1) / (
+            posf.sum(1) + torch.finfo(mat.dtype).tiny)
+        return _mean_nonzero(-mean_log_prob_pos, h)
+
+
+class TripletMargin(_ClassMeanHead):
+    """Triplet margin loss on unit-length representations (Euclidean distance), over the
+    triplets a TripletMarginMiner keeps (``miner``; ``none``: every triplet of the batch);
+    the mean over the triplets that violate the margin."""
+
+    name = "triplet"
+
+    def __init__(self, num_classes: int, embedding_size: int, margin: float = 0.05,
+                 miner: str = "semihard") -> None:
+        super().__init__(num_classes, embedding_size)
+        if not (isinstance(margin, int | float) and 0.0 <= margin <= 2.0):
+            raise ValueError(f"margin must be in [0, 2]; got {margin!r}")
+        if miner not in ("none", "all", "hard", "semihard", "easy"):
+            raise ValueError(f"miner must be one of none, all, hard, semihard, easy; got {miner!r}")
+        self.margin, self.miner = float(margin), miner
+
+    def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        pos, neg = _pairs(labels)
+        dist = torch.cdist(h, h)
+        ap, an = dist.unsqueeze(2), dist.unsqueeze(1)  # [a, p, n]
+        triplets = pos.unsqueeze(2) & neg.unsqueeze(1)
+        if self.miner != "none":
+            gap = (an - ap).detach()  # the miner's triplet margin
+            if self.miner == "easy":
+                triplets = triplets & (gap > self.margin)
+            else:
+                triplets = triplets & (gap <= self.margin)
+                if self.miner == "hard":
+                    triplets = triplets & (gap <= 0)
+                elif self.miner == "semihard":
+                    triplets = triplets & (gap > 0)
+        violation = F.relu(ap - an + self.margin) * triplets
+        return _mean_nonzero(violation, h)
+
+
+class MultiSimilarity(_ClassMeanHead):
+    """Multi-similarity loss (Wang et al., 2019) over every pair of the batch: positive pairs
+    weighted by alpha, negative ones by beta, around the threshold ``base``."""
+
+    name = "multisimilarity"
+
+    def __init__(self, num_classes: int, embedding_size: int, alpha: float = 2.0,
+                 beta: float = 50.0, base: float = 0.5) -> None:
+        super().__init__(num_classes, embedding_size)
+        if not (isinstance(base, int | float) and -1.0 <= base <= 1.0):
+            raise ValueError(f"base must be in [-1, 1]; got {base!r}")
+        self.alpha, self.beta = _positive("alpha", alpha), _positive("beta", beta)
+        self.base = float(base)
+
+    def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        pos, neg = _pairs(labels)
+        if not (bool(pos.any()) or bool(neg.any())):
+            return (h * 0).sum()
+        pos_loss = _logsumexp_add_one(self.alpha * (self.base - cos), pos, dim=1) / self.alpha
+        neg_loss = _logsumexp_add_one(self.beta * (cos - self.base), neg, dim=1) / self.beta
+        return (pos_loss + neg_loss).mean()
