@@ -59,8 +59,9 @@ class Option:
         return (f"a number in {'[' if self.low_inclusive and self.low is not None else '('}{lo}, "
                 f"{hi}{']' if self.high_inclusive and self.high is not None else ')'}")
 
-    def check(self, loss: str, value: Any) -> None:
-        """ValueError naming the field, the loss and the allowed values unless ``value`` fits."""
+    def check(self, loss: str, value: Any, *, name: str = "") -> None:
+        """ValueError naming the field (or ``name``, the head's keyword), the loss and the
+        allowed values unless ``value`` fits."""
         if self.choices:
             ok = isinstance(value, str) and value in self.choices
         else:
@@ -69,7 +70,7 @@ class Option:
                   and (self.high is None or value < self.high or (self.high_inclusive and value == self.high)))
         if not ok:
             got = f"{value:g}" if isinstance(value, int | float) and not isinstance(value, bool) else repr(value)
-            raise ValueError(f"{self.field} for loss {loss!r} must be {self.allowed()}; got {got}")
+            raise ValueError(f"{name or self.field} for loss {loss!r} must be {self.allowed()}; got {got}")
 
     def json_schema(self) -> dict[str, Any]:
         """The field's values for this loss, in JSON Schema (null: the default)."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
+
+from corel.loss_catalog import declaration
 
 
 def check_labels(labels: torch.Tensor, n: int, k: int) -> None:
@@ -67,6 +69,19 @@ class LossHead(nn.Module):
         # Same initialisation as nn.Linear's weight, so CCE is an ordinary classifier.
         self.W = nn.Parameter(torch.empty(num_classes, embedding_size))
         nn.init.kaiming_uniform_(self.W, a=math.sqrt(5))
+
+    def declared_option(self, keyword: str, value: Any) -> Any:
+        """The head's option ``keyword`` as its declaration (:mod:`corel.loss_catalog`) has it:
+        the declared default where ``value`` is None, else ``value`` if it lies in the declared
+        range, so that a head refuses what the API refuses, in the same words."""
+        option = next((o for o in declaration(self.name).options if o.keyword == keyword), None)
+        if option is None:
+            raise ValueError(f"loss {self.name!r} declares no option {keyword!r}")
+        if value is None:
+            value = option.default
+        else:
+            option.check(self.name, value, name=keyword)
+        return value if option.choices else float(value)
 
     def similarities(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

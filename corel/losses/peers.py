@@ -6,6 +6,10 @@ They are written as functions of the cosine similarities so that they run in cor
 loops, serve and export as its own heads do. Each gives pytorch-metric-learning's loss
 value and gradients on the same embeddings, labels and parameters
 (tests/corel/test_peer_losses.py checks it against its objects).
+
+Their options (margin, scale, ...) are written once, in their declarations
+(:mod:`corel.loss_catalog`): an option left out or None takes the declared default, and one
+outside the declared range is refused as the API refuses it (:meth:`LossHead.declared_option`).
 """
 
 from __future__ import annotations
@@ -38,24 +42,17 @@ class _CosineClassHead(LossHead):
         return f"{super().extra_repr()}, {self._options()}"
 
 
-def _positive(name: str, value: float) -> float:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive number; got {value!r}")
-    return float(value)
-
-
 class ArcFace(_CosineClassHead):
     """ArcFace (Deng et al., 2019): scale * cos(theta_y + margin) for the own class (margin
     in degrees), scale * cos(theta_k) for the others, softmax cross-entropy."""
 
     name = "arcface"
 
-    def __init__(self, num_classes: int, embedding_size: int, margin: float = 28.6,
-                 scale: float = 64.0) -> None:
+    def __init__(self, num_classes: int, embedding_size: int, margin: float | None = None,
+                 scale: float | None = None) -> None:
         super().__init__(num_classes, embedding_size)
-        if not (isinstance(margin, int | float) and 0.0 <= margin < 90.0):
-            raise ValueError(f"margin must be in [0, 90) degrees; got {margin!r}")
-        self.margin, self.scale = float(margin), _positive("scale", scale)
+        self.margin: float = self.declared_option("margin", margin)
+        self.scale: float = self.declared_option("scale", scale)
 
     def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
              check: bool = True) -> torch.Tensor:
@@ -79,12 +76,11 @@ class CosFace(_CosineClassHead):
 
     name = "cosface"
 
-    def __init__(self, num_classes: int, embedding_size: int, margin: float = 0.35,
-                 scale: float = 64.0) -> None:
+    def __init__(self, num_classes: int, embedding_size: int, margin: float | None = None,
+                 scale: float | None = None) -> None:
         super().__init__(num_classes, embedding_size)
-        if not (isinstance(margin, int | float) and 0.0 <= margin < 2.0):
-            raise ValueError(f"margin must be in [0, 2); got {margin!r}")
-        self.margin, self.scale = float(margin), _positive("scale", scale)
+        self.margin: float = self.declared_option("margin", margin)
+        self.scale: float = self.declared_option("scale", scale)
 
     def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
              check: bool = True) -> torch.Tensor:
@@ -103,9 +99,9 @@ class NormalizedSoftmax(_CosineClassHead):
 
     name = "normsoftmax"
 
-    def __init__(self, num_classes: int, embedding_size: int, temperature: float = 0.05) -> None:
+    def __init__(self, num_classes: int, embedding_size: int, temperature: float | None = None) -> None:
         super().__init__(num_classes, embedding_size)
-        self.temperature = _positive("temperature", temperature)
+        self.temperature: float = self.declared_option("temperature", temperature)
 
     def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
              check: bool = True) -> torch.Tensor:
@@ -128,13 +124,12 @@ class ProxyAnchor(_CosineClassHead):
 
     name = "proxyanchor"
 
-    def __init__(self, num_classes: int, embedding_size: int, margin: float = 0.1,
-                 alpha: float = 32.0) -> None:
+    def __init__(self, num_classes: int, embedding_size: int, margin: float | None = None,
+                 alpha: float | None = None) -> None:
         super().__init__(num_classes, embedding_size)
         nn.init.kaiming_normal_(self.W, mode="fan_out")  # as pytorch-metric-learning's proxies
-        if not (isinstance(margin, int | float) and 0.0 <= margin <= 1.0):
-            raise ValueError(f"margin must be in [0, 1]; got {margin!r}")
-        self.margin, self.alpha = float(margin), _positive("alpha", alpha)
+        self.margin: float = self.declared_option("margin", margin)
+        self.alpha: float = self.declared_option("alpha", alpha)
 
     @property
     def scale(self) -> float:
@@ -212,9 +207,9 @@ class SupCon(_ClassMeanHead):
 
     name = "supcon"
 
-    def __init__(self, num_classes: int, embedding_size: int, temperature: float = 0.1) -> None:
+    def __init__(self, num_classes: int, embedding_size: int, temperature: float | None = None) -> None:
         super().__init__(num_classes, embedding_size)
-        self.temperature = _positive("temperature", temperature)
+        self.temperature: float = self.declared_option("temperature", temperature)
 
     def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         pos, neg = _pairs(labels)
@@ -237,14 +232,11 @@ class TripletMargin(_ClassMeanHead):
 
     name = "triplet"
 
-    def __init__(self, num_classes: int, embedding_size: int, margin: float = 0.05,
-                 miner: str = "semihard") -> None:
+    def __init__(self, num_classes: int, embedding_size: int, margin: float | None = None,
+                 miner: str | None = None) -> None:
         super().__init__(num_classes, embedding_size)
-        if not (isinstance(margin, int | float) and 0.0 <= margin <= 2.0):
-            raise ValueError(f"margin must be in [0, 2]; got {margin!r}")
-        if miner not in ("none", "all", "hard", "semihard", "easy"):
-            raise ValueError(f"miner must be one of none, all, hard, semihard, easy; got {miner!r}")
-        self.margin, self.miner = float(margin), miner
+        self.margin: float = self.declared_option("margin", margin)
+        self.miner: str = self.declared_option("miner", miner)
 
     def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         pos, neg = _pairs(labels)
@@ -271,13 +263,12 @@ class MultiSimilarity(_ClassMeanHead):
 
     name = "multisimilarity"
 
-    def __init__(self, num_classes: int, embedding_size: int, alpha: float = 2.0,
-                 beta: float = 50.0, base: float = 0.5) -> None:
+    def __init__(self, num_classes: int, embedding_size: int, alpha: float | None = None,
+                 beta: float | None = None, base: float | None = None) -> None:
         super().__init__(num_classes, embedding_size)
-        if not (isinstance(base, int | float) and -1.0 <= base <= 1.0):
-            raise ValueError(f"base must be in [-1, 1]; got {base!r}")
-        self.alpha, self.beta = _positive("alpha", alpha), _positive("beta", beta)
-        self.base = float(base)
+        self.alpha: float = self.declared_option("alpha", alpha)
+        self.beta: float = self.declared_option("beta", beta)
+        self.base: float = self.declared_option("base", base)
 
     def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         pos, neg = _pairs(labels)

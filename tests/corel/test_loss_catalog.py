@@ -4,12 +4,23 @@ spec, the clustering default and the not-learning rule follow it."""
 
 from __future__ import annotations
 
+import math
+import re
+from typing import Any
+
 import pytest
 import torch
 
 from corel import losses, similarity
 from corel.clustering import default_metric
-from corel.loss_catalog import DECLARATIONS, LOSS_NAMES, PAPER_LOSSES, LossDeclaration, declaration
+from corel.loss_catalog import (
+    DECLARATIONS,
+    LOSS_NAMES,
+    PAPER_LOSSES,
+    LossDeclaration,
+    Option,
+    declaration,
+)
 from corel.spec import ExperimentSpec, spec_warnings
 
 
@@ -79,3 +90,57 @@ def test_a_declaration_is_checked_when_made():
         LossDeclaration("x", "X", "X", "dot", (), "hyperbolic")
     assert DECLARATIONS["gaussian"].grid_params == ("lam", "gamma")
     assert DECLARATIONS["cce"].label(0.7) == "CCE" and DECLARATIONS["center"].label(0.7) == "Center loss, λ = 0.7"
+
+
+OPTIONS = [pytest.param(name, option, id=f"{name}-{option.field}")
+           for name, decl in DECLARATIONS.items() for option in decl.options]
+
+
+def outside(option: Option) -> list[Any]:
+    """Values the option's declared range leaves out: past each end, an open end itself."""
+    if option.choices:
+        return ["bogus", 1.0]
+    values: list[Any] = [math.nan, math.inf]
+    if option.low is not None:
+        values += [option.low - 1] + ([] if option.low_inclusive else [option.low])
+    if option.high is not None:
+        values += [option.high + 1] + ([] if option.high_inclusive else [option.high])
+    return values
+
+
+def inside(option: Option) -> list[Any]:
+    """The default, and each closed end of the range."""
+    if option.choices:
+        return list(option.choices)
+    return [option.default] + [end for end, closed in ((option.low, option.low_inclusive),
+                                                         (option.high, option.high_inclusive))
+                               if end is not None and closed]
+
+
+@pytest.mark.parametrize(("name", "option"), OPTIONS)
+def test_a_head_s_options_default_to_its_declaration(name, option):
+    head = losses.LOSSES[name](4, 3)
+    assert getattr(head, option.keyword) == option.default
+    assert getattr(losses.build_loss(name, 4, 3), option.keyword) == option.default
+
+
+@pytest.mark.parametrize(("name", "option"), OPTIONS)
+def test_a_head_refuses_what_the_api_refuses_and_takes_what_it_takes(name, option):
+    for value in outside(option):
+        with pytest.raises(ValueError):  # the allowed values, or pydantic's type error
+            ExperimentSpec(dataset="digits", loss=name, **{option.field: value})
+        with pytest.raises(ValueError, match=re.escape(f"{option.keyword} for loss {name!r} must be "
+                                                       f"{option.allowed()}; got ")):
+            losses.LOSSES[name](4, 3, **{option.keyword: value})
+        with pytest.raises(ValueError, match=re.escape(option.allowed())):
+            losses.build_loss(name, 4, 3, **{option.field: value})
+    for value in inside(option):
+        assert getattr(ExperimentSpec(dataset="digits", loss=name, **{option.field: value}),
+                       option.field) == value
+        assert getattr(losses.LOSSES[name](4, 3, **{option.keyword: value}), option.keyword) == value
+
+
+def test_supcon_refuses_a_temperature_the_api_refuses():
+    with pytest.raises(ValueError, match=re.escape(
+            "temperature for loss 'supcon' must be a number in (0, 10]; got 50")):
+        losses.SupCon(4, 3, temperature=50)
