@@ -10,9 +10,8 @@ from pydantic.json_schema import SkipJsonSchema
 
 from app.errors import MAX_ID
 from app.models import STATUSES, as_utc
-from corel.clustering import METRICS
+from corel.geometry import Geometry
 from corel.loss_catalog import DECLARATIONS, OPTION_FIELDS
-from corel.retrieval import GEOMETRIES
 from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, ExperimentSpec, spec_warnings
 
 T = TypeVar("T")
@@ -26,11 +25,6 @@ if set(get_args(Status)) != set(STATUSES):
 # names the allowed ones and what was sent (app.errors.describe_error).
 Split = Literal["test", "validation"]
 """The stored latent spaces a clustering report reads."""
-Geometry = Literal["euclidean", "cosine"]
-"""corel.clustering.METRICS and corel.retrieval.GEOMETRIES, as a type."""
-if get_args(Geometry) != METRICS or get_args(Geometry) != GEOMETRIES:
-    raise ImportError("app.schemas.Geometry differs from corel.clustering.METRICS or "
-                      "corel.retrieval.GEOMETRIES")
 
 
 # A timestamp as the API shows it: always with its UTC offset, whatever the database.
@@ -388,7 +382,7 @@ class IndexRead(BaseModel):
     embedding_job_id: int | None
     requested_kind: IndexKind
     kind: Literal["exact", "hnsw"] | None = Field(description="Decided when built.")
-    geometry: Literal["euclidean", "cosine"]
+    geometry: Geometry
     status: Status
     n_total: int = Field(description="Rows to index.")
     n_done: int = Field(description="Rows indexed so far.")

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     max_embed_batch: int = Field(default=4096, gt=0)
     max_sweep_size: int = Field(default=2000, gt=0, description="Most experiments in one sweep.")
     max_group_size: int = Field(
-        default=32, gt=0,  # corel.grouping.MAX_GROUP, without importing torch here
+        default=32, gt=0,  # corel.train.grouping.MAX_GROUP, without importing torch here
         description="Most members of one stacked group of a sweep (members that differ only in "
         "lam, gamma, alpha and seed train as one model); a larger set is split.")
     model_cache_size: int = Field(default=4, gt=0)
@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     cuda_graphs: str | None = Field(
         default=None,
         description="Training steps on a CUDA device replayed from a CUDA graph: 1 (or unset, "
-        "the default), 0 (off) or eager (corel/graphs.py, which reads the variable itself; "
+        "the default), 0 (off) or eager (corel/train/graphs.py, which reads the variable itself; "
         "checked here so that a process refuses to start on any other value).",
     )
     native: bool = Field(
@@ -188,7 +188,7 @@ class Settings(BaseSettings):
     @classmethod
     def _check_cuda_graphs(cls, v: str | None) -> str | None:
         if v is not None:
-            from corel.graphs import parse  # (imports torch: only where it is set)
+            from corel.train.graphs import parse  # (imports torch: only where it is set)
 
             parse(v)
         return v

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
-from corel.training import NotLearningError, fit
+from corel.train import NotLearningError, fit
 
 
 def main() -> int:

@@ -2,11 +2,11 @@
 
 MNIST and Fashion-MNIST, the CNN, the four losses at the paper's tuned lambdas
 (``corel.report.PAPER_TABLE2``; CCE has none), several seeds, 150 epochs, Adam at 1e-4,
-batch 128, test accuracy at the best-validation epoch: what ``corel.training.fit`` does,
+batch 128, test accuracy at the best-validation epoch: what ``corel.train.fit`` does,
 the code a worker runs. Every run is a process of its own on the same device, all at once,
 which keeps a GPU busy that one small CNN's step leaves mostly idle; with
 ``--stack-seeds`` the seeds of a row train as one stacked group instead
-(``corel.vectorized.fit_group``, each seed with its own batch order: a worker trains a
+(``corel.train.fit_group``, each seed with its own batch order: a worker trains a
 sweep's seeds so), a process per row, a third as many processes for the GPU to switch
 between, each launching a third as many kernels per member. A group that fails falls back
 to its runs one process each.
@@ -26,7 +26,7 @@ length stays ``--epochs``).
 
 ``--state DIR`` makes the rows resumable across GPU sessions (one session's device time
 holds fewer epochs than the protocol): every process writes its runs' checkpoints (the
-format a worker resumes from, ``corel.checkpoints``) to ``DIR/<row>.pt`` after each epoch,
+format a worker resumes from, ``corel.train.checkpoints``) to ``DIR/<row>.pt`` after each epoch,
 and a later launch with the same DIR resumes each row from its file, under the same
 process layout (``--stack-seeds`` or not), up to ``--epochs``; a row already at
 ``--epochs`` only writes its final line again. The final line of a resumed run counts every
@@ -56,13 +56,19 @@ import torch
 
 from corel.clustering import default_metric, evaluate_clustering
 from corel.data import load_dataset
-from corel.graphs import graph_mode
-from corel.guards import NotLearningError
-from corel.progress import Callback, EpochMetrics
 from corel.report import PAPER_CLUSTERING, PAPER_TABLE1, PAPER_TABLE2
 from corel.spec import ExperimentSpec
-from corel.training import FitResult, embed_all, fit
-from corel.vectorized import GroupCallback, fit_group
+from corel.train import (
+    Callback,
+    EpochMetrics,
+    FitResult,
+    GroupCallback,
+    NotLearningError,
+    fit,
+    fit_group,
+    represent,
+)
+from corel.train.graphs import graph_mode
 
 LOSSES = ("cce", "center", "cosine", "gaussian")
 TITLES = {"cce": "CCE", "center": "Center", "cosine": "Cosine-COREL", "gaussian": "Gaussian-COREL"}
@@ -280,7 +286,7 @@ def final_row(fields: dict[str, Any], result: FitResult, wall: float, stop_at: f
         "gpu": torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else None,
         "seconds_per_epoch": statistics.median(m.seconds for m in result.history)}
     if fields["model"] == "cnn" and (stop_at is None or time.time() < stop_at + 60):
-        h = embed_all(result.model, run.data.x_test).float().cpu().numpy()
+        h = represent(result.model, run.data.x_test).float().cpu().numpy()
         y = run.data.y_test.cpu().numpy()
         scores = evaluate_clustering(h, y, metric=default_metric(result.spec.loss), algorithms=("kmeans",))
         row["clustering"] = {k: v for k, v in scores["kmeans"].items() if isinstance(v, (int, float))}

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from corel.data import load_dataset  # noqa: E402
 from corel.losses import attractive_repulsive  # noqa: E402
 from corel.spec import ExperimentSpec  # noqa: E402
-from corel.training import run_epoch, start_run  # noqa: E402
+from corel.train import run_epoch, start_run  # noqa: E402
 
 
 def clamped_loss(self, sim, h, labels, *, check=True):  # the authors' CosineARLoss

@@ -50,7 +50,7 @@ def fill(url: str, n: int) -> dict[str, int]:
     latent space with its checkpoint, written by the ORM as a worker would."""
     import torch
 
-    from corel.training import checkpoint_to_bytes
+    from corel.train import checkpoint_to_bytes
 
     rng = np.random.default_rng(0)
     engine = create_engine(url)

@@ -45,7 +45,7 @@ import torch
 
 from corel.data import read_idx
 from corel.serving import ServedModel
-from corel.training import checkpoint_from_bytes
+from corel.train import checkpoint_from_bytes
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 

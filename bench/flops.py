@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from corel.graphs import setting as graphs_setting
+from corel.train.graphs import setting as graphs_setting
 
 
 def step_flops(model: torch.nn.Module) -> int:

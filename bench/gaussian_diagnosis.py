@@ -1,6 +1,6 @@
 """Why a Gaussian-COREL run fails to train: its geometry, epoch by epoch.
 
-Trains one spec with corel's own loop (``corel.training.start_run`` / ``run_epoch``)
+Trains one spec with corel's own loop (``corel.train.start_run`` / ``run_epoch``)
 and prints, after each epoch, on a fixed sample of training rows:
 
 * |h| (mean norm of the representations) and |w_k| (mean norm of the class vectors);
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from corel.cli import add_spec_options, spec_from_args
 from corel.data import load_dataset
-from corel.training import run_epoch, start_run
+from corel.train import run_epoch, start_run
 
 SAMPLE = 2048
 

@@ -49,8 +49,7 @@ def worker_main(registry: str, threads: int, epochs: int, ready: str, go: str) -
 
     from app.models import WorkerPresence
     from app.settings import Settings
-    from corel.progress import Callback
-    from corel.training import fit
+    from corel.train import Callback, fit
     from worker import host_share
 
     engine = create_engine(registry)

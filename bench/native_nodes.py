@@ -1,10 +1,10 @@
 """The compiled step and nodes (corel.native) against the autograd step and the Python nodes.
 
 Trains the paper's FFNN (Gaussian-COREL head) on Fashion-MNIST for one epoch with
-``corel.training.train_pass`` three ways, alternated ``--repeats`` times in one process,
+``corel.train.train_pass`` three ways, alternated ``--repeats`` times in one process,
 each from the same initial weights and order:
 
-* ``step``: the whole step as one native call (:mod:`corel.step`), the default;
+* ``step``: the whole step as one native call (:mod:`corel.train.native_step`), the default;
 * ``nodes``: the autograd step over the compiled fused nodes (the native step hidden);
 * ``python``: the autograd step over the Python nodes (the built module hidden, as
   ``COREL_NATIVE=0`` does);
@@ -29,9 +29,11 @@ from typing import Any
 import torch
 from flops import describe  # bench/flops.py, beside this file
 
-from corel import native, stacked, training
+from corel import native, train
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
+from corel.train import solo as solo_loop
+from corel.train import stacked as stacked_loop
 
 WAYS = ("step", "nodes", "python")
 
@@ -47,12 +49,12 @@ def solo(spec: ExperimentSpec, data: Dataset, way: str) -> tuple[float, dict[str
     """(samples/s, the weights after the epoch) of one solo epoch the given way."""
     with ExitStack() as stack:
         if way != "step":
-            _hidden(training, "gaussian_mlp_step", stack)
+            _hidden(solo_loop, "gaussian_mlp_step", stack)
         if way == "python":
             _hidden(native, "module", stack)
-        run = training.start_run(spec, data=data, device="cpu")
+        run = train.start_run(spec, data=data, device="cpu")
         started = time.perf_counter()
-        assert training.train_pass(run) is not None
+        assert train.train_pass(run) is not None
         rate = len(data.y_train) / (time.perf_counter() - started)
     return rate, run.model.state_dict()
 
@@ -61,8 +63,8 @@ def group(specs: list[ExperimentSpec], data: Dataset, way: str) -> tuple[float, 
     """(model-samples/s, the stacked weights after the epoch) of one stacked epoch."""
     with ExitStack() as stack:
         if way != "step":
-            _hidden(stacked, "stacked_gaussian_mlp_step", stack)
-        run = stacked.StackedRun.start(specs, data, device="cpu")
+            _hidden(stacked_loop, "stacked_gaussian_mlp_step", stack)
+        run = train.StackedRun.start(specs, data, device="cpu")
         run.train_pass()  # the first pass creates Adam's state; the second is timed
         started = time.perf_counter()
         assert run.train_pass() is not None

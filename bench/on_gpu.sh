@@ -31,7 +31,7 @@ left() { echo $((BUDGET - ($(date +%s) - T0))); }
 { nvidia-smi; nproc; "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"; } \
     >"$OUT/machine.txt" 2>&1
 # Fail fast (and cheaply) when the library does not import here.
-"$PY" -c "import corel.training, corel.stacked, corel.serving" || { echo "corel does not import"; exit 1; }
+"$PY" -c "import corel.train.solo, corel.train.stacked, corel.serving" || { echo "corel does not import"; exit 1; }
 # NATIVE=1: compile corel's fused nodes for this machine's torch first (about a minute of
 # the budget; a build made elsewhere is keyed to its own torch and Python and never loads).
 if [ "${NATIVE:-0}" = 1 ]; then
@@ -39,7 +39,7 @@ if [ "${NATIVE:-0}" = 1 ]; then
     timeout 150 "$PY" -m corel.native build --optional >"$OUT/native.txt" 2>&1
 fi
 
-# CUDA graphs (corel.graphs; the default on CUDA since they passed these tests on an H100 on
+# CUDA graphs (corel.train.graphs; the default on CUDA since they passed these tests on an H100 on
 # 2026-11-27): their tests run first (output at the end of machine.txt), and only where they
 # pass do the benchmarks add graphed lines and the CNN rows train with them (a torch or a
 # GPU they fail on trains eagerly). GRAPHS=0: off, untested.

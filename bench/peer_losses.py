@@ -30,8 +30,7 @@ import torch
 from corel.data import load_dataset
 from corel.loss_catalog import PAPER_LOSSES, PEER_LOSSES, declaration
 from corel.spec import ExperimentSpec
-from corel.training import embed_all, start_run, train_pass
-from corel.vectorized import StackedRun
+from corel.train import StackedRun, represent, start_run, train_pass
 
 LOSSES = PAPER_LOSSES + PEER_LOSSES
 
@@ -59,7 +58,7 @@ def main() -> None:
             epoch[loss].append(time.perf_counter() - started)
             if loss in means:
                 started = time.perf_counter()
-                run.model.head.set_class_means(embed_all(run.model, data.x_train), data.y_train)
+                run.model.head.set_class_means(represent(run.model, data.x_train), data.y_train)
                 means[loss].append(time.perf_counter() - started)
 
     cce = statistics.median(epoch["cce"])

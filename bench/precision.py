@@ -18,7 +18,7 @@ import torch
 
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
-from corel.training import fit
+from corel.train import fit
 
 
 def main() -> None:

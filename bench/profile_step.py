@@ -1,12 +1,12 @@
 """Where a training step's time goes: torch.profiler's table of the solo and the stacked step.
 
 A diagnostic, not a benchmark (it prints no ratio): the FFNN on Fashion-MNIST with a
-Gaussian-COREL head, ``--steps`` steps of ``corel.training.train_pass`` and of a 10-member
+Gaussian-COREL head, ``--steps`` steps of ``corel.train.train_pass`` and of a 10-member
 ``StackedRun.train_pass`` after a warm-up pass each, and per operator its share of the
 self CPU time, its milliseconds a step and its calls a step. The matrix products are the
 arithmetic; everything else is what the loop costs around it. (Under a profiler
 ``FusedAdam.step`` takes torch's wrapped step, so its ``Optimizer.step#`` row is Python
-that an unprofiled step does not run; and the native step of ``corel/step.py`` stands
+that an unprofiled step does not run; and the native step of ``corel/train/native_step.py`` stands
 aside, so the table is the autograd step's; ``--timer dispatch`` times the native step. And the stacked step's first-layer weight gradient,
 ``aten::mm`` of 1280 x 128 x 784, runs several times slower under the profiler than
 without it: 4-6 ms against 1.65 ms, timed per ATen call with a TorchDispatchMode, on a
@@ -44,8 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
-from corel.training import start_run, train_pass
-from corel.vectorized import StackedRun
+from corel.train import StackedRun, start_run, train_pass
 
 
 def table(prof: profile, steps: int, rows: int) -> str:

@@ -3,7 +3,7 @@
 Trains ten Gaussian-COREL FFNNs on Fashion-MNIST (the 55,000 training images,
 batch 128, lam = 0.1, 0.2, ..., 1.0, one seed) for one epoch
 
-(a) together, as one ``corel.vectorized.StackedRun`` (``train_pass``), and
+(a) together, as one ``corel.train.StackedRun`` (``train_pass``), and
 (b) one after another with corel's single-run loop (``start_run`` + ``train_pass``),
 
 alternating the two ``--repeats`` times in one run, and prints the median
@@ -36,8 +36,7 @@ from flops import (  # bench/flops.py, beside this file
 
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
-from corel.training import start_run, train_pass
-from corel.vectorized import StackedRun
+from corel.train import StackedRun, start_run, train_pass
 
 
 def stacked_epoch(specs: list[ExperimentSpec], data: Dataset, device: str) -> tuple[float, list[dict]]:

@@ -1,7 +1,7 @@
 """Training throughput: corel's in-memory index batching vs a DataLoader loop.
 
 Trains the paper's FFNN (Gaussian-COREL head) on Fashion-MNIST for one epoch
-with ``corel.training.train_pass`` and with a plain
+with ``corel.train.train_pass`` and with a plain
 ``DataLoader(TensorDataset(x, y), batch_size, shuffle=True)`` loop — same model,
 loss, batch size, optimizer and torch thread count — alternating the two
 ``--repeats`` times in one run, and prints the median samples/s of each, the achieved
@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
-from corel.training import start_run, train_pass, train_step
+from corel.train import start_run, train_pass, train_step
 
 
 def corel_epoch(spec: ExperimentSpec, data, device: str) -> float:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
+from corel.geometry import GEOMETRIES
 from corel.loss_catalog import OPTION_FIELDS, declaration, loss_names
 from corel.spec import DATASETS, MODELS, ExperimentSpec
 
@@ -72,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     train.add_argument("--checkpoint", help="write the best-validation checkpoint to this file")
     train.add_argument(
-        "--metric", choices=("euclidean", "cosine"),
-        help="geometry for clustering (default: cosine for the cosine loss, else euclidean)",
+        "--metric", choices=GEOMETRIES,
+        help="geometry for clustering (default: the loss's own, as its declaration has it)",
     )
     train.add_argument("--no-progress", action="store_true", help="do not draw progress bars")
     train.set_defaults(func=_train)
@@ -99,7 +100,7 @@ def _train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from corel.clustering import default_metric, evaluate_clustering
-    from corel.training import Callback, EpochMetrics, Run, checkpoint_to_bytes, embed_all, fit
+    from corel.train import Callback, EpochMetrics, Run, checkpoint_to_bytes, fit, represent
 
     spec = spec_from_args(args)
 
@@ -129,7 +130,7 @@ def _train(args: argparse.Namespace) -> int:
     progress = Progress(batches=-(-len(data.y_train) // spec.batch_size))
     result = fit(spec, [progress], data=data, device=args.device)
     metric = args.metric or default_metric(spec.loss)
-    reps = embed_all(result.model, result.run.data.x_test).cpu()
+    reps = represent(result.model, result.run.data.x_test).cpu()
     scores = evaluate_clustering(reps, data.y_test, metric=metric, seed=spec.seed)
     if args.checkpoint:
         with open(args.checkpoint, "wb") as fh:

@@ -37,9 +37,9 @@ from sklearn.metrics import adjusted_rand_score, silhouette_score, v_measure_sco
 from sklearn.metrics.cluster import contingency_matrix
 from sklearn.mixture import GaussianMixture
 
+from corel.geometry import GEOMETRIES, Geometry
 from corel.loss_catalog import DECLARATIONS
 
-METRICS: tuple[str, ...] = ("euclidean", "cosine")
 ALGORITHMS: tuple[str, ...] = ("kmeans", "gmm")
 
 # Gaussian mixture: diagonal covariances with a variance floor proportional to
@@ -62,7 +62,7 @@ ArrayLike = npt.ArrayLike | torch.Tensor
 # --------------------------------------------------------------------------- public API
 
 
-def default_metric(loss_name: str) -> str:
+def default_metric(loss_name: str) -> Geometry:
     """The clustering geometry matching a loss: ``"cosine"`` for Cosine-COREL, else ``"euclidean"``.
 
     Cosine-COREL (``loss_name == "cosine"``) only constrains directions, so its
@@ -104,7 +104,7 @@ def score_clustering(
     labels_true: ArrayLike,
     labels_pred: ArrayLike,
     *,
-    metric: str = "euclidean",
+    metric: Geometry = "euclidean",
     silhouette_sample_size: int | None = 5000,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -131,7 +131,7 @@ def score_clustering(
         cluster. ``silhouette_sample_size`` is the number of samples the
         silhouette used, or ``None`` when it used all ``n_samples``.
     """
-    _check_choice(metric, "metric", METRICS)
+    _check_choice(metric, "metric", GEOMETRIES)
     sample_size = _check_sample_size(silhouette_sample_size)
     _check_seed(seed)
     x = _as_representations(representations)
@@ -147,7 +147,7 @@ def cluster(
     labels_true: ArrayLike,
     *,
     algorithm: str = "kmeans",
-    metric: str = "euclidean",
+    metric: Geometry = "euclidean",
     n_clusters: int | None = None,
     seed: int = 0,
     silhouette_sample_size: int | None = 5000,
@@ -173,7 +173,7 @@ def cluster(
         representations: (N, H) float array or tensor.
         labels_true: (N,) integer class ids, at least two distinct.
         algorithm: one of :data:`ALGORITHMS`.
-        metric: one of :data:`METRICS`; ``"cosine"`` clusters the L2-normalised rows.
+        metric: one of :data:`corel.geometry.GEOMETRIES`; ``"cosine"`` clusters the L2-normalised rows.
         n_clusters: number of clusters, 2 <= k <= N; default: number of classes.
         seed: random state of the algorithm and of the silhouette subsample.
         silhouette_sample_size: see :func:`score_clustering`.
@@ -182,7 +182,7 @@ def cluster(
         :func:`score_clustering`'s dict plus ``"algorithm"`` and ``"n_clusters"``.
     """
     _check_choice(algorithm, "algorithm", ALGORITHMS)
-    _check_choice(metric, "metric", METRICS)
+    _check_choice(metric, "metric", GEOMETRIES)
     sample_size = _check_sample_size(silhouette_sample_size)
     _check_seed(seed)
     x, y_true = _check_inputs(representations, labels_true)
@@ -194,7 +194,7 @@ def evaluate_clustering(
     representations: ArrayLike,
     labels_true: ArrayLike,
     *,
-    metric: str = "euclidean",
+    metric: Geometry = "euclidean",
     algorithms: Sequence[str] = ALGORITHMS,
     seed: int = 0,
     silhouette_sample_size: int | None = 5000,
@@ -216,7 +216,7 @@ def evaluate_clustering(
         _check_choice(algorithm, "algorithm", ALGORITHMS)
     if len(set(algorithms)) != len(algorithms):
         raise ValueError(f"algorithms lists a name twice: {list(algorithms)}; list each once.")
-    _check_choice(metric, "metric", METRICS)
+    _check_choice(metric, "metric", GEOMETRIES)
     sample_size = _check_sample_size(silhouette_sample_size)
     _check_seed(seed)
     x, y_true = _check_inputs(representations, labels_true)
@@ -229,7 +229,7 @@ def evaluate_clustering(
 
 
 def evaluate(
-    embeddings: ArrayLike, labels: ArrayLike, *, metric: str = "euclidean", seed: int = 0,
+    embeddings: ArrayLike, labels: ArrayLike, *, metric: Geometry = "euclidean", seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """How well ``embeddings`` cluster by ``labels``: K-Means and a Gaussian mixture with
     k = the number of classes, each scored by Hungarian accuracy, ARI, V-measure and
@@ -254,7 +254,7 @@ def _score(
     space: np.ndarray,
     y_true: np.ndarray,
     y_pred: np.ndarray,
-    metric: str,
+    metric: Geometry,
     sample_size: int | None,
     seed: int,
 ) -> dict[str, Any]:
@@ -272,7 +272,7 @@ def _score(
 
 
 def _silhouette(
-    space: np.ndarray, y_pred: np.ndarray, metric: str, sample_size: int | None, seed: int
+    space: np.ndarray, y_pred: np.ndarray, metric: Geometry, sample_size: int | None, seed: int
 ) -> tuple[float | None, int | None]:
     n = space.shape[0]
     used: int | None = None
@@ -292,7 +292,7 @@ def _cluster(
     space: np.ndarray,
     y_true: np.ndarray,
     algorithm: str,
-    metric: str,
+    metric: Geometry,
     k: int,
     seed: int,
     sample_size: int | None,
@@ -318,7 +318,7 @@ def _fit_predict(space: np.ndarray, algorithm: str, k: int, seed: int) -> np.nda
     return np.asarray(gmm.fit_predict(space))
 
 
-def _to_space(x: np.ndarray, metric: str) -> np.ndarray:
+def _to_space(x: np.ndarray, metric: Geometry) -> np.ndarray:
     """The space that is clustered: raw rows, or unit rows for ``"cosine"`` (zero rows stay 0)."""
     if metric == "euclidean":
         return x

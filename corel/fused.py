@@ -22,7 +22,7 @@ Its backward makes autograd's calls in autograd's order (``tests/corel/test_fuse
 
 :class:`SharedLinear` is a stack's first layer on the members' shared inputs (one
 ``baddbmm`` over the inputs broadcast to the members, whose rounding is each member's own
-``addmm``'s), with the backward that one wide product's autograd takes (``corel.stacked``).
+``addmm``'s), with the backward that one wide product's autograd takes (``corel.train.stacked``).
 
 Where :mod:`corel.native` is built, both run as its C++ twins of these nodes, which make
 the same calls in the same order (the same numbers bit for bit) without the per-call

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from corel.retrieval import GEOMETRIES
+from corel.geometry import GEOMETRIES, Geometry
 
 KINDS = ("exact", "hnsw")
 K_CALIBRATE = 10
@@ -64,7 +64,7 @@ def _faiss() -> Any:
     return faiss
 
 
-def _check(vectors: np.ndarray, labels: np.ndarray, geometry: str, kind: str) -> None:
+def _check(vectors: np.ndarray, labels: np.ndarray, geometry: Geometry, kind: str) -> None:
     if geometry not in GEOMETRIES:
         raise ValueError(f"unknown geometry {geometry!r}; allowed: {', '.join(GEOMETRIES)}")
     if kind not in KINDS:
@@ -86,7 +86,7 @@ class VectorIndex:
     """Rows (float32) with their labels, searchable by :meth:`search`. Build with
     :meth:`build`; read-only afterwards, and safe to search from several threads."""
 
-    def __init__(self, kind: str, geometry: str, labels: np.ndarray, *, exact: torch.Tensor | None = None,
+    def __init__(self, kind: str, geometry: Geometry, labels: np.ndarray, *, exact: torch.Tensor | None = None,
                  faiss_index: Any = None, ef_search: int | None = None, recall: float | None = None,
                  params: HnswParams | None = None, order: np.ndarray | None = None,
                  class_names: list[str] | None = None) -> None:
@@ -133,7 +133,7 @@ class VectorIndex:
 
     # -- building ---------------------------------------------------------------------------
     @classmethod
-    def build(cls, vectors: np.ndarray, labels: np.ndarray, geometry: str, kind: str = "exact", *,
+    def build(cls, vectors: np.ndarray, labels: np.ndarray, geometry: Geometry, kind: str = "exact", *,
               params: HnswParams | None = None, target_recall: float = 0.95, chunk: int = 50_000,
               progress: Callable[[int, int], bool] | None = None, seed: int = 0,
               class_names: list[str] | None = None) -> VectorIndex:

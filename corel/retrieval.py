@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
-GEOMETRIES = ("euclidean", "cosine")
+from corel.geometry import GEOMETRIES, Geometry
 
 
-def neighbours(queries: torch.Tensor, reference: torch.Tensor, k: int, geometry: str,
+def neighbours(queries: torch.Tensor, reference: torch.Tensor, k: int, geometry: Geometry,
                chunk: int = 1024, refine: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` nearest reference rows of each query, nearest first: (distances,
     indices), each (n_queries, k). Distance: Euclidean, or 1 - cosine similarity.
@@ -65,7 +65,7 @@ def _tensor(values: ArrayLike) -> torch.Tensor:
 
 
 def retrieval_metrics(queries: ArrayLike, query_labels: ArrayLike, reference: ArrayLike,
-                      reference_labels: ArrayLike, geometry: str = "euclidean",
+                      reference_labels: ArrayLike, geometry: Geometry = "euclidean",
                       chunk: int = 1024) -> dict[str, Any]:
     """precision@1, R-precision and MAP@R of ``queries`` against ``reference`` (see the
     module). Raises ValueError for shapes that do not match or a query class with no

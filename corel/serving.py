@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from corel.checkpoints import checkpoint_from_bytes, model_from_checkpoint
 from corel.data import prepare_images, prepare_texts, prepare_vectors
 from corel.device import ieee_float32
 from corel.loss_catalog import declaration
 from corel.models import Classifier
 from corel.spec import ExperimentSpec
+from corel.train import checkpoint_from_bytes, model_from_checkpoint
 
 BATCH = 4096
 """Rows per forward pass in :meth:`ServedModel.embed_all`."""

@@ -44,8 +44,8 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
 def private_imports(path: Path, package: str) -> list[tuple[int, str]]:
     """``from m import _name`` in a module of ``package`` (dotted): another module's private
     name. A subpackage's modules share their private helpers (``corel.data``'s loaders
-    and splits); the modules of a top-level package (``corel.training`` and
-    ``corel.vectorized``, ``app.main`` and ``app.errors``) do not."""
+    and splits); the modules of a top-level package (``corel.cli`` and
+    ``corel.serving``, ``app.main`` and ``app.errors``) do not."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
     for node in ast.walk(tree):

@@ -41,15 +41,23 @@ from app.models import (
 )
 from app.services import builtin
 from app.settings import Settings
-from corel.checkpoints import checkpoint_from_bytes, checkpoint_to_bytes
 from corel.device import device_name
-from corel.grouping import group_key
-from corel.guards import NotLearningError
-from corel.progress import Callback, EpochMetrics, GroupCallback
 from corel.spec import ExperimentSpec
-from corel.stacked import StackedRun
-from corel.training import FitResult, Run, embed_all, fit
-from corel.vectorized import fit_group
+from corel.train import (
+    Callback,
+    EpochMetrics,
+    FitResult,
+    GroupCallback,
+    NotLearningError,
+    Run,
+    StackedRun,
+    checkpoint_from_bytes,
+    checkpoint_to_bytes,
+    fit,
+    fit_group,
+    group_key,
+    represent,
+)
 from worker import host_share
 from worker.metrics import METRICS
 
@@ -222,7 +230,7 @@ def _finish(factory: sessionmaker[Session], experiment_id: int, status: Status, 
 
 
 def _latent(model: Any, x: Any, y: Any, experiment_id: int, split: str) -> LatentSpace:
-    reps = embed_all(model, x).cpu().numpy().astype(np.float32)
+    reps = represent(model, x).cpu().numpy().astype(np.float32)
     return LatentSpace(
         experiment_id=experiment_id, split=split, n=int(reps.shape[0]), dim=int(reps.shape[1]),
         representations=np.ascontiguousarray(reps).tobytes(),
@@ -448,7 +456,7 @@ class GroupRecorder(GroupCallback):
 
 def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settings) -> dict[int, str]:
     """Train a group of experiments that share dataset, model, batch size and data order
-    as one stacked model (corel.vectorized). Members that cannot go together (one is
+    as one stacked model (corel.train.stacked). Members that cannot go together (one is
     already further along than the others) are trained one after another instead."""
     outcome: dict[int, str] = {}
     jobs: list[Claimed] = []

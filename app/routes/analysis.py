@@ -174,7 +174,7 @@ def latent_download(
     "/{experiment_id:int}/checkpoint", response_class=Response,
     responses={200: {"content": {"application/octet-stream": {}},
                      "description": "torch.save bytes: the model, its spec and class names"}},
-    summary="Download the best-validation checkpoint (load with corel.checkpoints.checkpoint_from_bytes)",
+    summary="Download the best-validation checkpoint (load with corel.train.checkpoint_from_bytes)",
 )
 def checkpoint_download(experiment_id: int, session: SessionDep) -> Response:
     data = downloads_service.checkpoint(session, experiment_id)

@@ -31,8 +31,8 @@ def exported_model(session: Session, experiment_id: int, fmt: str) -> bytes:
     """The encoder and head as one ONNX or TorchScript file, saying what it was trained on."""
     exp = succeeded_experiment(session, experiment_id, "an export")
     blob = best_checkpoint(session, experiment_id)
-    from corel.checkpoints import checkpoint_from_bytes
     from corel.export import export
+    from corel.train import checkpoint_from_bytes
 
     trained_on: dict[str, Any] | None = None
     if exp.dataset_id is not None:  # the user's upload, as they know it

@@ -25,8 +25,8 @@ from app.errors import Conflict
 from app.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
 from app.services.experiments import get_experiment
 from app.services.lookup import best_checkpoint, load_latent, store_once, succeeded_experiment
-from corel.checkpoints import checkpoint_from_bytes
 from corel.loss_catalog import DECLARATIONS, declaration
+from corel.train import checkpoint_from_bytes
 
 DPI = 100
 LATENT_SIZE = (800, 600)  # pixels

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound, check_id
 from app.models import Base, Checkpoint, Experiment, LatentSpace, Status
-from corel.checkpoints import checkpoint_from_bytes
+from corel.train import checkpoint_from_bytes
 
 RowT = TypeVar("RowT", bound=Base)
 

@@ -19,8 +19,8 @@ from app.services.clustering import clustering_report
 from app.services.lookup import get_or_404
 from app.services.retrieval import retrieval_report
 from corel import report
-from corel.grouping import group_specs
 from corel.loss_catalog import DECLARATIONS, declaration
+from corel.train import group_specs
 
 
 # The loss parameters each loss uses; the others are collapsed in a grid (a CCE run

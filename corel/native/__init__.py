@@ -1,6 +1,6 @@
 """corel's fused autograd nodes compiled, and the training steps built from them:
 ``fused.cpp`` beside this file, built once per environment by ``python -m corel.native
-build`` (``make install`` runs it). The steps (:mod:`corel.step`) run a whole Adam step of
+build`` (``make install`` runs it). The steps (:mod:`corel.train.native_step`) run a whole Adam step of
 a Gaussian-COREL FFNN, solo or stacked, as one call without an autograd graph.
 
 The C++ nodes make the same ATen calls in the same order as their Python twins in
@@ -33,9 +33,9 @@ from types import ModuleType
 
 import torch
 
-from corel.graphs import OFF
-
 __all__ = ["build", "build_path", "module"]
+
+OFF = ("0", "off", "false", "no")  # COREL_CUDA_GRAPHS's words (corel.train.graphs)
 
 SOURCE = Path(__file__).with_name("fused.cpp")
 NAME = "corel_native"  # the PYBIND11_MODULE's name: its init function is PyInit_corel_native
@@ -93,7 +93,7 @@ def build(*, force: bool = False) -> Path:
 
 def enabled() -> bool:
     """Whether ``COREL_NATIVE`` leaves the compiled nodes on (unset or empty: on)."""
-    return os.environ.get("COREL_NATIVE", "").strip().lower() not in OFF  # COREL_CUDA_GRAPHS's words
+    return os.environ.get("COREL_NATIVE", "").strip().lower() not in OFF
 
 
 @functools.cache

@@ -348,7 +348,7 @@ def _references(config: SoakConfig, specs: dict[int, dict[str, Any]]) -> dict[st
     import torch
 
     from corel.spec import ExperimentSpec
-    from corel.training import fit
+    from corel.train import fit
 
     threads = torch.get_num_threads()
     torch.set_num_threads(config.worker_threads or threads)

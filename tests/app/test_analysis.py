@@ -18,7 +18,7 @@ from app.main import create_app
 from app.models import ClusteringResult, Figure
 from tests.app.conftest import finished, wait_for
 
-# Measured with corel.training.fit + corel.clustering.cluster on this spec (test
+# Measured with corel.train.fit + corel.clustering.cluster on this spec (test
 # split, K-Means, each loss's default metric), seeds 0/1/2:
 #   Cosine-COREL (lam 0.85): 0.720 / 0.724 / 0.721;  CCE: 0.609 / 0.614 / 0.616.
 TINY = {"dataset": "fashion-mnist", "model": "ffnn", "lr": 1e-3, "train_subset": 3000, "epochs": 2,

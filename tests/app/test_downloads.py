@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from app.models import Checkpoint, LatentSpace
-from corel.training import checkpoint_from_bytes, model_from_checkpoint
+from corel.train import checkpoint_from_bytes, model_from_checkpoint
 from tests.app.conftest import finished, wait_for
 
 SPEC = {"dataset": "digits", "model": "ffnn", "lr": 0.003, "batch_size": 64, "epochs": 3}

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from app.models import Checkpoint, LatentSpace
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
-from corel.training import checkpoint_from_bytes, embed_all, fit, model_from_checkpoint
+from corel.train import checkpoint_from_bytes, fit, model_from_checkpoint, represent
 from tests.app.conftest import finished, wait_for
 from tests.conftest import FASHION_DIR, assert_rows_close
 
@@ -54,7 +54,7 @@ def test_fashion_gaussian_experiment_runs_to_the_end(client, worker, workers, db
     assert (latent.n, latent.dim) == (10_000, 128)
     assert np.array_equal(np.frombuffer(latent.labels, np.int64), data.y_test.numpy())
     stored = np.frombuffer(latent.representations, np.float32).reshape(latent.n, latent.dim)
-    assert_rows_close(stored, embed_all(model, data.x_test).numpy())
+    assert_rows_close(stored, represent(model, data.x_test).numpy())
     preds = model.predict(data.x_test).classes
     assert float((preds == data.y_test).float().mean()) == pytest.approx(body["test_accuracy"])
 

@@ -18,7 +18,7 @@ from app.main import create_app
 from app.migrate import upgrade
 from app.settings import Settings
 from corel.spec import ExperimentSpec
-from corel.training import fit
+from corel.train import fit
 from tests.app.conftest import Workers, finished, npz_bytes, wait_for
 from tests.app.faults import PrivatePostgres, PrivateRedis, postgres_bin
 from tests.conftest import require

@@ -109,7 +109,7 @@ def _two_workers(own: Settings, tmp_path: Path) -> None:
 
 TRAIN = """
 import json, sys, torch
-from corel.training import fit
+from corel.train import fit
 out = {}
 for threads in (1, 2):
     torch.set_num_threads(threads)

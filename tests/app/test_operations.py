@@ -281,7 +281,7 @@ def test_a_worker_refuses_to_start_on_an_unknown_cuda_graphs_setting(tmp_path):
 LIBRARY_VARIABLES = ("COREL_CUDA_GRAPHS", "COREL_NATIVE", "COREL_NATIVE_DIR")
 # What the library itself reads, in a worker process once its settings are read.
 READ_BY_THE_LIBRARY = ("import worker.celery_app\n"
-                       "from corel import graphs, native\n"
+                       "from corel import native\nfrom corel.train import graphs\n"
                        "print(graphs.setting(), native.module() is None, native.build_path().parent)")
 
 

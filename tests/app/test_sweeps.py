@@ -42,7 +42,7 @@ def sweep(client, worker, workers):
     assert queued["groups"] == 2
     body = wait_sweep(client, queued["id"], workers=workers)
     assert body["counts"]["succeeded"] == 8, (body, workers.logs())
-    # The worker really trained the groups stacked (corel.vectorized), not one by one.
+    # The worker really trained the groups stacked (corel.train.stacked), not one by one.
     assert workers.logs(tail=None).count("training a stacked group") >= 2
     return body
 

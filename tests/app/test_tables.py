@@ -17,7 +17,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from corel.training import checkpoint_from_bytes, model_from_checkpoint
+from corel.train import checkpoint_from_bytes, model_from_checkpoint
 from tests.app.conftest import finished, wait_for
 from tests.conftest import assert_rows_close
 

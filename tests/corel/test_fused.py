@@ -20,7 +20,7 @@ from corel.fused import GaussianAR, LeakyMLP, fusable, gaussian_ar
 from corel.losses import GaussianCOREL
 from corel.losses.ar import _attractive_repulsive_core
 from corel.models import FFNN
-from corel.optim import FusedAdam
+from corel.train.optim import FusedAdam
 
 
 @pytest.fixture(params=["native", "python"])
@@ -212,7 +212,7 @@ def test_fused_adam_takes_torchs_path_for_what_it_does_not_cover():
 def test_the_stacked_loss_without_vmap_is_the_vmapped_members(loss):
     from corel.data import load_dataset
     from corel.spec import ExperimentSpec
-    from corel.stacked import StackedRun
+    from corel.train import StackedRun
 
     data = load_dataset(ExperimentSpec(dataset="digits")).astype(torch.float64)
     specs = [ExperimentSpec(dataset="digits", model="ffnn", loss=loss, lam=lam, epochs=1)

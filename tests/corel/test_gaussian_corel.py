@@ -16,17 +16,17 @@ import pytest
 import torch
 
 from corel.data import load_dataset
-from corel.guards import (
+from corel.losses import INIT_CONFIDENCE, GaussianCOREL
+from corel.spec import ExperimentSpec
+from corel.train import (
     CHANCE_EPOCHS,
+    EpochMetrics,
     NotLearningError,
     chance_accuracy,
-    chance_ceiling,
+    fit,
     not_learning,
 )
-from corel.losses import INIT_CONFIDENCE, GaussianCOREL
-from corel.progress import EpochMetrics
-from corel.spec import ExperimentSpec
-from corel.training import fit
+from corel.train.guards import chance_ceiling
 from tests.corel.test_data import AG_NEWS_CSV, require
 
 

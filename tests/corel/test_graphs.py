@@ -1,4 +1,4 @@
-"""corel.graphs on the CPU: the graphed pass's path (steps by row indices, a step that
+"""corel.train.graphs on the CPU: the graphed pass's path (steps by row indices, a step that
 keeps every tensor it changes in place) trains what the plain loop trains. The capture and
 replay themselves need CUDA: tests/gpu/test_graphs.py."""
 
@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from corel.data import load_dataset
-from corel.graphs import WARMUP, GraphedSteps, graph_mode, setting
 from corel.spec import ExperimentSpec
-from corel.stacked import StackedRun
-from corel.training import fit, run_epoch, start_run
+from corel.train import StackedRun, fit, run_epoch, start_run
+from corel.train.graphs import WARMUP, GraphedSteps, graph_mode, setting
 
 # digits at batch 16: 79 steps a pass, the last one short (1,257 = 78 x 16 + 9).
 BASE = {"dataset": "digits", "batch_size": 16, "lr": 1e-3, "epochs": 2}

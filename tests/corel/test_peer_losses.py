@@ -140,7 +140,7 @@ def test_each_peer_loss_trains_resumes_and_serves(name):
     from corel.export import export
     from corel.serving import ServedModel
     from corel.spec import ExperimentSpec
-    from corel.training import checkpoint_from_bytes, checkpoint_to_bytes, fit
+    from corel.train import checkpoint_from_bytes, checkpoint_to_bytes, fit
 
     spec = ExperimentSpec(dataset="digits", loss=name, epochs=4, lr=3e-3, batch_size=64, seed=0)
     data = load_dataset(spec)
@@ -159,7 +159,7 @@ def test_each_peer_loss_trains_resumes_and_serves(name):
 
 def test_the_cli_trains_a_peer_loss_with_its_options(tmp_path, capsys):
     from corel.cli import main
-    from corel.training import checkpoint_from_bytes
+    from corel.train import checkpoint_from_bytes
 
     out = tmp_path / "triplet.pt"
     assert main(["train", "--dataset", "digits", "--loss", "triplet", "--margin", "0.1",

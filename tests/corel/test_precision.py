@@ -13,8 +13,7 @@ from pydantic import ValidationError
 from corel.data import load_dataset
 from corel.device import autocast, effective_precision
 from corel.spec import ExperimentSpec
-from corel.training import fit, forward_loss, start_run, train_pass
-from corel.vectorized import fit_group
+from corel.train import fit, fit_group, forward_loss, start_run, train_pass
 
 BASE = {"dataset": "digits", "epochs": 3, "batch_size": 32, "lr": 1e-3, "loss": "cosine", "lam": 0.8}
 

@@ -12,7 +12,7 @@ from sklearn.datasets import load_digits
 from corel.data import prepare_images
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
-from corel.training import checkpoint_from_bytes, checkpoint_to_bytes, fit
+from corel.train import checkpoint_from_bytes, checkpoint_to_bytes, fit
 
 
 @pytest.fixture(scope="module")

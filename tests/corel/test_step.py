@@ -1,4 +1,4 @@
-"""The whole training step as one native call (corel.step), solo and stacked: bit for bit
+"""The whole training step as one native call (corel.train.native_step), solo and stacked: bit for bit
 the autograd step it replaces, really taken in training, and out of the way wherever the
 autograd step must run (hooks, another head, a learned gamma, the optimiser's first step)."""
 
@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corel import native, step, training
+from corel import native
 from corel.data import Dataset
 from corel.models import build_classifier
-from corel.optim import adam
 from corel.spec import ExperimentSpec
+from corel.train import adam, solo
+from corel.train import native_step as step
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +35,7 @@ def _batches(dtype, steps=6, size=16):
 
 
 class Counted:
-    """A native step of corel.step (the solo one by default), counting the steps it took
+    """A native step of corel.train.native_step (the solo one by default), counting the steps it took
     (non-None) and passed."""
 
     def __init__(self, native_step=step.gaussian_mlp_step):
@@ -57,8 +58,8 @@ def test_the_native_step_is_the_autograd_step_bit_for_bit(dtype, monkeypatch):
     for name in ("native", "autograd"):
         model, optimizer = _model(dtype)
         counted = Counted()
-        monkeypatch.setattr(training, "gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
-        outs = [training._step(model, optimizer, x, y, check=i % 2 == 0) for i, (x, y) in enumerate(batches)]
+        monkeypatch.setattr(solo, "gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
+        outs = [solo._step(model, optimizer, x, y, check=i % 2 == 0) for i, (x, y) in enumerate(batches)]
         results[name] = model, optimizer, outs, counted
     (model, optimizer, outs, counted), (their_model, their_optimizer, their_outs, _) = results.values()
     # The first step creates Adam's state on torch's path; every later one is native.
@@ -86,9 +87,9 @@ def test_a_pass_trains_with_the_native_step_and_as_before(monkeypatch):
     totals = {}
     for name in ("native", "autograd"):
         counted = Counted()
-        monkeypatch.setattr(training, "gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
-        run = training.start_run(spec, data=data, device="cpu")
-        totals[name] = training.train_pass(run), [p.detach().clone() for p in run.model.parameters()]
+        monkeypatch.setattr(solo, "gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
+        run = solo.start_run(spec, data=data, device="cpu")
+        totals[name] = solo.train_pass(run), [p.detach().clone() for p in run.model.parameters()]
         if name == "native":
             assert counted.took == 2 and counted.passed == 1  # 3 batches of 128 (the last 44)
     assert totals["native"][0] == totals["autograd"][0]
@@ -98,7 +99,7 @@ def test_a_pass_trains_with_the_native_step_and_as_before(monkeypatch):
 def test_bad_labels_are_refused_as_the_autograd_step_refuses_them():
     model, optimizer = _model()
     (x, y), (x2, y2) = _batches(torch.float32, steps=2)
-    training._step(model, optimizer, x, y, check=True)  # Adam's state exists: the native step is next
+    solo._step(model, optimizer, x, y, check=True)  # Adam's state exists: the native step is next
     with pytest.raises(ValueError, match=r"labels must lie in 0\.\.9"):
         step.gaussian_mlp_step(model, optimizer, x2, y2 + 10, check=True)
     with pytest.raises(ValueError, match=r"labels must have shape \(16,\)"):
@@ -108,7 +109,7 @@ def test_bad_labels_are_refused_as_the_autograd_step_refuses_them():
 def _stepped(**spec):
     model, optimizer = _model(**spec)
     x, y = _batches(torch.float32, steps=1)[0]
-    training._step(model, optimizer, x, y, check=False)
+    solo._step(model, optimizer, x, y, check=False)
     return model, optimizer, x, y
 
 
@@ -124,7 +125,7 @@ def test_hooks_and_the_first_step_keep_the_autograd_step():
     model, optimizer = _model()
     x, y = _batches(torch.float32, steps=1)[0]
     assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is None  # no Adam state yet
-    training._step(model, optimizer, x, y, check=False)
+    solo._step(model, optimizer, x, y, check=False)
     before = model.head.W.detach().clone()
     assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is not None
     assert not torch.equal(model.head.W, before)  # it stepped
@@ -132,7 +133,7 @@ def test_hooks_and_the_first_step_keep_the_autograd_step():
     seen = []
     hook = model.head.W.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.norm()))
     assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is None
-    training._step(model, optimizer, x, y, check=False)
+    solo._step(model, optimizer, x, y, check=False)
     assert len(seen) == 1  # the autograd step ran, and the hook with it
     hook.remove()
     forward = model.encoder.register_forward_hook(lambda *args: seen.append(None))
@@ -151,7 +152,7 @@ def test_hooks_and_the_first_step_keep_the_autograd_step():
 
 
 def _group(dtype, seeds, **spec):
-    from corel.stacked import StackedRun
+    from corel.train import StackedRun
 
     x, y = _batches(torch.float32, steps=1, size=300)[0]
     data = Dataset(name="noise", modality="image", x_train=x, y_train=y, x_val=x[:20], y_val=y[:20],
@@ -165,7 +166,7 @@ def _group(dtype, seeds, **spec):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("seeds", [[0], [0, 1]], ids=["shared batches", "a stream per seed"])
 def test_the_stacked_native_step_is_the_autograd_step_bit_for_bit(dtype, seeds, monkeypatch):
-    from corel import stacked
+    from corel.train import stacked
 
     results = {}
     for name in ("native", "autograd"):
@@ -190,7 +191,7 @@ def test_the_stacked_native_step_is_the_autograd_step_bit_for_bit(dtype, seeds, 
 
 @pytest.mark.parametrize("spec", [{"loss": "cce"}, {"learn_gamma": True}, {"model": "cnn"}])
 def test_other_stacks_take_the_autograd_step(spec, monkeypatch):
-    from corel import stacked
+    from corel.train import stacked
 
     counted = Counted(step.stacked_gaussian_mlp_step)
     monkeypatch.setattr(stacked, "stacked_gaussian_mlp_step", counted)

@@ -5,13 +5,13 @@ import torch
 
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
-from corel.training import (
+from corel.train import (
     Callback,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
-    embed_all,
     fit,
     model_from_checkpoint,
+    represent,
     start_run,
     train_pass,
 )
@@ -163,7 +163,7 @@ def test_serving_checkpoint_rebuilds_the_best_model(digits):
     ckpt = checkpoint_from_bytes(blob)  # weights_only=True
     spec2, model = model_from_checkpoint(ckpt)
     assert spec2 == spec and ckpt["class_names"] == digits.class_names
-    torch.testing.assert_close(embed_all(model, digits.x_test), embed_all(result.model, digits.x_test))
+    torch.testing.assert_close(represent(model, digits.x_test), represent(result.model, digits.x_test))
 
 
 @pytest.mark.slow
@@ -203,7 +203,7 @@ def test_float64_data_trains_and_resumes_a_float64_model(digits):
     _, served = model_from_checkpoint(checkpoint_from_bytes(checkpoint_to_bytes(
         whole.run.best_checkpoint())))
     assert served.head.W.dtype == torch.float64
-    assert torch.equal(embed_all(served, data64.x_test), embed_all(whole.model, data64.x_test))
+    assert torch.equal(represent(served, data64.x_test), represent(whole.model, data64.x_test))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64])

@@ -13,21 +13,25 @@ over a few steps, where rounding cannot grow.
 import pytest
 import torch
 
-import corel.stacked
+import corel.train.stacked
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
-from corel.training import (
+from corel.train import (
     Callback,
+    GroupCallback,
+    StackedRun,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
     fit,
+    fit_group,
+    group_key,
+    group_specs,
     make_optimizer,
     model_from_checkpoint,
     run_epoch,
     start_run,
     train_pass,
 )
-from corel.vectorized import GroupCallback, StackedRun, fit_group, group_key, group_specs
 
 # float64 after ~300 Adam steps: measured differences are ~1e-16 (Intel AVX-512 and
 # MKL's AVX2 path alike); a gradient off by 0.1% moves a member by ~1e-6.
@@ -224,7 +228,7 @@ def encoder_path(request, monkeypatch):
     """Other encoders than the FFNN run member by member on a CPU and under vmap on a GPU:
     both, here on the CPU."""
     if request.param == "vmap":
-        monkeypatch.setattr(corel.stacked, "ENCODER_LOOP_DEVICES", ())
+        monkeypatch.setattr(corel.train.stacked, "ENCODER_LOOP_DEVICES", ())
     return request.param
 
 
@@ -248,7 +252,7 @@ def test_a_wrongly_scaled_member_gradient_is_caught(digits64, monkeypatch, scale
     epsilon's share: after 316 steps a factor of 1.001 moves the weights by ~1e-6, hidden
     in float32 noise on another CPU (~1e-3) but 1,000 times TOL in float64.
     """
-    adam = corel.stacked.adam
+    adam = corel.train.stacked.adam
 
     def skewed_adam(params, lr):
         optimizer = adam(params, lr)
@@ -264,7 +268,7 @@ def test_a_wrongly_scaled_member_gradient_is_caught(digits64, monkeypatch, scale
         optimizer.step = skewed_step
         return optimizer
 
-    monkeypatch.setattr(corel.stacked, "adam", skewed_adam)
+    monkeypatch.setattr(corel.train.stacked, "adam", skewed_adam)
     specs = sweep("gaussian")
     keep = KeepGroup()
     fit_group(specs, [keep], data=digits64)
@@ -527,10 +531,10 @@ def test_a_group_refuses_labels_outside_the_classes(digits):
 
 
 def test_fit_group_judges_each_member_as_fit_does(digits):
-    """The one "not learning" judgement (corel.guards) runs inside fit_group: the member at
+    """The one "not learning" judgement (corel.train.guards) runs inside fit_group: the member at
     lam 0.3 (Gaussian-COREL without a minimum) fails with fit's verdict, the other goes
     on to the end; with chance_epochs=0 nobody is judged."""
-    from corel.guards import NotLearningError
+    from corel.train import NotLearningError
 
     base = {"dataset": "digits", "loss": "gaussian", "epochs": 10, "lr": 3e-3, "batch_size": 64}
     specs = [ExperimentSpec(**base, lam=lam) for lam in (0.3, 0.85)]

@@ -8,12 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from corel.checkpoints import checkpoint_from_bytes, checkpoint_to_bytes, model_from_checkpoint
 from corel.data import load_dataset
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
-from corel.stacked import StackedRun
-from corel.training import accuracy, fit, start_run, train_pass
+from corel.train import (
+    StackedRun,
+    accuracy,
+    checkpoint_from_bytes,
+    checkpoint_to_bytes,
+    fit,
+    model_from_checkpoint,
+    start_run,
+    train_pass,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -55,8 +62,7 @@ def test_a_cnn_group_of_several_seeds_on_the_gpu_matches_its_solo_runs_and_never
     """The paper's CNN rows' shape (one lambda, several seeds: vmap's grouped convolutions
     on each seed's own batches): each member ends where its solo GPU run ends (float64,
     where rounding cannot grow), and no step of the group reads a value back to the host."""
-    from corel.progress import GroupCallback
-    from corel.vectorized import fit_group
+    from corel.train import GroupCallback, fit_group
 
     data = digits.astype(torch.float64)
     specs = [ExperimentSpec(**{**BASE, "model": "cnn", "loss": "gaussian", "epochs": 1, "seed": seed})
@@ -109,7 +115,7 @@ def test_a_training_step_never_waits_for_the_gpu(digits, loss):
     mask): such a wait stalls a run on everything queued on the GPU, and many runs sharing
     one GPU on each other. CUDA's sync debug mode raises at any synchronising call in the
     steps after the first (which validates the labels once and creates Adam's state)."""
-    from corel.progress import Callback
+    from corel.train import Callback
 
     class NoWaits(Callback):
         def on_batch_end(self, step: int) -> bool:

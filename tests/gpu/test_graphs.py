@@ -1,4 +1,4 @@
-"""corel.graphs on a GPU (COREL_CUDA_GRAPHS=1, the default): the training step captured
+"""corel.train.graphs on a GPU (COREL_CUDA_GRAPHS=1, the default): the training step captured
 once as a CUDA graph and replayed for every full batch trains what the eager loop trains.
 Written in a session without a GPU (issue 24), first passed on an H100 on 2026-11-27;
 bench/on_gpu.sh runs this file first and trains the CNN rows with graphs only where it
@@ -9,13 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import corel.stacked
-import corel.training
+import corel.train.solo
+import corel.train.stacked
 from corel.data import load_dataset
-from corel.graphs import WARMUP
 from corel.spec import ExperimentSpec
-from corel.stacked import StackedRun
-from corel.training import run_epoch, start_run
+from corel.train import StackedRun, run_epoch, start_run
+from corel.train.graphs import WARMUP
 
 pytestmark = pytest.mark.gpu
 
@@ -57,7 +56,7 @@ def test_a_graphed_run_trains_as_the_eager_run(digits, monkeypatch, name):
     eager = start_run(spec, data=data)
     eager_history = [run_epoch(eager) for _ in range(2)]
     monkeypatch.setenv("COREL_CUDA_GRAPHS", "1")
-    calls = counted(monkeypatch, corel.training, "_indexed_step")
+    calls = counted(monkeypatch, corel.train.solo, "_indexed_step")
     graphed = start_run(spec, data=data)
     graphed_history = [run_epoch(graphed) for _ in range(2)]
     steps = graphed.graphed
@@ -125,7 +124,7 @@ def test_a_graphed_bf16_run_learns_as_the_eager_one(digits, monkeypatch):
 
 def test_a_graphed_step_never_waits_for_the_gpu(digits, monkeypatch):
     """Replays launch the whole step with one call and read nothing back."""
-    from corel.progress import Callback
+    from corel.train import Callback
 
     class NoWaits(Callback):
         def on_batch_end(self, step: int) -> bool:
@@ -135,7 +134,7 @@ def test_a_graphed_step_never_waits_for_the_gpu(digits, monkeypatch):
     monkeypatch.setenv("COREL_CUDA_GRAPHS", "1")
     run = start_run({**BASE, "loss": "gaussian", "lam": 0.75}, data=digits)
     try:
-        assert corel.training.train_pass(run, [NoWaits()]) is not None
+        assert corel.train.solo.train_pass(run, [NoWaits()]) is not None
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert run.graphed is not None and run.graphed.replaying

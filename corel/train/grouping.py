@@ -1,4 +1,4 @@
-"""Which specs can be trained together as one stacked model (:mod:`corel.stacked`): those
+"""Which specs can be trained together as one stacked model (:mod:`corel.train.stacked`): those
 that differ only in the loss's parameters (lam, gamma, alpha) and the seed."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from corel.checkpoints import LOCATIONS
 from corel.loss_catalog import declaration
 from corel.spec import UPLOADED, ExperimentSpec
+from corel.train.checkpoints import LOCATIONS
 
 __all__ = ["LOSS_PARAMETERS", "MAX_GROUP", "MAY_DIFFER", "as_spec", "check_group", "group_key",
            "group_specs"]
@@ -74,7 +74,7 @@ def check_group(specs: Sequence[ExperimentSpec]) -> None:
     if keys[0] is None:
         raise ValueError(
             f"{specs[0].dataset} ({specs[0].modality}) specs cannot be trained stacked; "
-            "train them alone with corel.training.fit"
+            "train them alone with corel.train.solo.fit"
         )
     for i, key in enumerate(keys):
         if key != keys[0]:
@@ -83,5 +83,5 @@ def check_group(specs: Sequence[ExperimentSpec]) -> None:
             ] or ["modality"]
             raise ValueError(
                 f"spec {i} differs from spec 0 in {', '.join(differ)}; only lam, gamma, "
-                "alpha and seed may differ inside a group (see corel.grouping.group_specs)"
+                "alpha and seed may differ inside a group (see corel.train.grouping.group_specs)"
             )

@@ -1,9 +1,9 @@
 """The "not learning" judgement, one owner for both loops: a run (or a stacked group's
 member) that stays at chance, or whose loss diverges, has failed, and says why.
 
-:class:`ChanceGuard` ends a solo run (``corel.training.fit``) with
+:class:`ChanceGuard` ends a solo run (``corel.train.solo.fit``) with
 :class:`NotLearningError`; :class:`GroupChanceGuard` marks a stacked group's member
-failed (``group.failed``) while the others go on (``corel.vectorized.fit_group``).
+failed (``group.failed``) while the others go on (``corel.train.stacked.fit_group``).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from corel.loss_catalog import declaration
-from corel.progress import Callback, EpochMetrics, GroupCallback
 from corel.spec import ExperimentSpec
+from corel.train.callbacks import Callback, EpochMetrics, GroupCallback
 
 if TYPE_CHECKING:
-    from corel.stacked import StackedRun
-    from corel.training import Run
+    from corel.train.solo import Run
+    from corel.train.stacked import StackedRun
 
 # The fewest epochs at chance in a row after which a run has failed (see not_learning).
 CHANCE_EPOCHS = 5

@@ -21,7 +21,7 @@ batch order. The group then draws one data order per distinct seed (a *stream*);
 member trains on its stream's batches, gathered into an (M, N, ...) input, and the FFNN's
 first layer becomes a batched product. Members of one seed still share their batches.
 
-So member i ends as ``corel.training.fit(spec_i)`` would have left it, up to
+So member i ends as ``corel.train.solo.fit(spec_i)`` would have left it, up to
 floating-point rounding: stacked matrix products, and the batched cross-entropy's
 mean, may round differently from single ones, and differently again with another
 CPU's kernels. Training amplifies that as it amplifies any rounding: over ~300 float32
@@ -32,7 +32,7 @@ itself, train in float64 (``fit_group(specs, data=data.astype(torch.float64))``)
 lam >= 0.5 members then agree with their solo runs to 1e-13 or better on any CPU.
 
 :meth:`StackedRun.member_run` hands member i back as an ordinary
-:class:`corel.training.Run`; its checkpoint is what the solo run would have
+:class:`corel.train.solo.Run`; its checkpoint is what the solo run would have
 written, and ``fit(spec_i, checkpoint=...)`` resumes it alone.
 
 Not vectorized: text specs, whose dropout masks the solo runs draw from the global
@@ -41,8 +41,9 @@ RNG. ``learn_gamma`` is supported (gamma is then a stacked parameter).
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -51,8 +52,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 
 from corel import losses, similarity
-from corel.checkpoints import check_resumable, cpu_state, optimizer_state, restore_rng
-from corel.data import Dataset
+from corel.data import Dataset, load_dataset
 from corel.device import (
     Batches,
     autocast,
@@ -62,18 +62,20 @@ from corel.device import (
     to_device,
 )
 from corel.fused import gaussian_ar, shared_linear
-from corel.graphs import GraphedSteps, graph_mode
-from corel.grouping import as_spec, check_group
 from corel.loss_catalog import declaration
 from corel.losses import check_labels, class_counts
 from corel.models import FFNN, Classifier
-from corel.optim import adam
-from corel.progress import EpochMetrics, GroupCallback
 from corel.spec import ExperimentSpec
-from corel.step import stacked_gaussian_mlp_step, stacked_layers
-from corel.training import EVAL_BATCH, Run, build_model, make_optimizer, pass_totals
+from corel.train.callbacks import EpochMetrics, GroupCallback
+from corel.train.checkpoints import check_resumable, cpu_state, optimizer_state, restore_rng
+from corel.train.graphs import GraphedSteps, graph_mode
+from corel.train.grouping import as_spec, check_group
+from corel.train.guards import CHANCE_EPOCHS, GroupChanceGuard, chance_accuracy
+from corel.train.native_step import stacked_gaussian_mlp_step, stacked_layers
+from corel.train.optim import adam
+from corel.train.solo import EVAL_BATCH, FitResult, Run, build_model, make_optimizer, pass_totals
 
-__all__ = ["StackedRun"]
+__all__ = ["StackedRun", "fit_group"]
 
 _ADAM_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
@@ -150,7 +152,7 @@ class StackedRun:
     Build one with :meth:`start`. ``params`` and ``buffers`` hold every member's tensors stacked on a leading
     axis of size M, under the names of ``Classifier.state_dict()``; ``optimizer``
     is one Adam over ``params``. Per-member bookkeeping (history, best epoch,
-    best weights, test accuracy) mirrors :class:`corel.training.Run` field by field.
+    best weights, test accuracy) mirrors :class:`corel.train.solo.Run` field by field.
     """
 
     def __init__(
@@ -178,7 +180,7 @@ class StackedRun:
         self.best_val_accuracy = [-1.0] * size
         self.test_accuracy: list[float | None] = [None] * size
         self.best_state: list[Tensors | None] = [None] * size
-        # Members that failed to learn (index: why), marked by corel.guards.GroupChanceGuard.
+        # Members that failed to learn (index: why), marked by corel.train.guards.GroupChanceGuard.
         self.failed: dict[int, str] = {}
         # The training step as a CUDA graph, made on the first pass that takes one.
         self._graphed: GraphedSteps | None = None
@@ -201,7 +203,7 @@ class StackedRun:
         self._state_keys = list(self._template.state_dict())
         self._mlp = _mlp_plan(self._template.encoder)
         # A Gaussian-COREL FFNN stack in float32 or float64: its step as one native call
-        # where corel.step covers it (bit for bit the autograd step).
+        # where corel.train.native_step covers it (bit for bit the autograd step).
         native = self.loss_name == "gaussian" and self.precision == "fp32"
         self._native_layout = stacked_layers(self._mlp) if native else None
         self._vmapped_encoder = torch.vmap(self._member_encode, in_dims=(0, 0, None))
@@ -226,7 +228,7 @@ class StackedRun:
     ) -> StackedRun:
         """Build the group fresh, or resumed from one checkpoint per member.
 
-        Each member's classifier is built exactly as :func:`corel.training.start_run`
+        Each member's classifier is built exactly as :func:`corel.train.solo.start_run`
         builds it (``torch.manual_seed(spec.seed)``, then ``build_model``), then
         the members are stacked. ``checkpoints[i]`` is what ``Run.checkpoint()`` (or
         ``member_run(i).checkpoint()``) wrote for ``specs[i]``, all at the same epoch.
@@ -332,7 +334,7 @@ class StackedRun:
             fused = gaussian_ar(h, params["head.W"], gamma, y, lam, one_minus_lam)
             if fused is not None:
                 return fused
-        with autocast(self.device, self.precision):  # bf16: as corel.training.forward_loss
+        with autocast(self.device, self.precision):  # bf16: as corel.train.solo.forward_loss
             sim = self._similarities(params, buffers, h)
         if self.precision != "fp32":
             h, sim = h.float(), sim.float()
@@ -413,7 +415,7 @@ class StackedRun:
         """One pass over the training set for every member: (summed losses, corrects).
 
         The order is one ``randperm`` from the shared shuffle generator, as in
-        :func:`corel.training.train_pass`. None if a callback asked to stop.
+        :func:`corel.train.solo.train_pass`. None if a callback asked to stop.
         """
         self._template.train()
         data = self.data
@@ -432,7 +434,7 @@ class StackedRun:
 
         def results() -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
             """(start, losses, similarities) of each step, the losses kept past the next."""
-            if graphed is not None:  # by row indices, replayed from a CUDA graph (corel.graphs)
+            if graphed is not None:  # by row indices, replayed from a CUDA graph (corel.train.graphs)
                 for start in range(0, n, batch_size):
                     loss, sim = graphed(order[..., start : start + batch_size])
                     yield start, loss.clone(), sim
@@ -485,7 +487,7 @@ class StackedRun:
 
     @torch.inference_mode()
     def accuracies(self, x: torch.Tensor, y: torch.Tensor) -> list[float]:
-        """Every member's accuracy on (x, y), in eval mode, as ``corel.training.accuracy``."""
+        """Every member's accuracy on (x, y), in eval mode, as ``corel.train.solo.accuracy``."""
         if len(y) == 0:
             return [float("nan")] * self.size
         was_training = self._template.training
@@ -559,7 +561,7 @@ class StackedRun:
         return {"state": state, "param_groups": groups}
 
     def member_run(self, i: int) -> Run:
-        """Member i as a :class:`corel.training.Run`, as ``fit(specs[i])`` would hold it now.
+        """Member i as a :class:`corel.train.solo.Run`, as ``fit(specs[i])`` would hold it now.
 
         Its ``checkpoint()`` and ``best_checkpoint()`` are what that solo run would write
         at this epoch, and ``fit(specs[i], checkpoint=...)`` resumes it alone. It is a
@@ -590,6 +592,42 @@ class StackedRun:
     def checkpoints(self) -> list[dict[str, Any]]:
         """Every member's resumable checkpoint, in the format of ``Run.checkpoint()``."""
         return [self.member_run(i).checkpoint() for i in range(self.size)]
+
+
+def fit_group(
+    specs: Sequence[ExperimentSpec | dict[str, Any]],
+    callbacks: Iterable[GroupCallback] = (),
+    *,
+    data: Dataset | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    device: str | torch.device | None = None,
+    checkpoints: Sequence[dict[str, Any]] | None = None,
+    chance_epochs: int = CHANCE_EPOCHS,
+) -> list[FitResult]:
+    """:func:`corel.train.fit` for a group: one :class:`FitResult` per spec, in order.
+
+    Every callback sees every epoch; one that returns True stops the whole group, and
+    every result is then ``stopped``. A member that :func:`corel.train.not_learning`
+    judges failed (``chance_epochs=0``: none) is marked in ``group.failed`` before the
+    callbacks see the epoch, rides along with the others, and ends with its verdict in
+    ``FitResult.failed``; the group stops when every member has failed.
+    """
+    checked = [as_spec(s) for s in specs]
+    check_group(checked)
+    if data is None:
+        data = load_dataset(checked[0], data_dir)
+    group = StackedRun.start(checked, data, device=device, checkpoints=checkpoints)
+    y_val = group.data.y_val
+    guard = GroupChanceGuard(chance_accuracy(y_val), chance_epochs, len(y_val))
+    cbs = [guard, *callbacks]
+    stopped = False
+    while group.epoch < group.epochs:
+        metrics = group.run_epoch(cbs)
+        if metrics is None or any([bool(cb.on_epoch_end(metrics, group)) for cb in cbs]):
+            stopped = True
+            break
+    return [FitResult.from_run(group.member_run(i), stopped, group.failed.get(i))
+            for i in range(group.size)]
 
 
 def _check_checkpoints(

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from corel.stacked import StackedRun
-    from corel.training import Run
+    from corel.train.solo import Run
+    from corel.train.stacked import StackedRun
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class GroupCallback:
     ``on_epoch_end`` is called once per epoch with every member's metrics
     (``metrics[i]`` is member i's), so that a caller can record all of them, with
     ``group.member_run(i).checkpoint()`` for each, in one transaction; members that have
-    failed to learn are in ``group.failed`` (see :class:`corel.guards.GroupChanceGuard`).
+    failed to learn are in ``group.failed`` (see :class:`corel.train.guards.GroupChanceGuard`).
     ``on_batch_end`` runs after every optimizer step (cancel between batches).
     """
 

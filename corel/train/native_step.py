@@ -3,10 +3,10 @@
 The paper's FFNN with the product's default head (Gaussian-COREL, gamma fixed) and Adam:
 :func:`gaussian_mlp_step` runs the forward pass, the loss, the backward pass and Adam's
 update as one C++ call (``gaussian_mlp_step`` in ``corel/native/fused.cpp``), which makes
-the ATen calls that ``loss.backward()`` and :class:`corel.optim.FusedAdam` make on the
+the ATen calls that ``loss.backward()`` and :class:`corel.train.optim.FusedAdam` make on the
 fused nodes of :mod:`corel.fused`, in their order, without building an autograd graph.
 :func:`stacked_gaussian_mlp_step` does the same for a stack of such members
-(:class:`corel.stacked.StackedRun`), with the calls autograd makes for the stacked FFNN's
+(:class:`corel.train.stacked.StackedRun`), with the calls autograd makes for the stacked FFNN's
 plain operations. So the weights, gradients, moments, losses and similarities they leave
 are bit for bit the autograd step's (``tests/corel/test_step.py``); they save the graph's
 bookkeeping and the step's Python (on a 2-core AMD EPYC a solo epoch ran 1.15-1.4x as
@@ -14,9 +14,9 @@ fast, a 10-member stack 1.01-1.11x, over two sessions' runs: ``bench/native_node
 
 They return None wherever the autograd step should run instead: no native build, another
 encoder or head, a learned gamma, a frozen parameter, hooks on the encoder or the
-parameters, an optimiser other than a lean :class:`~corel.optim.FusedAdam` (its first
+parameters, an optimiser other than a lean :class:`~corel.train.optim.FusedAdam` (its first
 step, which creates the state, included), bf16, a GPU (where the step is replayed as a
-CUDA graph, :mod:`corel.graphs`, which takes away the same overhead), and where
+CUDA graph, :mod:`corel.train.graphs`, which takes away the same overhead), and where
 :mod:`corel.fused` would not fuse either (no gradients, ``torch.func`` transforms,
 traces, export, autocast).
 """
@@ -32,7 +32,7 @@ from corel import native as _native
 from corel.fused import plain_autograd
 from corel.losses import GaussianCOREL, LossHead, check_labels
 from corel.models import FFNN, Classifier
-from corel.optim import FusedAdam
+from corel.train.optim import FusedAdam
 
 __all__ = ["gaussian_mlp_step", "stacked_gaussian_mlp_step", "stacked_layers"]
 
@@ -41,7 +41,7 @@ def gaussian_mlp_step(
     model: Classifier, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *, check: bool
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """One Adam step of ``model`` on the batch (x, y) as one native call: (loss,
-    similarities), as :func:`corel.training._step` returns them; or None where the autograd
+    similarities), as :func:`corel.train.solo._step` returns them; or None where the autograd
     step should run (see the module). ``check``: validate the labels first."""
     native = _native.module()
     if native is None or not isinstance(optimizer, FusedAdam):
@@ -67,7 +67,7 @@ def gaussian_mlp_step(
 
 
 def stacked_layers(plan: list[tuple[str, Any]] | None) -> tuple[float, list[str]] | None:
-    """(slope, the linear layers' names) of a stacked FFNN's plan (``corel.stacked._mlp_plan``)
+    """(slope, the linear layers' names) of a stacked FFNN's plan (``corel.train.stacked._mlp_plan``)
     that :func:`stacked_gaussian_mlp_step` can take: Flatten, then (Linear, LeakyReLU) pairs
     with one slope; None otherwise."""
     if not plan or plan[0][0] != "flatten" or len(plan) % 2 != 1:
@@ -86,7 +86,7 @@ def stacked_gaussian_mlp_step(
     optimizer: torch.optim.Optimizer, lam: torch.Tensor, one_minus_lam: torch.Tensor,
     x: torch.Tensor, y: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """One Adam step of a stack of Gaussian-COREL FFNNs (:class:`corel.stacked.StackedRun`'s
+    """One Adam step of a stack of Gaussian-COREL FFNNs (:class:`corel.train.stacked.StackedRun`'s
     ``params``, ``buffers``, ``optimizer`` and per-member ``lam``, ``one_minus_lam`` (M,)) on
     shared inputs x (N, ...) and labels y (N,), or each member's (M, N, ...) and (M, N), as
     one native call: (losses (M,), similarities (M, N, K)), bit for bit the autograd step's;

@@ -35,7 +35,7 @@ class FusedAdam(torch.optim.Adam):
         kernel straight away: one group without hooks, AMSGrad, weight decay, maximize or
         differentiable, every parameter with its state (after the first step), on one
         device and dtype, and no global hook or profiler recording; None otherwise. The
-        gradients are not looked at (:meth:`step` checks them; :mod:`corel.step` makes
+        gradients are not looked at (:meth:`step` checks them; :mod:`corel.train.native_step` makes
         them)."""
         if (len(self.param_groups) != 1 or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks
                 or _global_hooks() or torch.autograd._profiler_enabled()):

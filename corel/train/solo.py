@@ -1,0 +1,425 @@
+"""The solo loop: ``train_step`` -> ``run_epoch`` -> ``fit``.
+
+The paper's protocol is the default: Adam, lr 1e-4, batch 128, 150 epochs, and
+the reported test accuracy is the one at the epoch of best validation accuracy.
+Batches are drawn by index from in-memory tensors (no per-sample DataLoader).
+
+Precision follows the data: float32 by default, float64 for a dataset cast with
+``Dataset.astype(torch.float64)`` (the model is then built and trained in float64).
+
+Determinism: for a given seed on CPU a run is bit-for-bit reproducible, and a
+run resumed from a checkpoint ends with the same weights as an uninterrupted
+one, because the checkpoint carries the shuffling generator's state and the
+global RNG state (dropout) along with model, head and optimizer state.
+
+Its neighbours, each with one job: the checkpoint format (:mod:`corel.train.checkpoints`), the
+"not learning" judgement (:mod:`corel.train.guards`), the progress types and callbacks
+(:mod:`corel.train.callbacks`), the device (:mod:`corel.device`); their public names are
+importable from here too. The stacked loop is :mod:`corel.train.stacked`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from corel.data import Dataset, load_dataset
+from corel.device import (
+    Batches,
+    autocast,
+    effective_precision,
+    ieee_float32,
+    pick_device,
+    to_device,
+)
+from corel.losses import check_labels
+from corel.models import Classifier, build_classifier
+from corel.spec import ExperimentSpec
+from corel.train.callbacks import Callback, EpochMetrics
+from corel.train.checkpoints import (
+    CHECKPOINT_FORMAT,
+    check_resumable,
+    cpu_state,
+    optimizer_state,
+    restore_rng,
+    rng_state,
+)
+from corel.train.graphs import GraphedSteps, graph_mode
+from corel.train.guards import CHANCE_EPOCHS, ChanceGuard, chance_accuracy
+from corel.train.native_step import gaussian_mlp_step
+from corel.train.optim import adam
+
+__all__ = [
+    "EVAL_BATCH",
+    "FitResult",
+    "Run",
+    "accuracy",
+    "build_model",
+    "fit",
+    "forward_loss",
+    "make_optimizer",
+    "pass_totals",
+    "represent",
+    "run_epoch",
+    "start_run",
+    "train_pass",
+    "train_step",
+]
+
+EVAL_BATCH = 2048
+
+
+def train_step(
+    model: Classifier, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+    precision: str = "fp32",
+) -> tuple[float, int]:
+    """One Adam step on a batch in ``precision`` ("fp32" or "bf16"); returns (loss, number
+    of correct predictions)."""
+    loss, sim = _step(model, optimizer, x, y, check=True, precision=precision)
+    return float(loss), int((sim.argmax(1) == y).sum())
+
+
+def forward_loss(
+    model: Classifier, x: torch.Tensor, y: torch.Tensor, *, check: bool = True,
+    precision: str = "fp32",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, h, similarities) of a batch in the run's precision: for bf16 the encoder
+    and the similarities under bfloat16 autocast, the loss (its reductions) in float32
+    from their float32 casts; for fp32 ``model.loss``."""
+    if precision == "fp32":
+        return model.loss(x, y, check=check)
+    device = x.device
+    with autocast(device, precision):
+        h = model.encoder(x)
+        sim = model.head.similarities(h)
+    h, sim = h.float(), sim.float()
+    return model.head.loss(sim, h, y, check=check), h, sim
+
+
+def _step(
+    model: Classifier, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+    check: bool, precision: str = "fp32",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`train_step` with its results left as tensors on the model's device: the
+    loss and the similarities it was computed from (before this step), detached."""
+    optimizer.zero_grad(set_to_none=True)
+    if precision == "fp32":  # the same step as one native call, where corel.train.native_step covers it
+        done = gaussian_mlp_step(model, optimizer, x, y, check=check)
+        if done is not None:
+            return done
+    loss, h, sim = forward_loss(model, x, y, check=check, precision=precision)
+    loss.backward()
+    optimizer.step()
+    model.head.after_batch(h.detach(), y)
+    return loss.detach(), sim.detach()
+
+
+@torch.inference_mode()
+def represent(model: Classifier, x: torch.Tensor, batch_size: int = EVAL_BATCH) -> torch.Tensor:
+    """Representations of every row of x, in eval mode, on the model's device (rows held
+    on the host are copied there a chunk at a time)."""
+    was_training = model.training
+    model.eval()
+    device = model.head.W.device
+    try:
+        with ieee_float32(device):
+            return torch.cat([model.encoder(x[i : i + batch_size].to(device, non_blocking=True))
+                              for i in range(0, len(x), batch_size)])
+    finally:
+        model.train(was_training)
+
+
+@torch.inference_mode()
+def accuracy(model: Classifier, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction of rows whose argmax similarity is the true class."""
+    if len(y) == 0:
+        return float("nan")
+    with ieee_float32(model.head.W.device):
+        preds = model.head.similarities(represent(model, x)).argmax(1)
+    return float((preds == y).float().mean())
+
+
+@dataclass
+class Run:
+    """Mutable state of one training run; ``checkpoint()`` snapshots it."""
+
+    spec: ExperimentSpec
+    data: Dataset
+    model: Classifier
+    optimizer: torch.optim.Optimizer
+    shuffle: torch.Generator
+    device: torch.device
+    epoch: int = 0
+    history: list[EpochMetrics] = field(default_factory=list)
+    best_epoch: int = 0
+    best_val_accuracy: float = -1.0
+    test_accuracy: float | None = None
+    best_state: dict[str, torch.Tensor] | None = None
+    # The training step as a CUDA graph (corel.train.graphs), made on the first pass that takes one.
+    graphed: GraphedSteps | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def precision(self) -> str:
+        """The precision this run trains in (the spec's, where the device can)."""
+        return effective_precision(self.device, self.spec.precision)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Everything needed to resume or serve: loadable with ``weights_only=True``."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "spec": self.spec.model_dump_json(),
+            "epoch": self.epoch,
+            "input_shape": list(self.data.input_shape),
+            "num_classes": self.data.num_classes,
+            "class_names": list(self.data.class_names),
+            "preprocessing": json.dumps(self.data.preprocessing),
+            "model": cpu_state(self.model.state_dict()),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng_state(self.shuffle, self.device),
+            "history": [m.to_dict() for m in self.history],
+            "best": {
+                "epoch": self.best_epoch,
+                "val_accuracy": self.best_val_accuracy,
+                "test_accuracy": self.test_accuracy,
+                "model": self.best_state,
+            },
+        }
+
+    def best_checkpoint(self) -> dict[str, Any]:
+        """A serving checkpoint whose model weights are those of the best-validation epoch."""
+        ckpt = self.checkpoint()
+        ckpt["model"] = self.best_state if self.best_state is not None else ckpt["model"]
+        ckpt["epoch"] = self.best_epoch
+        del ckpt["optimizer"], ckpt["rng"]
+        ckpt["best"] = {k: v for k, v in ckpt["best"].items() if k != "model"}
+        return ckpt
+
+
+@dataclass
+class FitResult:
+    spec: ExperimentSpec
+    model: Classifier  # with the best-validation weights loaded
+    history: list[EpochMetrics]
+    best_epoch: int
+    best_val_accuracy: float
+    test_accuracy: float | None
+    stopped: bool
+    run: Run
+    # Why a stacked group's member failed to learn (a solo run raises NotLearningError).
+    failed: str | None = None
+
+    @classmethod
+    def from_run(cls, run: Run, stopped: bool, failed: str | None = None) -> FitResult:
+        """The result of a finished (or stopped) run, with the best epoch's weights loaded.
+        Its CUDA graph goes (training is over): the graph's memory pool is not held for as
+        long as the result is (a worker embeds and stores latents after it); a run trained
+        further captures a new one."""
+        run.graphed = None
+        if run.best_state is not None:
+            run.model.load_state_dict(run.best_state)
+        return cls(
+            spec=run.spec,
+            model=run.model,
+            history=list(run.history),
+            best_epoch=run.best_epoch,
+            best_val_accuracy=run.best_val_accuracy,
+            test_accuracy=run.test_accuracy,
+            stopped=stopped,
+            run=run,
+            failed=failed,
+        )
+
+
+def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int] | None:
+    """One pass over the training set in a seeded order: (summed loss, correct).
+
+    Batches are gathered rows of the in-memory tensors; the order comes from the
+    run's own generator, so it is reproducible and resumable. None if a callback
+    asked to stop.
+
+    Per step it does only the step and two writes: the labels are validated once for
+    the pass, each step's loss and predictions go into buffers on the device, and the
+    pass adds them up at its end (:func:`pass_totals`), so nothing waits for a GPU
+    until the pass ends.
+    """
+    model, data = run.model, run.data
+    model.train()
+    n = len(data.y_train)
+    check_labels(data.y_train, n, data.num_classes)
+    batch = run.spec.batch_size
+    batches = Batches(data.x_train, data.y_train, run.device, batch, torch.randperm(n, generator=run.shuffle))
+    losses: list[torch.Tensor] = []
+    predicted = torch.empty(n, dtype=torch.int64, device=run.device)
+    mode = graph_mode(run.device, data.x_train)
+    if mode != "off" and run.graphed is None:
+        run.graphed = GraphedSteps(partial(_indexed_step, run), capture=mode == "capture")
+    graphed = run.graphed if mode != "off" else None
+
+    def steps() -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(start, loss, similarities) of each step, the loss kept past the next step."""
+        if graphed is not None:  # by row indices, replayed from a CUDA graph (corel.train.graphs)
+            for start in range(0, n, batch):
+                loss, sim = graphed(batches.order[start : start + batch])
+                yield start, loss.clone(), sim
+        else:
+            for start, xb, yb in batches:
+                yield start, *_step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
+
+    with ieee_float32(run.device):
+        for step, (start, loss, sim) in enumerate(steps()):
+            losses.append(loss)
+            # Training accuracy from the similarities the loss used (before this step).
+            torch.argmax(sim, 1, out=predicted[start : start + batch])
+            if any(cb.on_batch_end(step) for cb in callbacks):
+                return None
+    total_loss, correct = pass_totals(torch.stack(losses), predicted, batches.labels, batch)
+    return float(total_loss), int(correct)
+
+
+def _indexed_step(run: Run, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_step` on the rows ``idx`` of the run's training data (held on its device)."""
+    x, y = run.data.x_train, run.data.y_train
+    return _step(run.model, run.optimizer, x.index_select(0, idx), y.index_select(0, idx),
+                 check=False, precision=run.precision)
+
+
+def pass_totals(
+    losses: torch.Tensor, predicted: torch.Tensor, labels: torch.Tensor, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed loss, correct) of a pass from its per-step batch means ``losses`` (steps,
+    ...) and its predictions ``predicted`` (..., n) of the rows ``labels`` (n,) or (..., n),
+    in order: each batch mean times its batch's size, added up in float64 (as Python floats
+    would)."""
+    n = labels.shape[-1]
+    sizes = torch.full((losses.shape[0],), float(batch_size), dtype=torch.float64, device=losses.device)
+    sizes[-1] = n - batch_size * (losses.shape[0] - 1)
+    weighted = losses.double() * (sizes if losses.dim() == 1 else sizes.unsqueeze(1))
+    return weighted.sum(0), (predicted == labels).sum(-1)
+
+
+def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | None:
+    """Train one epoch, then validate (and test, when validation improves)."""
+    started = time.perf_counter()
+    passed = train_pass(run, callbacks)
+    if passed is None:
+        return None
+    total_loss, correct = passed
+    model, data = run.model, run.data
+    n = len(data.y_train)
+    run.epoch += 1
+    if model.head.uses_class_means:  # a pair-based loss predicts with the class means
+        model.head.set_class_means(represent(model, data.x_train), data.y_train)
+    val_acc = accuracy(model, data.x_val, data.y_val)
+    is_best = val_acc > run.best_val_accuracy
+    test_acc = None
+    if is_best:
+        test_acc = accuracy(model, data.x_test, data.y_test)
+        run.best_epoch, run.best_val_accuracy, run.test_accuracy = run.epoch, val_acc, test_acc
+        run.best_state = cpu_state(model.state_dict())
+    metrics = EpochMetrics(
+        epoch=run.epoch,
+        train_loss=total_loss / n,
+        train_accuracy=correct / n,
+        val_accuracy=val_acc,
+        seconds=time.perf_counter() - started,
+        is_best=is_best,
+        test_accuracy=test_acc,
+    )
+    run.history.append(metrics)
+    return metrics
+
+
+def start_run(
+    spec: ExperimentSpec | dict[str, Any],
+    *,
+    data: Dataset | None = None,
+    checkpoint: dict[str, Any] | None = None,
+    device: str | torch.device | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> Run:
+    """Build data, model and optimizer for a spec, fresh or from a checkpoint."""
+    if not isinstance(spec, ExperimentSpec):
+        spec = ExperimentSpec.model_validate(spec)
+    if checkpoint is not None:
+        check_resumable(checkpoint, spec)
+    dev = pick_device(device)
+    if data is None:
+        data = load_dataset(spec, data_dir)
+    data = to_device(data, dev)
+    torch.manual_seed(spec.seed)
+    model = build_model(spec, data, dev)
+    optimizer = make_optimizer(model, spec.lr)
+    shuffle = torch.Generator().manual_seed(spec.seed)
+    run = Run(spec, data, model, optimizer, shuffle, dev)
+    if checkpoint is not None:
+        _restore(run, checkpoint)
+    return run
+
+
+def build_model(spec: ExperimentSpec, data: Dataset, device: torch.device) -> Classifier:
+    """The spec's classifier for ``data``, on ``device``, in the data's precision.
+
+    Initialised from the global RNG (seed it first) in float32 and then cast, so that a
+    float64 model starts from exactly the float32 model's initial weights.
+    """
+    model = build_classifier(spec, data.input_shape, data.num_classes)
+    if data.dtype != torch.float32:
+        model = model.to(data.dtype)
+    return model.to(device)
+
+
+def make_optimizer(model: Classifier, lr: float) -> torch.optim.Adam:
+    """The run's optimiser: :func:`adam` over the model's parameters."""
+    return adam(model.parameters(), lr)
+
+
+def _restore(run: Run, ckpt: dict[str, Any]) -> None:
+    run.model.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(optimizer_state(ckpt["optimizer"]))
+    run.epoch = int(ckpt["epoch"])
+    run.history = [EpochMetrics(**m) for m in ckpt["history"]]
+    best = ckpt["best"]
+    run.best_epoch, run.best_val_accuracy = int(best["epoch"]), float(best["val_accuracy"])
+    run.test_accuracy = best["test_accuracy"]
+    run.best_state = best["model"]
+    restore_rng(ckpt, run.shuffle, run.device)
+
+
+def fit(
+    spec: ExperimentSpec | dict[str, Any],
+    callbacks: Iterable[Callback] = (),
+    *,
+    data: Dataset | None = None,
+    checkpoint: dict[str, Any] | None = None,
+    device: str | torch.device | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    chance_epochs: int = CHANCE_EPOCHS,
+) -> FitResult:
+    """Train ``spec.epochs`` epochs (continuing from ``checkpoint`` if given).
+
+    Each callback's ``on_epoch_end(metrics, run)`` sees every finished epoch and
+    may call ``run.checkpoint()`` to persist a resumable state. The returned
+    model holds the weights of the best-validation epoch, and ``test_accuracy``
+    is the test accuracy measured at that epoch.
+
+    A run that :func:`not_learning` judges failed (at chance for ``chance_epochs`` or
+    more epochs in a row, or with a non-finite loss) raises :class:`NotLearningError`,
+    after the callbacks have seen that epoch; ``chance_epochs=0`` trains on regardless.
+    """
+    run = start_run(spec, data=data, checkpoint=checkpoint, device=device, data_dir=data_dir)
+    cbs = [*callbacks, ChanceGuard(chance_accuracy(run.data.y_val), chance_epochs,
+                                   len(run.data.y_val))]
+    stopped = False
+    while run.epoch < run.spec.epochs:
+        metrics = run_epoch(run, cbs)
+        if metrics is None or any(cb.on_epoch_end(metrics, run) for cb in cbs):
+            stopped = True
+            break
+    return FitResult.from_run(run, stopped)
