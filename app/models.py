@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.db import Base
+from corel.geometry import Geometry
 
 
 class Status(StrEnum):
@@ -218,7 +219,7 @@ class RetrievalResult(Base):
     experiment_id: Mapped[int] = mapped_column(
         ForeignKey("experiments.id", ondelete="CASCADE"), index=True
     )
-    geometry: Mapped[str] = mapped_column(String(16))
+    geometry: Mapped[Geometry] = mapped_column(String(16))
     result: Mapped[dict[str, Any]] = mapped_column(JSON)
     seconds: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -235,7 +236,7 @@ class ClusteringResult(Base):
         ForeignKey("experiments.id", ondelete="CASCADE"), index=True
     )
     split: Mapped[str] = mapped_column(String(16))
-    metric: Mapped[str] = mapped_column(String(16))
+    metric: Mapped[Geometry] = mapped_column(String(16))
     algorithm: Mapped[str] = mapped_column(String(16))
     result: Mapped[dict[str, Any]] = mapped_column(JSON)
     seconds: Mapped[float] = mapped_column(Float)
@@ -324,7 +325,7 @@ class NeighborIndex(LeasedJob, Base):
     )
     requested_kind: Mapped[str] = mapped_column(String(8))  # "auto" | "exact" | "hnsw"
     kind: Mapped[str | None] = mapped_column(String(8))  # decided when built
-    geometry: Mapped[str] = mapped_column(String(16))
+    geometry: Mapped[Geometry] = mapped_column(String(16))
     n_total: Mapped[int] = mapped_column(Integer, default=0)
     n_done: Mapped[int] = mapped_column(Integer, default=0)
     dim: Mapped[int | None] = mapped_column(Integer)

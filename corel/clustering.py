@@ -63,7 +63,8 @@ ArrayLike = npt.ArrayLike | torch.Tensor
 
 
 def default_metric(loss_name: str) -> Geometry:
-    """The clustering geometry matching a loss: ``"cosine"`` for Cosine-COREL, else ``"euclidean"``.
+    """The clustering geometry matching a loss: its declaration's (``"cosine"`` for
+    Cosine-COREL and the losses that score by cosine), ``"euclidean"`` for an unknown one.
 
     Cosine-COREL (``loss_name == "cosine"``) only constrains directions, so its
     latent space is clustered after L2 normalisation (K-Means accuracy on a

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from corel.geometry import GEOMETRIES, Geometry
+
 SIMILARITIES = ("dot", "cosine", "gaussian")
 SHARED_PARAMETERS = ("lam", "gamma", "learn_gamma", "alpha")
 """Spec fields with one range for every loss that reads them (ExperimentSpec declares it)."""
@@ -95,8 +97,8 @@ class LossDeclaration:
     """``dot``, ``cosine`` or ``gaussian`` (negative squared distance)."""
     params: tuple[str, ...]
     """The shared spec fields the loss reads (lam, gamma, learn_gamma, alpha)."""
-    geometry: str
-    """The clustering report's and retrieval's default: ``cosine`` or ``euclidean``."""
+    geometry: Geometry
+    """The clustering report's and retrieval's default (:mod:`corel.geometry`)."""
     class_vectors: bool = True
     """False for a pair-based loss: it predicts with the nearest class mean of the training
     representations (computed after every epoch and kept with the checkpoint)."""
@@ -118,8 +120,8 @@ class LossDeclaration:
         if unknown:
             raise ValueError(f"loss {self.name!r}: unknown parameters {unknown}; allowed: "
                              f"{', '.join(SHARED_PARAMETERS)} (and options: {', '.join(OPTION_FIELDS)})")
-        if self.geometry not in ("euclidean", "cosine"):
-            raise ValueError(f"loss {self.name!r}: geometry must be euclidean or cosine")
+        if self.geometry not in GEOMETRIES:
+            raise ValueError(f"loss {self.name!r}: geometry must be {' or '.join(GEOMETRIES)}")
 
     @property
     def fields(self) -> tuple[str, ...]:

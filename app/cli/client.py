@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 
 from app.models import Status
+from corel.geometry import GEOMETRIES
 
 
 def add_client_options(p: argparse.ArgumentParser) -> None:
@@ -255,8 +256,8 @@ def register(sub: Any) -> None:
                        description="GET /experiments/{id}/clustering: K-Means and Gaussian mixture "
                        "scored by Hungarian accuracy, ARI, V-measure and silhouette.")
     add_client_options(p)
-    p.add_argument("--metric", choices=("euclidean", "cosine"),
-                   help="geometry (default: cosine for Cosine-COREL, else euclidean)")
+    p.add_argument("--metric", choices=GEOMETRIES,
+                   help="geometry (default: the loss's own, as GET /losses lists it)")
     p.add_argument("--on", choices=("test", "validation"), help="split (default: test)")
     p.set_defaults(func=cluster)
 

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from corel.geometry import Geometry
 from corel.loss_catalog import DECLARATIONS
 
 router = APIRouter(tags=["losses"])
@@ -25,7 +26,7 @@ class LossRead(BaseModel):
     display: str
     short: str
     similarity: str = Field(description="dot, cosine or gaussian: how the head scores.")
-    geometry: str = Field(description="The clustering and retrieval default: euclidean or cosine.")
+    geometry: Geometry = Field(description="The clustering and retrieval default.")
     class_vectors: bool
     prediction: str = Field(description="class vectors, or nearest class mean (pair-based losses).")
     params: list[str] = Field(description="The shared spec fields it reads (lam, gamma, ...).")

@@ -38,7 +38,7 @@ def clustering_report(
     """K-Means and GMM scores of a succeeded experiment's latent space of ``split``.
 
     ``metric`` None means the loss's own geometry (:func:`corel.clustering.default_metric`:
-    cosine for Cosine-COREL, else euclidean). The seed is the experiment's.
+    its declaration's). The seed is the experiment's.
     """
     exp = succeeded_experiment(session, experiment_id, "clustering")
     chosen = metric if metric is not None else default_metric(exp.loss)
@@ -69,7 +69,7 @@ def _result_row(
     session: Session,
     exp: Experiment,
     split: str,
-    metric: str,
+    metric: Geometry,
     algorithm: str,
     latent_space: Callable[[], tuple[np.ndarray, np.ndarray]],
 ) -> ClusteringResult:

@@ -18,13 +18,13 @@ from sklearn.metrics import silhouette_score
 
 from corel.clustering import (
     ALGORITHMS,
-    METRICS,
     cluster,
     default_metric,
     evaluate_clustering,
     hungarian_accuracy,
     score_clustering,
 )
+from corel.geometry import GEOMETRIES
 
 # Scores that compare labels_pred with labels_true (silhouette only sees labels_pred).
 SUPERVISED_SCORES = ("accuracy", "ari", "v_measure")
@@ -152,7 +152,7 @@ def test_random_labels_score_chance(k: int, rng: np.random.Generator) -> None:
     assert 1 / k - 0.02 <= result["accuracy"] < 1 / k + 0.05
 
 
-@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("metric", GEOMETRIES)
 def test_score_bounds(metric: str, rng: np.random.Generator) -> None:
     for n, k in [(20, 2), (60, 3), (200, 6)]:
         x = rng.normal(size=(n, 4))
