@@ -3,7 +3,8 @@
 A declaration holds a loss's facts: its name (as specs and the API write it), its display
 names, the similarity its head scores representations with, the spec fields it reads,
 the geometry its representation is clustered and searched in, whether it has class
-vectors, and below which lambda it is known not to train. The spec's allowed names, the
+vectors, below which lambda it is known not to train, its own options (default and range)
+and the grid ``corel reproduce --peers`` tunes it over. The spec's allowed names, the
 sweep grid's parameters, the dashboard's and the reports' names, the serving and export
 similarity and the clustering default all come from here; the head that trains it is
 ``corel.losses.LOSSES[name]``.
@@ -12,7 +13,8 @@ similarity and the clustering default all come from here; the head that trains i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from corel.geometry import GEOMETRIES, Geometry
@@ -112,6 +114,9 @@ class LossDeclaration:
     """Whether sweeps may train members of this loss stacked (corel.vectorized)."""
     source: str = "corel"
     """Where the loss comes from: ``corel`` or ``pytorch-metric-learning``."""
+    grid: Mapping[str, tuple[float | str, ...]] = field(default_factory=dict, hash=False)
+    """The values ``corel reproduce --peers`` tunes the loss over, by spec field (the others
+    at their defaults); empty: its defaults alone."""
 
     def __post_init__(self) -> None:
         if self.similarity not in SIMILARITIES:
@@ -122,6 +127,15 @@ class LossDeclaration:
                              f"{', '.join(SHARED_PARAMETERS)} (and options: {', '.join(OPTION_FIELDS)})")
         if self.geometry not in GEOMETRIES:
             raise ValueError(f"loss {self.name!r}: geometry must be {' or '.join(GEOMETRIES)}")
+        for name, values in self.grid.items():
+            if name not in self.grid_params or not values:
+                raise ValueError(f"loss {self.name!r}: its grid varies {name!r}; it may vary "
+                                 f"{', '.join(self.grid_params) or 'nothing'}, each over one value "
+                                 "or more")
+            option = self.option(name)
+            if option is not None:
+                for value in values:
+                    option.check(self.name, value)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -159,40 +173,49 @@ class LossDeclaration:
 _PML = "pytorch-metric-learning"
 _SCALE_DOC = "the logits' scale s"
 
+# The tuning grids (``grid``) are around pytorch-metric-learning's defaults (the paper's
+# lambdas for COREL): two values of the parameter that most changes a run, the others at
+# their defaults. Two values, not more, so that `corel reproduce --peers`'s whole table fits
+# a 2-core machine's session; the scales and temperatures move the logits' sharpness, which
+# for a 128-d FFNN from scratch matters more than the margins (Musgrave et al. tune them the
+# same way, one at a time). CCE has no parameter.
+
 DECLARATIONS: dict[str, LossDeclaration] = {d.name: d for d in (
     LossDeclaration("cce", "CCE", "CCE", "dot", (), "euclidean", in_paper=True),
     LossDeclaration("center", "Center loss", "Center", "dot", ("lam", "alpha"), "euclidean",
-                    in_paper=True),
+                    in_paper=True, grid={"lam": (0.1, 0.5)}),
     LossDeclaration("cosine", "Cosine-COREL", "Cosine-COREL", "cosine", ("lam",), "cosine",
-                    in_paper=True),
+                    in_paper=True, grid={"lam": (0.5, 0.85)}),
     LossDeclaration("gaussian", "Gaussian-COREL", "Gaussian-COREL", "gaussian",
-                    ("lam", "gamma", "learn_gamma"), "euclidean", min_lam=0.5, in_paper=True),
+                    ("lam", "gamma", "learn_gamma"), "euclidean", min_lam=0.5, in_paper=True,
+                    grid={"lam": (0.5, 0.85)}),
     # pytorch-metric-learning's losses (Musgrave et al., 2020), with its defaults. Those with
     # a class (or proxy) matrix predict with it, as COREL does; the pair-based ones with the
     # nearest class mean. The stacked trainer declines them (their parameters are not lam).
     LossDeclaration("arcface", "ArcFace", "ArcFace", "cosine", (), "cosine", stackable=False,
-                    source=_PML, options=(
+                    source=_PML, grid={"scale": (16.0, 64.0)}, options=(
                         Option("margin", 28.6, 0.0, 90.0, low_inclusive=True, high_inclusive=False,
                                doc="additive angular margin, in degrees"),
                         Option("scale", 64.0, 0.0, 1024.0, doc=_SCALE_DOC))),
     LossDeclaration("cosface", "CosFace", "CosFace", "cosine", (), "cosine", stackable=False,
-                    source=_PML, options=(
+                    source=_PML, grid={"scale": (16.0, 64.0)}, options=(
                         Option("margin", 0.35, 0.0, 2.0, low_inclusive=True, high_inclusive=False,
                                doc="additive cosine margin"),
                         Option("scale", 64.0, 0.0, 1024.0, doc=_SCALE_DOC))),
     LossDeclaration("normsoftmax", "NormalizedSoftmax", "NormSoftmax", "cosine", (), "cosine",
-                    stackable=False, source=_PML, options=(
+                    stackable=False, source=_PML, grid={"temperature": (0.05, 0.2)}, options=(
                         Option("temperature", 0.05, 0.0, 10.0, doc="softmax temperature"),)),
     LossDeclaration("proxyanchor", "ProxyAnchor", "ProxyAnchor", "cosine", (), "cosine",
-                    stackable=False, source=_PML, options=(
+                    stackable=False, source=_PML, grid={"scale": (16.0, 32.0)}, options=(
                         Option("margin", 0.1, 0.0, 1.0, low_inclusive=True, doc="margin delta"),
                         Option("scale", 32.0, 0.0, 1024.0, kwarg="alpha",
                                doc="scaling factor alpha (pytorch-metric-learning's alpha)"))),
     LossDeclaration("supcon", "SupCon", "SupCon", "cosine", (), "cosine", class_vectors=False,
-                    stackable=False, source=_PML, options=(
+                    stackable=False, source=_PML, grid={"temperature": (0.1, 0.5)}, options=(
                         Option("temperature", 0.1, 0.0, 10.0, doc="softmax temperature"),)),
     LossDeclaration("triplet", "Triplet (mined)", "Triplet", "cosine", (), "cosine",
-                    class_vectors=False, stackable=False, source=_PML, options=(
+                    class_vectors=False, stackable=False, source=_PML, grid={"margin": (0.05, 0.2)},
+                    options=(
                         Option("margin", 0.05, 0.0, 2.0, low_inclusive=True,
                                doc="margin between anchor-negative and anchor-positive distances "
                                    "(the miner's margin too)"),
@@ -200,7 +223,8 @@ DECLARATIONS: dict[str, LossDeclaration] = {d.name: d for d in (
                                doc="which violating triplets train (TripletMarginMiner's "
                                    "type_of_triplets); none: every triplet of the batch"))),
     LossDeclaration("multisimilarity", "MultiSimilarity", "MultiSim", "cosine", (), "cosine",
-                    class_vectors=False, stackable=False, source=_PML, options=(
+                    class_vectors=False, stackable=False, source=_PML,
+                    grid={"scale_neg": (10.0, 50.0)}, options=(
                         Option("scale", 2.0, 0.0, 1024.0, kwarg="alpha",
                                doc="weight of positive pairs (pytorch-metric-learning's alpha)"),
                         Option("scale_neg", 50.0, 0.0, 1024.0, kwarg="beta",

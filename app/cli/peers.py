@@ -4,7 +4,8 @@ Every loss of the catalog (the paper's four and pytorch-metric-learning's seven)
 row's dataset with the same FFNN encoder, optimiser, epochs, seeds and best-validation
 epoch, as sweeps on a service:
 
-1. **tune**: one sweep per loss over its small grid (:data:`GRIDS`), one seed, fewer
+1. **tune**: one sweep per loss over its small grid (its declaration's ``grid``,
+   :mod:`corel.loss_catalog`), one seed, fewer
    epochs; the best validation accuracy picks its parameters.
 2. **final**: one sweep per loss at those parameters over the row's seeds.
 
@@ -40,25 +41,10 @@ LOSSES: tuple[str, ...] = PAPER_LOSSES + PEER_LOSSES
 REFERENCES = ("gaussian", "cosine")
 """The COREL losses every other loss is tested against (paired by seed)."""
 
-# Each loss's tuning grid, around pytorch-metric-learning's defaults (the paper's lambdas
-# for COREL): two values of the parameter that most changes a run, the others at their
-# defaults. Two values, not more, so that the whole table fits a 2-core machine's session;
-# the scales and temperatures move the logits' sharpness, which for a 128-d FFNN from
-# scratch matters more than the margins (Musgrave et al. tune them the same way, one at a
-# time). CCE has no parameter.
-GRIDS: dict[str, dict[str, list[Any]]] = {
-    "cce": {},
-    "center": {"lam": [0.1, 0.5]},
-    "cosine": {"lam": [0.5, 0.85]},
-    "gaussian": {"lam": [0.5, 0.85]},
-    "arcface": {"scale": [16.0, 64.0]},
-    "cosface": {"scale": [16.0, 64.0]},
-    "normsoftmax": {"temperature": [0.05, 0.2]},
-    "proxyanchor": {"scale": [16.0, 32.0]},
-    "supcon": {"temperature": [0.1, 0.5]},
-    "triplet": {"margin": [0.05, 0.2]},
-    "multisimilarity": {"scale_neg": [10.0, 50.0]},
-}
+
+def tuning_grid(loss: str) -> dict[str, list[Any]]:
+    """The loss's tuning grid, as its declaration has it (corel.loss_catalog)."""
+    return {name: list(values) for name, values in declaration(loss).grid.items()}
 
 
 @dataclass(frozen=True)
@@ -71,7 +57,7 @@ class PeerRow:
     batch_size: int = 128
     model: str = "ffnn"
     grids: str = "full"
-    """``full``: :data:`GRIDS`; ``smoke``: one value per loss but two for two of them."""
+    """``full``: each loss's declared grid; ``smoke``: one value per loss but two for two of them."""
 
     @property
     def key(self) -> str:
@@ -82,7 +68,7 @@ class PeerRow:
                 "batch_size": self.batch_size}
 
     def grid(self, loss: str) -> dict[str, list[Any]]:
-        grid = GRIDS[loss]
+        grid = tuning_grid(loss)
         if self.grids == "smoke" and loss not in ("gaussian", "arcface"):
             return {k: v[:1] for k, v in grid.items()}
         return grid
@@ -311,7 +297,7 @@ def render(state: dict[str, Any], budget: str, command: str) -> str:
              f"{platform.python_version()}); {_total(state, rows)}.", "",
              "Tuning grids (validation accuracy of one seed picks; the others at their "
              "defaults): " + "; ".join(
-                 f"{declaration(loss).short} " + (", ".join(f"{k} {v}" for k, v in GRIDS[loss].items())
+                 f"{declaration(loss).short} " + (", ".join(f"{k} {v}" for k, v in tuning_grid(loss).items())
                                                   or "none")
                  for loss in LOSSES) + ".", "",
              "Per loss at its tuned parameters: test accuracy at the best-validation epoch, "

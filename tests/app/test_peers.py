@@ -11,7 +11,7 @@ import pytest
 
 from app.cli.peers import BUDGETS, LOSSES, markers, paired_test
 from corel.cli import main
-from corel.loss_catalog import declaration
+from corel.loss_catalog import LOSS_NAMES, LossDeclaration, declaration, declare, undeclare
 
 BEGIN, END = markers("smoke")
 
@@ -33,7 +33,7 @@ def peers(client, worker, live_url, tmp_path_factory):
 def test_every_loss_is_tuned_then_trained_at_its_tuned_parameters(client, peers):
     row = BUDGETS["smoke"][0]
     st = peers["first"]["rows"]["digits/ffnn"]
-    assert set(st["losses"]) == set(LOSSES) and len(LOSSES) == 11
+    assert set(st["losses"]) == set(LOSSES) == set(LOSS_NAMES)
     for loss in LOSSES:
         ls = st["losses"][loss]
         tune = client.get("/experiments", params={"sweep_id": ls["tune"], "limit": 50}).json()["items"]
@@ -65,6 +65,17 @@ def test_the_doc_gets_the_table_and_a_second_run_creates_nothing(client, peers):
     assert main(peers["argv"]) == 0
     assert client.get("/experiments", params={"limit": 1}).json()["total"] == peers["total"]
     assert peers["doc"].read_text().count(BEGIN) == 1
+
+
+def test_each_loss_is_tuned_over_its_declared_grid():
+    row = BUDGETS["session"][0]
+    for loss in LOSSES:
+        assert row.grid(loss) == {k: list(v) for k, v in declaration(loss).grid.items()}
+    declare(LossDeclaration("nogrid", "No grid", "NoGrid", "cosine", ("lam",), "cosine"))
+    try:  # a loss declared without a grid is tuned at its defaults alone
+        assert row.grid("nogrid") == {} and BUDGETS["smoke"][0].grid("nogrid") == {}
+    finally:
+        undeclare("nogrid")
 
 
 def test_paired_test_pairs_by_seed():
