@@ -5,9 +5,15 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from corel.spec import MAX_GROUP
+
+if TYPE_CHECKING:
+    from corel.train import EngineOptions
 
 SUPPORTED_DB = ("sqlite", "postgresql")
 SUPPORTED_BROKERS = ("redis", "rediss", "sqla+sqlite", "sqla+postgresql", "filesystem", "amqp", "memory")
@@ -66,7 +72,7 @@ class Settings(BaseSettings):
     max_embed_batch: int = Field(default=4096, gt=0)
     max_sweep_size: int = Field(default=2000, gt=0, description="Most experiments in one sweep.")
     max_group_size: int = Field(
-        default=32, gt=0,  # corel.train.grouping.MAX_GROUP, without importing torch here
+        default=MAX_GROUP, gt=0,
         description="Most members of one stacked group of a sweep (members that differ only in "
         "lam, gamma, alpha and seed train as one model); a larger set is split.")
     model_cache_size: int = Field(default=4, gt=0)
@@ -130,18 +136,18 @@ class Settings(BaseSettings):
     cuda_graphs: str | None = Field(
         default=None,
         description="Training steps on a CUDA device replayed from a CUDA graph: 1 (or unset, "
-        "the default), 0 (off) or eager (corel/train/graphs.py, which reads the variable itself; "
-        "checked here so that a process refuses to start on any other value).",
+        "the default), 0 (off) or eager (corel/train/graphs.py; checked here so that a process "
+        "refuses to start on any other value). Reaches the library as engine_options().",
     )
     native: bool = Field(
         default=True,
         description="corel's compiled fused nodes (corel/native) where they are built; false: "
-        "their Python twins, the same numbers, slower. The library reads COREL_NATIVE itself.",
+        "their Python twins, the same numbers, slower. Reaches the library as engine_options().",
     )
     native_dir: str = Field(
         default="",
         description="Where corel/native's builds live (default: <virtual environment>/corel-native). "
-        "The library reads COREL_NATIVE_DIR itself.",
+        "Reaches the library as engine_options().",
     )
     api_torch_threads: int = Field(
         default=1, gt=0,
@@ -188,9 +194,9 @@ class Settings(BaseSettings):
     @classmethod
     def _check_cuda_graphs(cls, v: str | None) -> str | None:
         if v is not None:
-            from corel.train.graphs import parse  # (imports torch: only where it is set)
+            from corel.train.options import parse_cuda_graphs  # (imports torch: only where set)
 
-            parse(v)
+            parse_cuda_graphs(v)
         return v
 
     @field_validator("native", mode="before")
@@ -244,26 +250,19 @@ class Settings(BaseSettings):
         return self.db_url.startswith("sqlite")
 
 
-def library_environment(settings: Settings) -> dict[str, str]:
-    """The settings that the corel library reads from the environment itself (it has no
-    settings object), as the variables it reads: what a .env file set reaches it only
-    through these, when :func:`get_settings` puts them into this process's environment
-    (which a worker's children and the embedded worker inherit). A value already in the
-    environment is the settings' own, as the environment wins over .env."""
-    values = {}
-    if settings.cuda_graphs is not None:
-        values["COREL_CUDA_GRAPHS"] = settings.cuda_graphs
-    if not settings.native:
-        values["COREL_NATIVE"] = "0"  # (the library reads 0, off, false and no alike)
-    if settings.native_dir:
-        values["COREL_NATIVE_DIR"] = settings.native_dir
-    return values
+def engine_options(settings: Settings) -> EngineOptions:
+    """What the training engine takes of the settings (CUDA graphs, corel.native and its
+    build directory), for ``fit``/``fit_group``'s ``options``: the library reads no
+    environment, so settings built in code (a test's, ``create_app(settings)``'s) reach it
+    as they are."""
+    from corel.train import EngineOptions
+    from corel.train.options import parse_cuda_graphs
+
+    return EngineOptions(cuda_graphs=parse_cuda_graphs(settings.cuda_graphs or ""), native=settings.native,
+                         native_dir=settings.native_dir or None)
 
 
 @lru_cache
 def get_settings() -> Settings:
-    """This process's settings (read once), with :func:`library_environment` put into its
-    environment, so that the library and the settings agree."""
-    settings = Settings()
-    os.environ.update(library_environment(settings))
-    return settings
+    """This process's settings, read once."""
+    return Settings()

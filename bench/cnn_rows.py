@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from corel.cli import engine_options
 from corel.clustering import default_metric, evaluate_clustering
 from corel.data import load_dataset
 from corel.report import PAPER_CLUSTERING, PAPER_TABLE1, PAPER_TABLE2
@@ -68,11 +69,15 @@ from corel.train import (
     fit_group,
     represent,
 )
-from corel.train.graphs import graph_mode
+from corel.train.steps import pass_mode
 
 LOSSES = ("cce", "center", "cosine", "gaussian")
 TITLES = {"cce": "CCE", "center": "Center", "cosine": "Cosine-COREL", "gaussian": "Gaussian-COREL"}
 
+
+# The engine's switches from COREL_CUDA_GRAPHS, COREL_NATIVE and COREL_NATIVE_DIR, as `corel train`
+# reads them (bench/on_gpu.sh sets them).
+OPTIONS = engine_options(os.environ)
 
 def jobs(datasets: list[str], seeds: list[int], epochs: int, precision_check: bool,
          train_subset: int | None = None, extra_lams: Sequence[tuple[str, float]] = (),
@@ -230,7 +235,7 @@ def run_one(fields: dict[str, Any], out: Path, stop: Stop, data_dir: str | None,
     started = time.perf_counter()
     try:
         result = fit(spec, [Progress(out, name, stop, state)], data=data,
-                     checkpoint=checkpoint[0] if checkpoint else None)
+                     checkpoint=checkpoint[0] if checkpoint else None, options=OPTIONS)
     except NotLearningError as exc:
         append(out, {"job": name, "final": True, **fields, "failed": str(exc),
                      "wall_s": state.wall()[0] if state else time.perf_counter() - started,
@@ -254,7 +259,7 @@ def run_group(members: list[dict[str, Any]], out: Path, stop: Stop, data_dir: st
     try:
         data = load_dataset(specs[0], data_dir)
         results = fit_group(specs, [GroupProgress(out, names, stop, state)], data=data,
-                            checkpoints=checkpoints)
+                            checkpoints=checkpoints, options=OPTIONS)
     except Exception as exc:  # any fault: the runs go on alone
         print(f"stacked group {names} failed ({type(exc).__name__}: {exc}); its runs go on alone",
               flush=True)
@@ -282,7 +287,7 @@ def final_row(fields: dict[str, Any], result: FitResult, wall: float, stop_at: f
         "job": job_name(fields), "final": True, **fields, "test_accuracy": result.test_accuracy,
         "best_epoch": result.best_epoch, "epochs_done": len(result.history), "wall_s": wall,
         "device": str(run.device), "precision_used": run.precision,
-        "cuda_graphs": graph_mode(run.device, run.data.x_train) == "capture",
+        "cuda_graphs": pass_mode(run.options, run.device, run.data.x_train) == "capture",
         "gpu": torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else None,
         "seconds_per_epoch": statistics.median(m.seconds for m in result.history)}
     if fields["model"] == "cnn" and (stop_at is None or time.time() < stop_at + 60):
@@ -465,4 +470,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with OPTIONS.applied():
+        main()

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from corel.train.graphs import setting as graphs_setting
+from corel.train import EngineOptions
 
 
 def step_flops(model: torch.nn.Module) -> int:
@@ -53,11 +53,11 @@ def synchronize(device: str | torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def describe(device: str | torch.device) -> str:
-    """The device in words: the GPU's name (and whether corel's passes replay CUDA graphs,
-    ``COREL_CUDA_GRAPHS``), or the CPU's thread count."""
+def describe(device: str | torch.device, options: EngineOptions | None = None) -> str:
+    """The device in words: the GPU's name (and whether corel's passes replay CUDA graphs
+    under ``options``, default the engine's), or the CPU's thread count."""
     device = torch.device(device)
     if device.type == "cuda":
-        graphs = "on" if graphs_setting() == "capture" else "off"
+        graphs = "on" if (options or EngineOptions()).cuda_graphs == "capture" else "off"
         return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
     return f"CPU, {torch.get_num_threads()} threads"

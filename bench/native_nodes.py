@@ -32,8 +32,7 @@ from flops import describe  # bench/flops.py, beside this file
 from corel import native, train
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
-from corel.train import solo as solo_loop
-from corel.train import stacked as stacked_loop
+from corel.train import steps
 
 WAYS = ("step", "nodes", "python")
 
@@ -49,7 +48,7 @@ def solo(spec: ExperimentSpec, data: Dataset, way: str) -> tuple[float, dict[str
     """(samples/s, the weights after the epoch) of one solo epoch the given way."""
     with ExitStack() as stack:
         if way != "step":
-            _hidden(solo_loop, "gaussian_mlp_step", stack)
+            _hidden(steps, "gaussian_mlp_step", stack)
         if way == "python":
             _hidden(native, "module", stack)
         run = train.start_run(spec, data=data, device="cpu")
@@ -63,7 +62,7 @@ def group(specs: list[ExperimentSpec], data: Dataset, way: str) -> tuple[float, 
     """(model-samples/s, the stacked weights after the epoch) of one stacked epoch."""
     with ExitStack() as stack:
         if way != "step":
-            _hidden(stacked_loop, "stacked_gaussian_mlp_step", stack)
+            _hidden(steps, "stacked_gaussian_mlp_step", stack)
         run = train.StackedRun.start(specs, data, device="cpu")
         run.train_pass()  # the first pass creates Adam's state; the second is timed
         started = time.perf_counter()

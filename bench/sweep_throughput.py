@@ -34,13 +34,17 @@ from flops import (  # bench/flops.py, beside this file
     synchronize,
 )
 
+from corel.cli import engine_options
 from corel.data import Dataset, load_dataset
 from corel.spec import ExperimentSpec
 from corel.train import StackedRun, start_run, train_pass
 
+# The engine's switches from COREL_CUDA_GRAPHS, COREL_NATIVE and COREL_NATIVE_DIR, as `corel train`
+# reads them (bench/on_gpu.sh sets them).
+OPTIONS = engine_options(os.environ)
 
 def stacked_epoch(specs: list[ExperimentSpec], data: Dataset, device: str) -> tuple[float, list[dict]]:
-    group = StackedRun.start(specs, data, device=device)
+    group = StackedRun.start(specs, data, device=device, options=OPTIONS)
     synchronize(device)
     started = time.perf_counter()
     assert group.train_pass() is not None
@@ -54,7 +58,7 @@ def stacked_epoch(specs: list[ExperimentSpec], data: Dataset, device: str) -> tu
 def sequential_epochs(specs: list[ExperimentSpec], data: Dataset, device: str) -> tuple[float, list[dict]]:
     seconds, states = 0.0, []
     for spec in specs:
-        run = start_run(spec, data=data, device=device)
+        run = start_run(spec, data=data, device=device, options=OPTIONS)
         synchronize(device)
         started = time.perf_counter()
         assert train_pass(run) is not None
@@ -124,7 +128,7 @@ def main() -> None:
         f"(runs: {', '.join(f'{v:.0f}' for v in sequential)})"
     )
     if args.model == "ffnn":  # 6 FLOPs per weight counts a CNN's convolutions wrong
-        flops = step_flops(start_run(specs[0], data=data, device="cpu").model)
+        flops = step_flops(start_run(specs[0], data=data, device="cpu", options=OPTIONS).model)
         gemm = statistics.median(gemms)
         print(f"stacked step: {a * flops / 1e9:.1f} GFLOP/s of model arithmetic (6 per weight), "
               f"sgemm here {gemm:.1f} GFLOP/s (median; runs: {', '.join(f'{g:.1f}' for g in gemms)})")
@@ -137,4 +141,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with OPTIONS.applied():
+        main()

@@ -39,13 +39,17 @@ from flops import (  # bench/flops.py, beside this file
 )
 from torch.utils.data import DataLoader, TensorDataset
 
+from corel.cli import engine_options
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
 from corel.train import start_run, train_pass, train_step
 
+# The engine's switches from COREL_CUDA_GRAPHS, COREL_NATIVE and COREL_NATIVE_DIR, as `corel train`
+# reads them (bench/on_gpu.sh sets them).
+OPTIONS = engine_options(os.environ)
 
 def corel_epoch(spec: ExperimentSpec, data, device: str) -> float:
-    run = start_run(spec, data=data, device=device)
+    run = start_run(spec, data=data, device=device, options=OPTIONS)
     synchronize(device)
     started = time.perf_counter()
     assert train_pass(run) is not None
@@ -54,7 +58,7 @@ def corel_epoch(spec: ExperimentSpec, data, device: str) -> float:
 
 
 def dataloader_epoch(spec: ExperimentSpec, data, device: str) -> float:
-    run = start_run(spec, data=data, device=device)
+    run = start_run(spec, data=data, device=device, options=OPTIONS)
     cuda = torch.device(device).type == "cuda"
     loader = DataLoader(
         TensorDataset(data.x_train, data.y_train),
@@ -97,7 +101,7 @@ def main() -> None:
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"corel train_pass      : median {a:9.0f} samples/s  (runs: {', '.join(f'{v:.0f}' for v in ours)})")
     print(f"DataLoader(TensorDS)  : median {b:9.0f} samples/s  (runs: {', '.join(f'{v:.0f}' for v in theirs)})")
-    flops = step_flops(start_run(spec, data=data, device="cpu").model)
+    flops = step_flops(start_run(spec, data=data, device="cpu", options=OPTIONS).model)
     fp32 = statistics.median(gemms)
     bf16 = sgemm_gflops(device=args.device, dtype=torch.bfloat16) if args.device != "cpu" else None
     gemm = bf16 if (bf16 and args.precision == "bf16") else fp32
@@ -111,4 +115,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with OPTIONS.applied():
+        main()

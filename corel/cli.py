@@ -12,13 +12,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corel.geometry import GEOMETRIES
 from corel.loss_catalog import OPTION_FIELDS, declaration, loss_names
 from corel.spec import DATASETS, MODELS, ExperimentSpec
+
+if TYPE_CHECKING:
+    from corel.train import EngineOptions
 
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
@@ -96,11 +99,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def engine_options(environ: Mapping[str, str]) -> EngineOptions:
+    """The training engine's switches from ``COREL_CUDA_GRAPHS`` (1, 0, eager), ``COREL_NATIVE``
+    (on/off words) and ``COREL_NATIVE_DIR``, as the service's settings read them; the library
+    itself reads no environment."""
+    from corel.train import EngineOptions
+    from corel.train.options import parse_cuda_graphs, parse_switch
+
+    return EngineOptions(cuda_graphs=parse_cuda_graphs(environ.get("COREL_CUDA_GRAPHS", "")),
+                         native=parse_switch(environ.get("COREL_NATIVE", ""), "COREL_NATIVE"),
+                         native_dir=environ.get("COREL_NATIVE_DIR") or None)
+
+
 def _train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from corel.clustering import default_metric, evaluate_clustering
-    from corel.train import Callback, EpochMetrics, Run, checkpoint_to_bytes, fit, represent
+    from corel.train import Callback, EpochMetrics, RunView, checkpoint_to_bytes, fit, represent
 
     spec = spec_from_args(args)
 
@@ -115,7 +130,7 @@ def _train(args: argparse.Namespace) -> int:
                                 desc="epoch", unit="batch", file=sys.stderr)
             self.bar.update(1)
 
-        def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> None:
+        def on_epoch_end(self, metrics: EpochMetrics, run: RunView) -> None:
             if self.bar is not None:
                 self.bar.set_description(f"epoch {metrics.epoch}/{spec.epochs}")
                 self.bar.set_postfix(loss=f"{metrics.train_loss:.4f}",
@@ -128,7 +143,7 @@ def _train(args: argparse.Namespace) -> int:
 
     data = load_dataset(spec, args.data_dir)
     progress = Progress(batches=-(-len(data.y_train) // spec.batch_size))
-    result = fit(spec, [progress], data=data, device=args.device)
+    result = fit(spec, [progress], data=data, device=args.device, options=engine_options(os.environ))
     metric = args.metric or default_metric(spec.loss)
     reps = represent(result.model, result.run.data.x_test).cpu()
     scores = evaluate_clustering(reps, data.y_test, metric=metric, seed=spec.seed)

@@ -36,6 +36,11 @@ def _option_doc(field: str) -> str:
             "ranges per loss: GET /losses. A loss that takes no " + field + " rejects one.")
 
 GAUSSIAN_MIN_LAM = declaration("gaussian").min_lam
+
+MAX_GROUP = 32
+"""The most members of one stacked group by default (:func:`corel.train.group_specs`; the
+service's ``max_group_size``): a lambda grid of 10 over 3 seeds. A group's memory grows
+with its size (every member's weights, Adam state and batch at once)."""
 """Below this lam Gaussian-COREL's loss has no minimum (it falls without bound as the
 representations move away from every class vector): such a spec is accepted, with a
 warning (:attr:`ExperimentSpec.warnings`), for studying the divergence. Each loss's own

@@ -111,3 +111,80 @@ def test_the_sql_check_sees_one(tmp_path):
                       "def f(session):\n    return session.get(A, 1), service.get(session, 1)\n")
     assert sql_in(module) == [(1, "imports sqlalchemy"), (2, "imports sqlalchemy.orm"),
                               (4, "calls session.get")]
+
+
+# --- the library reads no environment; the engine has one import path -------------------
+
+# The library's command lines: the only modules of corel/ that read environment variables.
+READS_THE_ENVIRONMENT = {"corel/cli.py", "corel/native/__main__.py"}
+# Kept one release so that old imports work; nothing else imports them.
+ENGINE_SHIMS = {"corel.training", "corel.vectorized"}
+
+
+def environment_reads(path: Path) -> list[tuple[int, str]]:
+    """``os.environ``, ``os.getenv`` and ``os.putenv`` (read or written), and ``environ`` or
+    ``getenv`` imported from os, in a module's source."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv", "environb")
+                and isinstance(node.value, ast.Name) and node.value.id == "os"):
+            found.append((node.lineno, f"os.{node.attr}"))
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [(node.lineno, f"from os import {a.name}") for a in node.names
+                      if a.name in ("environ", "getenv", "putenv", "environb")]
+    return found
+
+
+def test_no_module_of_corel_reads_the_environment_but_its_command_lines():
+    modules = sorted((REPO / "corel").rglob("*.py"))
+    wrong = [f"{path.relative_to(REPO)}:{line} {what}" for path in modules
+             if str(path.relative_to(REPO)) not in READS_THE_ENVIRONMENT
+             for line, what in environment_reads(path)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_environment_check_sees_a_read(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import os\nfrom os import getenv\nx = os.environ.get('A')\ny = os.getenv('B')\n")
+    assert sorted(environment_reads(module)) == [(2, "from os import getenv"), (3, "os.environ"), (4, "os.getenv")]
+
+
+def second_engine_paths(path: Path, exported: set[str]) -> list[tuple[int, str]]:
+    """Imports of an engine name by a path other than ``corel.train``: a name that
+    ``corel.train`` exports taken from one of its modules, or anything taken from a shim."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module in ENGINE_SHIMS:
+                found.append((node.lineno, f"from {node.module} (a shim; import from corel.train)"))
+            elif node.module.startswith("corel.train."):
+                found += [(node.lineno, f"{a.name} from {node.module} (corel.train exports it)")
+                          for a in node.names if a.name in exported]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name} (a shim)") for a in node.names if a.name in ENGINE_SHIMS]
+    return found
+
+
+def test_every_engine_name_has_one_import_path():
+    import corel.train
+
+    exported = set(corel.train.__all__)
+    shims = {REPO / (name.replace(".", "/") + ".py") for name in ENGINE_SHIMS}
+    modules = sorted(p for package in ("corel", "app", "worker", "bench", "tests")
+                     for p in (REPO / package).rglob("*.py")
+                     if p not in shims and REPO / "corel" / "train" not in p.parents)
+    wrong = [f"{path.relative_to(REPO)}:{line} imports {what}"
+             for path in modules for line, what in second_engine_paths(path, exported)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_import_path_check_sees_a_second_path(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from corel.train.solo import fit, EVAL_BATCH\nfrom corel.training import Run\n"
+                      "import corel.vectorized\n")
+    assert second_engine_paths(module, {"fit", "Run"}) == [
+        (1, "fit from corel.train.solo (corel.train exports it)"),
+        (2, "from corel.training (a shim; import from corel.train)"),
+        (3, "import corel.vectorized (a shim)")]

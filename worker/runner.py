@@ -40,7 +40,7 @@ from app.models import (
     utcnow,
 )
 from app.services import builtin
-from app.settings import Settings
+from app.settings import Settings, engine_options
 from corel.device import device_name
 from corel.spec import ExperimentSpec
 from corel.train import (
@@ -48,9 +48,9 @@ from corel.train import (
     EpochMetrics,
     FitResult,
     GroupCallback,
+    GroupView,
     NotLearningError,
-    Run,
-    StackedRun,
+    RunView,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
     fit,
@@ -188,7 +188,7 @@ class DatabaseRecorder(Callback):
                 self.last_beat = time.monotonic()
         return self.cancelled
 
-    def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> bool:
+    def on_epoch_end(self, metrics: EpochMetrics, run: RunView) -> bool:
         blob = checkpoint_to_bytes(run.checkpoint())
         with session_scope(self.factory) as session:
             self._beat(
@@ -352,7 +352,7 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
                                     "resume_epoch": job.checkpoint["epoch"] if job.checkpoint else 0})
         result = fit(job.spec, [recorder], checkpoint=job.checkpoint, device=settings.device,
                      data_dir=builtin.data_dir_for(settings, job.spec.dataset),
-                     chance_epochs=settings.chance_epochs)
+                     chance_epochs=settings.chance_epochs, options=engine_options(settings))
         if result.stopped:
             _finish(factory, experiment_id, status=Status.CANCELLED)
             return Status.CANCELLED
@@ -413,7 +413,7 @@ class GroupRecorder(GroupCallback):
         self.last_beat = time.monotonic()
         return bool(self.active) and cancelled == self.active
 
-    def on_epoch_end(self, metrics: list[EpochMetrics], group: StackedRun) -> bool:
+    def on_epoch_end(self, metrics: list[EpochMetrics], group: GroupView) -> bool:
         recorded = 0
         ended: list[str] = []
         with session_scope(self.factory) as session:
@@ -486,7 +486,8 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
         checkpoints = None if epochs == {0} else [job.checkpoint for job in jobs if job.checkpoint]
         results = fit_group([job.spec for job in jobs], [recorder], checkpoints=checkpoints,
                             device=settings.device, chance_epochs=settings.chance_epochs,
-                            data_dir=builtin.data_dir_for(settings, jobs[0].spec.dataset))
+                            data_dir=builtin.data_dir_for(settings, jobs[0].spec.dataset),
+                            options=engine_options(settings))
     except Exception as exc:
         if is_transient(exc):
             raise

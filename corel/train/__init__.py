@@ -35,7 +35,7 @@ transaction).
 
 from __future__ import annotations
 
-from corel.train.callbacks import Callback, EpochMetrics, GroupCallback
+from corel.train.callbacks import Callback, EpochMetrics, GroupCallback, GroupView, RunView
 from corel.train.checkpoints import (
     CHECKPOINT_FORMAT,
     checkpoint_from_bytes,
@@ -52,13 +52,13 @@ from corel.train.guards import (
     not_learning,
 )
 from corel.train.optim import adam
+from corel.train.options import EngineOptions
 from corel.train.solo import (
     FitResult,
     Run,
     accuracy,
     build_model,
     fit,
-    forward_loss,
     make_optimizer,
     represent,
     run_epoch,
@@ -67,18 +67,22 @@ from corel.train.solo import (
     train_step,
 )
 from corel.train.stacked import StackedRun, fit_group
+from corel.train.steps import forward_loss
 
 __all__ = [
     "CHANCE_EPOCHS",
     "CHECKPOINT_FORMAT",
     "Callback",
     "ChanceGuard",
+    "EngineOptions",
     "EpochMetrics",
     "FitResult",
     "GroupCallback",
     "GroupChanceGuard",
+    "GroupView",
     "NotLearningError",
     "Run",
+    "RunView",
     "StackedRun",
     "accuracy",
     "adam",

@@ -1,5 +1,5 @@
 """A training pass's full batches on a CUDA device taken from one CUDA graph (the default;
-``COREL_CUDA_GRAPHS=0`` turns it off).
+``EngineOptions(cuda_graphs="off")`` turns it off; :mod:`corel.train.steps` decides).
 
 At the paper's sizes a GPU step is launch-bound: on an H100 a FFNN step at batch 128 ran at
 0.1% of the chip's float32 rate, and a CNN step took about 2.9 ms, most of it the launch of
@@ -18,9 +18,9 @@ changed in place (parameters, Adam's state, Center's centers), never rebound: a 
 writes the tensors it recorded. Where capture fails (a loss that waits for the host, say),
 the run warns once and goes on eagerly.
 
-``COREL_CUDA_GRAPHS``: ``1`` (or unset, the default) captures on CUDA devices (on a CPU
-nothing changes); ``0`` turns it off; ``eager`` takes the graphed pass's path, every step
-eagerly, on any device (what the CPU tests check). Any other value is refused. It became
+The modes (:class:`corel.train.EngineOptions`' ``cuda_graphs``): ``capture`` (the default)
+captures on CUDA devices (on a CPU nothing changes); ``off``; ``eager`` takes the graphed
+pass's path, every step eagerly, on any device (what the CPU tests check). It became
 the default after its tests (``tests/gpu/test_graphs.py``: a graphed run ends where the
 eager one ends, in float64) passed on an H100 on 2026-11-27, where a Fashion-MNIST FFNN
 run trained 11x as fast with it (``docs/runs/2026-11-27-h100/bench.txt``).
@@ -28,60 +28,18 @@ run trained 11x as fast with it (``docs/runs/2026-11-27-h100/bench.txt``).
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 
-__all__ = ["WARMUP", "GraphedSteps", "graph_mode", "parse", "setting"]
+__all__ = ["WARMUP", "GraphedSteps"]
 
 WARMUP = 3
 """Full-batch steps taken eagerly before the capture (lazy initialisations: cuBLAS handles,
 Adam's state on a run's first steps)."""
 
-Mode = Literal["off", "capture", "eager"]
 Step = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
-
-
-def graph_mode(device: torch.device, x: torch.Tensor) -> Mode:
-    """How a pass on ``device`` over inputs ``x`` takes its steps: ``capture`` (CUDA graphs),
-    ``eager`` (their path without capture) or ``off`` (the plain loop). Inputs held on the
-    host (data larger than the GPU's share, :func:`corel.device.to_device`) cross a batch at
-    a time, which a graph cannot do: off."""
-    wanted = setting()
-    if wanted == "eager":
-        return "eager"
-    if wanted == "capture" and device.type == "cuda" and x.device.type == "cuda":
-        return "capture"
-    return "off"
-
-
-ON = ("", "1", "on", "true", "yes")
-OFF = ("0", "off", "false", "no")
-
-
-def setting() -> Mode:
-    """What ``COREL_CUDA_GRAPHS`` asks for, whatever the device (:func:`parse`)."""
-    return parse(os.environ.get("COREL_CUDA_GRAPHS", ""))
-
-
-def parse(value: str) -> Mode:
-    """A ``COREL_CUDA_GRAPHS`` value as a mode: ``capture`` (``1``, or empty), ``off``
-    (``0``) or ``eager``; a ``ValueError`` names the values allowed for any other (the
-    service's settings check it when they are read, so a worker refuses to start on it)."""
-    value = value.strip().lower()
-    if value in ON:
-        return "capture"
-    if value in OFF:
-        return "off"
-    if value == "eager":
-        return "eager"
-    raise ValueError(
-        f"COREL_CUDA_GRAPHS={value!r}: allowed are 1 (the default: CUDA graphs on CUDA devices), "
-        "0 (off) and eager (their path without capture, on any device)"
-    )
 
 
 class GraphedSteps:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from corel.loss_catalog import declaration
-from corel.spec import UPLOADED, ExperimentSpec
+from corel.spec import MAX_GROUP, UPLOADED, ExperimentSpec
 from corel.train.checkpoints import LOCATIONS
 
 __all__ = ["LOSS_PARAMETERS", "MAX_GROUP", "MAY_DIFFER", "as_spec", "check_group", "group_key",
@@ -34,11 +34,6 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     if spec.dataset in UPLOADED:
         exclude.discard("dataset_path")
     return tuple(spec.model_dump(exclude=exclude).items())
-
-
-# The most members of one group by default: a lambda grid of 10 over 3 seeds. A group's
-# memory grows with its size (every member's weights, Adam state and batch at once).
-MAX_GROUP = 32
 
 
 def group_specs(specs: Sequence[ExperimentSpec], max_members: int = MAX_GROUP) -> list[list[int]]:

@@ -11,17 +11,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from corel.loss_catalog import declaration
 from corel.spec import ExperimentSpec
-from corel.train.callbacks import Callback, EpochMetrics, GroupCallback
-
-if TYPE_CHECKING:
-    from corel.train.solo import Run
-    from corel.train.stacked import StackedRun
+from corel.train.callbacks import Callback, EpochMetrics, GroupCallback, GroupView, RunView
 
 # The fewest epochs at chance in a row after which a run has failed (see not_learning).
 CHANCE_EPOCHS = 5
@@ -123,7 +118,7 @@ class ChanceGuard(Callback):
         self.epochs = epochs
         self.n_val = n_val
 
-    def on_epoch_end(self, metrics: EpochMetrics, run: Run) -> bool | None:
+    def on_epoch_end(self, metrics: EpochMetrics, run: RunView) -> bool | None:
         verdict = not_learning(run.history, self.chance, run.spec, self.epochs, self.n_val)
         if verdict is not None:
             raise NotLearningError(verdict)
@@ -142,7 +137,7 @@ class GroupChanceGuard(GroupCallback):
         self.epochs = epochs
         self.n_val = n_val
 
-    def on_epoch_end(self, metrics: list[EpochMetrics], group: StackedRun) -> bool | None:
+    def on_epoch_end(self, metrics: list[EpochMetrics], group: GroupView) -> bool | None:
         for i in range(group.size):
             if i not in group.failed:
                 verdict = not_learning(group.histories[i], self.chance, group.specs[i], self.epochs,

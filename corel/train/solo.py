@@ -33,7 +33,6 @@ import torch
 from corel.data import Dataset, load_dataset
 from corel.device import (
     Batches,
-    autocast,
     effective_precision,
     ieee_float32,
     pick_device,
@@ -51,10 +50,12 @@ from corel.train.checkpoints import (
     restore_rng,
     rng_state,
 )
-from corel.train.graphs import GraphedSteps, graph_mode
+from corel.train.graphs import GraphedSteps
 from corel.train.guards import CHANCE_EPOCHS, ChanceGuard, chance_accuracy
-from corel.train.native_step import gaussian_mlp_step
 from corel.train.optim import adam
+from corel.train.options import EngineOptions
+from corel.train.record import Record
+from corel.train.steps import graphed_steps, pass_mode, solo_step
 
 __all__ = [
     "EVAL_BATCH",
@@ -63,7 +64,6 @@ __all__ = [
     "accuracy",
     "build_model",
     "fit",
-    "forward_loss",
     "make_optimizer",
     "pass_totals",
     "represent",
@@ -82,43 +82,8 @@ def train_step(
 ) -> tuple[float, int]:
     """One Adam step on a batch in ``precision`` ("fp32" or "bf16"); returns (loss, number
     of correct predictions)."""
-    loss, sim = _step(model, optimizer, x, y, check=True, precision=precision)
+    loss, sim = solo_step(model, optimizer, x, y, check=True, precision=precision)
     return float(loss), int((sim.argmax(1) == y).sum())
-
-
-def forward_loss(
-    model: Classifier, x: torch.Tensor, y: torch.Tensor, *, check: bool = True,
-    precision: str = "fp32",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, h, similarities) of a batch in the run's precision: for bf16 the encoder
-    and the similarities under bfloat16 autocast, the loss (its reductions) in float32
-    from their float32 casts; for fp32 ``model.loss``."""
-    if precision == "fp32":
-        return model.loss(x, y, check=check)
-    device = x.device
-    with autocast(device, precision):
-        h = model.encoder(x)
-        sim = model.head.similarities(h)
-    h, sim = h.float(), sim.float()
-    return model.head.loss(sim, h, y, check=check), h, sim
-
-
-def _step(
-    model: Classifier, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-    check: bool, precision: str = "fp32",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`train_step` with its results left as tensors on the model's device: the
-    loss and the similarities it was computed from (before this step), detached."""
-    optimizer.zero_grad(set_to_none=True)
-    if precision == "fp32":  # the same step as one native call, where corel.train.native_step covers it
-        done = gaussian_mlp_step(model, optimizer, x, y, check=check)
-        if done is not None:
-            return done
-    loss, h, sim = forward_loss(model, x, y, check=check, precision=precision)
-    loss.backward()
-    optimizer.step()
-    model.head.after_batch(h.detach(), y)
-    return loss.detach(), sim.detach()
 
 
 @torch.inference_mode()
@@ -157,13 +122,31 @@ class Run:
     shuffle: torch.Generator
     device: torch.device
     epoch: int = 0
-    history: list[EpochMetrics] = field(default_factory=list)
-    best_epoch: int = 0
-    best_val_accuracy: float = -1.0
-    test_accuracy: float | None = None
-    best_state: dict[str, torch.Tensor] | None = None
+    record: Record = field(default_factory=Record)
+    # The engine's switches for this run (CUDA graphs, corel.native): the caller's.
+    options: EngineOptions = field(default_factory=EngineOptions, repr=False, compare=False)
     # The training step as a CUDA graph (corel.train.graphs), made on the first pass that takes one.
     graphed: GraphedSteps | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def history(self) -> list[EpochMetrics]:
+        return self.record.history
+
+    @property
+    def best_epoch(self) -> int:
+        return self.record.best_epoch
+
+    @property
+    def best_val_accuracy(self) -> float:
+        return self.record.best_val_accuracy
+
+    @property
+    def test_accuracy(self) -> float | None:
+        return self.record.test_accuracy
+
+    @property
+    def best_state(self) -> dict[str, torch.Tensor] | None:
+        return self.record.best_state
 
     @property
     def precision(self) -> str:
@@ -183,13 +166,7 @@ class Run:
             "model": cpu_state(self.model.state_dict()),
             "optimizer": self.optimizer.state_dict(),
             "rng": rng_state(self.shuffle, self.device),
-            "history": [m.to_dict() for m in self.history],
-            "best": {
-                "epoch": self.best_epoch,
-                "val_accuracy": self.best_val_accuracy,
-                "test_accuracy": self.test_accuracy,
-                "model": self.best_state,
-            },
+            **self.record.to_checkpoint(),
         }
 
     def best_checkpoint(self) -> dict[str, Any]:
@@ -257,10 +234,10 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
     batches = Batches(data.x_train, data.y_train, run.device, batch, torch.randperm(n, generator=run.shuffle))
     losses: list[torch.Tensor] = []
     predicted = torch.empty(n, dtype=torch.int64, device=run.device)
-    mode = graph_mode(run.device, data.x_train)
-    if mode != "off" and run.graphed is None:
-        run.graphed = GraphedSteps(partial(_indexed_step, run), capture=mode == "capture")
-    graphed = run.graphed if mode != "off" else None
+    graphed = graphed_steps(pass_mode(run.options, run.device, data.x_train), run.graphed,
+                            partial(_indexed_step, run))
+    if graphed is not None:
+        run.graphed = graphed
 
     def steps() -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """(start, loss, similarities) of each step, the loss kept past the next step."""
@@ -270,7 +247,8 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
                 yield start, loss.clone(), sim
         else:
             for start, xb, yb in batches:
-                yield start, *_step(model, run.optimizer, xb, yb, check=False, precision=run.precision)
+                yield start, *solo_step(model, run.optimizer, xb, yb, check=False,
+                                        precision=run.precision)
 
     with ieee_float32(run.device):
         for step, (start, loss, sim) in enumerate(steps()):
@@ -284,10 +262,11 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
 
 
 def _indexed_step(run: Run, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_step` on the rows ``idx`` of the run's training data (held on its device)."""
+    """:func:`.steps.solo_step` on the rows ``idx`` of the run's training data (held on its
+    device)."""
     x, y = run.data.x_train, run.data.y_train
-    return _step(run.model, run.optimizer, x.index_select(0, idx), y.index_select(0, idx),
-                 check=False, precision=run.precision)
+    return solo_step(run.model, run.optimizer, x.index_select(0, idx), y.index_select(0, idx),
+                     check=False, precision=run.precision)
 
 
 def pass_totals(
@@ -317,23 +296,11 @@ def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | No
     if model.head.uses_class_means:  # a pair-based loss predicts with the class means
         model.head.set_class_means(represent(model, data.x_train), data.y_train)
     val_acc = accuracy(model, data.x_val, data.y_val)
-    is_best = val_acc > run.best_val_accuracy
-    test_acc = None
-    if is_best:
-        test_acc = accuracy(model, data.x_test, data.y_test)
-        run.best_epoch, run.best_val_accuracy, run.test_accuracy = run.epoch, val_acc, test_acc
-        run.best_state = cpu_state(model.state_dict())
-    metrics = EpochMetrics(
-        epoch=run.epoch,
-        train_loss=total_loss / n,
-        train_accuracy=correct / n,
-        val_accuracy=val_acc,
-        seconds=time.perf_counter() - started,
-        is_best=is_best,
-        test_accuracy=test_acc,
-    )
-    run.history.append(metrics)
-    return metrics
+    test_acc = accuracy(model, data.x_test, data.y_test) if run.record.improves(val_acc) else None
+    return run.record.observe(
+        run.epoch, train_loss=total_loss / n, train_accuracy=correct / n, val_accuracy=val_acc,
+        seconds=time.perf_counter() - started, test_accuracy=test_acc,
+        state=lambda: cpu_state(model.state_dict()))
 
 
 def start_run(
@@ -343,8 +310,10 @@ def start_run(
     checkpoint: dict[str, Any] | None = None,
     device: str | torch.device | None = None,
     data_dir: str | os.PathLike[str] | None = None,
+    options: EngineOptions | None = None,
 ) -> Run:
-    """Build data, model and optimizer for a spec, fresh or from a checkpoint."""
+    """Build data, model and optimizer for a spec, fresh or from a checkpoint; ``options``:
+    the engine's switches (:class:`EngineOptions`; default: the product's)."""
     if not isinstance(spec, ExperimentSpec):
         spec = ExperimentSpec.model_validate(spec)
     if checkpoint is not None:
@@ -357,7 +326,7 @@ def start_run(
     model = build_model(spec, data, dev)
     optimizer = make_optimizer(model, spec.lr)
     shuffle = torch.Generator().manual_seed(spec.seed)
-    run = Run(spec, data, model, optimizer, shuffle, dev)
+    run = Run(spec, data, model, optimizer, shuffle, dev, options=options or EngineOptions())
     if checkpoint is not None:
         _restore(run, checkpoint)
     return run
@@ -384,11 +353,7 @@ def _restore(run: Run, ckpt: dict[str, Any]) -> None:
     run.model.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(optimizer_state(ckpt["optimizer"]))
     run.epoch = int(ckpt["epoch"])
-    run.history = [EpochMetrics(**m) for m in ckpt["history"]]
-    best = ckpt["best"]
-    run.best_epoch, run.best_val_accuracy = int(best["epoch"]), float(best["val_accuracy"])
-    run.test_accuracy = best["test_accuracy"]
-    run.best_state = best["model"]
+    run.record = Record.from_checkpoint(ckpt)
     restore_rng(ckpt, run.shuffle, run.device)
 
 
@@ -401,6 +366,7 @@ def fit(
     device: str | torch.device | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     chance_epochs: int = CHANCE_EPOCHS,
+    options: EngineOptions | None = None,
 ) -> FitResult:
     """Train ``spec.epochs`` epochs (continuing from ``checkpoint`` if given).
 
@@ -412,14 +378,20 @@ def fit(
     A run that :func:`not_learning` judges failed (at chance for ``chance_epochs`` or
     more epochs in a row, or with a non-finite loss) raises :class:`NotLearningError`,
     after the callbacks have seen that epoch; ``chance_epochs=0`` trains on regardless.
+
+    ``options``: the engine's switches (:class:`EngineOptions`: CUDA graphs, corel.native),
+    in force for this call only.
     """
-    run = start_run(spec, data=data, checkpoint=checkpoint, device=device, data_dir=data_dir)
+    options = options or EngineOptions()
+    run = start_run(spec, data=data, checkpoint=checkpoint, device=device, data_dir=data_dir,
+                    options=options)
     cbs = [*callbacks, ChanceGuard(chance_accuracy(run.data.y_val), chance_epochs,
                                    len(run.data.y_val))]
     stopped = False
-    while run.epoch < run.spec.epochs:
-        metrics = run_epoch(run, cbs)
-        if metrics is None or any(cb.on_epoch_end(metrics, run) for cb in cbs):
-            stopped = True
-            break
+    with options.applied():
+        while run.epoch < run.spec.epochs:
+            metrics = run_epoch(run, cbs)
+            if metrics is None or any(cb.on_epoch_end(metrics, run) for cb in cbs):
+                stopped = True
+                break
     return FitResult.from_run(run, stopped)

@@ -68,12 +68,14 @@ from corel.models import FFNN, Classifier
 from corel.spec import ExperimentSpec
 from corel.train.callbacks import EpochMetrics, GroupCallback
 from corel.train.checkpoints import check_resumable, cpu_state, optimizer_state, restore_rng
-from corel.train.graphs import GraphedSteps, graph_mode
+from corel.train.graphs import GraphedSteps
 from corel.train.grouping import as_spec, check_group
 from corel.train.guards import CHANCE_EPOCHS, GroupChanceGuard, chance_accuracy
-from corel.train.native_step import stacked_gaussian_mlp_step, stacked_layers
 from corel.train.optim import adam
+from corel.train.options import EngineOptions
+from corel.train.record import Record
 from corel.train.solo import EVAL_BATCH, FitResult, Run, build_model, make_optimizer, pass_totals
+from corel.train.steps import graphed_steps, pass_mode, stacked_native_layout, stacked_step
 
 __all__ = ["StackedRun", "fit_group"]
 
@@ -151,8 +153,8 @@ class StackedRun:
 
     Build one with :meth:`start`. ``params`` and ``buffers`` hold every member's tensors stacked on a leading
     axis of size M, under the names of ``Classifier.state_dict()``; ``optimizer``
-    is one Adam over ``params``. Per-member bookkeeping (history, best epoch,
-    best weights, test accuracy) mirrors :class:`corel.train.solo.Run` field by field.
+    is one Adam over ``params``. Each member's bookkeeping (history, best epoch, best
+    weights, test accuracy) is a :class:`corel.train.record.Record`, as a solo run's is.
     """
 
     def __init__(
@@ -161,8 +163,10 @@ class StackedRun:
         data: Dataset,
         members: list[Classifier],
         device: torch.device,
+        options: EngineOptions | None = None,
     ) -> None:
         self.specs = specs
+        self.options = options or EngineOptions()
         self.data = data
         self.device = device
         self.members = members
@@ -174,12 +178,8 @@ class StackedRun:
         self.stream_of = [seeds.index(s.seed) for s in specs]
         self._stream_index = torch.tensor(self.stream_of, device=device)
         self.epoch = 0
-        size = len(specs)
-        self.histories: list[list[EpochMetrics]] = [[] for _ in range(size)]
-        self.best_epoch = [0] * size
-        self.best_val_accuracy = [-1.0] * size
-        self.test_accuracy: list[float | None] = [None] * size
-        self.best_state: list[Tensors | None] = [None] * size
+        # One record per member: its history and best epoch, as a solo run keeps them.
+        self.records = [Record() for _ in specs]
         # Members that failed to learn (index: why), marked by corel.train.guards.GroupChanceGuard.
         self.failed: dict[int, str] = {}
         # The training step as a CUDA graph, made on the first pass that takes one.
@@ -202,10 +202,8 @@ class StackedRun:
         self._template = members[0]
         self._state_keys = list(self._template.state_dict())
         self._mlp = _mlp_plan(self._template.encoder)
-        # A Gaussian-COREL FFNN stack in float32 or float64: its step as one native call
-        # where corel.train.native_step covers it (bit for bit the autograd step).
-        native = self.loss_name == "gaussian" and self.precision == "fp32"
-        self._native_layout = stacked_layers(self._mlp) if native else None
+        # What the step as one native call needs (corel.train.steps decides when it runs).
+        self.native_layout = stacked_native_layout(self.loss_name, self.precision, self._mlp)
         self._vmapped_encoder = torch.vmap(self._member_encode, in_dims=(0, 0, None))
         self._vmapped_loss = torch.vmap(self._member_loss, in_dims=(0, 0, 0, 0, 0, None))
         self._vmapped_predict = torch.vmap(self._member_predict, in_dims=(0, 0, 0))
@@ -225,6 +223,7 @@ class StackedRun:
         data: Dataset,
         device: str | torch.device | None = None,
         checkpoints: Sequence[dict[str, Any]] | None = None,
+        options: EngineOptions | None = None,
     ) -> StackedRun:
         """Build the group fresh, or resumed from one checkpoint per member.
 
@@ -246,7 +245,7 @@ class StackedRun:
             if checkpoints is not None:
                 model.load_state_dict(checkpoints[i]["model"])
             members.append(model)
-        run = cls(group, data, members, dev)
+        run = cls(group, data, members, dev, options)
         if checkpoints is not None:
             run._restore(checkpoints)
         return run
@@ -266,17 +265,14 @@ class StackedRun:
             }
         self.optimizer.load_state_dict({"state": state, "param_groups": own["param_groups"]})
         self.epoch = int(first["epoch"])
-        for i, ckpt in enumerate(checkpoints):
-            self.histories[i] = [EpochMetrics(**m) for m in ckpt["history"]]
-            best = ckpt["best"]
-            self.best_epoch[i], self.best_val_accuracy[i] = (
-                int(best["epoch"]),
-                float(best["val_accuracy"]),
-            )
-            self.test_accuracy[i] = best["test_accuracy"]
-            self.best_state[i] = best["model"]
+        self.records = [Record.from_checkpoint(ckpt) for ckpt in checkpoints]
         for stream, shuffle in enumerate(self.shuffles):
             restore_rng(checkpoints[self.stream_of.index(stream)], shuffle, self.device)
+
+    @property
+    def histories(self) -> list[list[EpochMetrics]]:
+        """Every member's epochs so far."""
+        return [r.history for r in self.records]
 
     @property
     def size(self) -> int:
@@ -427,10 +423,10 @@ class StackedRun:
         # Per step kept on the device, added up at the end of the pass, as the solo loop does.
         losses: list[torch.Tensor] = []
         predicted = torch.empty(self.size, n, dtype=torch.int64, device=self.device)
-        mode = graph_mode(self.device, data.x_train)
-        if mode != "off" and self._graphed is None:
-            self._graphed = GraphedSteps(self._indexed_step, capture=mode == "capture")
-        graphed = self._graphed if mode != "off" else None
+        graphed = graphed_steps(pass_mode(self.options, self.device, data.x_train), self._graphed,
+                                self._indexed_step)
+        if graphed is not None:
+            self._graphed = graphed
 
         def results() -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
             """(start, losses, similarities) of each step, the losses kept past the next."""
@@ -440,7 +436,7 @@ class StackedRun:
                     yield start, loss.clone(), sim
             else:
                 for start, xb, yb in steps:
-                    yield start, *self._train_step(xb, yb, per_member)
+                    yield start, *stacked_step(self, xb, yb, per_member)
 
         with ieee_float32(self.device):
             for step, (start, loss, sim) in enumerate(results()):
@@ -451,14 +447,11 @@ class StackedRun:
         total_loss, correct = pass_totals(torch.stack(losses), predicted, labels, batch_size)
         return total_loss.tolist(), [int(c) for c in correct.tolist()]
 
-    def _train_step(self, xb: torch.Tensor, yb: torch.Tensor, per_member: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One Adam step of every member on a batch: (losses (M,), similarities), detached."""
-        self.optimizer.zero_grad(set_to_none=True)
-        done = stacked_gaussian_mlp_step(self._native_layout, self.params, self.buffers, self.optimizer,
-                                         self.lam, self.one_minus_lam, xb, yb)
-        if done is not None:
-            return done
+    def autograd_step(self, xb: torch.Tensor, yb: torch.Tensor, per_member: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One Adam step of every member on a batch through autograd (gradients zeroed by
+        the caller, :func:`corel.train.steps.stacked_step`): (losses (M,), similarities),
+        detached."""
         with autocast(self.device, self.precision):
             h = self.encode(xb, per_member)
         loss, sim = self._stacked_loss(h, yb)
@@ -473,17 +466,17 @@ class StackedRun:
         return loss.detach(), sim.detach()
 
     def _indexed_step(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_train_step` on the rows ``idx`` of the training data: (n,) shared by every
+        """:func:`corel.train.steps.stacked_step` on the rows ``idx`` of the training data: (n,) shared by every
         member, or (streams, n), each stream's own (members then take their stream's)."""
         x, y = self.data.x_train, self.data.y_train
         if idx.dim() == 1:
-            return self._train_step(x.index_select(0, idx), y.index_select(0, idx), False)
+            return stacked_step(self, x.index_select(0, idx), y.index_select(0, idx), False)
         flat = idx.reshape(-1)
         xb = x.index_select(0, flat).view(*idx.shape, *x.shape[1:])
         yb = y.index_select(0, flat).view(idx.shape)
         if self.stream_of != list(range(len(self.shuffles))):
             xb, yb = xb.index_select(0, self._stream_index), yb.index_select(0, self._stream_index)
-        return self._train_step(xb, yb, True)
+        return stacked_step(self, xb, yb, True)
 
     @torch.inference_mode()
     def accuracies(self, x: torch.Tensor, y: torch.Tensor) -> list[float]:
@@ -516,28 +509,15 @@ class StackedRun:
         n = len(data.y_train)
         self.epoch += 1
         val_acc = self.accuracies(data.x_val, data.y_val)
-        improved = [v > best for v, best in zip(val_acc, self.best_val_accuracy, strict=True)]
+        improved = [r.improves(v) for r, v in zip(self.records, val_acc, strict=True)]
         test_acc = self.accuracies(data.x_test, data.y_test) if any(improved) else None
         seconds = time.perf_counter() - started
-        metrics = []
-        for i in range(self.size):
-            member_test = test_acc[i] if test_acc is not None and improved[i] else None
-            if improved[i]:
-                self.best_epoch[i], self.best_val_accuracy[i] = self.epoch, val_acc[i]
-                self.test_accuracy[i] = member_test
-                self.best_state[i] = self.member_state(i)
-            m = EpochMetrics(
-                epoch=self.epoch,
-                train_loss=total_loss[i] / n,
-                train_accuracy=correct[i] / n,
-                val_accuracy=val_acc[i],
-                seconds=seconds,
-                is_best=improved[i],
-                test_accuracy=member_test,
-            )
-            self.histories[i].append(m)
-            metrics.append(m)
-        return metrics
+        return [
+            record.observe(self.epoch, train_loss=total_loss[i] / n, train_accuracy=correct[i] / n,
+                           val_accuracy=val_acc[i], seconds=seconds,
+                           test_accuracy=test_acc[i] if test_acc is not None and improved[i] else None,
+                           state=lambda i=i: self.member_state(i))  # type: ignore[misc]
+            for i, record in enumerate(self.records)]
 
     # ----------------------------------------------------------------------------------
     # Members as ordinary runs
@@ -582,11 +562,8 @@ class StackedRun:
             shuffle=shuffle,
             device=self.device,
             epoch=self.epoch,
-            history=list(self.histories[i]),
-            best_epoch=self.best_epoch[i],
-            best_val_accuracy=self.best_val_accuracy[i],
-            test_accuracy=self.test_accuracy[i],
-            best_state=self.best_state[i],
+            record=self.records[i].snapshot(),
+            options=self.options,
         )
 
     def checkpoints(self) -> list[dict[str, Any]]:
@@ -603,6 +580,7 @@ def fit_group(
     device: str | torch.device | None = None,
     checkpoints: Sequence[dict[str, Any]] | None = None,
     chance_epochs: int = CHANCE_EPOCHS,
+    options: EngineOptions | None = None,
 ) -> list[FitResult]:
     """:func:`corel.train.fit` for a group: one :class:`FitResult` per spec, in order.
 
@@ -610,22 +588,25 @@ def fit_group(
     every result is then ``stopped``. A member that :func:`corel.train.not_learning`
     judges failed (``chance_epochs=0``: none) is marked in ``group.failed`` before the
     callbacks see the epoch, rides along with the others, and ends with its verdict in
-    ``FitResult.failed``; the group stops when every member has failed.
+    ``FitResult.failed``; the group stops when every member has failed. ``options``: the
+    engine's switches, as :func:`corel.train.fit` takes them.
     """
+    options = options or EngineOptions()
     checked = [as_spec(s) for s in specs]
     check_group(checked)
     if data is None:
         data = load_dataset(checked[0], data_dir)
-    group = StackedRun.start(checked, data, device=device, checkpoints=checkpoints)
+    group = StackedRun.start(checked, data, device=device, checkpoints=checkpoints, options=options)
     y_val = group.data.y_val
     guard = GroupChanceGuard(chance_accuracy(y_val), chance_epochs, len(y_val))
     cbs = [guard, *callbacks]
     stopped = False
-    while group.epoch < group.epochs:
-        metrics = group.run_epoch(cbs)
-        if metrics is None or any([bool(cb.on_epoch_end(metrics, group)) for cb in cbs]):
-            stopped = True
-            break
+    with options.applied():
+        while group.epoch < group.epochs:
+            metrics = group.run_epoch(cbs)
+            if metrics is None or any([bool(cb.on_epoch_end(metrics, group)) for cb in cbs]):
+                stopped = True
+                break
     return [FitResult.from_run(group.member_run(i), stopped, group.failed.get(i))
             for i in range(group.size)]
 

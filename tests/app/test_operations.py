@@ -279,31 +279,79 @@ def test_a_worker_refuses_to_start_on_an_unknown_cuda_graphs_setting(tmp_path):
 
 
 LIBRARY_VARIABLES = ("COREL_CUDA_GRAPHS", "COREL_NATIVE", "COREL_NATIVE_DIR")
-# What the library itself reads, in a worker process once its settings are read.
-READ_BY_THE_LIBRARY = ("import worker.celery_app\n"
-                       "from corel import native\nfrom corel.train import graphs\n"
-                       "print(graphs.setting(), native.module() is None, native.build_path().parent)")
+# What the library is given, in a worker process once its settings are read.
+GIVEN_TO_THE_LIBRARY = (
+    "import os\nimport worker.celery_app\nfrom app.settings import engine_options, get_settings\n"
+    "from corel import native\n"
+    "options = engine_options(get_settings())\n"
+    "with options.applied():\n"
+    "    print(options.cuda_graphs, native.module() is None, native.build_path(options.native_dir).parent,\n"
+    f"          any(k in os.environ for k in {LIBRARY_VARIABLES!r}))")
 
 
 def test_a_env_file_reaches_the_library_in_a_worker(tmp_path):
-    """The library reads COREL_CUDA_GRAPHS, COREL_NATIVE and COREL_NATIVE_DIR from the
-    environment itself; written in a .env file (which only the settings read), they reach it
-    once a worker's settings are read, and a variable in the environment still wins."""
+    """COREL_CUDA_GRAPHS, COREL_NATIVE and COREL_NATIVE_DIR written in a .env file (which
+    only the settings read) reach the library as the engine's options, a variable in the
+    environment still wins, and the process's environment is left as it was."""
     (tmp_path / ".env").write_text(
         f"COREL_CUDA_GRAPHS=0\nCOREL_NATIVE=false\nCOREL_NATIVE_DIR={tmp_path / 'builds'}\n")
     env = {k: v for k, v in os.environ.items() if k not in LIBRARY_VARIABLES}
     env.update(PYTHONPATH=str(REPO), COREL_VAR_DIR=str(tmp_path / "var"))
 
-    def library_sees(**variables: str) -> list[str]:
-        proc = subprocess.run([sys.executable, "-c", READ_BY_THE_LIBRARY], cwd=tmp_path,
+    def library_gets(**variables: str) -> list[str]:
+        proc = subprocess.run([sys.executable, "-c", GIVEN_TO_THE_LIBRARY], cwd=tmp_path,
                               env={**env, **variables}, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.split()
 
-    assert library_sees() == ["off", "True", str(tmp_path / "builds")]
+    assert library_gets() == ["off", "True", str(tmp_path / "builds"), "False"]
     built = str(native.build_path().parent)  # where make install built it
-    assert library_sees(COREL_CUDA_GRAPHS="eager", COREL_NATIVE="1", COREL_NATIVE_DIR=built) == [
-        "eager", "False", built]
+    assert library_gets(COREL_CUDA_GRAPHS="eager", COREL_NATIVE="1", COREL_NATIVE_DIR=built) == [
+        "eager", "False", built, "True"]
     # An empty variable is the default, for the settings as for the library: the worker
     # starts (it refused to, on the settings' bool) and the build loads.
-    assert library_sees(COREL_NATIVE="", COREL_NATIVE_DIR=built) == ["off", "False", built]
+    assert library_gets(COREL_NATIVE="", COREL_NATIVE_DIR=built) == ["off", "False", built, "True"]
+
+
+def test_two_settings_in_one_process_each_reach_their_own_training_call(settings, monkeypatch):
+    """The library reads no environment: each Settings object reaches the training call the
+    worker makes with it (native off and the graphed path for one, native on and graphs off
+    for the other), in one process, whatever os.environ says."""
+    from corel.train import steps
+    from worker.runner import train_experiment
+
+    monkeypatch.setenv("COREL_NATIVE", "1")  # ignored: only the settings count
+    monkeypatch.setenv("COREL_CUDA_GRAPHS", "maybe")
+    taken: list[str] = []
+    native_step = steps.gaussian_mlp_step
+
+    def counted_native(*args, **kwargs):
+        done = native_step(*args, **kwargs)
+        taken.append("native" if done is not None else "autograd")
+        return done
+
+    class CountedGraph(steps.GraphedSteps):
+        def __call__(self, idx):
+            taken.append("graphed")
+            return super().__call__(idx)
+
+    monkeypatch.setattr(steps, "gaussian_mlp_step", counted_native)
+    monkeypatch.setattr(steps, "GraphedSteps", CountedGraph)
+    idle = settings.model_copy(update={"queue": "corel-nobody-listens"})
+    plain = idle.model_copy(update={"native": False, "cuda_graphs": "eager"})
+    fast = idle.model_copy(update={"native": True, "cuda_graphs": "0"})
+    spec = {"dataset": "digits", "model": "ffnn", "loss": "gaussian", "lam": 0.8, "epochs": 1,
+            "batch_size": 256, "lr": 0.003}
+    seen = {}
+    with TestClient(create_app(idle)) as c:
+        for name, these in (("plain", plain), ("fast", fast), ("plain again", plain)):
+            experiment_id = c.post("/experiments", json=spec).json()["id"]
+            taken.clear()
+            assert train_experiment(experiment_id, c.app.state.sessionmaker, these) == "succeeded"
+            seen[name] = {way: taken.count(way) for way in set(taken)}
+            assert c.get(f"/experiments/{experiment_id}").json()["status"] == "succeeded"
+    # digits: 1078 training rows, 5 batches of 256 an epoch. The graphed path, every step
+    # through autograd (native off); then no graphs, every step native but the first (which
+    # makes Adam's state).
+    assert seen["plain"] == seen["plain again"] == {"graphed": 5, "autograd": 5}, seen
+    assert seen["fast"] == {"autograd": 1, "native": 4}, seen

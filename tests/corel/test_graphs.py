@@ -9,8 +9,10 @@ import torch
 
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
-from corel.train import StackedRun, fit, run_epoch, start_run
-from corel.train.graphs import WARMUP, GraphedSteps, graph_mode, setting
+from corel.train import EngineOptions, StackedRun, fit, run_epoch, start_run
+from corel.train.graphs import WARMUP, GraphedSteps
+from corel.train.options import parse_cuda_graphs
+from corel.train.steps import pass_mode
 
 # digits at batch 16: 79 steps a pass, the last one short (1,257 = 78 x 16 + 9).
 BASE = {"dataset": "digits", "batch_size": 16, "lr": 1e-3, "epochs": 2}
@@ -37,14 +39,11 @@ def digits64():
 
 
 @pytest.fixture
-def graphs(monkeypatch):
-    """Sets COREL_CUDA_GRAPHS for the test's span."""
-    def set_mode(value: str | None) -> None:
-        if value is None:
-            monkeypatch.delenv("COREL_CUDA_GRAPHS", raising=False)
-        else:
-            monkeypatch.setenv("COREL_CUDA_GRAPHS", value)
-    return set_mode
+def graphs():
+    """The engine's options for a COREL_CUDA_GRAPHS value, as the settings read it."""
+    def options(value: str | None) -> EngineOptions:
+        return EngineOptions(cuda_graphs=parse_cuda_graphs(value or ""))
+    return options
 
 
 def state(tensors: dict) -> dict:
@@ -59,18 +58,15 @@ def test_the_setting():
     x = torch.zeros(3)
     cpu = torch.device("cpu")
     for value, want, on_cpu in (("1", "capture", "off"), ("eager", "eager", "eager"), ("0", "off", "off"),
-                                ("", "capture", "off"), ("Off", "off", "off"), (None, "capture", "off")):
-        with pytest.MonkeyPatch.context() as m:
-            if value is None:
-                m.delenv("COREL_CUDA_GRAPHS", raising=False)
-            else:
-                m.setenv("COREL_CUDA_GRAPHS", value)
-            assert setting() == want, value
-            assert graph_mode(cpu, x) == on_cpu, value  # a CPU never captures
-    with pytest.MonkeyPatch.context() as m:
-        m.setenv("COREL_CUDA_GRAPHS", "maybe")
-        with pytest.raises(ValueError, match=r"COREL_CUDA_GRAPHS='maybe': allowed are 1 .* 0 .* eager"):
-            setting()
+                                ("", "capture", "off"), ("Off", "off", "off")):
+        options = EngineOptions(cuda_graphs=parse_cuda_graphs(value))
+        assert options.cuda_graphs == want, value
+        assert pass_mode(options, cpu, x) == on_cpu, value  # a CPU never captures
+    assert pass_mode(EngineOptions(), cpu, x) == "off"
+    with pytest.raises(ValueError, match=r"COREL_CUDA_GRAPHS='maybe': allowed are 1 .* 0 .* eager"):
+        parse_cuda_graphs("maybe")
+    with pytest.raises(ValueError, match=r"cuda_graphs='on': allowed are capture, off, eager"):
+        EngineOptions(cuda_graphs="on")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", list(SOLO))
@@ -79,8 +75,7 @@ def test_a_run_trains_the_same_through_the_graphed_path(digits64, graphs, name):
     data = digits64 if spec.precision == "fp32" else digits64.astype(torch.float32)
     runs = {}
     for mode in (None, "eager"):
-        graphs(mode)
-        run = start_run(spec, data=data)
+        run = start_run(spec, data=data, options=graphs(mode))
         history = [run_epoch(run) for _ in range(spec.epochs)]
         runs[mode] = (run, history)
     (plain, plain_history), (graphed, graphed_history) = runs[None], runs["eager"]
@@ -101,8 +96,7 @@ def test_a_group_trains_the_same_through_the_graphed_path(digits64, graphs, name
     specs = [ExperimentSpec(**{**BASE, **fields}) for fields in GROUPS[name]]
     groups = {}
     for mode in (None, "eager"):
-        graphs(mode)
-        group = StackedRun.start(specs, digits64)
+        group = StackedRun.start(specs, digits64, options=graphs(mode))
         history = [group.run_epoch() for _ in range(2)]
         groups[mode] = (group, history)
     (plain, plain_history), (graphed, graphed_history) = groups[None], groups["eager"]
@@ -122,8 +116,7 @@ def test_a_run_s_step_changes_its_tensors_in_place(digits64, graphs, name):
     """A CUDA graph replays its writes into the tensors it recorded: a step that rebinds a
     parameter, a buffer or Adam's state to a new tensor would leave the model reading a
     tensor the graph no longer writes."""
-    graphs("eager")
-    run = start_run(ExperimentSpec(**{**BASE, **SOLO[name]}), data=digits64)
+    run = start_run(ExperimentSpec(**{**BASE, **SOLO[name]}), data=digits64, options=graphs("eager"))
     run_epoch(run)  # Adam's state exists from the first step on
     tensors = {**dict(run.model.named_parameters()), **dict(run.model.named_buffers())}
     before, held = state(tensors), dict(tensors)
@@ -138,8 +131,7 @@ def test_a_run_s_step_changes_its_tensors_in_place(digits64, graphs, name):
 
 @pytest.mark.parametrize("name", ["center-seeds", "gaussian-lams"])
 def test_a_group_s_step_changes_its_tensors_in_place(digits64, graphs, name):
-    graphs("eager")
-    group = StackedRun.start([ExperimentSpec(**{**BASE, **f}) for f in GROUPS[name]], digits64)
+    group = StackedRun.start([ExperimentSpec(**{**BASE, **f}) for f in GROUPS[name]], digits64, options=graphs("eager"))
     group.run_epoch()
     held = {**group.params, **group.buffers}
     before = state(held)
@@ -174,9 +166,8 @@ def test_graphed_steps_run_every_step_eagerly_without_capture():
 def test_a_finished_run_lets_its_graph_go(digits64, graphs):
     """fit's result holds its run; the run's graph (on a GPU: a memory pool of its own) goes
     when training ends, and a run trained further takes a new one."""
-    graphs("eager")
     spec = ExperimentSpec(**{**BASE, "epochs": 1, "loss": "gaussian", "lam": 0.75})
-    result = fit(spec, data=digits64)
+    result = fit(spec, data=digits64, options=graphs("eager"))
     assert result.run.epoch == 1 and result.run.graphed is None
     result.run.spec = spec.model_copy(update={"epochs": 2})
     run_epoch(result.run)

@@ -1,5 +1,5 @@
 """corel.native's loader: a build is keyed by its source (a stale one never loads), and
-COREL_NATIVE=0 (or off, false, no) or a missing build leaves the Python nodes running."""
+native turned off (the engine's options) or a missing build leaves the Python nodes running."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from corel import native
 
 @pytest.fixture
 def fresh(monkeypatch):
-    native.module.cache_clear()
+    native.forget()
     yield monkeypatch
-    native.module.cache_clear()
+    native.forget()
 
 
 def test_the_build_this_environment_made_loads_and_is_used():
@@ -31,16 +31,37 @@ def test_a_changed_source_is_a_new_build_path_that_is_not_built(fresh, tmp_path)
     assert native.module() is None  # the old build is not loaded for the new source
 
 
-def test_corel_native_0_and_another_directory_leave_the_python_nodes(fresh, tmp_path):
-    for off in ("0", "false", "Off", " no "):  # the words the service's settings read as off
-        fresh.setenv("COREL_NATIVE", off)
-        assert native.module() is None, off
-        native.module.cache_clear()
-    for on in ("", "1", "true"):  # empty, as unset, is on: the build loads
-        fresh.setenv("COREL_NATIVE", on)
-        assert native.module() is not None, on
-        native.module.cache_clear()
-    fresh.delenv("COREL_NATIVE")
-    fresh.setenv("COREL_NATIVE_DIR", str(tmp_path))
-    assert native.build_path().parent == tmp_path
-    assert native.module() is None
+def test_native_off_and_another_directory_leave_the_python_nodes(fresh, tmp_path):
+    with native.using(False):
+        assert native.module() is None
+        with native.using(True):  # the innermost choice holds, and ends with its block
+            assert native.module() is not None
+        assert native.module() is None
+    assert native.module() is not None  # the default: on, the environment's build
+    with native.using(True, tmp_path):
+        assert native.build_path(tmp_path).parent == tmp_path
+        assert native.module() is None  # nothing built there
+    assert native.module() is not None
+
+
+def test_each_thread_keeps_its_own_choice(fresh):
+    """A worker's training thread turns the nodes off for its run; the API's threads (and
+    another run's) keep theirs."""
+    import threading
+
+    inside, seen = threading.Event(), threading.Event()
+    outside: list[object] = []
+
+    def train_without_native() -> None:
+        with native.using(False):
+            inside.set()
+            seen.wait(10)
+            outside.append(native.module())
+
+    thread = threading.Thread(target=train_without_native)
+    thread.start()
+    assert inside.wait(10)
+    assert native.module() is not None  # this thread: the default
+    seen.set()
+    thread.join(10)
+    assert outside == [None]

@@ -11,7 +11,7 @@ from corel import native
 from corel.data import Dataset
 from corel.models import build_classifier
 from corel.spec import ExperimentSpec
-from corel.train import adam, solo
+from corel.train import adam, solo, steps
 from corel.train import native_step as step
 
 
@@ -58,8 +58,8 @@ def test_the_native_step_is_the_autograd_step_bit_for_bit(dtype, monkeypatch):
     for name in ("native", "autograd"):
         model, optimizer = _model(dtype)
         counted = Counted()
-        monkeypatch.setattr(solo, "gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
-        outs = [solo._step(model, optimizer, x, y, check=i % 2 == 0) for i, (x, y) in enumerate(batches)]
+        monkeypatch.setattr(steps, "gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
+        outs = [steps.solo_step(model, optimizer, x, y, check=i % 2 == 0) for i, (x, y) in enumerate(batches)]
         results[name] = model, optimizer, outs, counted
     (model, optimizer, outs, counted), (their_model, their_optimizer, their_outs, _) = results.values()
     # The first step creates Adam's state on torch's path; every later one is native.
@@ -87,7 +87,7 @@ def test_a_pass_trains_with_the_native_step_and_as_before(monkeypatch):
     totals = {}
     for name in ("native", "autograd"):
         counted = Counted()
-        monkeypatch.setattr(solo, "gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
+        monkeypatch.setattr(steps, "gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
         run = solo.start_run(spec, data=data, device="cpu")
         totals[name] = solo.train_pass(run), [p.detach().clone() for p in run.model.parameters()]
         if name == "native":
@@ -99,7 +99,7 @@ def test_a_pass_trains_with_the_native_step_and_as_before(monkeypatch):
 def test_bad_labels_are_refused_as_the_autograd_step_refuses_them():
     model, optimizer = _model()
     (x, y), (x2, y2) = _batches(torch.float32, steps=2)
-    solo._step(model, optimizer, x, y, check=True)  # Adam's state exists: the native step is next
+    steps.solo_step(model, optimizer, x, y, check=True)  # Adam's state exists: the native step is next
     with pytest.raises(ValueError, match=r"labels must lie in 0\.\.9"):
         step.gaussian_mlp_step(model, optimizer, x2, y2 + 10, check=True)
     with pytest.raises(ValueError, match=r"labels must have shape \(16,\)"):
@@ -109,7 +109,7 @@ def test_bad_labels_are_refused_as_the_autograd_step_refuses_them():
 def _stepped(**spec):
     model, optimizer = _model(**spec)
     x, y = _batches(torch.float32, steps=1)[0]
-    solo._step(model, optimizer, x, y, check=False)
+    steps.solo_step(model, optimizer, x, y, check=False)
     return model, optimizer, x, y
 
 
@@ -125,7 +125,7 @@ def test_hooks_and_the_first_step_keep_the_autograd_step():
     model, optimizer = _model()
     x, y = _batches(torch.float32, steps=1)[0]
     assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is None  # no Adam state yet
-    solo._step(model, optimizer, x, y, check=False)
+    steps.solo_step(model, optimizer, x, y, check=False)
     before = model.head.W.detach().clone()
     assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is not None
     assert not torch.equal(model.head.W, before)  # it stepped
@@ -133,7 +133,7 @@ def test_hooks_and_the_first_step_keep_the_autograd_step():
     seen = []
     hook = model.head.W.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.norm()))
     assert step.gaussian_mlp_step(model, optimizer, x, y, check=False) is None
-    solo._step(model, optimizer, x, y, check=False)
+    steps.solo_step(model, optimizer, x, y, check=False)
     assert len(seen) == 1  # the autograd step ran, and the hook with it
     hook.remove()
     forward = model.encoder.register_forward_hook(lambda *args: seen.append(None))
@@ -166,12 +166,11 @@ def _group(dtype, seeds, **spec):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("seeds", [[0], [0, 1]], ids=["shared batches", "a stream per seed"])
 def test_the_stacked_native_step_is_the_autograd_step_bit_for_bit(dtype, seeds, monkeypatch):
-    from corel.train import stacked
 
     results = {}
     for name in ("native", "autograd"):
         counted = Counted(step.stacked_gaussian_mlp_step)
-        monkeypatch.setattr(stacked, "stacked_gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
+        monkeypatch.setattr(steps, "stacked_gaussian_mlp_step", counted if name == "native" else lambda *a, **k: None)
         run = _group(dtype, seeds)
         first = run.train_pass()
         second = run.train_pass()
@@ -191,10 +190,9 @@ def test_the_stacked_native_step_is_the_autograd_step_bit_for_bit(dtype, seeds, 
 
 @pytest.mark.parametrize("spec", [{"loss": "cce"}, {"learn_gamma": True}, {"model": "cnn"}])
 def test_other_stacks_take_the_autograd_step(spec, monkeypatch):
-    from corel.train import stacked
 
     counted = Counted(step.stacked_gaussian_mlp_step)
-    monkeypatch.setattr(stacked, "stacked_gaussian_mlp_step", counted)
+    monkeypatch.setattr(steps, "stacked_gaussian_mlp_step", counted)
     run = _group(torch.float32, [0], **spec)
     run.train_pass()
     run.train_pass()

@@ -1,4 +1,4 @@
-"""corel.train.graphs on a GPU (COREL_CUDA_GRAPHS=1, the default): the training step captured
+"""corel.train.graphs on a GPU (cuda_graphs="capture", the default): the training step captured
 once as a CUDA graph and replayed for every full batch trains what the eager loop trains.
 Written in a session without a GPU (issue 24), first passed on an H100 on 2026-11-27;
 bench/on_gpu.sh runs this file first and trains the CNN rows with graphs only where it
@@ -13,8 +13,9 @@ import corel.train.solo
 import corel.train.stacked
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
-from corel.train import StackedRun, run_epoch, start_run
+from corel.train import EngineOptions, StackedRun, run_epoch, start_run
 from corel.train.graphs import WARMUP
+from corel.train.options import parse_cuda_graphs
 
 pytestmark = pytest.mark.gpu
 
@@ -28,6 +29,11 @@ SOLO = {
 }
 # Step calls in two passes: WARMUP eager, one recorded, the short last batch of each pass.
 EAGER_CALLS = WARMUP + 1 + 2
+
+
+def graphs(value: str) -> EngineOptions:
+    """The engine's options for a COREL_CUDA_GRAPHS value, as the settings read it."""
+    return EngineOptions(cuda_graphs=parse_cuda_graphs(value))
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +58,10 @@ def counted(monkeypatch, module, name):
 def test_a_graphed_run_trains_as_the_eager_run(digits, monkeypatch, name):
     spec = ExperimentSpec(**{**BASE, **SOLO[name]})
     data = digits.astype(torch.float64)  # where rounding cannot grow
-    monkeypatch.setenv("COREL_CUDA_GRAPHS", "0")
-    eager = start_run(spec, data=data)
+    eager = start_run(spec, data=data, options=graphs("0"))
     eager_history = [run_epoch(eager) for _ in range(2)]
-    monkeypatch.setenv("COREL_CUDA_GRAPHS", "1")
     calls = counted(monkeypatch, corel.train.solo, "_indexed_step")
-    graphed = start_run(spec, data=data)
+    graphed = start_run(spec, data=data, options=graphs("1"))
     graphed_history = [run_epoch(graphed) for _ in range(2)]
     steps = graphed.graphed
     assert graphed.device.type == "cuda" and steps is not None
@@ -74,13 +78,11 @@ def test_a_graphed_stacked_cnn_seed_group_trains_as_the_eager_one(digits, monkey
     data = digits.astype(torch.float64)
     specs = [ExperimentSpec(**{**BASE, "model": "cnn", "loss": "gaussian", "lam": 0.8, "seed": s})
              for s in (0, 1, 0)]
-    monkeypatch.setenv("COREL_CUDA_GRAPHS", "0")
-    eager = StackedRun.start(specs, data)
+    eager = StackedRun.start(specs, data, options=graphs("0"))
     for _ in range(2):
         eager.run_epoch()
-    monkeypatch.setenv("COREL_CUDA_GRAPHS", "1")
     calls = counted(monkeypatch, StackedRun, "_indexed_step")
-    graphed = StackedRun.start(specs, data)
+    graphed = StackedRun.start(specs, data, options=graphs("1"))
     for _ in range(2):
         graphed.run_epoch()
     assert graphed._graphed is not None and graphed._graphed.failed is None and graphed._graphed.replaying
@@ -96,8 +98,7 @@ def test_a_graphed_center_group_keeps_its_centers_in_step(digits, monkeypatch):
     specs = [ExperimentSpec(**{**BASE, "loss": "center", "lam": 0.3, "alpha": a}) for a in (0.1, 0.9)]
     results = {}
     for mode in ("0", "1"):
-        monkeypatch.setenv("COREL_CUDA_GRAPHS", mode)
-        group = StackedRun.start(specs, data)
+        group = StackedRun.start(specs, data, options=graphs(mode))
         for _ in range(2):
             group.run_epoch()
         results[mode] = [group.member_state(i) for i in range(len(specs))]
@@ -112,8 +113,7 @@ def test_a_graphed_bf16_run_learns_as_the_eager_one(digits, monkeypatch):
     spec = ExperimentSpec(**{**BASE, "loss": "gaussian", "lam": 0.75, "precision": "bf16", "epochs": 3})
     accuracies = {}
     for mode in ("0", "1"):
-        monkeypatch.setenv("COREL_CUDA_GRAPHS", mode)
-        run = start_run(spec, data=digits)
+        run = start_run(spec, data=digits, options=graphs(mode))
         history = [run_epoch(run) for _ in range(3)]
         accuracies[mode] = history[-1].val_accuracy
         if mode == "1":
@@ -131,8 +131,7 @@ def test_a_graphed_step_never_waits_for_the_gpu(digits, monkeypatch):
             torch.cuda.set_sync_debug_mode("error" if WARMUP + 1 <= step < 18 else "default")
             return False
 
-    monkeypatch.setenv("COREL_CUDA_GRAPHS", "1")
-    run = start_run({**BASE, "loss": "gaussian", "lam": 0.75}, data=digits)
+    run = start_run({**BASE, "loss": "gaussian", "lam": 0.75}, data=digits, options=graphs("1"))
     try:
         assert corel.train.solo.train_pass(run, [NoWaits()]) is not None
     finally:
@@ -144,16 +143,14 @@ def test_graphs_are_the_default_on_a_gpu_and_0_turns_them_off(digits, monkeypatc
     """Unset, COREL_CUDA_GRAPHS captures on CUDA (the default since these tests passed on an
     H100); 0 leaves a run and a stacked group on the plain loop."""
     specs = [ExperimentSpec(**{**BASE, "loss": "gaussian", "lam": lam}) for lam in (0.5, 0.8)]
-    monkeypatch.delenv("COREL_CUDA_GRAPHS", raising=False)
     run = start_run(specs[0], data=digits)
     run_epoch(run)
     group = StackedRun.start(specs, digits)
     group.run_epoch()
     assert run.device.type == "cuda" and run.graphed is not None and run.graphed.replaying
     assert group._graphed is not None and group._graphed.replaying
-    monkeypatch.setenv("COREL_CUDA_GRAPHS", "0")
-    run = start_run(specs[0], data=digits)
+    run = start_run(specs[0], data=digits, options=graphs("0"))
     run_epoch(run)
-    group = StackedRun.start(specs, digits)
+    group = StackedRun.start(specs, digits, options=graphs("0"))
     group.run_epoch()
     assert run.device.type == "cuda" and run.graphed is None and group._graphed is None
