@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO))
 from app.db import make_engine, make_sessionmaker, session_scope  # noqa: E402
 from app.migrate import upgrade  # noqa: E402
 from app.services.indexes import load_index  # noqa: E402
+from app.services.lookup import best_checkpoint  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from corel.index import VectorIndex, recall_at_k  # noqa: E402
 from corel.serving import ServedModel  # noqa: E402
@@ -250,8 +251,6 @@ def run(stack: Stack, args: argparse.Namespace) -> None:
     x_q, _ = data(args.queries, seed=3)
     factory = make_sessionmaker(make_engine(stack.url))
     with session_scope(factory) as session:
-        from app.services.clustering import best_checkpoint
-
         served = ServedModel.from_bytes(best_checkpoint(session, eid), "cpu")
     h = served.embed(served.prepare(x_q)).numpy()
     loaded: dict[str, VectorIndex] = {}

@@ -31,7 +31,7 @@ from sklearn.datasets import load_digits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.cluster.hosts import Cluster, cluster_available
+from tests.cluster.hosts import API_TOKEN, Cluster, cluster_available
 
 SETTINGS = {"COREL_DOWNLOAD": "false"}
 
@@ -79,7 +79,9 @@ def main() -> int:
     try:
         cluster.migrate()
         url = cluster.start_api()
-        with httpx.Client(base_url=url, timeout=60) as api:
+        # The API host serves the cluster's network, so it asks for its admin token.
+        with httpx.Client(base_url=url, timeout=60,
+                          headers={"Authorization": f"Bearer {API_TOKEN}"}) as api:
             if args.dataset == "digits":  # uploaded through the API host, as a user's table is
                 d = load_digits()
                 buf = io.BytesIO()
