@@ -26,6 +26,7 @@ from app.routes import (
     analysis,
     datasets,
     embedding_jobs,
+    encoders,
     events,
     experiments,
     health,
@@ -121,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(embedding_jobs.router)
     app.include_router(indexes.router)
     app.include_router(losses.router)
+    app.include_router(encoders.router)
     app.include_router(shares.router)
     app.include_router(users.router)
     app.include_router(web_router)  # the dashboard: / and /ui/...

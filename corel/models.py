@@ -18,12 +18,14 @@ does. The final hidden layer h (128-d by default) is the representation.
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from corel.encoder_catalog import TEXT_DROPOUT, encoder
 from corel.fused import fusable, leaky_mlp
 from corel.losses import LossHead, build_loss
 from corel.spec import ExperimentSpec
@@ -31,7 +33,6 @@ from corel.spec import ExperimentSpec
 __all__ = ["FFNN", "Classifier", "ImageCNN", "Prediction", "TextCNN", "build_classifier"]
 
 LEAK = 0.1
-TEXT_DROPOUT = 0.5
 
 
 def _mlp(in_dim: int, hidden: int, dropout: float) -> list[nn.Module]:
@@ -173,14 +174,13 @@ class Classifier(nn.Module):
 
 
 def build_encoder(spec: ExperimentSpec, input_shape: tuple[int, ...]) -> nn.Module:
-    if spec.model == "cnn":
-        if spec.modality == "image":
-            return ImageCNN(input_shape, spec.hidden)
-        if spec.modality == "text":
-            return TextCNN(input_shape, spec.hidden)
-        raise ValueError(f"model 'cnn' does not apply to {spec.modality} inputs; use 'ffnn'")
-    dropout = TEXT_DROPOUT if spec.modality == "text" else 0.0
-    return FFNN(input_shape, spec.hidden, dropout)
+    """The spec's encoder for its modality, as its declaration (``corel.encoder_catalog``)
+    says to build it."""
+    decl = encoder(spec.model, spec.modality)
+    module_name, _, class_name = decl.builder.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    built: nn.Module = cls(input_shape, spec.hidden, **dict(decl.builder_args))
+    return built
 
 
 def build_classifier(

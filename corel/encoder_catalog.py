@@ -1,0 +1,129 @@
+"""Each encoder declared once: what the spec, the data loaders, training, serving, export and
+``GET /encoders`` read about it.
+
+An encoder is F in h = F(x): it turns a modality's prepared inputs into the representation
+the loss's head scores. A declaration holds its facts: its name (a spec's ``model``), the
+modality it reads, the input the data loader prepares for it (pixels, a text's averaged
+word vectors or its sequence of them, a table's vectors), how it is built (the class in
+:mod:`corel.models`, by dotted name: this module imports no torch, so the service's settings
+and schemas may read it), the width of its output, its dropout, whether its weights may be
+frozen, and how it exports. The paper's four encoders (Section 4: an FFNN and a CNN over
+pixels, an FFNN over averaged GloVe vectors, Kim's CNN over GloVe sequences) and the FFNN
+over an uploaded table's vectors are its entries; one name may cover several modalities
+(``ffnn``), each its own declaration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+__all__ = ["DECLARATIONS", "INPUTS", "MODALITIES", "EncoderDeclaration", "Input", "Modality",
+           "encoder", "models_for"]
+
+Modality = Literal["image", "text", "vector"]
+MODALITIES: tuple[Modality, ...] = get_args(Modality)
+
+Input = Literal["pixels", "word-vector-mean", "word-vector-sequence", "vectors"]
+INPUTS: dict[Input, str] = {
+    "pixels": "the image's pixels, (channels, height, width), scaled as its dataset's loader does",
+    "word-vector-mean": "the mean of the text's word vectors (GloVe; corel.data.text), (dim,)",
+    "word-vector-sequence": "the text's word vectors in order, padded or cut to a fixed length, "
+                            "(length, dim)",
+    "vectors": "the row's numbers as uploaded, (features,)",
+}
+"""What a data loader prepares for an encoder, in words (the loaders read the key)."""
+
+
+@dataclass(frozen=True)
+class EncoderDeclaration:
+    """One encoder on one modality: the facts the rest of corel reads about it."""
+
+    name: str
+    """As a spec's ``model`` names it."""
+    modality: Modality
+    display: str
+    input: Input
+    builder: str
+    """The ``torch.nn.Module`` class that builds it, ``"module:Class"``, called as
+    ``Class(input_shape, hidden, **builder_args)``."""
+    builder_args: tuple[tuple[str, Any], ...] = ()
+    dropout: float = 0.0
+    """Dropout of its fully connected layers (the paper's text models: 0.5)."""
+    width: int | None = None
+    """The width of its output; None: the spec's ``hidden`` (the paper's 128)."""
+    freezable: bool = False
+    """Whether a spec may train a head on it with its weights frozen (pretrained encoders)."""
+    pretrained: bool = False
+    export: str = "onnx: from the prepared input tensor"
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.modality not in MODALITIES:
+            raise ValueError(f"encoder {self.name!r}: modality must be one of {', '.join(MODALITIES)}")
+        if self.input not in INPUTS:
+            raise ValueError(f"encoder {self.name!r}: input must be one of {', '.join(INPUTS)}")
+        if ":" not in self.builder:
+            raise ValueError(f"encoder {self.name!r}: builder must read 'module:Class'")
+
+    @property
+    def key(self) -> tuple[str, Modality]:
+        return (self.name, self.modality)
+
+    def output_width(self, hidden: int) -> int:
+        """The width of h for a spec whose ``hidden`` is ``hidden``."""
+        return self.width if self.width is not None else hidden
+
+    def to_dict(self) -> dict[str, Any]:
+        """The declaration as ``GET /encoders`` answers it."""
+        return {"name": self.name, "modality": self.modality, "display": self.display,
+                "input": self.input, "input_description": INPUTS[self.input],
+                "width": self.width, "dropout": self.dropout, "freezable": self.freezable,
+                "pretrained": self.pretrained, "export": self.export, "doc": self.doc}
+
+
+TEXT_DROPOUT = 0.5
+"""The paper's dropout for its text models (after the input and between the fully
+connected layers)."""
+
+_DECLARED = [
+    EncoderDeclaration(
+        name="ffnn", modality="image", display="FFNN", input="pixels", builder="corel.models:FFNN",
+        doc="The paper's feed-forward network: flatten, then two fully connected hidden layers "
+            "with LeakyReLU(0.1)."),
+    EncoderDeclaration(
+        name="cnn", modality="image", display="CNN", input="pixels", builder="corel.models:ImageCNN",
+        doc="The paper's image CNN: convolutions of 15, 30 and 60 filters, each with 2x2 "
+            "max-pooling, then two fully connected hidden layers."),
+    EncoderDeclaration(
+        name="ffnn", modality="text", display="FFNN (word-vector mean)", input="word-vector-mean",
+        builder="corel.models:FFNN", builder_args=(("dropout", TEXT_DROPOUT),), dropout=TEXT_DROPOUT,
+        doc="The paper's text FFNN: the FFNN over the mean of a text's GloVe vectors, dropout 0.5 "
+            "after the input and between the fully connected layers."),
+    EncoderDeclaration(
+        name="cnn", modality="text", display="CNN (Kim 2014)", input="word-vector-sequence",
+        builder="corel.models:TextCNN", dropout=TEXT_DROPOUT,
+        doc="Kim's CNN over a text's GloVe vectors: widths 3, 4 and 5, max-over-time pooling, "
+            "then two fully connected hidden layers, dropout 0.5."),
+    EncoderDeclaration(
+        name="ffnn", modality="vector", display="FFNN", input="vectors", builder="corel.models:FFNN",
+        doc="The FFNN over an uploaded table's vectors (npz)."),
+]
+
+DECLARATIONS: dict[tuple[str, Modality], EncoderDeclaration] = {d.key: d for d in _DECLARED}
+"""Every declared encoder, by (name, modality)."""
+
+
+def models_for(modality: str) -> tuple[str, ...]:
+    """The encoder names a spec may choose for inputs of ``modality``, in declaration order."""
+    return tuple(d.name for d in DECLARATIONS.values() if d.modality == modality)
+
+
+def encoder(name: str, modality: str) -> EncoderDeclaration:
+    """The declaration of encoder ``name`` on ``modality``; a ValueError names the allowed ones."""
+    found = DECLARATIONS.get((name, modality))  # type: ignore[arg-type]
+    if found is None:
+        allowed = models_for(modality)
+        raise ValueError(f"model {name!r} does not apply to {modality} inputs; allowed: "
+                         f"{', '.join(allowed) if allowed else 'none'}")
+    return found
