@@ -34,7 +34,7 @@ $(NATIVE): corel/native/fused.cpp corel/native/__init__.py $(SERVICE_STAMP)
 install: $(STAMP) $(NATIVE)
 
 lint: $(STAMP)
-	$(BIN)/ruff check corel app worker tests bench
+	$(BIN)/ruff check corel app worker tests bench harness
 	$(BIN)/mypy
 
 # The library's numeric tests once more on other kernels than this CPU's own: torch's
@@ -43,7 +43,7 @@ lint: $(STAMP)
 KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 
 test: $(STAMP) $(NATIVE)
-	$(BIN)/ruff check corel app worker tests bench
+	$(BIN)/ruff check corel app worker tests bench harness
 	$(BIN)/mypy
 	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/corel
 	$(BIN)/python -m pytest -q

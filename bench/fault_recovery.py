@@ -1,7 +1,7 @@
 """Fault recovery: how long the service takes to work again after each fault.
 
 Runs the API (uvicorn, in this process) and one `corel worker` on a PostgreSQL cluster
-and a Redis server of its own (tests/app/faults.py: never the machine's shared ones),
+and a Redis server of its own (harness/servers.py: never the machine's shared ones),
 injects each fault while a run trains, and prints the time from the fault's end to the
 first successful request and to the run's next epoch (for a lost queue: to the queued
 run's first epoch). Medians over ``--repeats``. Run from the repository's root:
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from app.main import create_app  # noqa: E402
 from app.migrate import upgrade  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from tests.app.faults import PrivatePostgres, PrivateRedis, free_port  # noqa: E402
+from harness.servers import PrivatePostgres, PrivateRedis, free_port  # noqa: E402
 
 RUN = {"dataset": "digits", "epochs": 200, "batch_size": 16, "lr": 1e-3, "loss": "gaussian",
        "lam": 0.8}

@@ -8,7 +8,7 @@ divide the cores among themselves), lease 10 s, heartbeat 2 s. For
 API SIGKILL, PostgreSQL stop, PostgreSQL freeze (SIGSTOP), Redis restart, Redis FLUSHALL.
 Then no faults: every accepted run must have succeeded within 60 s of the last fault, each
 epoch recorded once, with the figures of the same spec trained once without interruption.
-The engine is ``tests/app/soak.py``; a shorter soak runs in ``make test``.
+The engine is ``harness/soak.py``; a shorter soak runs in ``make test``.
 
 Run from the repository's root: ``.venv/bin/python bench/fault_soak.py --seeds 7 11 23``.
 Exit status 1 when a seed fails.
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.services.workers import WORKER_ENV_DEFAULTS  # noqa: E402
-from tests.app.soak import SoakConfig, run_soak  # noqa: E402
+from harness.soak import SoakConfig, run_soak  # noqa: E402
 
 # The references are trained in this process: in the mode the workers train in.
 for _name, _value in WORKER_ENV_DEFAULTS.items():

@@ -1,6 +1,6 @@
 """The same sweep on one worker host and on two: wall time and ratio.
 
-A cluster of network namespaces on this machine (tests/cluster/hosts.py: a database
+A cluster of network namespaces on this machine (harness/hosts.py: a database
 host, an API host, worker hosts with their own var directories, no shared disk). Each
 worker host is pinned to a core of its own (``taskset``) with one torch thread. A sweep
 of ``--members`` experiments (not stacked: one task each) is queued through the API
@@ -31,7 +31,7 @@ from sklearn.datasets import load_digits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.cluster.hosts import API_TOKEN, Cluster, cluster_available
+from harness.hosts import API_TOKEN, Cluster, cluster_available
 
 SETTINGS = {"COREL_DOWNLOAD": "false"}
 

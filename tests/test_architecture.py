@@ -1,5 +1,6 @@
 """The arrows between the packages: ``worker`` may import ``app`` and ``corel``; ``app``
-may import ``corel``; ``corel`` imports neither. Every import statement counts, those
+may import ``corel``; ``corel`` imports neither. The benchmarks (``bench``) and the test
+harness (``harness``) import nothing from ``tests``: what both need lives in ``harness``. Every import statement counts, those
 inside functions too, read from the source (nothing is imported to check)."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import pytest
 
 from tests.conftest import REPO
 
-FORBIDDEN = {"app": {"worker"}, "corel": {"app", "worker"}}
+FORBIDDEN = {"app": {"worker"}, "corel": {"app", "worker"}, "bench": {"tests"},
+             "harness": {"tests"}}
 
 
 def imported_packages(path: Path) -> set[tuple[int, str]]:
@@ -59,7 +61,7 @@ def private_imports(path: Path, package: str) -> list[tuple[int, str]]:
 
 def test_no_module_imports_another_module_s_private_names():
     wrong = []
-    for top in ("corel", "app", "worker", "bench"):
+    for top in ("corel", "app", "worker", "bench", "harness"):
         for path in sorted((REPO / top).rglob("*.py")):
             package = ".".join(path.relative_to(REPO).parent.parts)
             wrong += [f"{path.relative_to(REPO)}:{line} imports {name}"
@@ -172,7 +174,7 @@ def test_every_engine_name_has_one_import_path():
 
     exported = set(corel.train.__all__)
     shims = {REPO / (name.replace(".", "/") + ".py") for name in ENGINE_SHIMS}
-    modules = sorted(p for package in ("corel", "app", "worker", "bench", "tests")
+    modules = sorted(p for package in ("corel", "app", "worker", "bench", "harness", "tests")
                      for p in (REPO / package).rglob("*.py")
                      if p not in shims and REPO / "corel" / "train" not in p.parents)
     wrong = [f"{path.relative_to(REPO)}:{line} imports {what}"

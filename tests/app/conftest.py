@@ -40,7 +40,7 @@ from app.migrate import upgrade
 from app.services.access import OWNED
 from app.services.users import create_token, create_user
 from app.settings import Settings
-from tests.app.faults import terminate
+from harness.servers import terminate
 from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
 
 AS_USER = os.environ.get("COREL_TEST_AS_USER", "") not in ("", "0")

@@ -1,17 +1,17 @@
 """The short fault soak in `make test`: 12 runs, 8 faults (each of the six kinds at least
 once, a Redis FLUSHALL first, while the queue is deep), and every accepted run must have
 succeeded one minute after the last fault (beyond the time the training left then takes at
-the soak's own rate: tests/app/soak.py), each epoch recorded once, with the figures of an
+the soak's own rate: harness/soak.py), each epoch recorded once, with the figures of an
 uninterrupted run, and no row left behind by a refused submission. The full soak (24 runs,
-240 s of faults, three seeds) is ``bench/fault_soak.py``; the engine is tests/app/soak.py.
+240 s of faults, three seeds) is ``bench/fault_soak.py``; the engine is harness/soak.py.
 """
 
 from __future__ import annotations
 
 import shutil
 
-from tests.app.faults import postgres_bin
-from tests.app.soak import SoakConfig, run_soak
+from harness.servers import postgres_bin
+from harness.soak import SoakConfig, run_soak
 from tests.conftest import require
 
 DECK = ("redis-flush", "worker-kill", "postgres-stop", "redis-restart", "api-kill",

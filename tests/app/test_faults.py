@@ -1,7 +1,7 @@
 """No accepted run is lost when the database or the broker blinks.
 
 Each test runs the service on a PostgreSQL cluster and a Redis server of its own
-(tests/app/faults.py), with real workers, and stops, cuts or flushes them mid-run.
+(harness/servers.py), with real workers, and stops, cuts or flushes them mid-run.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from app.migrate import upgrade
 from app.settings import Settings
 from corel.spec import ExperimentSpec
 from corel.train import fit
+from harness.servers import PrivatePostgres, PrivateRedis, postgres_bin
 from tests.app.conftest import Workers, finished, npz_bytes, wait_for
-from tests.app.faults import PrivatePostgres, PrivateRedis, postgres_bin
 from tests.conftest import require
 
 RUN = {"dataset": "digits", "epochs": 4, "batch_size": 32, "lr": 1e-3, "loss": "gaussian",

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.app.faults import free_port
+from harness.servers import free_port
 from tests.conftest import REPO
 
 TOKEN = "limits-test-token"

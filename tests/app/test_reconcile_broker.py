@@ -19,7 +19,7 @@ from app.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, u
 from app.schemas import ExperimentCreate
 from app.services.experiments import create_experiment
 from app.settings import Settings
-from tests.app.faults import PrivateRedis
+from harness.servers import PrivateRedis
 from tests.conftest import require
 
 

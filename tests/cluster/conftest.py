@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from harness.hosts import API_TOKEN, Cluster, cluster_available
 from tests.app.conftest import npz_bytes
-from tests.cluster.hosts import API_TOKEN, Cluster, cluster_available
 from tests.conftest import require
 
 # Short leases so that a lost host's runs move within seconds; a peer that is silent for

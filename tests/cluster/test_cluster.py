@@ -1,4 +1,4 @@
-"""Past one machine: the five scenarios of a cluster of hosts (tests/cluster/hosts.py).
+"""Past one machine: the five scenarios of a cluster of hosts (harness/hosts.py).
 
 No host shares a disk with another: uploads, checkpoints and results travel through the
 database. Each test leaves the cluster whole (cables mended, partitions healed).
@@ -16,8 +16,8 @@ import psycopg
 import redis
 from sklearn.datasets import load_digits
 
+from harness.hosts import Cluster
 from tests.cluster.conftest import wait
-from tests.cluster.hosts import Cluster
 
 BASE = {"dataset": "npz", "epochs": 6, "lr": 0.003, "batch_size": 64, "loss": "cosine"}
 

@@ -1,4 +1,5 @@
-"""A PostgreSQL cluster and a Redis server of the test's own, to stop, freeze and flush.
+"""A PostgreSQL cluster and a Redis server of a test's or a benchmark's own, to stop, freeze
+and flush.
 
 Never the machine's shared ones: each is started here on a free port, in a temporary
 directory, and stopped by its own pid or data directory.

@@ -33,9 +33,9 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from tests.app.faults import postgres_bin
+from harness.servers import postgres_bin
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 NET = os.environ.get("COREL_TEST_CLUSTER_NET", "10.213.7")  # a /24 of this cluster's own
 API_TOKEN = "cluster-admin-token"  # the API host's COREL_API_TOKEN
 OPERATOR = f"{NET}.254"
@@ -216,7 +216,7 @@ class Cluster:
     def sql(self, query: str, *params: object) -> list[tuple[object, ...]]:
         """A query from the test's own leg (never through the API)."""
         with psycopg.connect(self.admin_url(), autocommit=True, connect_timeout=5) as conn:
-            return list(conn.execute(query, params).fetchall())  # type: ignore[arg-type]
+            return list(conn.execute(query, params).fetchall())
 
     # --- corel on the hosts ----------------------------------------------------------------
 
@@ -331,5 +331,5 @@ def cluster_available() -> str | None:
     return None
 
 
-if __name__ == "__main__":  # python -m tests.cluster.hosts: clean up after a killed run
+if __name__ == "__main__":  # python -m harness.hosts: clean up after a killed run
     print("removed:", " ".join(clean_stale()) or "nothing")

@@ -3,7 +3,7 @@ PostgreSQL and Redis are killed, stopped, frozen, restarted and flushed.
 
 Used by ``bench/fault_soak.py`` (the full soak) and ``tests/app/test_fault_soak.py`` (a
 short one in ``make test``). Everything runs on this machine: a PostgreSQL cluster and a
-Redis server of the soak's own (tests/app/faults.py, stopped by pid or data directory,
+Redis server of the soak's own (harness/servers.py, stopped by pid or data directory,
 never the shared ones), the API as ``corel serve --no-worker`` and the workers as
 ``corel worker`` processes, each in a process group of its own so that a SIGKILL takes the
 whole process as a crash would. A killed API or worker is started again after a pause, as a
@@ -45,9 +45,9 @@ import redis
 
 from app.migrate import upgrade
 from app.settings import Settings
-from tests.app.faults import PrivatePostgres, PrivateRedis, free_port, terminate
+from harness.servers import PrivatePostgres, PrivateRedis, free_port, terminate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 FAULTS = ("worker-kill", "api-kill", "postgres-stop", "postgres-freeze", "redis-restart",
           "redis-flush")
 LOSSES = ("cce", "center", "cosine", "gaussian")
