@@ -252,14 +252,15 @@ class Settings(BaseSettings):
 
 def engine_options(settings: Settings) -> EngineOptions:
     """What the training engine takes of the settings (CUDA graphs, corel.native and its
-    build directory), for ``fit``/``fit_group``'s ``options``: the library reads no
+    build directory, where frozen encoders' features are kept: ``var_dir/features``), for ``fit``/``fit_group``'s ``options``: the library reads no
     environment, so settings built in code (a test's, ``create_app(settings)``'s) reach it
     as they are."""
     from corel.train import EngineOptions
     from corel.train.options import parse_cuda_graphs
 
     return EngineOptions(cuda_graphs=parse_cuda_graphs(settings.cuda_graphs or ""), native=settings.native,
-                         native_dir=settings.native_dir or None)
+                         native_dir=settings.native_dir or None,
+                         features_dir=str(settings.var_dir.resolve() / "features"))
 
 
 @lru_cache

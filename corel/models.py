@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from corel.encoder_catalog import TEXT_DROPOUT, encoder
+from corel.encoder_catalog import TEXT_DROPOUT, encoder, pretrained
 from corel.fused import fusable, leaky_mlp
 from corel.losses import LossHead, build_loss
 from corel.spec import ExperimentSpec
@@ -176,7 +176,8 @@ class Classifier(nn.Module):
 def build_encoder(spec: ExperimentSpec, input_shape: tuple[int, ...]) -> nn.Module:
     """The spec's encoder for its modality, as its declaration (``corel.encoder_catalog``)
     says to build it."""
-    decl = encoder(spec.model, spec.modality)
+    # Over a pretrained encoder: the model (the FFNN, no dropout) over its features.
+    decl = pretrained(spec.encoder, spec.modality) if spec.encoder else encoder(spec.model, spec.modality)
     module_name, _, class_name = decl.builder.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     built: nn.Module = cls(input_shape, spec.hidden, **dict(decl.builder_args))

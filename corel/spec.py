@@ -12,15 +12,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from corel.encoder_catalog import DECLARATIONS as ENCODERS
-from corel.encoder_catalog import MODALITIES, models_for
+from corel.encoder_catalog import MODALITIES, models_for, pretrained
 from corel.loss_catalog import DECLARATIONS, LOSS_NAMES, MINERS, OPTION_FIELDS, declaration
 
 Precision = Literal["fp32", "bf16"]
 DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images"]
 ModelName = Literal["ffnn", "cnn"]
+EncoderMode = Literal["frozen", "finetune"]
 
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images")
-MODELS: tuple[str, ...] = tuple(dict.fromkeys(d.name for d in ENCODERS.values()))
+MODELS: tuple[str, ...] = tuple(dict.fromkeys(d.name for d in ENCODERS.values() if not d.pretrained))
 """The encoders a spec may name (``corel.encoder_catalog`` declares each)."""
 # Datasets a user uploads (POST /datasets): split at random unless the upload names its splits.
 UPLOADED: tuple[str, ...] = ("npz", "text", "images")
@@ -93,6 +94,16 @@ class ExperimentSpec(BaseModel):
         default=None, gt=0, description="Use only the first N training samples (after the split)."
     )
     model: ModelName = Field(default="ffnn", description="Encoder: ffnn or cnn.")
+    encoder: str | None = Field(
+        default=None,
+        description="A pretrained encoder under the model (GET /encoders lists them, e.g. minilm "
+        "for texts); the model (ffnn: the paper's two hidden layers) and the loss's head train "
+        "over its output. Null: the model alone, from scratch, as in the paper.")
+    encoder_mode: EncoderMode | None = Field(
+        default=None,
+        description="How the pretrained encoder trains: frozen (its features computed once and "
+        "reused by every run on the same data; the default with an encoder). finetune is not "
+        "offered yet. Null without an encoder.")
     loss: str = Field(default="gaussian", description="The loss: " + ", ".join(LOSS_NAMES)
                       + " (and any registered since; GET /losses lists them).",
                       json_schema_extra=_loss_enum)
@@ -168,6 +179,13 @@ class ExperimentSpec(BaseModel):
             out[option.field] = option.default if value is None else value
         return out
 
+    @model_validator(mode="before")
+    @classmethod
+    def _frozen_by_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("encoder") is not None and data.get("encoder_mode") is None:
+            return {**data, "encoder_mode": "frozen"}
+        return data
+
     @model_validator(mode="after")
     def _check_combination(self) -> ExperimentSpec:
         if self.dataset in UPLOADED and not self.dataset_path:
@@ -180,6 +198,7 @@ class ExperimentSpec(BaseModel):
         if held_out > 0.9:
             raise ValueError(f"val_fraction + test_fraction is {held_out:g}; it must leave at least "
                              "0.1 of the rows for training")
+        self._check_encoder()
         allowed = MODELS_BY_MODALITY[MODALITY[self.dataset]]
         if self.model not in allowed:
             raise ValueError(
@@ -190,6 +209,23 @@ class ExperimentSpec(BaseModel):
             takes = [d.name for d in DECLARATIONS.values() if "learn_gamma" in d.params]
             raise ValueError(f"learn_gamma applies only to loss {' or '.join(map(repr, takes))}")
         return self
+
+    def _check_encoder(self) -> None:
+        if self.encoder is None:
+            if self.encoder_mode is not None:
+                raise ValueError(f"encoder_mode {self.encoder_mode!r} needs an encoder (GET /encoders: "
+                                 "the pretrained ones); the paper's models train from scratch")
+            return
+        decl = pretrained(self.encoder, MODALITY[self.dataset])
+        mode = self.encoder_mode or "frozen"
+        if mode not in decl.modes:
+            raise ValueError(f"encoder_mode {mode!r} is not offered for encoder {self.encoder!r}; "
+                             f"allowed: {', '.join(decl.modes)}")
+        if self.model != "ffnn":
+            raise ValueError(f"model {self.model!r} does not go over a pretrained encoder; use ffnn "
+                             "(the paper's two hidden layers over the encoder's output)")
+        if not decl.available():
+            raise ValueError(f"encoder {self.encoder!r} is not installed here: {decl.install}")
 
     @property
     def modality(self) -> str:

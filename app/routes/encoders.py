@@ -21,7 +21,11 @@ class EncoderRead(BaseModel):
     width: int | None = Field(description="The width of its output; null: the spec's `hidden`.")
     dropout: float
     freezable: bool = Field(description="Whether a head may train on it with its weights frozen.")
-    pretrained: bool
+    pretrained: bool = Field(description="A pretrained encoder: a spec names it as its `encoder`.")
+    features: int | None = Field(description="A pretrained encoder's own output width.")
+    modes: list[str] = Field(description="How a spec may train it (`encoder_mode`).")
+    available: bool = Field(description="Whether what it needs is installed on this server.")
+    install: str = Field(description="Where unavailable: the command that installs it.")
     export: str = Field(description="How a run of it exports (POST /experiments/{id}/export).")
     doc: str
 

@@ -134,13 +134,15 @@ def locate(dataset: str, data_dir: PathLike | None = None) -> Path | None:
 
 
 def load_dataset(
-    spec: ExperimentSpec, data_dir: PathLike | None = None, *, download: bool = False
+    spec: ExperimentSpec, data_dir: PathLike | None = None, *, download: bool = False,
+    features_dir: PathLike | None = None,
 ) -> Dataset:
     """Load ``spec.dataset`` with its fixed split; keep the first ``spec.train_subset`` of train.
 
     ``data_dir`` is where to look first (and where ``download=True`` puts MNIST,
     Fashion-MNIST or AG News when they are not found: see :mod:`corel.data.download`). Raises DatasetNotFoundError naming every place
-    looked, ValueError for malformed data.
+    looked, ValueError for malformed data. With a frozen pretrained encoder (``spec.encoder``)
+    the inputs are its features, kept in ``features_dir`` (when given) for later processes.
     """
     if not isinstance(spec, ExperimentSpec):
         raise ValueError(f"load_dataset needs an ExperimentSpec, got {type(spec).__name__}")
@@ -152,4 +154,7 @@ def load_dataset(
     root = Path(data_dir).expanduser() if data_dir is not None else None
     if download and root is None:
         raise ValueError("download=True needs data_dir: the folder to download into")
+    if spec.encoder is not None:  # the text loaders take the encoder's feature cache
+        features = Path(features_dir).expanduser() if features_dir is not None else None
+        return loader(spec, root, download, features)  # type: ignore[call-arg]
     return loader(spec, root, download)

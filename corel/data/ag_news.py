@@ -14,7 +14,6 @@ import torch
 
 from corel.data.base import (
     AG_NEWS_VAL_FRACTION,
-    DEFAULT_MAX_LEN,
     SPLIT_SEED,
     Dataset,
     DatasetNotFoundError,
@@ -29,7 +28,7 @@ from corel.data.splits import (
     _stratified_take,
     _subset,
 )
-from corel.data.text import _text_preprocessing, load_word_vectors, prepare_texts
+from corel.data.text import text_inputs
 from corel.spec import ExperimentSpec
 
 
@@ -164,13 +163,12 @@ def locate_ag_news(data_dir: Path | None) -> Path:
     return files.train
 
 
-def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Dataset:
+def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool,
+                  features_dir: Path | None = None) -> Dataset:
     files = _locate_ag_news(spec, data_dir, download)
     assert files.train is not None
-    wv = load_word_vectors(
-        _resolve_user_path(spec.word_vectors, data_dir) if spec.word_vectors else None
-    )
-    preprocessing = _text_preprocessing(wv, spec.model, DEFAULT_MAX_LEN)
+    prepare = text_inputs(spec, data_dir, features_dir)
+    preprocessing = prepare.preprocessing
     texts, labels = _read_ag_news_csv(files.train)
     rng = np.random.default_rng(SPLIT_SEED)
     if files.test is not None:
@@ -190,8 +188,7 @@ def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool) -
     train_idx = _subset(train_idx, spec.train_subset)
 
     def embed(idx: np.ndarray | None, source: list[str]) -> torch.Tensor:
-        chosen = source if idx is None else [source[i] for i in idx]
-        return prepare_texts(chosen, preprocessing, wv.source)
+        return prepare(source if idx is None else [source[i] for i in idx])
 
     return Dataset(
         name="ag-news",

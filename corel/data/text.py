@@ -291,6 +291,10 @@ def prepare_texts(
     the source recorded in ``preprocessing``. Either way they must match the recorded
     dimension and vocabulary size.
     """
+    if "encoder" in preprocessing:  # a frozen pretrained encoder's features (corel.pretrained)
+        from corel.pretrained import text_features
+
+        return text_features(texts, dict(preprocessing), keep=False)
     _check_preprocessing(
         preprocessing, "text", ("representation", "max_len", "tokenizer", "word_vectors")
     )
@@ -342,23 +346,56 @@ def _read_text_npz(path: Path) -> tuple[list[str], np.ndarray, list[str]]:
     return texts, y, names
 
 
-def _load_text(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Dataset:
-    """A user's text table (labels may be strings), with AG News's word vectors and tokenizer."""
+class TextInputs:
+    """How a text dataset's strings become a spec's model inputs: word vectors (the paper's
+    models) or a frozen pretrained encoder's features (``spec.encoder``), with the
+    ``preprocessing`` a checkpoint records."""
+
+    def __init__(self, spec: ExperimentSpec, data_dir: Path | None, features_dir: Path | None) -> None:
+        self.features_dir = features_dir
+        self.word_vectors: PathLike | None = None
+        if spec.encoder is not None:
+            from corel.pretrained import text_preprocessing
+
+            self.preprocessing = text_preprocessing(spec.encoder)
+        else:
+            wv = load_word_vectors(
+                _resolve_user_path(spec.word_vectors, data_dir) if spec.word_vectors else None
+            )
+            self.word_vectors = wv.source
+            self.preprocessing = _text_preprocessing(wv, spec.model, DEFAULT_MAX_LEN)
+
+    def __call__(self, texts: list[str]) -> torch.Tensor:
+        if "encoder" in self.preprocessing:
+            from corel.pretrained import text_features
+
+            return text_features(texts, self.preprocessing, self.features_dir)
+        return prepare_texts(texts, self.preprocessing, self.word_vectors)
+
+
+def text_inputs(spec: ExperimentSpec, data_dir: Path | None, features_dir: Path | None = None) -> TextInputs:
+    """:class:`TextInputs` for ``spec`` (``features_dir``: where a frozen encoder's features
+    are kept between processes)."""
+    return TextInputs(spec, data_dir, features_dir)
+
+
+def _load_text(spec: ExperimentSpec, data_dir: Path | None, download: bool,
+               features_dir: Path | None = None) -> Dataset:
+    """A user's text table (labels may be strings), with AG News's word vectors and
+    tokenizer, or a frozen pretrained encoder."""
     if not spec.dataset_path:
         raise ValueError("dataset 'text' needs dataset_path: an uploaded text table "
                          "(POST /datasets with kind=text)")
     path = _resolve_user_path(spec.dataset_path, data_dir)
     texts, y, names = _read_text_npz(path)
-    wv = load_word_vectors(
-        _resolve_user_path(spec.word_vectors, data_dir) if spec.word_vectors else None
-    )
-    preprocessing = _text_preprocessing(wv, spec.model, DEFAULT_MAX_LEN)
+    prepare = text_inputs(spec, data_dir, features_dir)
+    preprocessing = prepare.preprocessing
     train_idx, val_idx, test_idx = split_rows(y, names, stored_split(path), spec.val_fraction,
                                               spec.test_fraction)
     train_idx = _subset(train_idx, spec.train_subset)
 
     def embed(idx: np.ndarray) -> torch.Tensor:
-        return prepare_texts([texts[i] for i in idx], preprocessing, wv.source)
+        return prepare([texts[i] for i in idx])
 
     return Dataset(
         name="text", modality="text",

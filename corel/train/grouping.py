@@ -25,10 +25,12 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
 
     The key is every spec field except lam, gamma, alpha and seed (and the file locations
     dataset_path and word_vectors, except for uploaded data whose path names the data).
-    Text specs are not vectorized (their models use dropout), nor losses whose declaration
+    Text specs are not vectorized (their models use dropout; those over a frozen pretrained
+    encoder's features are, having none), nor losses whose declaration
     is not ``stackable`` (pytorch-metric-learning's: their parameters are not lambda).
     """
-    if spec.modality == "text" or not declaration(spec.loss).stackable:
+    # Text models use dropout, except the FFNN over a frozen encoder's features.
+    if (spec.modality == "text" and spec.encoder is None) or not declaration(spec.loss).stackable:
         return None
     exclude = set(MAY_DIFFER) | set(LOCATIONS)
     if spec.dataset in UPLOADED:

@@ -9,6 +9,8 @@ the environment itself.
 * ``native``: corel's compiled nodes and steps (:mod:`corel.native`) where they are built
   (default on); off, the Python nodes run (the same numbers, slower).
 * ``native_dir``: where the builds live (default ``<sys.prefix>/corel-native``).
+* ``features_dir``: where frozen pretrained encoders' features are kept between processes
+  (default: none; each process computes them once, :mod:`corel.pretrained`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class EngineOptions:
     cuda_graphs: GraphMode = "capture"
     native: bool = True
     native_dir: str | os.PathLike[str] | None = None
+    features_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         if self.cuda_graphs not in GRAPH_MODES:

@@ -319,14 +319,15 @@ def start_run(
     if checkpoint is not None:
         check_resumable(checkpoint, spec)
     dev = pick_device(device)
+    options = options or EngineOptions()
     if data is None:
-        data = load_dataset(spec, data_dir)
+        data = load_dataset(spec, data_dir, features_dir=options.features_dir)
     data = to_device(data, dev)
     torch.manual_seed(spec.seed)
     model = build_model(spec, data, dev)
     optimizer = make_optimizer(model, spec.lr)
     shuffle = torch.Generator().manual_seed(spec.seed)
-    run = Run(spec, data, model, optimizer, shuffle, dev, options=options or EngineOptions())
+    run = Run(spec, data, model, optimizer, shuffle, dev, options=options)
     if checkpoint is not None:
         _restore(run, checkpoint)
     return run

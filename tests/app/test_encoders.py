@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from corel.encoder_catalog import DECLARATIONS
 from corel.spec import MODALITY, MODELS
+from tests.app.conftest import finished, wait_for
 
 
 def test_get_encoders_lists_every_declaration(client):
@@ -13,6 +14,8 @@ def test_get_encoders_lists_every_declaration(client):
     assert listed.keys() == DECLARATIONS.keys()
     for key, decl in DECLARATIONS.items():
         assert listed[key]["input"] == decl.input and listed[key]["display"] == decl.display
+        assert listed[key]["available"] is True and listed[key]["modes"] == list(decl.modes)
+    assert listed[("minilm", "text")]["features"] == 384
 
 
 def test_post_experiments_takes_the_listed_encoders_and_refuses_others(settings):
@@ -26,11 +29,51 @@ def test_post_experiments_takes_the_listed_encoders_and_refuses_others(settings)
     with TestClient(create_app(idle)) as c:
         listed = c.get("/encoders").json()
         for dataset in ("digits", "ag-news"):
-            names = [e["name"] for e in listed if e["modality"] == MODALITY[dataset]]
-            assert names, dataset
-            for model in names:
-                r = c.post("/experiments", json={"dataset": dataset, "model": model, "epochs": 1})
+            mine = [e for e in listed if e["modality"] == MODALITY[dataset]]
+            assert mine, dataset
+            for e in mine:  # the paper's as the model, a pretrained one as the encoder
+                field = "encoder" if e["pretrained"] else "model"
+                r = c.post("/experiments", json={"dataset": dataset, field: e["name"], "epochs": 1})
                 assert r.status_code == 202, r.text
                 c.post(f"/experiments/{r.json()['id']}/cancel")
+        r = c.post("/experiments", json={"dataset": "digits", "encoder": "minilm", "epochs": 1})
+        assert r.status_code == 422 and "reads text inputs" in r.text, r.text
         r = c.post("/experiments", json={"dataset": "digits", "model": "resnet", "epochs": 1})
         assert r.status_code == 422 and all(m in r.text for m in MODELS), r.text
+
+
+def test_a_text_upload_trains_on_frozen_minilm_and_serves_raw_sentences(client, worker, shared_datasets):
+    """A text table trained through the service with a Cosine-COREL head over frozen
+    all-MiniLM-L6-v2; /embed, /predict and /neighbors then take raw sentences."""
+    import csv
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    names = ["World", "Sports", "Business", "Sci/Tech"]
+    with open(shared_datasets / "ag_news" / "test.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))[:200]
+    texts, labels = [f"{r[1]} {r[2]}" for r in rows], [names[int(r[0]) - 1] for r in rows]
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"headline": texts, "topic": labels}), buf)
+    r = client.post("/datasets", files={"file": ("news.parquet", buf.getvalue())})
+    assert r.status_code == 201, r.text
+    spec = {"dataset": "text", "dataset_id": r.json()["id"], "encoder": "minilm", "loss": "cosine",
+            "lam": 0.85, "epochs": 15, "lr": 0.003, "batch_size": 32}
+    r = client.post("/experiments", json=spec)
+    assert r.status_code == 202, r.text
+    assert client.get(f"/experiments/{r.json()['id']}").json()["spec"]["encoder_mode"] == "frozen"
+    body = wait_for(client, r.json()["id"], finished, timeout=300)
+    assert body["status"] == "succeeded", body
+    assert body["test_accuracy"] > 0.5, body  # 4 classes: chance 0.25; GloVe's FFNN needs 800 rows
+    eid = body["id"]
+    sentences = ["Stocks fell as the central bank raised interest rates",
+                 "The striker scored twice in the cup final"]
+    embedded = client.post("/embed", json={"experiment_id": eid, "texts": sentences})
+    assert embedded.status_code == 200, embedded.text
+    assert len(embedded.json()["embeddings"][0]) == body["spec"]["hidden"]
+    predicted = client.post("/predict", json={"experiment_id": eid, "texts": sentences}).json()
+    assert [p["class_name"] for p in predicted["predictions"]] == ["Business", "Sports"], predicted
+    near = client.post(f"/experiments/{eid}/neighbors", json={"texts": sentences, "k": 3})
+    assert near.status_code == 200, near.text

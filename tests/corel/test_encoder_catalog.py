@@ -20,11 +20,14 @@ DATASET_OF = {"image": "digits", "text": "ag-news", "vector": "npz"}
 @pytest.mark.parametrize("key", list(DECLARATIONS), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_every_declared_encoder_builds_and_gives_its_width(key):
     decl = DECLARATIONS[key]
-    spec = ExperimentSpec(dataset=DATASET_OF[decl.modality], model=decl.name, hidden=64,
+    # A pretrained encoder is the spec's encoder, and the model trains over its features.
+    name = {"encoder": decl.name} if decl.pretrained else {"model": decl.name}
+    spec = ExperimentSpec(dataset=DATASET_OF[decl.modality], hidden=64, **name,
                           dataset_path="x.npz" if decl.modality == "vector" else None)
-    model = build_encoder(spec, SHAPES[decl.input])
+    shape = (decl.features,) if decl.pretrained else SHAPES[decl.input]
+    model = build_encoder(spec, shape)
     model.eval()
-    h = model(torch.randn(5, *SHAPES[decl.input]))
+    h = model(torch.randn(5, *shape))
     assert h.shape == (5, decl.output_width(64))
     dropouts = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
     assert set(dropouts) == ({decl.dropout} if decl.dropout else set()), dropouts

@@ -1,0 +1,117 @@
+"""Frozen pretrained encoders (corel.pretrained): all-MiniLM-L6-v2 loads offline and gives
+its reference features, features are computed once for every run on the same data, a run's
+checkpoint holds its head and the encoder's digest, never the encoder's weights, and a
+served model embeds raw texts as training did."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from corel import pretrained
+from corel.data import load_dataset
+from corel.serving import ServedModel
+from corel.spec import ExperimentSpec
+from corel.train import EngineOptions, checkpoint_from_bytes, checkpoint_to_bytes, fit, fit_group
+
+TOPICS = {
+    "sport": ["the team won the final match", "a striker scored twice in the cup game",
+              "the coach praised his players after the league win", "the tennis champion lost in five sets"],
+    "markets": ["shares fell as investors sold bank stocks", "the central bank raised interest rates",
+                "oil prices climbed on supply fears", "the company reported higher quarterly profits"],
+    "science": ["astronomers found a new planet orbiting a star", "the vaccine trial showed strong results",
+                "researchers sequenced the genome of a rare plant", "a probe landed on the surface of mars"],
+}
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """A text table of three topics, 36 rows (corel.tables' .npz format)."""
+    texts, y = [], []
+    for k, sentences in enumerate(TOPICS.values()):
+        for i in range(12):
+            texts.append(f"{sentences[i % 4]} ({i})")
+            y.append(k)
+    path = tmp_path_factory.mktemp("text") / "topics.npz"
+    np.savez(path, texts=np.array(texts), y=np.array(y), class_names=np.array(list(TOPICS)))
+    return path
+
+
+def spec(table, **fields) -> ExperimentSpec:
+    return ExperimentSpec(**{"dataset": "text", "dataset_path": str(table), "encoder": "minilm",
+                             "loss": "cosine", "lam": 0.85, "epochs": 3, "batch_size": 8, "lr": 1e-3,
+                             "hidden": 32, **fields})
+
+
+def test_minilm_loads_offline_and_gives_its_reference_features():
+    """Against transformers' own modules on the same folder: mean pooling over the tokens
+    the attention mask keeps, then L2 normalisation (the model card's recipe)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    path = pretrained.encoder_path("minilm")
+    texts = ["The cat sat on the mat.", "Stocks rallied after the rate cut.", "short"]
+    got = pretrained.text_features(texts, pretrained.text_preprocessing("minilm"), keep=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    with torch.no_grad():
+        tokens = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    want = torch.nn.functional.normalize((tokens * mask).sum(1) / mask.sum(1), dim=1)
+    assert got.shape == (3, 384)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_features_are_computed_once_for_every_run_on_the_same_data(table, tmp_path, monkeypatch):
+    features_dir = tmp_path / "features"
+    options = EngineOptions(features_dir=features_dir)
+    monkeypatch.setattr(pretrained, "_MEMO", pretrained.OrderedDict())
+    before = pretrained.COMPUTED["texts"]
+    first = fit(spec(table), options=options, chance_epochs=0)
+    assert pretrained.COMPUTED["texts"] - before == 36  # every row once: train, val, test
+    fit(spec(table, loss="gaussian", seed=1), options=options, chance_epochs=0)
+    group = fit_group([spec(table, lam=lam) for lam in (0.6, 0.8, 0.95)], options=options,
+                      chance_epochs=0)
+    assert pretrained.COMPUTED["texts"] - before == 36  # the runs and the group reused them
+    assert all(len(r.history) == 3 for r in group) and len(first.history) == 3
+    # A new process (an empty memory) reads them from features_dir.
+    monkeypatch.setattr(pretrained, "_MEMO", pretrained.OrderedDict())
+    load_dataset(spec(table), features_dir=features_dir)
+    assert pretrained.COMPUTED["texts"] - before == 36
+    assert len(list(features_dir.glob("*.npy"))) == 3  # one file per split
+
+
+def test_a_frozen_run_s_checkpoint_holds_its_head_and_the_encoder_s_digest(table):
+    result = fit(spec(table), chance_epochs=0)
+    ckpt = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    weights = ckpt["model"]
+    assert all(k.startswith(("encoder.net.", "head.")) for k in weights), sorted(weights)
+    assert sum(t.numel() for t in weights.values()) < 20_000  # MiniLM alone holds 22.7 M
+    meta = ckpt["preprocessing"]
+    assert '"digest"' in meta and pretrained.encoder_digest(pretrained.encoder_path("minilm")) in meta
+
+
+def test_a_served_frozen_run_embeds_raw_texts_as_training_did(table):
+    result = fit(spec(table), chance_epochs=0)
+    served = ServedModel.from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    texts = ["the goalkeeper saved a penalty", "bond yields rose again"]
+    got = served.embed(served.prepare(texts))
+    features = pretrained.text_features(texts, result.run.data.preprocessing, keep=False)
+    with torch.no_grad():
+        result.model.eval()
+        want = result.model.encoder(features)
+    torch.testing.assert_close(got, want)
+    assert got.shape == (2, 32)
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"dataset": "digits", "encoder": "minilm"}, "encoder 'minilm' reads text inputs"),
+    ({"dataset": "ag-news", "encoder": "bert"}, "unknown encoder 'bert'; available: minilm"),
+    ({"dataset": "ag-news", "encoder": "minilm", "encoder_mode": "finetune"}, "allowed: frozen"),
+    ({"dataset": "ag-news", "encoder_mode": "frozen"}, "encoder_mode 'frozen' needs an encoder"),
+    ({"dataset": "ag-news", "encoder": "minilm", "model": "cnn"}, "model 'cnn' does not go over"),
+])
+def test_a_bad_encoder_spec_says_what_is_allowed(fields, words):
+    with pytest.raises(ValueError, match=words):
+        ExperimentSpec(**fields)
