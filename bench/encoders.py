@@ -1,0 +1,198 @@
+"""COREL heads on a frozen pretrained encoder (all-MiniLM-L6-v2) against the encoder alone,
+and the feature cache's worth, in one run on AG News (the shared test split in
+``../shared/datasets``, split by corel's own 70/15/15 seed; queries: the test rows,
+reference: the training rows).
+
+1. The frozen encoder alone: MAP@R and precision@1 of its 384-d vectors (cosine), and a
+   logistic regression's test accuracy on them.
+2. Every loss of the catalog as a head on it (the paper's two hidden layers, then the loss's
+   head), ``--seeds`` seeds each, trained as a service sweep trains them: the features
+   computed once, the members of a stackable loss as one stacked group; per loss the test
+   accuracy, MAP@R of the head's representation and K-Means accuracy on it, mean +- std over
+   the seeds, with paired t-tests (by seed) of MAP@R against Cosine- and Gaussian-COREL; and
+   the wall time of the whole sweep, the embedding pass included.
+3. The same sweep as eleven separate experiments without the feature cache (each embeds the
+   data again, then trains its seeds one after another): ``--baseline K`` runs the first K
+   of them for real (default: all eleven) and counts any others at the median of those run,
+   saying so; the ratio of the two wall times.
+
+Its last lines read ``frozen head MAP@R: X`` (the best head's mean) and ``head sweep
+seconds: S``. ``--smoke``: the first 150 rows as a text table, one seed, two epochs, one
+separate experiment (a few seconds beyond the encoder's load).
+
+Run: ``.venv/bin/python bench/encoders.py [--data-dir ../shared/datasets] [--seeds 3]
+[--epochs 40] [--baseline 11]``. Needs the encoders extra (``pip install -e '.[encoders]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+from sklearn.linear_model import LogisticRegression
+
+from corel import pretrained
+from corel.clustering import cluster
+from corel.data import load_dataset
+from corel.loss_catalog import LOSS_NAMES, declaration
+from corel.retrieval import retrieval_metrics
+from corel.spec import ExperimentSpec
+from corel.train import FitResult, NotLearningError, fit, fit_group, group_specs, represent
+
+REFERENCES = ("cosine", "gaussian")
+
+
+def forget_features() -> None:
+    """This process's feature memory emptied: the next load embeds again."""
+    pretrained._MEMO.clear()
+
+
+def smoke_table(data_dir: Path, rows: int) -> Path:
+    """The first ``rows`` AG News rows as a text table (corel.tables' .npz format)."""
+    names = ["World", "Sports", "Business", "Sci/Tech"]
+    with open(data_dir / "ag_news" / "test.csv", newline="", encoding="utf-8") as fh:
+        read = list(csv.reader(fh))[:rows]
+    path = Path(tempfile.mkdtemp()) / "ag-news-head.npz"
+    np.savez(path, texts=np.array([f"{r[1]} {r[2]}" for r in read]),
+             y=np.array([int(r[0]) - 1 for r in read]), class_names=np.array(names))
+    return path
+
+
+def scores(result: FitResult, data: Any) -> dict[str, float]:
+    geometry = declaration(result.spec.loss).geometry
+    h_train = represent(result.model, data.x_train).cpu()
+    h_test = represent(result.model, data.x_test).cpu()
+    retrieval = retrieval_metrics(h_test, data.y_test, h_train, data.y_train, geometry)
+    kmeans = cluster(h_test, data.y_test, metric=geometry, seed=result.spec.seed)
+    return {"test_accuracy": float(result.test_accuracy or float("nan")),
+            "map_at_r": retrieval["mean_average_precision_at_r"], "kmeans": kmeans["accuracy"]}
+
+
+def train(specs: list[ExperimentSpec], data: Any, chance_epochs: int) -> list[FitResult | None]:
+    """Every spec, the stackable ones as stacked groups (as a sweep's workers do); None for
+    a run the not-learning guard stopped (its reason printed)."""
+    out: list[FitResult | None] = [None] * len(specs)
+    for members in group_specs(specs):
+        try:
+            if len(members) > 1:
+                group = fit_group([specs[i] for i in members], data=data, chance_epochs=chance_epochs)
+                for i, r in zip(members, group, strict=True):
+                    out[i] = r if r.failed is None else None
+                    if r.failed:
+                        print(f"  {specs[i].loss} seed {specs[i].seed} did not learn: {r.failed}")
+            else:
+                out[members[0]] = fit(specs[members[0]], data=data, chance_epochs=chance_epochs)
+        except NotLearningError as exc:
+            print(f"  {specs[members[0]].loss} seed {specs[members[0]].seed} did not learn: {exc}")
+    return out
+
+
+def mean_std(values: list[float]) -> str:
+    if not values:
+        return "failed"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.mean(values):5.1f} +- {100 * sd:4.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lam", type=float, default=0.85, help="lambda of the AR losses (default 0.85)")
+    ap.add_argument("--baseline", type=int, default=len(LOSS_NAMES),
+                    help="how many of the eleven separate experiments to run for real")
+    ap.add_argument("--smoke", action="store_true", help="a few seconds: 150 rows, 1 seed, 2 epochs")
+    args = ap.parse_args()
+    data_dir = Path(args.data_dir)
+    base: dict[str, Any] = {"dataset": "ag-news", "encoder": "minilm", "lr": args.lr, "epochs": args.epochs}
+    chance_epochs = 5  # the service's default guard (COREL_CHANCE_EPOCHS)
+    if args.smoke:  # two epochs on 22 validation rows: no verdict on learning
+        args.seeds, args.epochs, args.baseline, chance_epochs = 1, 2, 1, 0
+        base = {**base, "dataset": "text", "dataset_path": str(smoke_table(data_dir, 150)), "epochs": 2}
+    pretrained.load_text_encoder(pretrained.encoder_path("minilm"))  # its load is not the sweep's
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; encoder minilm (all-MiniLM-L6-v2), "
+          f"frozen; {args.seeds} seeds, {args.epochs} epochs, lr {args.lr:g}, batch 128, lam {args.lam:g}")
+
+    # The sweep: one embedding pass, then every loss's heads.
+    forget_features()
+    computed = pretrained.COMPUTED["texts"]
+    started = time.perf_counter()
+    data = load_dataset(ExperimentSpec(**base), data_dir)
+    embedded = time.perf_counter() - started
+    specs = [ExperimentSpec(**base, loss=loss, seed=seed,
+                            **({"lam": args.lam} if "lam" in declaration(loss).params else {}))
+             for loss in LOSS_NAMES for seed in range(args.seeds)]
+    results = train(specs, data, chance_epochs)
+    sweep_seconds = time.perf_counter() - started
+    print(f"AG News: {len(data.y_train)} training, {len(data.y_val)} validation, {len(data.y_test)} test "
+          f"rows; {pretrained.COMPUTED['texts'] - computed} texts embedded once in {embedded:.1f} s")
+
+    # The encoder alone.
+    alone = retrieval_metrics(data.x_test, data.y_test, data.x_train, data.y_train, "cosine")
+    logreg = LogisticRegression(max_iter=2000).fit(data.x_train.numpy(), data.y_train.numpy())
+    logreg_acc = float(logreg.score(data.x_test.numpy(), data.y_test.numpy()))
+    print(f"frozen encoder alone: MAP@R {alone['mean_average_precision_at_r']:.3f}, precision@1 "
+          f"{alone['precision_at_1']:.3f}, logistic regression {100 * logreg_acc:.1f} %")
+
+    per_loss: dict[str, list[dict[str, float]]] = {loss: [] for loss in LOSS_NAMES}
+    by_seed: dict[str, dict[int, float]] = {loss: {} for loss in LOSS_NAMES}
+    for spec, result in zip(specs, results, strict=True):
+        if result is not None:
+            s = scores(result, data)
+            per_loss[spec.loss].append(s)
+            by_seed[spec.loss][spec.seed] = s["map_at_r"]
+    print(f"{'loss':<16}{'test accuracy %':>18}{'MAP@R %':>18}{'K-Means acc %':>18}"
+          f"{'p vs Cosine':>13}{'p vs Gaussian':>15}")
+    best = (0.0, "")
+    for loss, rows in per_loss.items():
+        cells = [mean_std([r[k] for r in rows]) for k in ("test_accuracy", "map_at_r", "kmeans")]
+        tests = []
+        for ref in REFERENCES:
+            seeds = sorted(set(by_seed[loss]) & set(by_seed[ref]))
+            if loss == ref or len(seeds) < 2:
+                tests.append("-")
+            else:
+                p = stats.ttest_rel([by_seed[loss][s] for s in seeds], [by_seed[ref][s] for s in seeds]).pvalue
+                tests.append("-" if np.isnan(p) else f"{p:.3f}")
+        print(f"{declaration(loss).short:<16}{cells[0]:>18}{cells[1]:>18}{cells[2]:>18}{tests[0]:>13}{tests[1]:>15}")
+        if rows:
+            mean_map = statistics.mean(r["map_at_r"] for r in rows)
+            best = max(best, (mean_map, loss))
+    print(f"best head: {declaration(best[1]).short if best[1] else '-'}")
+
+    # The same sweep as separate experiments, each embedding again, seeds one after another.
+    walls = []
+    for loss in LOSS_NAMES[: args.baseline]:
+        forget_features()
+        t0 = time.perf_counter()
+        own = load_dataset(ExperimentSpec(**base), data_dir)
+        for seed in range(args.seeds):
+            with contextlib.suppress(NotLearningError):
+                fit(next(s for s in specs if s.loss == loss and s.seed == seed), data=own,
+                    chance_epochs=chance_epochs)
+        walls.append(time.perf_counter() - t0)
+    run = len(walls)
+    separate = sum(walls) + (len(LOSS_NAMES) - run) * statistics.median(walls)
+    note = "" if run == len(LOSS_NAMES) else (
+        f" ({run} of {len(LOSS_NAMES)} run, median {statistics.median(walls):.1f} s each; the other "
+        f"{len(LOSS_NAMES) - run} counted at that median)")
+    print(f"separate experiments without the feature cache: {separate:.1f} s{note}")
+    print(f"ratio separate / sweep wall time: {separate / sweep_seconds:.2f}")
+    print(f"frozen head MAP@R: {best[0]:.3f}")
+    print(f"head sweep seconds: {sweep_seconds:.1f}")
+
+
+if __name__ == "__main__":
+    main()
