@@ -33,6 +33,14 @@ def _loss_enum(schema: dict[str, Any]) -> None:
     schema["enum"] = list(DECLARATIONS)  # read when the schema is made: registered losses too
 
 
+def _encoder_enum(schema: dict[str, Any]) -> None:
+    """The pretrained encoders as the field's choices (the dashboard's form offers them)."""
+    names = list(dict.fromkeys(d.name for d in ENCODERS.values() if d.pretrained))
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "string":
+            branch["enum"] = names
+
+
 def _option_doc(field: str) -> str:
     takers = [f"{d.name} {o.default}" for d in DECLARATIONS.values()
               for o in d.options if o.field == field]
@@ -98,7 +106,8 @@ class ExperimentSpec(BaseModel):
         default=None,
         description="A pretrained encoder under the model (GET /encoders lists them, e.g. minilm "
         "for texts); the model (ffnn: the paper's two hidden layers) and the loss's head train "
-        "over its output. Null: the model alone, from scratch, as in the paper.")
+        "over its output. Null: the model alone, from scratch, as in the paper.",
+        json_schema_extra=_encoder_enum)
     encoder_mode: EncoderMode | None = Field(
         default=None,
         description="How the pretrained encoder trains: frozen (its features computed once and "

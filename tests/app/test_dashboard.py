@@ -253,6 +253,53 @@ def test_a_dataset_uploaded_from_the_form_is_selected_and_trains(page, client, t
     page.wait_for_selector("#status .badge[data-status=succeeded]")
 
 
+def test_a_text_upload_trains_on_frozen_minilm_from_the_form_and_serves_sentences(page, client,
+                                                                                  shared_datasets, tmp_path):
+    """The form offers the pretrained encoders; a text table trained on frozen MiniLM with a
+    Cosine-COREL head from it answers /embed, /predict and /neighbors on raw sentences."""
+    import csv
+
+    names = ["World", "Sports", "Business", "Sci/Tech"]
+    with open(shared_datasets / "ag_news" / "test.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))[:200]
+    path = tmp_path / "news.csv"
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["headline", "topic"])
+        writer.writerows([f"{r[1]} {r[2]}", names[int(r[0]) - 1]] for r in rows)
+    page.goto("/ui/new")
+    page.wait_for_selector("#f-encoder")
+    assert "minilm" in page.eval_on_selector_all("#f-encoder option", "os => os.map(o => o.value)")
+    page.set_input_files("#upload-file", str(path))
+    page.click("#upload-form button")
+    page.wait_for_function("document.getElementById('upload-result').textContent.includes('is selected')")
+    assert page.input_value("#f-dataset") == "text"
+    page.select_option("#f-encoder", "minilm")
+    page.select_option("#f-loss", "cosine")
+    for field, value in (("lam", "0.85"), ("epochs", "15"), ("lr", "0.003"), ("batch_size", "32")):
+        page.fill(f"#f-{field}", value)
+    page.click("#submit")
+    page.wait_for_url("**/ui/experiments/*")
+    experiment_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    body = wait_for(client, experiment_id, finished, timeout=300)
+    assert body["status"] == "succeeded" and body["spec"]["encoder"] == "minilm", body
+    page.wait_for_selector("#status .badge[data-status=succeeded]")
+    shot(page, "experiment-minilm")
+    sentences = ["Stocks fell as the central bank raised interest rates",
+                 "The striker scored twice in the cup final"]
+    answers = page.evaluate("""async ([id, texts]) => {
+        const post = async (url, body) => (await fetch(url, {method: "POST",
+            headers: {"content-type": "application/json"}, body: JSON.stringify(body)})).json();
+        return [await post("/embed", {experiment_id: id, texts}),
+                await post("/predict", {experiment_id: id, texts}),
+                await post(`/experiments/${id}/neighbors`, {texts, k: 3})];
+    }""", [experiment_id, sentences])
+    embedded, predicted, near = answers
+    assert len(embedded["embeddings"]) == 2 and len(embedded["embeddings"][0]) == body["spec"]["hidden"]
+    assert [p["class_name"] for p in predicted["predictions"]] == ["Business", "Sports"], predicted
+    assert len(near["results"][0]["neighbors"]) == 3, near
+
+
 def test_the_experiment_page_shows_the_latent_scatter_and_the_clustering_table(page, client, trained):
     run = trained[0]
     page.goto(f"/ui/experiments/{run['id']}")
