@@ -38,6 +38,7 @@ from app.migrate import upgrade  # noqa: E402
 from app.models import Checkpoint, EpochMetric, Experiment, LatentSpace, Sweep, utcnow  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from corel.loss_catalog import LOSS_NAMES  # noqa: E402
+from harness.wait import wait_until  # noqa: E402
 
 ADMIN = os.environ.get("COREL_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("COREL_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
@@ -125,8 +126,7 @@ def main() -> None:
                                                log_config=None, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
-        while not server.started:
-            time.sleep(0.05)
+        wait_until(lambda: server.started, 60, "uvicorn to start", interval=0.05)
         port = server.servers[0].sockets[0].getsockname()[1]
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
             cold = {}

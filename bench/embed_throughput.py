@@ -43,17 +43,15 @@ import numpy as np
 import pybase64
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from corel.data import read_idx
 from corel.serving import ServedModel
 from corel.train import checkpoint_from_bytes
+from harness.servers import free_port
+from harness.wait import wait_until
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_service(var: Path, port: int) -> subprocess.Popen[bytes]:
@@ -63,28 +61,25 @@ def start_service(var: Path, port: int) -> subprocess.Popen[bytes]:
     log = open(var.parent / "serve.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "corel.cli", "serve", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("the service did not start; see " + str(var.parent / "serve.log"))
+    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200,
+               60, "the service to be ready; see " + str(var.parent / "serve.log"), interval=0.2,
+               ignore=(httpx.HTTPError,))
+    return proc
 
 
-def train(base: str) -> int:
+def train(base: str, train_subset: int | None = None) -> int:
     spec = {"dataset": "fashion-mnist", "model": "ffnn", "loss": "gaussian", "lam": 0.85,
-            "epochs": 1, "lr": 1e-3}
+            "epochs": 1, "lr": 1e-3, "train_subset": train_subset}
     eid = httpx.post(f"{base}/experiments", json=spec).json()["id"]
-    while True:
+
+    def finished() -> bool:
         body = httpx.get(f"{base}/experiments/{eid}").json()
-        if body["status"] in ("succeeded", "failed", "cancelled"):
-            if body["status"] != "succeeded":
-                raise SystemExit(f"training failed: {body}")
-            return int(eid)
-        time.sleep(0.5)
+        if body["status"] in ("failed", "cancelled"):
+            raise SystemExit(f"training failed: {body}")
+        return bool(body["status"] == "succeeded")
+
+    wait_until(finished, 3600, f"experiment {eid} to train", interval=0.5)
+    return int(eid)
 
 
 def checkpoint_of(var: Path, eid: int) -> dict:

@@ -35,6 +35,7 @@ from app.main import create_app  # noqa: E402
 from app.migrate import upgrade  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from harness.servers import PrivatePostgres, PrivateRedis, free_port  # noqa: E402
+from harness.wait import wait_until  # noqa: E402
 
 RUN = {"dataset": "digits", "epochs": 200, "batch_size": 16, "lr": 1e-3, "loss": "gaussian",
        "lam": 0.8}
@@ -52,8 +53,7 @@ class Service:
         self.server = uvicorn.Server(uvicorn.Config(create_app(self.settings), host="127.0.0.1",
                                                     port=port, log_config=None))
         threading.Thread(target=self.server.run, daemon=True).start()
-        while not self.server.started:
-            time.sleep(0.05)
+        wait_until(lambda: self.server.started, 60, "uvicorn to start", interval=0.05)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
         self.root = root
         self.worker: subprocess.Popen[bytes] | None = None
@@ -93,25 +93,16 @@ class Service:
         self.http.post(f"/experiments/{eid}/cancel")
 
     def wait_epoch(self, eid: int, above: int, timeout: float = 120) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            e = self.epoch(eid)
-            if e is not None and e > above:
-                return time.monotonic()
-            time.sleep(0.02)
-        raise TimeoutError(f"experiment {eid} did not pass epoch {above}")
+        """When the experiment passed epoch ``above`` (time.monotonic())."""
+        wait_until(lambda: (self.epoch(eid) or 0) > above, timeout,
+                   f"experiment {eid} to pass epoch {above}", interval=0.02)
+        return time.monotonic()
 
 
 def first_ok(request: Callable[[], bool], timeout: float = 120) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if request():
-                return time.monotonic()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.02)
-    raise TimeoutError("no successful request")
+    """When ``request`` first succeeded (time.monotonic())."""
+    wait_until(request, timeout, "a successful request", interval=0.02, ignore=(httpx.HTTPError,))
+    return time.monotonic()
 
 
 def measure(service: Service, pg: PrivatePostgres, rd: PrivateRedis, fault: str,

@@ -34,7 +34,6 @@ import asyncio
 import io
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,15 +58,11 @@ from app.services.lookup import best_checkpoint  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from corel.index import VectorIndex, recall_at_k  # noqa: E402
 from corel.serving import ServedModel  # noqa: E402
+from harness.servers import free_port  # noqa: E402
+from harness.wait import wait_until  # noqa: E402
 
 K = 10
 FEATURES = 32
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def data(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -117,14 +112,9 @@ class Stack:
         self.api = self._start(["serve", "--port", str(self.port)], "api.log")
         self.worker = self._start(["worker"], "worker.log")
         self.base = f"http://127.0.0.1:{self.port}"
-        for _ in range(300):
-            try:
-                if httpx.get(f"{self.base}/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"the API did not start; see {root / 'api.log'}")
+        wait_until(lambda: httpx.get(f"{self.base}/ready", timeout=2).status_code == 200, 60,
+                   f"the API to be ready; see {root / 'api.log'}", interval=0.2,
+                   ignore=(httpx.HTTPError,))
 
     def _start(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
         out = open(self.logs / log, "wb")  # noqa: SIM115
@@ -147,15 +137,13 @@ class Stack:
 
 
 def wait(client: httpx.Client, path: str, timeout: float = 3600) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def succeeded() -> dict[str, Any] | None:
         body = client.get(path).json()
-        if body["status"] in ("succeeded", "failed", "cancelled"):
-            if body["status"] != "succeeded":
-                raise SystemExit(f"{path}: {body}")
-            return dict(body)
-        time.sleep(1.0)
-    raise SystemExit(f"{path} did not finish")
+        if body["status"] in ("failed", "cancelled"):
+            raise SystemExit(f"{path}: {body}")
+        return dict(body) if body["status"] == "succeeded" else None
+
+    return wait_until(succeeded, timeout, f"{path} to finish", interval=1.0)
 
 
 def percentile(values: list[float], q: float) -> float:

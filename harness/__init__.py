@@ -2,9 +2,11 @@
 own. Nothing here is part of the product (it is not installed); ``tests/`` and ``bench/``
 import it from the repository's root, and ``bench/`` imports nothing from ``tests/``.
 
+* :mod:`harness.wait`: ``wait_until(predicate, timeout, what)``, the one polling loop.
 * :mod:`harness.servers`: a PostgreSQL cluster and a Redis server on free ports, in
   temporary directories (``PrivatePostgres``, ``PrivateRedis``), to stop, freeze and
-  flush; ``terminate`` for a process group; ``postgres_bin``.
+  flush; ``free_port``, the one way to pick a port; ``terminate`` for a process group;
+  ``postgres_bin``.
 * :mod:`harness.soak`: the randomized fault soak (``SoakConfig``, ``run_soak``) over the
   service's real processes (``bench/fault_soak.py``, ``tests/app/test_fault_soak.py``).
 * :mod:`harness.hosts`: a cluster of hosts in network namespaces (``Cluster``,

@@ -26,14 +26,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import psycopg
+import redis
 
 from harness.servers import postgres_bin
+from harness.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 NET = os.environ.get("COREL_TEST_CLUSTER_NET", "10.213.7")  # a /24 of this cluster's own
@@ -194,17 +195,8 @@ class Cluster:
             conn.execute("CREATE DATABASE corel")
         db.run(["redis-server", "--port", "6379", "--bind", db.ip, "--save", "",
                 "--appendonly", "no", "--protected-mode", "no"], os.environ.copy(), "redis.log")
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                import redis
-
-                if redis.Redis.from_url(self.redis_url, socket_connect_timeout=1).ping():
-                    break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_until(redis.Redis.from_url(self.redis_url, socket_connect_timeout=1).ping, 20,
+                   f"redis-server on {db.name}", ignore=(redis.RedisError,))
 
     def admin_url(self, database: str = "corel") -> str:
         return f"postgresql://postgres@{self.hosts['db'].ip}:5432/{database}"
@@ -244,16 +236,18 @@ class Cluster:
                             "8000", "--no-worker"], self.env("api", COREL_API_TOKEN=API_TOKEN),
                            "api.log")
         url = f"http://{api.ip}:8000"
-        deadline = time.monotonic() + 60
-        while True:
+        proc = self.api
+
+        def answers() -> bool:
+            assert proc.poll() is None, api.log("api.log")[-3000:]
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code < 500:
-                    return url
+                return httpx.get(f"{url}/health", timeout=2).status_code < 500
             except httpx.HTTPError:
-                pass
-            assert self.api.poll() is None, api.log("api.log")[-3000:]
-            assert time.monotonic() < deadline, "the API did not start:\n" + api.log("api.log")[-3000:]
-            time.sleep(0.2)
+                return False
+
+        wait_until(answers, 60, "the API host to answer /health", interval=0.2,
+                   detail=lambda: api.log("api.log")[-3000:])
+        return url
 
     def start_worker(self, host: str, cpu: int | None = None) -> subprocess.Popen[bytes]:
         """`corel worker` on ``host`` (pinned to core ``cpu``, one torch thread)."""
@@ -261,11 +255,14 @@ class Cluster:
                                     self.env(host, COREL_WORKER_TORCH_THREADS="1"),
                                     "worker.log", cpu=cpu)
         self.workers[host] = proc
-        deadline = time.monotonic() + 90
-        while "ready." not in self.hosts[host].log("worker.log"):
-            assert proc.poll() is None, self.hosts[host].log("worker.log")[-3000:]
-            assert time.monotonic() < deadline, "worker did not start:\n" + self.hosts[host].log("worker.log")[-3000:]
-            time.sleep(0.2)
+        log = self.hosts[host].log
+
+        def ready() -> bool:
+            assert proc.poll() is None, log("worker.log")[-3000:]
+            return "ready." in log("worker.log")
+
+        wait_until(ready, 90, f"the worker on {host} to be ready", interval=0.2,
+                   detail=lambda: log("worker.log")[-3000:])
         return proc
 
     def stop_worker(self, host: str) -> None:

@@ -15,11 +15,12 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import psycopg
 import redis
+
+from harness.wait import wait_until
 
 
 def free_port() -> int:
@@ -148,14 +149,8 @@ class PrivateRedis:
              "--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.dir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if client.ping():
-                    return
-            except redis.RedisError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        wait_until(client.ping, 20, f"redis-server on port {self.port}", interval=0.05,
+                   ignore=(redis.RedisError,))
 
     def flush(self) -> None:
         redis.Redis.from_url(self.url).flushall()

@@ -46,6 +46,7 @@ import redis
 from app.migrate import upgrade
 from app.settings import Settings
 from harness.servers import PrivatePostgres, PrivateRedis, free_port, terminate
+from harness.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 FAULTS = ("worker-kill", "api-kill", "postgres-stop", "postgres-freeze", "redis-restart",
@@ -211,15 +212,8 @@ class Cluster:
         return f"http://127.0.0.1:{self.port}"
 
     def wait_api(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("the API did not start")
+        wait_until(lambda: httpx.get(f"{self.url}/health", timeout=1).status_code == 200,
+                   timeout, "the API to answer /health", ignore=(httpx.HTTPError,))
 
     @staticmethod
     def kill(proc: subprocess.Popen[bytes] | None) -> None:

@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,7 +39,8 @@ from app.migrate import upgrade
 from app.services.access import OWNED
 from app.services.users import create_token, create_user
 from app.settings import Settings
-from harness.servers import terminate
+from harness.servers import free_port, terminate
+from harness.wait import wait_until
 from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
 
 AS_USER = os.environ.get("COREL_TEST_AS_USER", "") not in ("", "0")
@@ -238,11 +238,12 @@ class Workers:
             cwd=REPO, start_new_session=True,
         )
         self.procs.append(proc)
-        deadline = time.monotonic() + ready_timeout
-        while b" ready." not in path.read_bytes():
+
+        def ready() -> bool:
             assert proc.poll() is None, f"the worker exited ({proc.returncode}):\n{self.logs()}"
-            assert time.monotonic() < deadline, f"the worker is not ready after {ready_timeout:g} s"
-            time.sleep(0.1)
+            return b" ready." in path.read_bytes()
+
+        wait_until(ready, ready_timeout, "the worker to be ready")
         return proc
 
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
@@ -291,15 +292,20 @@ def wait_for(
     client: TestClient, experiment_id: int, done: Callable[[dict], bool], timeout: float = 180,
     workers: Workers | None = None,
 ) -> dict:
-    deadline = time.monotonic() + timeout
-    body: dict = {}
-    while time.monotonic() < deadline:
-        body = client.get(f"/experiments/{experiment_id}").json()
-        if done(body):
-            return body
-        time.sleep(0.2)
-    logs = workers.logs() if workers else ""
-    raise AssertionError(f"experiment {experiment_id} did not get there in {timeout}s: {body}\n{logs}")
+    return wait_body(client, f"/experiments/{experiment_id}", done, timeout, workers)
+
+
+def wait_body(client: Any, path: str, done: Callable[[dict], bool] = lambda body: finished(body),
+              timeout: float = 180, workers: Workers | None = None, interval: float = 0.2) -> dict:
+    """GET ``path`` until ``done`` says its body is there (by default: a job has
+    finished), and return the body; the failure shows the last one and the workers' logs."""
+
+    def there() -> dict | None:
+        body = client.get(path).json()
+        return body if done(body) else None
+
+    return wait_until(there, timeout, f"{path} to get there", interval=interval,
+                      detail=lambda: f"{client.get(path).json()}\n{workers.logs() if workers else ''}")
 
 
 def finished(body: dict) -> bool:
@@ -309,22 +315,16 @@ def finished(body: dict) -> bool:
 @contextmanager
 def serving(app: Any) -> Iterator[str]:
     """``app`` served over real HTTP by uvicorn in a thread, for as long as the block runs."""
-    import socket
     import threading
 
     import uvicorn
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_config=None, lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
+    wait_until(lambda: server.started, 30, "uvicorn to start", interval=0.05)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -5,13 +5,12 @@ inputs and the result's formats."""
 from __future__ import annotations
 
 import io
-import time
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from tests.app.conftest import finished, npz_bytes, wait_for
+from tests.app.conftest import finished, npz_bytes, wait_body, wait_for
 from tests.conftest import assert_rows_close
 
 ROWS = 100_000
@@ -19,13 +18,7 @@ ROWS = 100_000
 
 
 def wait_job(client, job_id: int, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = client.get(f"/embeddings/{job_id}").json()
-        if body["status"] in ("succeeded", "failed", "cancelled"):
-            return body
-        time.sleep(0.2)
-    raise AssertionError(f"embedding job {job_id} did not finish: {body}")
+    return wait_body(client, f"/embeddings/{job_id}", timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from app.models import EpochMetric, Experiment, utcnow
 from app.services.events import publish
 from app.services.progress_stream import Sent, encode_sweep, sweep_position
 from app.settings import Settings
+from harness.wait import wait_until
 from tests.app.conftest import PG_ADMIN_URL, REPO, serving, settings_env
 
 EPOCHS = 8
@@ -86,13 +87,15 @@ def submit(url: str, **overrides: Any) -> int:
 
 
 def wait_finished(url: str, experiment_id: int, limit: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        body = httpx.get(f"{url}/experiments/{experiment_id}", timeout=30).json()
-        if body["status"] in FINISHED:
-            return body
-        time.sleep(0.2)
-    raise AssertionError(f"experiment {experiment_id} did not finish: {body}")
+    def body() -> dict[str, Any]:
+        return dict(httpx.get(f"{url}/experiments/{experiment_id}", timeout=30).json())
+
+    def finished() -> dict[str, Any] | None:
+        got = body()
+        return got if got["status"] in FINISHED else None
+
+    return wait_until(finished, limit, f"experiment {experiment_id} to finish", interval=0.2,
+                      detail=body)
 
 
 # -- a writer of our own, standing in for a worker, for exact timing ------------------------

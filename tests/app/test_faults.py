@@ -20,6 +20,7 @@ from app.settings import Settings
 from corel.spec import ExperimentSpec
 from corel.train import fit
 from harness.servers import PrivatePostgres, PrivateRedis, postgres_bin
+from harness.wait import wait_until
 from tests.app.conftest import Workers, finished, npz_bytes, wait_for
 from tests.conftest import require
 
@@ -182,10 +183,8 @@ def test_health_and_ready_answer_while_postgres_is_frozen(private, service) -> N
         t.join(timeout=30)
     # Back within Retry-After: new connections are held off for 2 s after a ping that
     # went unanswered, then the pool reconnects.
-    deadline = time.monotonic() + 5
-    while client.get("/experiments").status_code != 200:
-        assert time.monotonic() < deadline, "the API did not recover after the thaw"
-        time.sleep(0.1)
+    wait_until(lambda: client.get("/experiments").status_code == 200, 5,
+               "the API to recover after the thaw")
 
 
 def test_submitting_while_the_broker_is_down_is_a_quick_503(private, service) -> None:
@@ -296,7 +295,6 @@ def test_an_embedding_job_survives_a_database_blink_mid_transaction(private, ser
     try:
         holder.execute("LOCK TABLE embedding_results IN ACCESS EXCLUSIVE MODE")
         job = run_job()
-        deadline = time.monotonic() + 60
         # (asked on a connection of its own: the statistics views are read once per transaction)
         def worker_waits() -> bool:
             with psycopg.connect(pg.url(), autocommit=True) as conn:
@@ -304,9 +302,8 @@ def test_an_embedding_job_survives_a_database_blink_mid_transaction(private, ser
                     "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                     "AND query ILIKE '%embedding_results%'").fetchall())
 
-        while not worker_waits():
-            assert time.monotonic() < deadline, workers.logs()
-            time.sleep(0.05)
+        wait_until(worker_waits, 60, "the worker to wait for the test's lock", interval=0.05,
+                   detail=workers.logs)
         # The blink: every connection cut, the worker's open transaction and the test's lock.
         assert pg.terminate_clients() >= 2
     finally:

@@ -17,6 +17,7 @@ import pytest
 
 from app.services import workers
 from app.settings import Settings
+from harness.wait import wait_until
 from tests.app.conftest import Workers, own_database
 from tests.conftest import REPO
 
@@ -81,17 +82,14 @@ def _two_workers(own: Settings, tmp_path: Path) -> None:
     try:
         first = pool.start(own)
         log0 = tmp_path / "worker-0.log"
-        deadline = time.monotonic() + 30
-        while not _log_lines(log0, "torch threads: 2 (2 CPUs shared by 1 worker on this host"):
-            assert time.monotonic() < deadline, log0.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_until(lambda: _log_lines(log0, "torch threads: 2 (2 CPUs shared by 1 worker on this host"),
+                   30, "the first worker to take both CPUs", interval=0.2,
+                   detail=lambda: log0.read_text()[-3000:])
         pool.start(own)
         log1 = tmp_path / "worker-1.log"
-        deadline = time.monotonic() + 30
-        while not (_log_lines(log0, "torch threads: 1 (2 CPUs shared by 2 workers on this host")
-                   and _log_lines(log1, "torch threads: 1 (2 CPUs shared by 2 workers on this host")):
-            assert time.monotonic() < deadline, pool.logs()
-            time.sleep(0.2)
+        wait_until(lambda: (_log_lines(log0, "torch threads: 1 (2 CPUs shared by 2 workers on this host")
+                            and _log_lines(log1, "torch threads: 1 (2 CPUs shared by 2 workers on this host")),
+                   30, "the two workers to take a CPU each", interval=0.2, detail=pool.logs)
         # The worker's own process runs MKL in its strict mode (set by `corel worker` unless
         # the environment says otherwise).
         environ = dict(item.split("=", 1) for item in Path(f"/proc/{first.pid}/environ").read_text()
@@ -99,10 +97,8 @@ def _two_workers(own: Settings, tmp_path: Path) -> None:
         assert environ.get("MKL_CBWR") == os.environ.get("MKL_CBWR", "AUTO,STRICT")
         # One stops: it withdraws, and the other takes the host's cores again.
         pool.stop(first)
-        deadline = time.monotonic() + 30
-        while not _log_lines(log1, "shared by 1 worker on this host"):
-            assert time.monotonic() < deadline, pool.logs()
-            time.sleep(0.2)
+        wait_until(lambda: _log_lines(log1, "shared by 1 worker on this host"), 30,
+                   "the second worker to take both CPUs again", interval=0.2, detail=pool.logs)
     finally:
         pool.stop_all()
 

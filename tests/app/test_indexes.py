@@ -6,7 +6,6 @@ cancellable); bad requests are clear 4xx."""
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import numpy as np
@@ -17,18 +16,12 @@ from sqlalchemy import func, select, update
 from app.db import make_engine, make_sessionmaker, session_scope
 from app.models import EmbeddingJob, NeighborIndex, NeighborIndexChunk, utcnow
 from corel.index import recall_at_k
-from tests.app.conftest import DIGITS_SPEC, finished, npz_bytes, stored_latent, wait_for
+from tests.app.conftest import DIGITS_SPEC, finished, npz_bytes, stored_latent, wait_body, wait_for
 from worker import indexing
 
 
 def _wait(client, path: str, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = client.get(path).json()
-        if body["status"] in ("succeeded", "failed", "cancelled"):
-            return body
-        time.sleep(0.2)
-    raise AssertionError(f"{path} did not finish: {body}")
+    return wait_body(client, path, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

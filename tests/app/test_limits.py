@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import httpx
 import pytest
 
 from harness.servers import free_port
+from harness.wait import wait_until
 from tests.conftest import REPO
 
 TOKEN = "limits-test-token"
@@ -48,15 +48,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int,
                              "--port", str(port)], env=env, cwd=root, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            pytest.fail("the service did not start:\n" + (root / "serve.log").read_text())
+        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200,
+                   60, "the service to answer /health", interval=0.3, ignore=(httpx.HTTPError,),
+                   detail=(root / "serve.log").read_text)
         yield port, proc.pid, spool
     finally:
         os.killpg(proc.pid, 15)

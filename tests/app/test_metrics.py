@@ -26,6 +26,8 @@ from app.main import create_app
 from app.metrics import UNMATCHED, ApiMetrics, RouteTemplates
 from app.middleware import RequestMetrics
 from app.settings import Settings
+from harness.servers import free_port
+from harness.wait import wait_until
 from tests.app.conftest import finished, wait_for
 
 DIGITS = {"dataset": "digits", "model": "ffnn", "loss": "cce", "epochs": 2, "lr": 0.003,
@@ -63,12 +65,6 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 def present(samples: Samples, name: str, **labels: str) -> bool:
     return any(n == name and labels.items() <= lab.items() for n, lab, _ in samples)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --- the API's own metrics -------------------------------------------------------------
@@ -237,15 +233,17 @@ def metrics_settings(settings: Settings) -> Settings:
 def trained(client, workers, metrics_settings) -> Iterator[Trained]:
     proc = workers.start(metrics_settings)
     url = f"http://127.0.0.1:{metrics_settings.worker_metrics_port}"
-    deadline = time.monotonic() + 120
     with httpx.Client(base_url=url, timeout=5) as worker_http:
-        while True:
+
+        def scraped() -> Samples | None:
+            assert proc.poll() is None, workers.logs()
             try:
-                worker_before = scrape_worker(worker_http)
-                break
+                return scrape_worker(worker_http)
             except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline, workers.logs()
-                time.sleep(0.5)
+                return None
+
+        worker_before = wait_until(scraped, 120, "the worker's metrics endpoint", interval=0.5,
+                                   detail=workers.logs)
     api_before = scrape(client)
     with TestClient(create_app(metrics_settings)) as submit:
         r = submit.post("/experiments", json=DIGITS)

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from app.main import create_app
 from app.migrate import check
 from app.settings import Settings
 from corel import native
+from harness.servers import free_port
+from harness.wait import wait_until
 from tests.conftest import IN_CI, REPO
 
 
@@ -162,12 +163,6 @@ def test_compose_files_per_host_are_valid():
         assert r.returncode != 0 and needed in r.stderr, (name, r.stderr)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_embedded_default_end_to_end(tmp_path):
     """`corel serve` with nothing configured: SQLite + embedded broker + worker."""
     port = free_port()
@@ -179,24 +174,18 @@ def test_embedded_default_end_to_end(tmp_path):
                             start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            pytest.fail("the embedded service did not become ready:\n" + (tmp_path / "serve.log").read_text())
+        wait_until(lambda: httpx.get(f"{base}/ready", timeout=2).status_code == 200, 60,
+                   "the embedded service to be ready", interval=0.3, ignore=(httpx.HTTPError,),
+                   detail=(tmp_path / "serve.log").read_text)
         r = httpx.post(f"{base}/experiments", json={"dataset": "digits", "epochs": 3, "lr": 1e-3})
         assert r.status_code == 202, r.text
         eid = r.json()["id"]
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+
+        def finished() -> dict | None:
             body = httpx.get(f"{base}/experiments/{eid}").json()
-            if body["status"] in ("succeeded", "failed", "cancelled"):
-                break
-            time.sleep(0.3)
+            return body if body["status"] in ("succeeded", "failed", "cancelled") else None
+
+        body = wait_until(finished, 120, f"experiment {eid} to finish", interval=0.3)
         assert body["status"] == "succeeded", (body, (tmp_path / "serve.log").read_text()[-3000:])
         assert len(httpx.get(f"{base}/experiments/{eid}/metrics").json()["items"]) == 3
         assert (tmp_path / "var" / "corel.sqlite3").exists()
@@ -204,10 +193,9 @@ def test_embedded_default_end_to_end(tmp_path):
         import sqlite3
 
         broker = sqlite3.connect(tmp_path / "var" / "broker.sqlite3")
-        deadline = time.monotonic() + 10
-        while broker.execute("SELECT count(*) FROM kombu_message WHERE visible = 0").fetchone()[0]:
-            assert time.monotonic() < deadline, "delivered messages are still kept"
-            time.sleep(0.2)
+        wait_until(lambda: not broker.execute(
+            "SELECT count(*) FROM kombu_message WHERE visible = 0").fetchone()[0],
+            10, "the broker to forget its delivered messages", interval=0.2)
         broker.close()
         # SQLite keeps no offset, yet the API says which time zone its timestamps are in.
         for key in ("created_at", "started_at", "finished_at"):
@@ -227,10 +215,9 @@ def test_embedded_default_end_to_end(tmp_path):
         assert "WARNING/MainProcess] {" not in text, text[-2000:]
         # ... and in one format: Celery's own "[... INFO/MainProcess]" copies are gone.
         assert text.count("celery@") and "INFO/MainProcess]" not in text, text[-2000:]
-        deadline = time.monotonic() + 45
-        while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in children):
-            assert time.monotonic() < deadline, "the embedded worker outlived `corel serve`"
-            time.sleep(0.2)
+        wait_until(lambda: not any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)
+                                   for pid in children),
+                   45, "the embedded worker to end with `corel serve`", interval=0.2)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 import warnings
 
 import numpy as np
@@ -16,19 +15,16 @@ from scipy import stats
 from app.main import create_app
 from app.services.sweep_render import lambda_png, rows_by_table, to_markdown
 from corel import report as corel_report
+from harness.wait import wait_until
+from tests.app.conftest import wait_body
 from tests.corel.test_report import records as report_records
 
 BASE = {"dataset": "digits", "model": "ffnn", "epochs": 2, "lr": 3e-3, "batch_size": 64}
 
 
 def wait_sweep(client, sweep_id, timeout=240, workers=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = client.get(f"/sweeps/{sweep_id}").json()
-        if body["finished"]:
-            return body
-        time.sleep(0.3)
-    raise AssertionError(f"sweep {sweep_id} did not finish: {body}\n{workers.logs() if workers else ''}")
+    return wait_body(client, f"/sweeps/{sweep_id}", lambda body: body["finished"], timeout, workers,
+                     interval=0.3)
 
 
 @pytest.fixture(scope="module")
@@ -184,12 +180,9 @@ def test_cancel_stops_a_running_stacked_group(client, worker, workers):
     r = client.post("/sweeps", json={"base": base, "grid": {"lam": [0.3, 0.9]}})
     assert r.status_code == 202 and r.json()["groups"] == 1
     sid = r.json()["id"]
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        ids = client.get(f"/sweeps/{sid}").json()["experiment_ids"]
-        if all(client.get(f"/experiments/{i}").json()["current_epoch"] >= 1 for i in ids):
-            break
-        time.sleep(0.3)
+    wait_until(lambda: all(client.get(f"/experiments/{i}").json()["current_epoch"] >= 1
+                           for i in client.get(f"/sweeps/{sid}").json()["experiment_ids"]),
+               120, f"every member of sweep {sid} to train an epoch", interval=0.3)
     body = client.post(f"/sweeps/{sid}/cancel").json()
     assert body["counts"]["running"] + body["counts"]["cancelled"] == 2
     body = wait_sweep(client, sid, timeout=60, workers=workers)

@@ -25,6 +25,7 @@ from app.db import Base, make_engine, make_sessionmaker
 from app.main import create_app
 from app.models import AuditEntry
 from app.settings import Settings
+from harness.wait import wait_until
 from tests.app.conftest import Workers, npz_bytes, own_database
 
 pytestmark = pytest.mark.own_auth
@@ -103,16 +104,14 @@ class Team:
 
 
 def _until(c: TestClient, path: str, headers: dict[str, str], timeout: float = 180) -> dict:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def succeeded() -> dict | None:
         body = c.get(path, headers=headers).json()
         if body["status"] in ("succeeded", "failed", "cancelled"):
             assert body["status"] == "succeeded", (body.get("error"), body.get("phase"))
-            return body
-        time.sleep(0.2)
-    raise AssertionError(f"{path} did not finish in {timeout} s")
+            return dict(body)
+        return None
+
+    return wait_until(succeeded, timeout, f"{path} to finish", interval=0.2)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from harness.hosts import API_TOKEN, Cluster, cluster_available
+from harness.wait import wait_until
 from tests.app.conftest import npz_bytes
 from tests.conftest import require
 
@@ -67,13 +67,8 @@ def upload(api: httpx.Client) -> int:
 
 def wait(api: httpx.Client, path: str, until: Any = lambda b: b["status"] in FINISHED,
          timeout: float = 180) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    body: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+    def there() -> dict[str, Any] | None:
         r = api.get(path)
-        if r.status_code == 200:
-            body = r.json()
-            if until(body):
-                return body
-        time.sleep(0.1)
-    raise AssertionError(f"{path} did not get there in {timeout} s: {body}")
+        return r.json() if r.status_code == 200 and until(r.json()) else None
+
+    return wait_until(there, timeout, f"{path} to get there", detail=lambda: api.get(path).text)

@@ -17,6 +17,7 @@ import redis
 from sklearn.datasets import load_digits
 
 from harness.hosts import Cluster
+from harness.wait import wait_until
 from tests.cluster.conftest import wait
 
 BASE = {"dataset": "npz", "epochs": 6, "lr": 0.003, "batch_size": 64, "loss": "cosine"}
@@ -36,24 +37,20 @@ def other(host: str) -> str:
 def came_back(cluster: Cluster, host: str, since: int, what: str, timeout: float = 90) -> str:
     """Wait until the host's worker has met ``what`` (a job it no longer owns) again after
     its cable was mended: its log, from offset ``since``, says it did not take it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def met() -> str | None:
         text = cluster.hosts[host].log("worker.log")[since:]
-        for line in text.splitlines():
-            if what in line and ("not claimed" in line or "lost the lease" in line):
-                return line
-        time.sleep(0.2)
-    raise AssertionError(f"{host} did not come back to {what}:\n"
-                         + cluster.hosts[host].log("worker.log")[since:][-4000:])
+        return next((line for line in text.splitlines()
+                     if what in line and ("not claimed" in line or "lost the lease" in line)), None)
+
+    return wait_until(met, timeout, f"{host} to come back to {what}", interval=0.2,
+                      detail=lambda: cluster.hosts[host].log("worker.log")[since:][-4000:])
 
 
 def waiting_on(cluster: Cluster, table: str, timeout: float = 60) -> None:
     """Wait until a worker's statement waits for the lock the test holds on ``table``."""
-    deadline = time.monotonic() + timeout
-    while not cluster.sql("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                          "AND query ILIKE %s AND pid <> pg_backend_pid()", f"%{table}%"):
-        assert time.monotonic() < deadline, f"no worker reached {table}"
-        time.sleep(0.05)
+    wait_until(lambda: cluster.sql("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                   "AND query ILIKE %s AND pid <> pg_backend_pid()", f"%{table}%"),
+               timeout, f"a worker to reach {table}", interval=0.05)
 
 
 def experiment_state(cluster: Cluster, experiment_id: int) -> dict[str, Any]:
@@ -232,10 +229,8 @@ def test_3_a_partition_between_the_api_and_the_database(
             assert took < 6, (method, path, took)
     finally:
         cluster.heal("api")
-    deadline = time.monotonic() + 60
-    while api.get("/experiments").status_code != 200:
-        assert time.monotonic() < deadline, "the API did not recover"
-        time.sleep(0.2)
+    wait_until(lambda: api.get("/experiments").status_code == 200, 60, "the API to recover",
+               interval=0.2)
     after = api.post("/experiments", json={**spec, "epochs": 3})
     assert after.status_code == 202, after.text
     for eid in (accepted.json()["id"], after.json()["id"]):
