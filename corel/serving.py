@@ -91,6 +91,11 @@ class ServedModel:
         if not isinstance(raw, np.ndarray | torch.Tensor):
             raise ValueError(f"this model takes {self.modality} arrays, not texts")
         if self.modality == "image":
+            if "encoder" in self.preprocessing:  # the raw pixels, then the frozen encoder
+                from corel.pretrained import image_features
+
+                pixels = prepare_images(raw, self.preprocessing["pixels"])
+                return image_features(pixels, self.preprocessing, keep=False)
             return prepare_images(raw, self.preprocessing)
         return prepare_vectors(raw, self.preprocessing)
 

