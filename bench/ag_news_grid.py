@@ -29,13 +29,17 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--lambdas", default="0.3,0.5,0.7,0.85")
     p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = p.parse_args()
+    smoke = {"train_subset": 512} if args.smoke else {}
+    if args.smoke:
+        args.epochs, args.lambdas, args.seeds = 1, "0.5", 1
     base = {"dataset": "ag-news", "model": "ffnn", "lr": args.lr, "batch_size": args.batch_size,
-            "epochs": args.epochs}
+            "epochs": args.epochs, **smoke}
     data = load_dataset(ExperimentSpec(**base, loss="cce"), args.data_dir)
     lams = [float(x) for x in args.lambdas.split(",")]
     runs = [("cce", None)] + [(loss, lam) for loss in ("center", "cosine", "gaussian") for lam in lams]
-    print(f"# AG News FFNN, lr {args.lr:g}, batch {args.batch_size}, {args.epochs} epochs, "
+    print(f"# AG News FFNN{', smoke' if args.smoke else ''}, lr {args.lr:g}, batch {args.batch_size}, {args.epochs} epochs, "
           f"{args.seeds} seed(s)")
     print("| loss | lambda | seed | test acc | of CCE | best epoch | outcome | seconds |")
     print("|---|---|---|---|---|---|---|---|")

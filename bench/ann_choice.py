@@ -102,7 +102,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.rows, args.queries = 2000, 100
     x, q = data(args.rows, args.queries, args.dim)
     started = time.perf_counter()
     truth = exact(x, q)

@@ -45,6 +45,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -426,7 +427,10 @@ def table(path: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a few seconds: launch one stacked row (digits, two seeds, five epochs) "
+                        "and print its table, to check that the benchmark runs")
+    sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("launch", help="every run at once, one process each")
     p.add_argument("--out", required=True)
     p.add_argument("--datasets", nargs="+", default=["mnist", "fashion-mnist"])
@@ -457,7 +461,14 @@ def main() -> None:
     p = sub.add_parser("table", help="the Markdown of a results file")
     p.add_argument("path")
     args = parser.parse_args()
-    if args.command == "launch":
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="corel-cnn-rows-") as tmp:
+            out = Path(tmp) / "rows.jsonl"
+            launch(parser.parse_args(["launch", "--out", str(out), "--datasets", "digits", "--epochs", "5",
+                                      "--seeds", "0", "1", "--stack-seeds", "--losses", "cosine"]))
+    elif args.command is None:
+        parser.error("a command is needed: launch, run, run-group or table")
+    elif args.command == "launch":
         launch(args)
     elif args.command == "run":
         run_one(json.loads(args.fields), Path(args.out), Stop(args.stop_at, args.until_epoch),

@@ -43,9 +43,13 @@ def main() -> None:
     ap.add_argument("--lam", type=float, default=0.4)
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = ap.parse_args()
+    if args.smoke:
+        args.epochs, args.seeds = 1, 1
     torch.set_num_threads(1)
-    base = ExperimentSpec(dataset=args.dataset, model="ffnn", loss="cosine", lam=args.lam, epochs=args.epochs)
+    base = ExperimentSpec(dataset=args.dataset, model="ffnn", loss="cosine", lam=args.lam, epochs=args.epochs,
+                          train_subset=1000 if args.smoke else None)
     data = load_dataset(base, os.environ.get("COREL_DATA_DIR"))
     # The equation's loss is corel's own: check the override differs only where it should.
     sim = torch.tensor([[0.9, -0.5, -0.2], [0.1, 0.8, 0.3]])

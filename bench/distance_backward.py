@@ -63,7 +63,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda (float32 products, TF32 off)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats, args.calls = 1, 3
     device = torch.device(args.device)
     with ieee_float32(device):
         run(args.repeats, args.calls, device)

@@ -245,7 +245,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--per-client", type=int, default=60)
     parser.add_argument("--c-runs", type=int, default=3, help="runs of (c)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.batches, args.rounds, args.clients, args.per_client, args.c_runs = 1, 1, 2, 5, 1
 
     images = read_idx(FASHION / "t10k-images-idx3-ubyte.gz")
     batches = [images[i * 1024:(i + 1) * 1024] for i in range(args.batches)]
@@ -260,7 +263,7 @@ def main() -> None:
         proc = start_service(var, port)
         base = f"http://127.0.0.1:{port}"
         try:
-            eid = train(base)
+            eid = train(base, 1024 if args.smoke else None)
             ckpt = checkpoint_of(var, eid)
             served = ServedModel.from_checkpoint(ckpt, "cpu")
             print(f"service on {base}, experiment {eid} (Fashion-MNIST FFNN, Gaussian-COREL), "

@@ -155,7 +155,12 @@ FAULTS = ["database stopped 5 s", "database frozen 5 s", "connections cut",
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true",
+                        help="two of the faults (the quickest) once each: that the benchmark runs")
     args = parser.parse_args()
+    faults = ["connections cut", "lost queue"] if args.smoke else FAULTS
+    if args.smoke:
+        args.repeats = 1
     pg, rd = PrivatePostgres(), PrivateRedis()
     root = Path(tempfile.mkdtemp(prefix="corel-bench-faults-"))
     service = Service(pg, rd, root)
@@ -163,7 +168,7 @@ def main() -> None:
     try:
         print(f"{'fault':24s} {'first ok request':>18s} {'next epoch':>12s}   (median of "
               f"{args.repeats}; seconds after the fault ended)")
-        for fault in FAULTS:
+        for fault in faults:
             runs = [measure(service, pg, rd, fault, seed) for seed in range(args.repeats)]
             req = statistics.median(r[0] for r in runs)
             epoch = statistics.median(r[1] for r in runs)

@@ -51,7 +51,15 @@ def main() -> int:
     parser.add_argument("--worker-threads", type=int, default=0,
                         help="COREL_WORKER_TORCH_THREADS of each worker (0, the product's "
                         "default: the workers of the host divide its cores among themselves)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one seed, two short runs, two faults: that the benchmark runs")
     args = parser.parse_args()
+    # Two faults dealt a second or two apart while two runs of a few epochs train.
+    smoke = ({"deck": ("worker-kill", "redis-flush"), "fault_gap": (1.0, 2.0), "outage": (1.0, 1.0),
+              "unique_specs": 2, "batch_size": 32} if args.smoke else {})
+    if args.smoke:
+        args.seeds, args.runs, args.epochs, args.submit_seconds, args.fault_seconds = [7], 2, 4, 1.0, 20.0
+        args.worker_threads = 1  # the references then train on one thread too: the same bits
     failed = 0
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix="corel-soak-") as tmp:
@@ -59,7 +67,7 @@ def main() -> int:
             config = SoakConfig(seed=seed, runs=args.runs, epochs=args.epochs,
                                 fault_seconds=args.fault_seconds, submit_seconds=args.submit_seconds,
                                 deadline=args.deadline, wait=args.wait, logdir=logdir,
-                                worker_threads=args.worker_threads or None)
+                                worker_threads=args.worker_threads or None, **smoke)
             print(f"seed {seed}: {config.runs} runs x {config.epochs} epochs, faults for "
                   f"{config.fault_seconds:.0f} s", flush=True)
             started = time.monotonic()

@@ -71,6 +71,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_spec_options(p)
     p.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
+    if sys.argv[1:] == ["--smoke"]:  # tiny sizes, a few seconds: that the benchmark runs
+        sys.argv[1:] = ["--dataset", "digits", "--epochs", "2"]
     args = p.parse_args()
     spec = spec_from_args(args)
     data = load_dataset(spec, args.data_dir)

@@ -39,7 +39,7 @@ while time.monotonic() < end:
 """
 
 
-def worker_main(registry: str, threads: int, epochs: int, ready: str, go: str) -> None:
+def worker_main(registry: str, threads: int, epochs: int, ready: str, go: str, subset: int) -> None:
     """One worker: announce itself, wait for the others to have (``go`` appears), train,
     print each epoch's seconds and the threads it trained with."""
     import threading
@@ -77,13 +77,14 @@ def worker_main(registry: str, threads: int, epochs: int, ready: str, go: str) -
             used.append(torch.get_num_threads())
             return False
 
-    result = fit({**SPEC, "epochs": epochs}, [AsTheWorker()], data_dir=os.environ.get("COREL_DATA_DIR"))
+    result = fit({**SPEC, "epochs": epochs, "train_subset": subset or None}, [AsTheWorker()],
+                 data_dir=os.environ.get("COREL_DATA_DIR"))
     stop.set()
     print(json.dumps({"seconds": [m.seconds for m in result.history], "threads": used}), flush=True)
 
 
 def scenario(workers: int, hog: bool, threads: int, epochs: int, tmp: Path,
-             previous: bool = False) -> list[dict]:
+             previous: bool = False, subset: int = 0) -> list[dict]:
     registry = f"sqlite:///{tmp / f'registry-{time.monotonic_ns()}.sqlite3'}"
     go = tmp / f"go-{time.monotonic_ns()}"
     readies = [tmp / f"ready-{time.monotonic_ns()}-{i}" for i in range(workers)]
@@ -94,7 +95,7 @@ def scenario(workers: int, hog: bool, threads: int, epochs: int, tmp: Path,
         env = {**os.environ, "PYTHONPATH": str(REPO)}
     hogger = subprocess.Popen([sys.executable, "-c", HOG, "600"]) if hog else None
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", registry, str(threads), str(epochs),
-                               str(ready), str(go)], env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
+                               str(ready), str(go), str(subset)], env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
              for ready in readies]
     try:
         while not all(r.exists() for r in readies):
@@ -115,7 +116,7 @@ def median_epoch(report: dict) -> float:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
+        worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], int(sys.argv[7]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=0,
@@ -124,7 +125,12 @@ def main() -> int:
                         help="also the previous default: a thread per core, OpenMP spinning")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    subset = 1024 if args.smoke else 0  # rows of the training set (0: all of them)
+    if args.smoke:
+        args.epochs, args.repeats = 2, 1
     cpus = len(os.sched_getaffinity(0))
     print(f"{cpus} CPUs; {args.epochs} epochs a run, the median of epochs 2-{args.epochs}, "
           f"then the median over {args.repeats} repeats", flush=True)
@@ -135,9 +141,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="corel-contention-") as tmp:
         for _ in range(args.repeats):  # alternated, so that a drift of the machine hits each
             for build, (threads, previous) in builds.items():
-                [a] = scenario(1, False, threads, args.epochs, Path(tmp), previous)
-                [b] = scenario(1, True, threads, args.epochs, Path(tmp), previous)
-                pair = scenario(2, False, threads, args.epochs, Path(tmp), previous)
+                [a] = scenario(1, False, threads, args.epochs, Path(tmp), previous, subset)
+                [b] = scenario(1, True, threads, args.epochs, Path(tmp), previous, subset)
+                pair = scenario(2, False, threads, args.epochs, Path(tmp), previous, subset)
                 got = figures[build]
                 got["alone"].append(median_epoch(a))
                 got["hog"].append(median_epoch(b))

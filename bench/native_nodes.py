@@ -93,10 +93,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 1
     if native.module() is None:
         raise SystemExit("corel.native is not built here: run `python -m corel.native build` first")
-    spec = ExperimentSpec(dataset="fashion-mnist", model="ffnn", loss="gaussian", lam=0.85, epochs=1)
+    spec = ExperimentSpec(dataset="fashion-mnist", model="ffnn", loss="gaussian", lam=0.85, epochs=1,
+                          train_subset=1024 if args.smoke else None)
     data = load_dataset(spec, args.data_dir)
     print(f"Fashion-MNIST FFNN (gaussian, fp32), {len(data.y_train)} training samples, batch "
           f"{spec.batch_size}, torch {torch.__version__}, {describe('cpu')}")
@@ -104,8 +108,8 @@ def main() -> None:
     print("solo epoch, samples/s:")
     rates, same = alternate(args.repeats, WAYS, lambda way: solo(spec, data, way))
     print(f"  same weights after each epoch, bit for bit: {'yes' if same else 'NO'}")
-    specs = [spec.model_copy(update={"lam": lam / 10}) for lam in range(1, 11)]
-    print("10-member stacked epoch (lam 0.1..1.0), model-samples/s:")
+    specs = [spec.model_copy(update={"lam": lam / 10}) for lam in range(1, 11)][:2 if args.smoke else 10]
+    print(f"{len(specs)}-member stacked epoch (lam {specs[0].lam}..{specs[-1].lam}), model-samples/s:")
     stacks, stacks_same = alternate(args.repeats, WAYS[:2], lambda way: group(specs, data, way))
     print(f"  same weights after each epoch, bit for bit: {'yes' if stacks_same else 'NO'}")
     print(f"ratio native step / autograd step over compiled nodes: {rates['step'] / rates['nodes']:.2f}")

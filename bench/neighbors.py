@@ -196,7 +196,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.rows, args.queries, args.rounds = 2000, 50, 1
     import faiss
 
     faiss.omp_set_num_threads(1)  # one query at a time, as the API's threads search
@@ -212,10 +215,10 @@ def run(stack: Stack, args: argparse.Namespace) -> None:
 
     client = httpx.Client(base_url=stack.base, timeout=600)
     started = time.perf_counter()
-    x_train, y_train = data(20_000, seed=1)
+    x_train, y_train = data(2_000 if args.smoke else 20_000, seed=1)
     ds = client.post("/datasets", files={"file": ("train.npz", npz(x_train, y_train))}).json()["id"]
     spec = {"dataset": "npz", "dataset_id": ds, "model": "ffnn", "hidden": 128, "loss": "gaussian",
-            "lam": 0.8, "epochs": 3, "lr": 1e-3}
+            "lam": 0.8, "epochs": 1 if args.smoke else 3, "lr": 1e-3}
     eid = client.post("/experiments", json=spec).json()["id"]
     wait(client, f"/experiments/{eid}")
     x_many, y_many = data(args.rows, seed=2)

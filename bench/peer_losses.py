@@ -39,7 +39,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--subset", type=int, default=None, help="only the first N training rows")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = ap.parse_args()
+    if args.smoke:
+        args.repeats, args.subset = 1, 512
     torch.set_num_threads(os.cpu_count() or 1)
     base = ExperimentSpec(dataset="fashion-mnist", epochs=1, seed=0, train_subset=args.subset)
     data = load_dataset(base)

@@ -29,9 +29,12 @@ def main() -> None:
     parser.add_argument("--lam", type=float, default=0.85)
     parser.add_argument("--device", default=None)
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.epochs, args.seeds = 1, [0]
     base = {"dataset": "fashion-mnist", "model": "ffnn", "loss": args.loss, "lam": args.lam,
-            "epochs": args.epochs}
+            "epochs": args.epochs, **({"train_subset": 1000} if args.smoke else {})}
     data = load_dataset(ExperimentSpec(**base), args.data_dir)
     print(f"Fashion-MNIST FFNN ({args.loss}, lam {args.lam}), {args.epochs} epochs, seeds "
           f"{args.seeds}, torch {torch.__version__}, {torch.get_num_threads()} threads")

@@ -149,7 +149,10 @@ def main() -> None:
     parser.add_argument("--timer", default="profiler", choices=["profiler", "dispatch"],
                         help="torch.profiler's table (default), or each ATen call's wall clock")
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.rows, args.members = 3, 5, 2
     specs = [ExperimentSpec(dataset="fashion-mnist", model="ffnn", loss="gaussian", epochs=1,
                             lam=round((i + 1) / args.members, 4)) for i in range(args.members)]
     data = load_dataset(specs[0], args.data_dir)
@@ -159,7 +162,7 @@ def main() -> None:
 
     run = start_run(specs[-1], data=part, device="cpu")
     group = StackedRun.start(specs, part, device="cpu")
-    gemm = sgemm_gflops() if args.timer == "dispatch" else 0.0
+    gemm = sgemm_gflops(**({"repeats": 1, "n": 256} if args.smoke else {})) if args.timer == "dispatch" else 0.0
     per_step = step_flops(run.model) * specs[0].batch_size  # FLOPs of one member's step
     for title, train, members in (
             (f"solo step (train_pass, lam {specs[-1].lam})", lambda: train_pass(run), 1),

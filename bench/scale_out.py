@@ -70,7 +70,11 @@ def main() -> int:
     parser.add_argument("--dataset", choices=("fashion-mnist", "digits"), default="fashion-mnist")
     parser.add_argument("--train-subset", type=int, default=6000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.members, args.epochs, args.repeats, args.dataset = 2, 1, 1, "digits"
     why = cluster_available()
     if why:
         print(f"cannot build the cluster: {why}", file=sys.stderr)
@@ -103,7 +107,7 @@ def main() -> int:
                 call = control.control.add_consumer if on else control.control.cancel_consumer
                 assert call("corel", destination=["celery@corel-w2"], reply=True, timeout=10)
 
-            sweep_seconds(api, base, 8, 1, seed=0)  # warm-up: caches, imports, connections
+            sweep_seconds(api, base, min(8, args.members), 1, seed=0)  # warm-up: caches, imports, connections
             one: list[float] = []
             two: list[float] = []
             for repeat in range(args.repeats):

