@@ -16,9 +16,14 @@ reference: the training rows).
    of them for real (default: all eleven) and counts any others at the median of those run,
    saying so; the ratio of the two wall times.
 
-Its last lines read ``frozen head MAP@R: X`` (the best head's mean) and ``head sweep
-seconds: S``. ``--smoke``: the first 150 rows as a text table, one seed, two epochs, one
-separate experiment (a few seconds beyond the encoder's load).
+4. For images, EfficientNet-Lite0 frozen on a fixed Fashion-MNIST subset (``--images N``
+   training images, a quarter as many validation and test images, at 96 pixels): raw pixels
+   and the encoder alone, then every loss's head, as for the texts (``image frozen head
+   MAP@R``, ``image head sweep seconds``).
+
+Its last lines read ``frozen head MAP@R: X`` (the best text head's mean) and ``head sweep
+seconds: S``. ``--smoke``: the first 150 rows as a text table, 40 images, one seed, two
+epochs, one separate experiment (a few seconds beyond the encoders' load).
 
 Run: ``.venv/bin/python bench/encoders.py [--data-dir ../shared/datasets] [--seeds 3]
 [--epochs 40] [--baseline 11]``. Needs the encoders extra (``pip install -e '.[encoders]'``).
@@ -104,48 +109,20 @@ def mean_std(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):5.1f} +- {100 * sd:4.1f}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=40)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--lam", type=float, default=0.85, help="lambda of the AR losses (default 0.85)")
-    ap.add_argument("--baseline", type=int, default=len(LOSS_NAMES),
-                    help="how many of the eleven separate experiments to run for real")
-    ap.add_argument("--smoke", action="store_true", help="a few seconds: 150 rows, 1 seed, 2 epochs")
-    args = ap.parse_args()
-    data_dir = Path(args.data_dir)
-    base: dict[str, Any] = {"dataset": "ag-news", "encoder": "minilm", "lr": args.lr, "epochs": args.epochs}
-    chance_epochs = 5  # the service's default guard (COREL_CHANCE_EPOCHS)
-    if args.smoke:  # two epochs on 22 validation rows: no verdict on learning
-        args.seeds, args.epochs, args.baseline, chance_epochs = 1, 2, 1, 0
-        base = {**base, "dataset": "text", "dataset_path": str(smoke_table(data_dir, 150)), "epochs": 2}
-    pretrained.load_text_encoder(pretrained.encoder_path("minilm"))  # its load is not the sweep's
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; encoder minilm (all-MiniLM-L6-v2), "
-          f"frozen; {args.seeds} seeds, {args.epochs} epochs, lr {args.lr:g}, batch 128, lam {args.lam:g}")
+def alone(data: Any) -> str:
+    """The inputs alone (the frozen features, or pixels flattened): MAP@R and precision@1
+    (cosine), logistic regression."""
+    x_train, x_test = data.x_train.flatten(1), data.x_test.flatten(1)
+    found = retrieval_metrics(x_test, data.y_test, x_train, data.y_train, "cosine")
+    logreg = LogisticRegression(max_iter=2000).fit(x_train.numpy(), data.y_train.numpy())
+    accuracy = float(logreg.score(x_test.numpy(), data.y_test.numpy()))
+    return (f"MAP@R {found['mean_average_precision_at_r']:.3f}, precision@1 {found['precision_at_1']:.3f}, "
+            f"logistic regression {100 * accuracy:.1f} %")
 
-    # The sweep: one embedding pass, then every loss's heads.
-    forget_features()
-    computed = pretrained.COMPUTED["texts"]
-    started = time.perf_counter()
-    data = load_dataset(ExperimentSpec(**base), data_dir)
-    embedded = time.perf_counter() - started
-    specs = [ExperimentSpec(**base, loss=loss, seed=seed,
-                            **({"lam": args.lam} if "lam" in declaration(loss).params else {}))
-             for loss in LOSS_NAMES for seed in range(args.seeds)]
-    results = train(specs, data, chance_epochs)
-    sweep_seconds = time.perf_counter() - started
-    print(f"AG News: {len(data.y_train)} training, {len(data.y_val)} validation, {len(data.y_test)} test "
-          f"rows; {pretrained.COMPUTED['texts'] - computed} texts embedded once in {embedded:.1f} s")
 
-    # The encoder alone.
-    alone = retrieval_metrics(data.x_test, data.y_test, data.x_train, data.y_train, "cosine")
-    logreg = LogisticRegression(max_iter=2000).fit(data.x_train.numpy(), data.y_train.numpy())
-    logreg_acc = float(logreg.score(data.x_test.numpy(), data.y_test.numpy()))
-    print(f"frozen encoder alone: MAP@R {alone['mean_average_precision_at_r']:.3f}, precision@1 "
-          f"{alone['precision_at_1']:.3f}, logistic regression {100 * logreg_acc:.1f} %")
-
+def report(specs: list[ExperimentSpec], results: list[FitResult | None], data: Any) -> tuple[float, str]:
+    """Every loss's row (mean +- std over seeds, paired t-tests of MAP@R against both COREL
+    losses); returns the best head's mean MAP@R and its loss."""
     per_loss: dict[str, list[dict[str, float]]] = {loss: [] for loss in LOSS_NAMES}
     by_seed: dict[str, dict[int, float]] = {loss: {} for loss in LOSS_NAMES}
     for spec, result in zip(specs, results, strict=True):
@@ -168,9 +145,89 @@ def main() -> None:
                 tests.append("-" if np.isnan(p) else f"{p:.3f}")
         print(f"{declaration(loss).short:<16}{cells[0]:>18}{cells[1]:>18}{cells[2]:>18}{tests[0]:>13}{tests[1]:>15}")
         if rows:
-            mean_map = statistics.mean(r["map_at_r"] for r in rows)
-            best = max(best, (mean_map, loss))
+            best = max(best, (statistics.mean(r["map_at_r"] for r in rows), loss))
     print(f"best head: {declaration(best[1]).short if best[1] else '-'}")
+    return best
+
+
+def sweep_specs(base: dict[str, Any], seeds: int, lam: float) -> list[ExperimentSpec]:
+    return [ExperimentSpec(**base, loss=loss, seed=seed, **({"lam": lam} if "lam" in declaration(loss).params else {}))
+            for loss in LOSS_NAMES for seed in range(seeds)]
+
+
+def images(data_dir: Path, rows: int, seeds: int, epochs: int, lr: float, lam: float,
+           chance_epochs: int) -> None:
+    """EfficientNet-Lite0 frozen on a fixed Fashion-MNIST subset: the first ``rows`` training
+    images, a quarter as many validation and test images."""
+    import dataclasses
+
+    from corel.data import with_image_features
+
+    pixels = load_dataset(ExperimentSpec(dataset="fashion-mnist"), data_dir if data_dir.is_dir() else None)
+    part = max(rows // 4, 10)
+    pixels = dataclasses.replace(
+        pixels, x_train=pixels.x_train[:rows], y_train=pixels.y_train[:rows], x_val=pixels.x_val[:part],
+        y_val=pixels.y_val[:part], x_test=pixels.x_test[:part], y_test=pixels.y_test[:part])
+    forget_features()
+    started = time.perf_counter()
+    data = with_image_features(pixels, "efficientnet-lite0")
+    embedded = time.perf_counter() - started
+    base = {"dataset": "fashion-mnist", "encoder": "efficientnet-lite0", "lr": lr, "epochs": epochs}
+    specs = sweep_specs(base, seeds, lam)
+    results = train(specs, data, chance_epochs)
+    seconds = time.perf_counter() - started
+    n = len(pixels.y_train) + len(pixels.y_val) + len(pixels.y_test)
+    print(f"Fashion-MNIST subset: {len(data.y_train)} training, {len(data.y_val)} validation, "
+          f"{len(data.y_test)} test images at 96 pixels; {n} embedded once in {embedded:.1f} s "
+          f"({n / embedded:.0f} images/s)")
+    print(f"raw pixels: {alone(pixels)}")
+    print(f"frozen EfficientNet-Lite0 alone: {alone(data)}")
+    best = report(specs, results, data)
+    print(f"image frozen head MAP@R: {best[0]:.3f}")
+    print(f"image head sweep seconds: {seconds:.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lam", type=float, default=0.85, help="lambda of the AR losses (default 0.85)")
+    ap.add_argument("--baseline", type=int, default=len(LOSS_NAMES),
+                    help="how many of the eleven separate experiments to run for real")
+    ap.add_argument("--images", type=int, default=2000,
+                    help="Fashion-MNIST training images for EfficientNet-Lite0 (0: no image part)")
+    ap.add_argument("--smoke", action="store_true", help="a few seconds: 150 rows, 1 seed, 2 epochs")
+    args = ap.parse_args()
+    data_dir = Path(args.data_dir)
+    base: dict[str, Any] = {"dataset": "ag-news", "encoder": "minilm", "lr": args.lr, "epochs": args.epochs}
+    chance_epochs = 5  # the service's default guard (COREL_CHANCE_EPOCHS)
+    if args.smoke:  # two epochs on 22 validation rows: no verdict on learning
+        args.seeds, args.epochs, args.baseline, chance_epochs, args.images = 1, 2, 1, 0, 40
+        base = {**base, "dataset": "text", "dataset_path": str(smoke_table(data_dir, 150)), "epochs": 2}
+    pretrained.load_text_encoder(pretrained.encoder_path("minilm"))  # its load is not the sweep's
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.seeds} seeds, {args.epochs} "
+          f"epochs, lr {args.lr:g}, batch 128, lam {args.lam:g} (the AR losses)")
+
+    # The sweep: one embedding pass, then every loss's heads.
+    forget_features()
+    computed = pretrained.COMPUTED["texts"]
+    started = time.perf_counter()
+    data = load_dataset(ExperimentSpec(**base), data_dir)
+    embedded = time.perf_counter() - started
+    specs = sweep_specs(base, args.seeds, args.lam)
+    results = train(specs, data, chance_epochs)
+    sweep_seconds = time.perf_counter() - started
+    texts = pretrained.COMPUTED["texts"] - computed
+    print(f"AG News, frozen all-MiniLM-L6-v2: {len(data.y_train)} training, {len(data.y_val)} validation, "
+          f"{len(data.y_test)} test rows; {texts} texts embedded once in {embedded:.1f} s "
+          f"({texts / embedded:.0f} texts/s)")
+    print(f"frozen encoder alone: {alone(data)}")
+    best = report(specs, results, data)
+
+    if args.images:
+        images(data_dir, args.images, args.seeds, args.epochs, args.lr, args.lam, chance_epochs)
 
     # The same sweep as separate experiments, each embedding again, seeds one after another.
     walls = []

@@ -13,7 +13,14 @@ from corel import pretrained
 from corel.data import load_dataset
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
-from corel.train import EngineOptions, checkpoint_from_bytes, checkpoint_to_bytes, fit, fit_group
+from corel.train import (
+    Callback,
+    EngineOptions,
+    checkpoint_from_bytes,
+    checkpoint_to_bytes,
+    fit,
+    fit_group,
+)
 
 TOPICS = {
     "sport": ["the team won the final match", "a striker scored twice in the cup game",
@@ -169,3 +176,24 @@ def test_image_features_are_computed_once_and_a_served_run_embeds_raw_images(tmp
         result.model.eval()
         want = result.model.encoder(data.x_test[:3])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_frozen_run_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_does(table, tmp_path):
+    """As a worker that took over a run does: the features from the cache, the head from its
+    checkpoint, and the same weights at the end as without the interruption."""
+    options = EngineOptions(features_dir=tmp_path)
+    whole = fit(spec(table, epochs=4), options=options, chance_epochs=0)
+    saved: list[bytes] = []
+
+    class StopAfterTwo(Callback):
+        def on_epoch_end(self, metrics, run):
+            saved.append(checkpoint_to_bytes(run.checkpoint()))
+            return metrics.epoch == 2
+
+    stopped = fit(spec(table, epochs=4), [StopAfterTwo()], options=options, chance_epochs=0)
+    assert stopped.stopped and len(saved) == 2
+    resumed = fit(spec(table, epochs=4), checkpoint=checkpoint_from_bytes(saved[-1]), options=options,
+                  chance_epochs=0)
+    for key, value in whole.run.model.state_dict().items():
+        assert torch.equal(value, resumed.run.model.state_dict()[key]), key
+    assert [m.val_accuracy for m in resumed.history] == [m.val_accuracy for m in whole.history]
