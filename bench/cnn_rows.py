@@ -15,6 +15,7 @@ to its runs one process each.
         [--datasets mnist fashion-mnist] [--stop-after SECONDS] [--precision-check]
         [--stack-seeds] [--losses cce center cosine gaussian] [--until-epoch N] [--state DIR]
     python bench/cnn_rows.py table rows.jsonl        # the Markdown for docs/reproduction.md
+    python bench/cnn_rows.py --smoke                 # a few seconds: that it runs
 
 Each process appends a JSON line to ``--out`` after every epoch and a final one with the
 test accuracy at the best-validation epoch, the wall time and the clustering of the test
@@ -24,13 +25,20 @@ how many epochs it had: the table marks such rows as short of the protocol).
 ``--until-epoch N`` ends every run after its N-th epoch of ``--epochs`` (the protocol's
 length stays ``--epochs``).
 
-``--state DIR`` makes the rows resumable across GPU sessions (one session's device time
-holds fewer epochs than the protocol): every process writes its runs' checkpoints (the
+``--state DIR`` makes the rows resumable across launches (for a GPU machine held for less
+time than the protocol's epochs take): every process writes its runs' checkpoints (the
 format a worker resumes from, ``corel.train.checkpoints``) to ``DIR/<row>.pt`` after each epoch,
 and a later launch with the same DIR resumes each row from its file, under the same
 process layout (``--stack-seeds`` or not), up to ``--epochs``; a row already at
 ``--epochs`` only writes its final line again. The final line of a resumed run counts every
-epoch and the wall time of every session. ``table`` reads the last final line of each run.
+epoch and the wall time of every launch. ``table`` reads the last final line of each run.
+
+Needs: MNIST and Fashion-MNIST as IDX files under ``--data-dir`` (default $COREL_DATA_DIR;
+Fashion-MNIST also from Debian's dataset-fashion-mnist), a GPU for the protocol's 150
+epochs (about 7 minutes a dataset on an H100, all rows at once; it runs on a CPU, far
+slower); ``--smoke`` checks in a few seconds that it runs (one stacked row on
+scikit-learn's digits). ``bench/on_gpu.sh`` runs it with the GPU checks. Writes ``--out``
+(JSON lines) and, with ``--state``, a checkpoint per row in DIR.
 
 ``--precision-check`` adds issue 24's bf16 check: Fashion-MNIST FFNN, Gaussian-COREL at
 the paper's lambda, each seed in fp32 and in bf16.

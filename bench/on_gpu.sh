@@ -1,39 +1,64 @@
 #!/usr/bin/env bash
-# What issue 24 asks of a GPU machine, in one go and inside a time budget:
-#   1. the benchmarks on the GPU while it is quiet (train_throughput fp32 and bf16,
-#      sweep_throughput), each against the GPU's own matrix-product rates;
+# bench/on_gpu.sh: corel's GPU checks, its throughput benchmarks and the paper's CNN rows
+# on one GPU machine, in one go, within a time limit.
+#
+# Usage, from the repository root:   bench/on_gpu.sh OUT_DIR [SECONDS]
+#   OUT_DIR   where everything is written (created if missing);
+#   SECONDS   the time limit for the whole run (default 540). CNN rows still training 45 s
+#             before it stop there, say how many epochs they had, and leave their state
+#             to resume from (RESUME_FROM, below).
+#
+# What it does, in order:
+#   0. records the machine (nvidia-smi, cores, torch, CUDA) in OUT_DIR/machine.txt and runs
+#      the CUDA graphs' tests (tests/gpu/test_graphs.py, output at its end); only where they
+#      pass do the benchmarks add graphed lines and the rows train with CUDA graphs;
+#   1. the benchmarks on the quiet GPU, each eager and graphed, against the GPU's own
+#      matrix-product rate: train_throughput fp32 and bf16, sweep_throughput (FFNN, and the
+#      CNN rows' shape), distance_backward; in OUT_DIR/bench.txt;
 #   2. the paper's CNN rows (bench/cnn_rows.py: MNIST and Fashion-MNIST, the four losses,
-#      3 seeds, 150 epochs; a row's seeds stacked in one process, STACK_SEEDS=0: one
-#      process per run, as on 2026-11-26) with the bf16 check beside them, and
-#      `make test-gpu` while they train; runs still training when the budget ends stop
-#      there and say how many epochs they had;
-#   0. first, the CUDA graphs' tests (tests/gpu/test_graphs.py): where they pass, the
-#      benchmarks run again with COREL_CUDA_GRAPHS=1 and the rows train with it.
-# Usage: bench/on_gpu.sh OUT_DIR [BUDGET_SECONDS]   (from the repository root; the data
-# under $COREL_DATA_DIR, else the system locations; PYTHON, else python3, with torch and
-# corel's dependencies importable, corel itself from this checkout).
-# To fit one session's device time, a session can take part of it: DATASETS="mnist" (the
-# CNN rows of one dataset: 12 runs instead of 24), PRECISION_CHECK=0 (without the 6 bf16
-# runs, measured on 2026-11-26), BENCH=0 (without the benchmarks) or BENCH=after (in the time
-# the rows leave, if they end early); NATIVE=1 (below).
-# The rows are resumable across sessions: the runs' state comes back as OUT_DIR/state.tar.xz.NN
-# (parts of at most 15 MiB; .gz where the machine has no xz), and RESUME_FROM=DIR, a folder
-# holding such parts (a tracked one travels with the checkout), resumes every row from it.
+#      3 seeds, 150 epochs, a row's seeds stacked in one process) with the bf16 check beside
+#      them, and `make test-gpu` while they train: OUT_DIR/rows.jsonl, rows.txt (ending in the
+#      Markdown table), test-gpu.txt, and the rows' state as OUT_DIR/state.tar.xz.NN (parts
+#      of at most 15 MiB, small enough to commit beside the rows; .gz without xz).
+#
+# Needs: an NVIDIA GPU that torch sees (nvidia-smi; NVIDIA MPS is used where it starts);
+# MNIST and Fashion-MNIST as IDX files under $COREL_DATA_DIR/mnist and /fashion-mnist (else
+# the system locations); PYTHON (default python3) with torch and corel's dependencies
+# importable, corel itself from this checkout (for a machine without network,
+# bench/prepare_gpu_call.sh packs what it lacks). Time: both datasets' rows to 150 epochs
+# take about 7 minutes each on an H100 (docs/reproduction.md, sections 9-10); the
+# benchmarks add a few minutes (each is cut off at 1-2.5 minutes, twice with graphs). With
+# less time, run again with RESUME_FROM.
+#
+# Options, as environment variables:
+#   DATASETS="mnist"           the rows of one dataset only (default "mnist fashion-mnist");
+#   PRECISION_CHECK=0          without the bf16 check's 6 runs;
+#   BENCH=0 | BENCH=after      no benchmarks, or after the rows in the time they leave
+#                              (default: before them);
+#   STACK_SEEDS=0              one process per run instead of a row's seeds stacked;
+#   EXTRA_LAMS="gaussian=0.6"  a row more per dataset of that loss at that lambda;
+#   GRAPHS=0, MPS=0            no CUDA graphs (untested), no MPS;
+#   NATIVE=1                   first build corel's native step for this machine's torch
+#                              (about a minute; into COREL_NATIVE_DIR, default OUT_DIR/native);
+#   RESUME_FROM=DIR            resume every row from DIR's state.tar.* parts (an earlier
+#                              run's OUT_DIR, or a committed copy of them).
+# COREL_CUDA_GRAPHS, COREL_NATIVE and COREL_NATIVE_DIR reach the benchmarks and the rows as
+# they reach `corel train`: read by corel.cli.engine_options(os.environ) in each script.
 set -u
-OUT=${1:?usage: bench/on_gpu.sh OUT_DIR [BUDGET_SECONDS]}
-BUDGET=${2:-540}
+OUT=${1:?usage: bench/on_gpu.sh OUT_DIR [SECONDS]}
+LIMIT=${2:-540}
 PY=${PYTHON:-python3}
 T0=$(date +%s)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
+left() { echo $((LIMIT - ($(date +%s) - T0))); }
 
 { nvidia-smi; nproc; "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"; } \
     >"$OUT/machine.txt" 2>&1
 # Fail fast (and cheaply) when the library does not import here.
 "$PY" -c "import corel.train.solo, corel.train.stacked, corel.serving" || { echo "corel does not import"; exit 1; }
 # NATIVE=1: compile corel's fused nodes for this machine's torch first (about a minute of
-# the budget; a build made elsewhere is keyed to its own torch and Python and never loads).
+# the time limit; a build made elsewhere is keyed to its own torch and Python and never loads).
 if [ "${NATIVE:-0}" = 1 ]; then
     export COREL_NATIVE_DIR=${COREL_NATIVE_DIR:-$OUT/native}
     timeout 150 "$PY" -m corel.native build --optional >"$OUT/native.txt" 2>&1
@@ -51,10 +76,10 @@ if [ "${GRAPHS:-1}" != 0 ]; then
     echo "CUDA graphs: $GRAPHS_OK (tests done at $(( $(date +%s) - T0 )) s)" | tee -a "$OUT/machine.txt"
 fi
 
-# BENCH=after: the benchmarks once the rows have ended, in what is left of the budget (the
+# BENCH=after: the benchmarks once the rows have ended, in what is left of the time (the
 # rows first, on a quiet GPU after them); BENCH=0: none; else before the rows.
-# The benchmarks' images: Fashion-MNIST, as in the docs' figures, unless the call carried only
-# MNIST (DATASETS=mnist: on 2026-11-27 every benchmark of such a call stopped at a missing
+# The benchmarks' images: Fashion-MNIST, as in the docs' figures, unless the run has only
+# MNIST (DATASETS=mnist: on 2026-11-27 every benchmark of such a run stopped at a missing
 # Fashion-MNIST).
 case " ${DATASETS:-mnist fashion-mnist} " in
     *" fashion-mnist "*) BENCH_DATASET=fashion-mnist ;;
@@ -71,7 +96,7 @@ pair() {
     done
 }
 benchmarks() {
-    # Pair by pair, so that a budget cut short still leaves pairs.
+    # Pair by pair, so that a run cut short by its time limit still leaves pairs.
     {
         pair "train_throughput fp32" 150 bench/train_throughput.py
         # The CNN rows' shape: one lambda, 3 seeds stacked (vmap) against one after another.
@@ -140,7 +165,7 @@ fi
 echo "make test-gpu: exit status $? at $(( $(date +%s) - T0 )) s"
 wait $ROWS
 echo "CNN rows done at $(( $(date +%s) - T0 )) s"
-# Parts of at most 15 MiB: a file that comes back from the device machine holds 16 MiB.
+# Parts of at most 15 MiB, each small enough to keep in git beside the rows (docs/runs/).
 if command -v xz >/dev/null; then
     tar -C "$STATE" -cf - . | xz -T0 -6 | split -b 15M -d - "$OUT/state.tar.xz."
 else

@@ -1,27 +1,27 @@
 #!/usr/bin/env bash
-# What a call of the device tool needs beside the checkout, made here, in the repository
-# root, before the call (both folders are ignored through .git/info/exclude, so the call
-# must name them in `carry`):
-#   .whl/      corel's dependencies that the GPU machine's image lacks (pydantic and its
-#              own), as wheels for its Python 3.12;
-#   .gpudata/  MNIST (from ../shared/datasets, or $COREL_DATA_DIR) and Fashion-MNIST (Debian's
-#              dataset-fashion-mnist), 11 and 31 MB: the GPU machine reaches no network.
-#              DATASETS="fashion-mnist" (or "mnist") copies only that one, for a call that
-#              runs only its rows: with a tracked state to resume from (on_gpu.sh's
-#              RESUME_FROM), both would not fit the 64 MiB that a call carries.
-# Then, as on 2026-11-27 (an H100, Fashion-MNIST's CNN rows to 150 epochs in 404 s; see
-# docs/reproduction.md, section 9), with DATASETS=fashion-mnist here:
-#   run(command="python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
-#       --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit;
-#       export COREL_DATA_DIR=$PWD/.gpudata; BENCH=after PRECISION_CHECK=0
-#       DATASETS=fashion-mnist bash bench/on_gpu.sh $OUT 570",
-#       carry=[".whl", ".gpudata"], timeout_s=600)
-# MNIST's rows the same way, DATASETS=mnist here and in the call (401 s, section 10); one
-# extra row alone, as Fashion-MNIST's Gaussian-COREL at lambda 0.6 (145 s, section 11):
-# bench/cnn_rows.py launch --datasets fashion-mnist --losses --extra-lam gaussian=0.6
-# --stack-seeds. Rows that stop short of 150 epochs bring back their state
-# (state.tar.xz.NN): commit those parts beside the rows in docs/runs/, and a later call adds
-# RESUME_FROM=docs/runs/<that folder>.
+# bench/prepare_gpu_call.sh: packs, beside this checkout, what bench/on_gpu.sh needs on a GPU
+# machine that has no network access, so that the checkout and these two folders can be
+# copied there as they are. Run it here, from anywhere in the repository:
+#
+#   [DATASETS="mnist fashion-mnist"] [PYTHON=python3] [MAX_MIB=N] bench/prepare_gpu_call.sh
+#
+# It writes (both folders ignored through .git/info/exclude, which it updates):
+#   .whl/      corel's dependencies that a bare PyTorch image lacks (pydantic and its own), as
+#              wheels for CPython 3.12 on x86-64 Linux, downloaded with PYTHON's pip;
+#   .gpudata/  the datasets named in DATASETS (default both): MNIST from
+#              $COREL_DATA_DIR/mnist (default ../shared/datasets/mnist) and Fashion-MNIST from
+#              Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), 11 and 31 MB.
+# Needs: network access here (pip), the IDX files above. No GPU.
+# It prints the size of the checkout's tracked files and the two folders; with MAX_MIB, it
+# fails when they pass that many MiB (a transfer with a size limit: copy fewer DATASETS).
+#
+# Then, on the GPU machine, from the copied checkout (as on 2026-11-27: an H100,
+# Fashion-MNIST's CNN rows to 150 epochs in 404 s, docs/reproduction.md, section 9):
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+#   PYTHONPATH=/tmp/site COREL_DATA_DIR=$PWD/.gpudata DATASETS=fashion-mnist \
+#       BENCH=after PRECISION_CHECK=0 bash bench/on_gpu.sh OUT 570
+# Rows that stop short of 150 epochs bring back their state (OUT/state.tar.xz.NN); a later
+# run resumes them with RESUME_FROM=<a folder holding those parts>.
 set -eu
 cd "$(git rev-parse --show-toplevel)"
 mkdir -p .git/info
@@ -46,13 +46,16 @@ for name in ${DATASETS:-mnist fashion-mnist}; do
         rm -rf ".gpudata/$name" && mkdir -p ".gpudata/$name" && cp "$dir"/*-ubyte.gz ".gpudata/$name/"
     fi
 done
-for name in mnist fashion-mnist; do  # a dataset this call does not train stays behind
+for name in mnist fashion-mnist; do  # a dataset not named in DATASETS stays behind
     case " ${DATASETS:-mnist fashion-mnist} " in *" $name "*) ;; *) rm -rf ".gpudata/$name" ;; esac
 done
 chmod -R u+w .gpudata
 du -sh .whl .gpudata
-# What the call carries: the tracked files (a state to resume from among them), .whl, .gpudata.
+# What goes to the GPU machine: the tracked files (a state to resume from among them), .whl, .gpudata.
 tracked=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 total=$(( tracked + $(du -sb .whl | cut -f1) + $(du -sb .gpudata | cut -f1) ))
-echo "the call carries $(( total / 1048576 )) MiB of the 64 MiB it may"
-[ "$total" -lt $(( 64 * 1048576 )) ] || { echo "over the 64 MiB: copy fewer datasets (DATASETS)" >&2; exit 1; }
+echo "the checkout's tracked files, .whl and .gpudata: $(( total / 1048576 )) MiB"
+if [ -n "${MAX_MIB:-}" ] && [ "$total" -ge $(( MAX_MIB * 1048576 )) ]; then
+    echo "over MAX_MIB=$MAX_MIB: copy fewer datasets (DATASETS)" >&2
+    exit 1
+fi

@@ -1,6 +1,6 @@
-"""bench/cnn_rows.py --state: the paper's CNN rows stopped part-way (one GPU session's
-device time holds fewer than 150 epochs) and resumed by a later launch end exactly where
-the same rows trained without a break end."""
+"""bench/cnn_rows.py --state: the paper's CNN rows stopped part-way (a GPU machine held for
+less time than 150 epochs take) and resumed by a later launch end exactly where the same
+rows trained without a break end."""
 
 from __future__ import annotations
 
