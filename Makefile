@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # `make serve` installs the service alone; `make test` adds the test toolchain on top.
 SERVICE_STAMP := $(VENV)/.installed-service
 
-.PHONY: test test-as-user test-cluster test-gpu serve install lint clean
+.PHONY: test test-as-user test-cluster test-gpu screenshots serve install lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,14 @@ test-cluster: $(STAMP) $(NATIVE)
 # The tests that need CUDA (tests/gpu); fails on a machine where torch sees no GPU.
 test-gpu: $(STAMP) $(NATIVE)
 	COREL_REQUIRE_CUDA=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m gpu tests/gpu
+
+# The README's screenshots of the dashboard: its browser tests take them (into
+# build/screenshots/, as on every `make test`) and this copies them into docs/screenshots/.
+SHOTS := $(CURDIR)/build/screenshots
+screenshots: $(STAMP) $(NATIVE)
+	rm -rf $(SHOTS)
+	COREL_SCREENSHOTS_DIR=$(SHOTS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/app/test_dashboard.py
+	cp $(SHOTS)/*.png docs/screenshots/
 
 # MNIST and AG News's test split, where a checkout has ../shared/datasets beside it (unless
 # COREL_DATA_DIR says otherwise).
