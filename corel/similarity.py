@@ -42,16 +42,25 @@ def check_pair(h: torch.Tensor, W: torch.Tensor) -> None:
         raise ValueError(f"h and W must be floating point; got {h.dtype} and {W.dtype}")
 
 
+def _transposed(W: torch.Tensor) -> torch.Tensor:
+    """W^T (..., H, K) laid out in memory as such (a copy of the K class vectors), not a
+    transposed view: MKL multiplies a few rows (a small batch) by a transposed view with
+    other rounding on 1 thread than on 2 on some CPUs (an AMD EPYC with AVX-512, even in its
+    strict mode), by this layout alike; a run's figures must not depend on its worker's
+    share of the host."""
+    return W.transpose(-2, -1).contiguous()
+
+
 def dot(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """s_dot(h, w_k) = h . w_k — the similarity behind cross-entropy (CCE)."""
     check_pair(h, W)
-    return h @ W.transpose(-2, -1)
+    return h @ _transposed(W)
 
 
 def cosine(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """s_cos(h, w_k) = h . w_k / (|h| |w_k|), in [-1, 1] (Cosine-COREL)."""
     check_pair(h, W)
-    return F.normalize(h, dim=-1, eps=_EPS) @ F.normalize(W, dim=-1, eps=_EPS).transpose(-2, -1)
+    return F.normalize(h, dim=-1, eps=_EPS) @ _transposed(F.normalize(W, dim=-1, eps=_EPS))
 
 
 def gaussian(h: torch.Tensor, W: torch.Tensor, gamma: float | torch.Tensor = 0.5) -> torch.Tensor:

@@ -9,11 +9,10 @@ seen on its host within :func:`presence_ttl`, and no more than the CPUs that the
 other processes leave idle (:class:`HostLoad`), at least one thread. A run's figures do
 not depend on its worker's share: workers multiply matrices in MKL's strict reproducible
 mode (:data:`WORKER_ENV_DEFAULTS`), whose results are the same bits whatever the number of
-threads, so a share may change between two batches of a run. Not for every shape on every
-CPU: on an AMD EPYC with AVX-512 (Zen 4), MKL's products with few rows against a transposed
-class matrix (batches under 64 with the dot, cosine and Center heads: ``h @ W.T`` with 10
-columns) round apart between 1 and 2 threads even in the strict mode; at batches of 64 and
-the paper's 128 they did not, nor did Gaussian-COREL's at 4 (tests/app/test_host_share.py).
+threads, so a share may change between two batches of a run. On an AMD EPYC with AVX-512
+(Zen 4) that held only with the class matrix laid out transposed in memory: a few rows (a
+small batch) times a transposed view rounded apart between 1 and 2 threads even in MKL's
+strict mode, so the heads take W^T as a copy (corel.similarity; tests/app/test_host_share.py).
 
 Why it matters: torch's OpenMP threads spin while they wait for each other. Two workers
 that each ran a thread per core on two cores spun against each other (an epoch 2.6 times
