@@ -153,7 +153,8 @@ class RequestGuard(HttpMiddleware):
         self.limited = {
             limit: RequestBodyLimitMiddleware(app, limit)
             for limit in {self.settings.max_json_bytes, self.settings.max_inference_bytes,
-                          self.settings.max_upload_bytes + MULTIPART_OVERHEAD}
+                          self.settings.max_upload_bytes + MULTIPART_OVERHEAD,
+                          self.settings.max_encoder_bytes + MULTIPART_OVERHEAD}
         }
 
     def body_limit(self, path: str) -> int:
@@ -161,6 +162,8 @@ class RequestGuard(HttpMiddleware):
             return self.settings.max_inference_bytes
         if path == "/datasets":
             return self.settings.max_upload_bytes + MULTIPART_OVERHEAD
+        if path == "/encoders":
+            return self.settings.max_encoder_bytes + MULTIPART_OVERHEAD
         return self.settings.max_json_bytes
 
     async def handle(self, scope: Any, receive: Any, send: Any) -> None:

@@ -84,6 +84,47 @@ class DatasetBlob(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class EncoderUpload(Base):
+    """A user's own encoder (POST /encoders): a sentence-transformers folder (zipped) or a
+    weights file for a timm architecture, checked on arrival. Its files are stored once per
+    content (:class:`EncoderBlob`, by sha256), however many uploads name them."""
+
+    __tablename__ = "encoders"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))  # "sentence-transformers" | "timm"
+    modality: Mapped[str] = mapped_column(String(16))
+    architecture: Mapped[str | None] = mapped_column(String(128))  # timm's name; None for a folder
+    features: Mapped[int] = mapped_column(Integer)
+    filename: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(ForeignKey("encoder_blobs.sha256"), index=True)
+    # The encoder's content digest as runs record it (corel.pretrained): the weights file's
+    # sha256, or that of the sentence-transformers folder's files.
+    digest: Mapped[str] = mapped_column(String(64), index=True)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    owner: Mapped[User | None] = relationship(
+        primaryjoin="foreign(EncoderUpload.owner_id) == User.id", viewonly=True)
+
+    @property
+    def spec_name(self) -> str:
+        """How a spec names it: ``sentence-transformers`` or ``timm:<architecture>``."""
+        return f"timm:{self.architecture}" if self.kind == "timm" else self.kind
+
+
+class EncoderBlob(Base):
+    """An uploaded encoder's files as sent (a weights file or a .zip), once per content."""
+
+    __tablename__ = "encoder_blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class Sweep(Base):
     """A grid of experiments over a base spec (losses x lambdas x seeds x ...)."""
 
@@ -380,14 +421,15 @@ class ApiToken(Base):
 
 
 class Share(Base):
-    """One user's access ("read" or "write") to an experiment, a sweep or an upload: one
-    of the three ids is set. Foreign keys with cascades, so that a deleted resource's
+    """One user's access ("read" or "write") to an experiment, a sweep, an upload or an
+    uploaded encoder: one of the four ids is set. Foreign keys with cascades, so that a deleted resource's
     shares go with it and never grant access to a later row with the same id."""
 
     __tablename__ = "shares"
     __table_args__ = (UniqueConstraint("experiment_id", "user_id"),
                       UniqueConstraint("sweep_id", "user_id"),
-                      UniqueConstraint("dataset_id", "user_id"))
+                      UniqueConstraint("dataset_id", "user_id"),
+                      UniqueConstraint("encoder_id", "user_id"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -395,6 +437,7 @@ class Share(Base):
         ForeignKey("experiments.id", ondelete="CASCADE"))
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
     dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    encoder_id: Mapped[int | None] = mapped_column(ForeignKey("encoders.id", ondelete="CASCADE"))
     access: Mapped[str] = mapped_column(String(8))  # "read" | "write"
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

@@ -11,6 +11,7 @@ from pydantic.json_schema import SkipJsonSchema
 from app.errors import MAX_ID
 from app.models import STATUSES, as_utc
 from corel.geometry import Geometry
+from corel.layers import LAYER_DOCS, Layer
 from corel.loss_catalog import DECLARATIONS, OPTION_FIELDS
 from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, ExperimentSpec, spec_warnings
 
@@ -89,6 +90,12 @@ class ExperimentCreate(ExperimentSpec):
 
     dataset_path: SkipJsonSchema[str | None] = None
     word_vectors: SkipJsonSchema[str | None] = None
+    encoder_path: SkipJsonSchema[str | None] = None
+    encoder_id: int | None = Field(
+        default=None, ge=1, le=MAX_ID,
+        description="Id of your own encoder (POST /encoders): the model trains over it, frozen. "
+        "Leave encoder out (it becomes the upload's: sentence-transformers or "
+        "timm:<architecture>).")
     dataset_id: int | None = Field(
         default=None, ge=1, le=MAX_ID,
         description="Id of an uploaded dataset (POST /datasets); required for npz, text and "
@@ -114,6 +121,10 @@ class ExperimentCreate(ExperimentSpec):
                         f"{key} is not accepted over HTTP; upload the file with POST /datasets "
                         "and pass its id as dataset_id"
                     )
+            if data.get("encoder_path") is not None:
+                raise ValueError("encoder_path is not accepted over HTTP; upload your encoder with "
+                                 "POST /encoders and pass its id as encoder_id")
+            data = _encoder_reference(data)
             if data.get("dataset") in UPLOADED and data.get("dataset_id") is None:
                 raise ValueError(
                     f"dataset {data.get('dataset')!r} needs dataset_id: upload it with POST "
@@ -129,7 +140,34 @@ class ExperimentCreate(ExperimentSpec):
         return data
 
     def to_spec(self) -> ExperimentSpec:
-        return ExperimentSpec.model_validate(self.model_dump(exclude={"dataset_id"}))
+        return ExperimentSpec.model_validate(self.model_dump(exclude={"dataset_id", "encoder_id"}))
+
+
+UPLOADED_ENCODER = {"text": "sentence-transformers", "image": "timm:uploaded"}
+"""What a spec with an ``encoder_id`` and no ``encoder`` names until the service has read the
+upload (app.services.encoders.check_spec_encoder puts its own name in)."""
+
+
+def _encoder_reference(data: dict[str, Any]) -> dict[str, Any]:
+    """A spec naming ``encoder_id``: the worker fetches the files (``encoder_path`` says
+    which upload), and the encoder is the upload's family until the service names it."""
+    from corel.encoder_catalog import DECLARATIONS as ENCODERS
+    from corel.encoder_catalog import family
+
+    if data.get("encoder_id") is None:
+        named = data.get("encoder")
+        if isinstance(named, str) and ("timm:" in named or named in ("sentence-transformers", "timm")):
+            raise ValueError(f"encoder {named!r} is your own: upload it with POST /encoders and pass "
+                             "its id as encoder_id")
+        return data
+    named = data.get("encoder")
+    modality = MODALITY.get(str(data.get("dataset")))
+    if named is None:
+        named = UPLOADED_ENCODER.get(modality or "", "sentence-transformers")
+    elif not any(d.custom and d.name == family(str(named)) for d in ENCODERS.values()):
+        raise ValueError(f"encoder_id names your own encoder, and encoder {named!r} is installed with "
+                         "corel: give one of them")
+    return {**data, "encoder": named, "encoder_path": f"upload:{data['encoder_id']}"}
 
 
 class OwnerRead(BaseModel):
@@ -263,6 +301,28 @@ class DatasetRead(BaseModel):
     owner: OwnerRead | None = OWNER
 
 
+class EncoderUploadRead(BaseModel):
+    """A user's own encoder (POST /encoders): a spec names it by ``encoder_id``."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int = Field(description="A spec names it as encoder_id.")
+    name: str
+    kind: str = Field(description="sentence-transformers (a zipped folder) or timm (a weights file).")
+    modality: str = Field(description="The inputs it reads: text or image.")
+    architecture: str | None = Field(description="timm's architecture; null for a folder.")
+    spec_name: str = Field(description="How the runs trained on it name it (their spec's encoder).")
+    features: int = Field(description="The width of its output, which the head trains over.")
+    filename: str
+    size: int = Field(description="Bytes of the file as uploaded.")
+    sha256: str = Field(description="sha256 of the file as uploaded: its files are stored once "
+                        "per sha256, however many uploads send them.")
+    digest: str = Field(description="The encoder's content digest, as the runs on it record it.")
+    summary: dict[str, Any]
+    created_at: Timestamp
+    owner: OwnerRead | None = OWNER
+
+
 class ErrorBody(BaseModel):
     error: str
     detail: Any
@@ -330,6 +390,14 @@ class InferenceRequest(BaseModel):
                 + (f"; got {', '.join(given)}" if given else "")
             )
         return self
+
+
+class EmbedRequest(InferenceRequest):
+    """Inputs for POST /embed, and which layer's representations to return."""
+
+    EXTRA_FIELDS: ClassVar[tuple[str, ...]] = ("layer",)
+    layer: Layer = Field(default="head", description="Which representation: " + "; ".join(
+        f"{name}: {doc}" for name, doc in LAYER_DOCS.items()) + ".")
 
 
 MAX_K = 1000

@@ -65,6 +65,10 @@ class Settings(BaseSettings):
         "to its end; or, for Gaussian-COREL below lam 0.5, when it is at chance or its loss is "
         "negative and falling for this many epochs. 0 turns the check off.")
     max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    max_encoder_bytes: int = Field(
+        default=512 * 1024 * 1024, gt=0,
+        description="Limit of POST /encoders (a zipped sentence-transformers folder or a weights "
+        "file); a zip may unpack to four times as much.")
     max_json_bytes: int = Field(
         default=1024 * 1024, gt=0, description="Body limit of the JSON routes (specs, sweeps).")
     max_inference_bytes: int = Field(

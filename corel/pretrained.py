@@ -24,16 +24,17 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from corel.encoder_catalog import pretrained
+from corel.encoder_catalog import TIMM, pretrained
 
 __all__ = ["BATCH", "IMAGE_ARCHITECTURES", "TEXT_ENCODERS", "efficientnet_keys", "encoder_digest",
-           "encoder_path", "image_features", "image_preprocessing", "load_image_encoder",
-           "load_text_encoder", "text_features", "text_preprocessing"]
+           "encoder_path", "file_digest", "fit_timm_weights", "image_features", "image_preprocessing",
+           "load_image_encoder", "load_text_encoder", "local_path", "read_weights", "register_local",
+           "text_features", "text_preprocessing", "timm_architecture"]
 
 BATCH = 64
 """Texts per forward pass of a frozen encoder."""
@@ -99,16 +100,57 @@ def load_text_encoder(path: Path) -> Any:
         return _load(str(path))
 
 
-def text_preprocessing(name: str) -> dict[str, Any]:
+# --- a user's own encoders ----------------------------------------------------------------
+
+_LOCAL: dict[str, Path] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def register_local(digest: str, path: str | os.PathLike[str]) -> None:
+    """Say where this machine holds the files of a user's own encoder whose content digest
+    is ``digest`` (the service writes an upload's files to its cache, then registers them), so
+    that the models trained on it can be served here."""
+    with _LOCAL_LOCK:
+        _LOCAL[digest] = Path(path)
+
+
+def local_path(digest: str) -> Path:
+    """The files of the user's own encoder ``digest`` on this machine; ValueError if none."""
+    with _LOCAL_LOCK:
+        found = _LOCAL.get(digest)
+    if found is None or not found.exists():
+        raise ValueError(f"your own encoder {digest[:12]} is not on this machine (the service fetches "
+                         "it from its upload; the library: give its files as encoder_path)")
+    return found
+
+
+def _custom_folder(path: str | os.PathLike[str] | None) -> Path:
+    if path is None:
+        raise ValueError("encoder 'sentence-transformers' needs encoder_path: the model's folder")
+    folder = Path(path).expanduser()
+    if not (folder / "modules.json").is_file():
+        raise ValueError(f"{folder} holds no sentence-transformers model (no modules.json)")
+    return folder
+
+
+def text_preprocessing(name: str, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """What a run on frozen encoder ``name`` records of its inputs (its checkpoint's
-    ``preprocessing``): the encoder by name and content digest, and its features' shape."""
+    ``preprocessing``): the encoder by name and content digest, and its features' shape.
+    ``path``: the folder of a user's own (``sentence-transformers``) encoder."""
     decl = pretrained(name, "text")
-    path = encoder_path(name)
+    if decl.custom:
+        folder = _custom_folder(path)
+        digest = encoder_digest(folder)
+        register_local(digest, folder)
+        width = int(load_text_encoder(folder).get_embedding_dimension())
+    else:
+        folder = encoder_path(name)
+        digest = encoder_digest(folder)
+        width = int(decl.features or 0)
     return {
         "modality": "text",
-        "input_shape": [decl.features],
-        "encoder": {"name": name, "mode": "frozen", "digest": encoder_digest(path),
-                    "features": decl.features},
+        "input_shape": [width],
+        "encoder": {"name": name, "mode": "frozen", "digest": digest, "features": width},
         "input": "one string per sample; for AG News rows, title + ' ' + description; the "
                  "encoder's own tokenizer",
     }
@@ -153,7 +195,7 @@ def text_features(
     if bad:
         raise ValueError(f"texts must be strings; got {bad[0]}")
     meta = preprocessing["encoder"]
-    path = encoder_path(meta["name"])
+    path = local_path(meta["digest"]) if pretrained(meta["name"], "text").custom else encoder_path(meta["name"])
     digest = encoder_digest(path)
     if digest != meta["digest"]:
         raise ValueError(f"encoder {meta['name']!r} here ({digest[:12]}) is not the one this model "
@@ -265,52 +307,149 @@ def efficientnet_keys(original: dict[str, torch.Tensor], model: torch.nn.Module)
     return out
 
 
-@functools.cache
-def _load_image(name: str, path: str) -> torch.nn.Module:
+def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """A weights file as a state dict: safetensors, or a PyTorch state dict saved with
+    ``torch.save`` (read with ``weights_only``: tensors, never code; a checkpoint holding it
+    under ``state_dict`` or ``model`` is unwrapped). ValueError says what it is not."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) == 9 and head[8:9] == b"{":  # safetensors: an 8-byte length, then JSON
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return dict(load_file(str(path), device="cpu"))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ValueError(f"not a readable safetensors file ({exc})") from exc
+    try:
+        state: Any = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds for a file that is not its own
+        raise ValueError("neither a safetensors file nor a PyTorch state dict that loads with "
+                         f"weights_only ({type(exc).__name__}: {str(exc)[:200]})") from exc
+    for wrapper in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+    if not isinstance(state, dict) or not state or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise ValueError("the file holds no state dict (a mapping of parameter names to tensors)")
+    return state
+
+
+def fit_timm_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` as ``model`` (a timm architecture without its classifier) takes it: the
+    classifier's own keys are dropped (the encoder is its pooled features); ValueError naming
+    the missing and unexpected keys and those of another shape."""
+    want = model.state_dict()
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    heads = cfg.get("classifier") or ()
+    heads = (heads,) if isinstance(heads, str) else tuple(heads)
+    kept = {k: v for k, v in state.items()
+            if k in want or not any(k == h or k.startswith(h + ".") for h in heads)}
+    missing = sorted(set(want) - set(kept))
+    unexpected = sorted(set(kept) - set(want))
+    shapes = sorted(f"{k} {tuple(kept[k].shape)} (wants {tuple(want[k].shape)})"
+                    for k in set(kept) & set(want) if kept[k].shape != want[k].shape)
+    if missing or unexpected or shapes:
+        def few(keys: list[str]) -> str:
+            return (", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")) or "none"
+        raise ValueError(f"the weights do not fit {type(model).__name__}: missing keys: {few(missing)}; "
+                         f"unexpected keys: {few(unexpected)}; other shapes: {few(shapes)}")
+    return kept
+
+
+def timm_architecture(name: str) -> str:
+    """The timm architecture of image encoder ``name`` (declared, or ``timm:<architecture>``);
+    ValueError if timm has no such architecture."""
+    if name in IMAGE_ARCHITECTURES:
+        return IMAGE_ARCHITECTURES[name]
+    arch = name.removeprefix(TIMM)
     import timm
 
-    full = timm.create_model(IMAGE_ARCHITECTURES[name], pretrained=False)
-    original = torch.load(path, map_location="cpu", weights_only=True)
-    full.load_state_dict(efficientnet_keys(original, full))
-    full.reset_classifier(0)  # type: ignore[operator]  # the pooled features, not ImageNet's logits
+    if not arch or not timm.is_model(arch):
+        close = timm.list_models(f"*{arch[:6]}*")[:8] if arch else []
+        raise ValueError(f"timm has no architecture {arch!r}" + (f"; close: {', '.join(close)}" if close else
+                                                                  "; timm.list_models() lists them"))
+    return arch
+
+
+def _build_image(name: str, path: str, with_classifier: bool) -> torch.nn.Module:
+    import timm
+
+    arch = timm_architecture(name)
+    if name in IMAGE_ARCHITECTURES:  # the original implementation's keys, renamed onto timm's
+        full = timm.create_model(arch, pretrained=False)
+        full.load_state_dict(efficientnet_keys(torch.load(path, map_location="cpu", weights_only=True), full))
+        if not with_classifier:
+            full.reset_classifier(0)  # type: ignore[operator]  # the pooled features, not the logits
+    else:
+        full = timm.create_model(arch, pretrained=False, num_classes=0)
+        full.load_state_dict(fit_timm_weights(full, read_weights(path)))
     full.eval()
     for p in full.parameters():
         p.requires_grad_(False)
     return full
 
 
-def load_image_encoder(name: str, with_classifier: bool = False) -> torch.nn.Module:
-    """Pretrained image encoder ``name``, loaded once per process, in eval mode, frozen:
-    its pooled features; ``with_classifier``: a fresh copy with its ImageNet classifier."""
-    path = image_weights_path(name)
+@functools.cache
+def _load_image(name: str, path: str) -> torch.nn.Module:
+    return _build_image(name, path, with_classifier=False)
+
+
+def load_image_encoder(name: str, with_classifier: bool = False,
+                       path: str | os.PathLike[str] | None = None) -> torch.nn.Module:
+    """Pretrained image encoder ``name``, loaded once per process, in eval mode, frozen: its
+    pooled features; ``with_classifier``: a fresh copy of a declared one with its ImageNet
+    classifier. ``path``: the weights of a user's own (``timm:<architecture>``)."""
+    file = Path(path) if path is not None else image_weights_path(name)
     if with_classifier:
-        import timm
-
-        full = timm.create_model(IMAGE_ARCHITECTURES[name], pretrained=False)
-        full.load_state_dict(efficientnet_keys(torch.load(path, map_location="cpu", weights_only=True), full))
-        return full.eval()
+        return _build_image(name, str(file), with_classifier=True)
     with _LOAD_LOCK:
-        return _load_image(name, str(path))
+        return _load_image(name, str(file))
 
 
-def image_preprocessing(name: str, pixels: dict[str, Any]) -> dict[str, Any]:
+def _image_file(name: str, path: str | os.PathLike[str] | None) -> Path:
+    if pretrained(name, "image").custom:
+        if path is None:
+            raise ValueError(f"encoder {name!r} needs encoder_path: its weights file")
+        return Path(path).expanduser()
+    return image_weights_path(name)
+
+
+def image_preprocessing(name: str, pixels: dict[str, Any],
+                        path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """What a run on frozen image encoder ``name`` records: the encoder by name and content
-    digest, its image size and normalisation, and the dataset's own pixel preprocessing
-    (``pixels``, what raw images go through first)."""
+    digest, its image size and normalisation (the architecture's pretrained configuration),
+    and the dataset's own pixel preprocessing (``pixels``, what raw images go through first).
+    ``path``: the weights file of a user's own (``timm:<architecture>``)."""
     import timm
 
     decl = pretrained(name, "image")
-    path = image_weights_path(name)
-    cfg: Any = timm.create_model(IMAGE_ARCHITECTURES[name], pretrained=False).pretrained_cfg
-    digest = _digest_of_file(str(path), path.stat().st_size, path.stat().st_mtime_ns)
+    file = _image_file(name, path)
+    digest = _digest_of_file(str(file), file.stat().st_size, file.stat().st_mtime_ns)
+    cfg: Any = timm.models.get_pretrained_cfg(timm_architecture(name))
+    mean = list(cfg.mean) if cfg is not None else [0.485, 0.456, 0.406]
+    std = list(cfg.std) if cfg is not None else [0.229, 0.224, 0.225]
+    if decl.custom:
+        register_local(digest, file)
+        model = load_image_encoder(name, path=file)
+        width = int(cast(Any, model).num_features)
+        size = int(cfg.input_size[-1]) if cfg is not None else 224
+    else:
+        width, size = int(decl.features or 0), int(decl.image_size or 224)
     return {
         "modality": "image",
-        "input_shape": [decl.features],
-        "encoder": {"name": name, "mode": "frozen", "digest": digest, "features": decl.features,
-                    "image_size": decl.image_size, "mean": list(cfg["mean"]), "std": list(cfg["std"])},
+        "input_shape": [width],
+        "encoder": {"name": name, "mode": "frozen", "digest": digest, "features": width,
+                    "image_size": size, "mean": mean, "std": std},
         "pixels": pixels,
         "input": "raw images as the dataset stores them (pixels), then the encoder",
     }
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of one file (a weights file's content digest, as runs record it)."""
+    file = Path(path)
+    return _digest_of_file(str(file), file.stat().st_size, file.stat().st_mtime_ns)
 
 
 @functools.cache
@@ -323,8 +462,8 @@ def _digest_of_file(path: str, size: int, mtime: int) -> str:
     return key.hexdigest()
 
 
-def _encode_images(name: str, x: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
-    model = load_image_encoder(name)
+def _encode_images(name: str, x: torch.Tensor, meta: dict[str, Any], file: Path) -> torch.Tensor:
+    model = load_image_encoder(name, path=file)
     size = int(meta["image_size"])
     mean = torch.tensor(meta["mean"]).view(1, 3, 1, 1)
     std = torch.tensor(meta["std"]).view(1, 3, 1, 1)
@@ -349,15 +488,45 @@ def image_features(
     process's memory, else ``cache_dir``, else computed (kept in both unless ``keep`` is
     False)."""
     meta = preprocessing["encoder"]
-    path = image_weights_path(meta["name"])
+    custom = pretrained(meta["name"], "image").custom
+    path = local_path(meta["digest"]) if custom else image_weights_path(meta["name"])
     digest = _digest_of_file(str(path), path.stat().st_size, path.stat().st_mtime_ns)
     if digest != meta["digest"]:
         raise ValueError(f"encoder {meta['name']!r} here ({digest[:12]}) is not the one this model "
                          f"was trained on ({meta['digest'][:12]}); install that version")
     if not keep:
-        return _encode_images(meta["name"], x, meta)
+        return _encode_images(meta["name"], x, meta, path)
     contiguous = x.detach().cpu().contiguous()
     data_key = hashlib.sha256(contiguous.numpy().tobytes()).hexdigest()
     settings = f"{meta['image_size']}|{meta['mean']}|{meta['std']}|{tuple(contiguous.shape)}"
     key = (digest, hashlib.sha256((data_key + settings).encode()).hexdigest())
-    return _cached(key, cache_dir, lambda: _encode_images(meta["name"], contiguous, meta))
+    return _cached(key, cache_dir, lambda: _encode_images(meta["name"], contiguous, meta, path))
+
+
+# --- a run's encoder, whole: what an export holds -------------------------------------------
+
+
+def encoder_files(preprocessing: dict[str, Any]) -> Path:
+    """The files on this machine of the frozen encoder a run's ``preprocessing`` names (a
+    text encoder's folder, an image encoder's weights file), checked against the content
+    digest it was trained on; ValueError if they are not installed or differ."""
+    meta = preprocessing["encoder"]
+    modality = "text" if preprocessing.get("modality") == "text" else "image"
+    if pretrained(meta["name"], modality).custom:  # a user's own, where the service put it
+        path = local_path(meta["digest"])
+    else:
+        path = encoder_path(meta["name"]) if modality == "text" else image_weights_path(meta["name"])
+    if modality == "text":
+        digest = encoder_digest(path)
+    else:
+        digest = _digest_of_file(str(path), path.stat().st_size, path.stat().st_mtime_ns)
+    if digest != meta["digest"]:
+        raise ValueError(f"encoder {meta['name']!r} here ({digest[:12]}) is not the one this model "
+                         f"was trained on ({meta['digest'][:12]}); install that version")
+    return path
+
+
+def frozen_image_encoder(preprocessing: dict[str, Any]) -> torch.nn.Module:
+    """The frozen image encoder a run's ``preprocessing`` names: the one copy this process
+    serves with (its files checked as :func:`encoder_files` does)."""
+    return load_image_encoder(preprocessing["encoder"]["name"], path=encoder_files(preprocessing))

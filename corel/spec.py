@@ -35,7 +35,7 @@ def _loss_enum(schema: dict[str, Any]) -> None:
 
 def _encoder_enum(schema: dict[str, Any]) -> None:
     """The pretrained encoders as the field's choices (the dashboard's form offers them)."""
-    names = list(dict.fromkeys(d.name for d in ENCODERS.values() if d.pretrained))
+    names = list(dict.fromkeys(d.name for d in ENCODERS.values() if d.pretrained and not d.custom))
     for branch in schema.get("anyOf", [schema]):
         if branch.get("type") == "string":
             branch["enum"] = names
@@ -108,6 +108,11 @@ class ExperimentSpec(BaseModel):
         "for texts); the model (ffnn: the paper's two hidden layers) and the loss's head train "
         "over its output. Null: the model alone, from scratch, as in the paper.",
         json_schema_extra=_encoder_enum)
+    encoder_path: str | None = Field(
+        default=None,
+        description="Your own encoder's files, for encoder sentence-transformers (the model's "
+        "folder) or timm:<architecture> (a weights file: safetensors or a PyTorch state dict). "
+        "Over HTTP: upload them with POST /encoders and name encoder_id instead.")
     encoder_mode: EncoderMode | None = Field(
         default=None,
         description="How the pretrained encoder trains: frozen (its features computed once and "
@@ -221,11 +226,20 @@ class ExperimentSpec(BaseModel):
 
     def _check_encoder(self) -> None:
         if self.encoder is None:
+            if self.encoder_path is not None:
+                raise ValueError("encoder_path needs an encoder: sentence-transformers or "
+                                 "timm:<architecture>")
             if self.encoder_mode is not None:
                 raise ValueError(f"encoder_mode {self.encoder_mode!r} needs an encoder (GET /encoders: "
                                  "the pretrained ones); the paper's models train from scratch")
             return
         decl = pretrained(self.encoder, MODALITY[self.dataset])
+        if decl.custom and not self.encoder_path:
+            raise ValueError(f"encoder {self.encoder!r} is your own: it needs encoder_path (its "
+                             "files), or over HTTP encoder_id (POST /encoders uploads them)")
+        if not decl.custom and self.encoder_path:
+            raise ValueError(f"encoder {self.encoder!r} is installed with corel; encoder_path applies "
+                             "to your own (sentence-transformers, timm:<architecture>)")
         mode = self.encoder_mode or "frozen"
         if mode not in decl.modes:
             raise ValueError(f"encoder_mode {mode!r} is not offered for encoder {self.encoder!r}; "

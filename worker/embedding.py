@@ -3,6 +3,7 @@ experiment's best checkpoint, in batches, with progress and cancellation between
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -14,8 +15,10 @@ from app import lifecycle
 from app.db import session_scope
 from app.lifecycle import LostLease
 from app.models import Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, Status
+from app.services.encoders import files_for_model
 from app.settings import Settings
 from corel.serving import BATCH, ServedModel
+from corel.train import checkpoint_from_bytes
 from worker.runner import materialise_upload
 
 log = logging.getLogger("corel.worker")
@@ -56,10 +59,13 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
             Checkpoint.experiment_id == job.experiment_id, Checkpoint.kind == "best"))
         kind = session.scalar(select(DatasetUpload.kind).where(DatasetUpload.id == job.dataset_id))
         path = materialise_upload(session, job.dataset_id, settings)
+        checkpoint = checkpoint_from_bytes(blob) if blob is not None else None
+        if checkpoint is not None:  # a model on the user's own encoder: its files here first
+            files_for_model(session, settings, json.loads(checkpoint["preprocessing"]))
     try:
-        if blob is None or kind is None:
+        if checkpoint is None or kind is None:
             raise ValueError("the experiment's checkpoint or the dataset no longer exists")
-        served = ServedModel.from_bytes(blob, settings.device)  # the API's own pipeline
+        served = ServedModel.from_checkpoint(checkpoint, settings.device)  # the API's own pipeline
         inputs, y = _rows(path, kind)
         n = len(inputs)
         parts = []

@@ -33,6 +33,7 @@ from app.models import (
     Checkpoint,
     DatasetBlob,
     DatasetUpload,
+    EncoderUpload,
     EpochMetric,
     Experiment,
     LatentSpace,
@@ -40,6 +41,7 @@ from app.models import (
     utcnow,
 )
 from app.services import builtin
+from app.services.encoders import local_files
 from app.settings import Settings, engine_options
 from corel.device import device_name
 from corel.spec import ExperimentSpec
@@ -265,6 +267,12 @@ def _claim_and_prepare(
     spec_data = dict(exp.spec)
     if exp.dataset_id is not None:
         spec_data["dataset_path"] = str(materialise_upload(session, exp.dataset_id, settings))
+    encoder_id = spec_data.pop("encoder_id", None)
+    if encoder_id is not None:  # the user's own encoder: its files from the database, once
+        row = session.get(EncoderUpload, encoder_id)
+        if row is None:
+            raise ValueError(f"encoder {encoder_id} no longer exists")
+        spec_data["encoder_path"] = str(local_files(session, settings, row))
     resume = session.scalar(
         select(Checkpoint.data).where(
             Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "resume"

@@ -19,6 +19,20 @@ router = APIRouter(prefix="/datasets", tags=["datasets"])
 CHUNK = 1 << 20
 
 
+async def spool(file: UploadFile, path: Path, limit: int, what: str) -> None:
+    """Move an uploaded part (Starlette has spooled it to a temporary file), chunk by chunk,
+    to the one file the checks read, and let the spooled copy go at once; a 413 past
+    ``limit`` bytes (``what`` says which limit)."""
+    size = 0
+    with path.open("wb") as out:
+        while chunk := await file.read(CHUNK):
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"{what} are limited to {limit} bytes")
+            out.write(chunk)
+    await file.close()
+
+
 @router.post(
     "", status_code=status.HTTP_201_CREATED, response_model=DatasetRead, dependencies=[AuthDep],
     summary="Upload an .npz (x, y), AG News's CSV, or a CSV/Parquet table with named columns "
@@ -48,18 +62,9 @@ async def upload(
     limit = settings.max_upload_bytes
     name = file.filename or ""
     chosen = datasets_service.guess_kind(name, kind)
-    # Starlette has spooled the part to a temporary file: move it, chunk by chunk, to the
-    # one file the checks read, and let the spooled copy go at once.
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"upload{datasets_service.suffix_for(name, chosen)}"
-        size = 0
-        with path.open("wb") as out:
-            while chunk := await file.read(CHUNK):
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"uploads are limited to {limit} bytes")
-                out.write(chunk)
-        await file.close()
+        await spool(file, path, limit, "uploads")
         options = datasets_service.TableOptions(label_column, text_column, standardize, split_column)
         return datasets_service.create_upload(session, name, chosen, path, options)
 

@@ -1,4 +1,4 @@
-"""Sharing: POST /experiments/{id}/shares, /sweeps/{id}/shares and /datasets/{id}/shares
+"""Sharing: POST /experiments/{id}/shares, /sweeps/{id}/shares, /datasets/{id}/shares and /encoders/{id}/shares
 (the owner or an admin), GET of the same (who may read or change the row), and DELETE
 .../shares/{share_id} (the owner or an admin) to take one share back."""
 
@@ -85,3 +85,21 @@ def dataset_shares(dataset_id: int, session: SessionDep):
                tags=["datasets"], summary=UNSHARE_SUMMARY)
 def unshare_dataset(dataset_id: int, share_id: int, session: SessionDep):
     return _unshare(session, "dataset", dataset_id, share_id)
+
+
+@router.post("/encoders/{encoder_id:int}/shares", response_model=SharesRead, tags=["encoders"],
+             summary=SHARE_SUMMARY)
+def share_encoder(encoder_id: int, body: ShareCreate, session: SessionDep):
+    return _share(session, "encoder", encoder_id, body)
+
+
+@router.get("/encoders/{encoder_id:int}/shares", response_model=SharesRead, tags=["encoders"],
+            summary="Who may read or use one of your own encoders")
+def encoder_shares(encoder_id: int, session: SessionDep):
+    return _shares(session, "encoder", encoder_id)
+
+
+@router.delete("/encoders/{encoder_id:int}/shares/{share_id:int}", response_model=SharesRead,
+               tags=["encoders"], summary=UNSHARE_SUMMARY)
+def unshare_encoder(encoder_id: int, share_id: int, session: SessionDep):
+    return _unshare(session, "encoder", encoder_id, share_id)

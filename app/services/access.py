@@ -1,7 +1,7 @@
 """What a principal may see and change: owners, shares, public rows.
 
 - An admin (the open mode, the bootstrap admin, an admin token) may do anything.
-- Experiments, sweeps and uploads are private to their owner, who (or an admin) may share
+- Experiments, sweeps, uploads and uploaded encoders are private to their owner, who (or an admin) may share
   one with another user for reading or writing, or make it readable by every user. A
   sweep's members are readable (writable) by whoever may read (write) the sweep.
 - Embedding jobs and indexes belong to who created them, and are made under an
@@ -32,7 +32,16 @@ from sqlalchemy.orm import Session
 
 from app.auth import Principal, is_write
 from app.errors import Forbidden, InvalidInput, NotFound, check_id
-from app.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, Share, Sweep, User
+from app.models import (
+    DatasetUpload,
+    EmbeddingJob,
+    EncoderUpload,
+    Experiment,
+    NeighborIndex,
+    Share,
+    Sweep,
+    User,
+)
 from app.services.lookup import get_or_404
 
 Need = Literal["read", "write", "manage"]
@@ -44,13 +53,15 @@ KINDS: dict[str, tuple[type[Any], str]] = {
     "experiment": (Experiment, "experiment"),
     "sweep": (Sweep, "sweep"),
     "dataset": (DatasetUpload, "dataset"),
+    "encoder": (EncoderUpload, "encoder"),
     "embedding_job": (EmbeddingJob, "embedding job"),
     "index": (NeighborIndex, "index"),
 }
 PATH_PARAMS = {"experiment_id": "experiment", "sweep_id": "sweep", "dataset_id": "dataset",
+               "encoder_id": "encoder",
                "job_id": "embedding_job", "index_id": "index"}
 SHARE_COLUMNS = {"experiment": Share.experiment_id, "sweep": Share.sweep_id,
-                 "dataset": Share.dataset_id}
+                 "dataset": Share.dataset_id, "encoder": Share.encoder_id}
 # Rows made under an experiment (POST /experiments/{id}/embeddings, /index).
 MADE_UNDER = ("embedding_job", "index")
 OWNED = tuple(model for model, _ in KINDS.values())

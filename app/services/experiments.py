@@ -11,6 +11,7 @@ from app.models import EpochMetric, Experiment, Status, utcnow
 from app.schemas import ExperimentCreate
 from app.services import access
 from app.services.datasets import referenced_upload
+from app.services.encoders import check_spec_encoder, referenced_encoder
 from app.services.lookup import get_or_404
 
 
@@ -32,10 +33,16 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
                 f"{upload.summary['split_column']!r}); leave val_fraction and test_fraction unset"
             )
     spec = body.to_spec()
+    stored = spec.model_dump(mode="json", exclude={"dataset_path", "word_vectors", "encoder_path"})
+    if body.encoder_id is not None:
+        row = referenced_encoder(session, body.encoder_id)
+        name = check_spec_encoder(row, spec.modality, spec.dataset, body.encoder)
+        spec = spec.model_copy(update={"encoder": name})
+        stored = {**stored, "encoder": name, "encoder_id": body.encoder_id}
     now = utcnow()
     exp = Experiment(
         status=Status.QUEUED,
-        spec=spec.model_dump(mode="json", exclude={"dataset_path", "word_vectors"}),
+        spec=stored,
         dataset=spec.dataset,
         loss=spec.loss,
         dataset_id=body.dataset_id,

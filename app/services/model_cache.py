@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -13,10 +14,13 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict
 from app.models import Checkpoint, Experiment, Status
+from app.services.encoders import files_for_model
 from app.services.lookup import best_checkpoint, get_or_404
+from app.settings import Settings, get_settings
 from corel.models import Classifier
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
+from corel.train import checkpoint_from_bytes
 
 T = TypeVar("T")
 
@@ -62,7 +66,8 @@ class LoadedModel:
         return self.served.similarity
 
 
-def load_from_database(session: Session, experiment_id: int, device: str | None) -> LoadedModel:
+def load_from_database(session: Session, experiment_id: int, device: str | None,
+                       settings: Settings | None = None) -> LoadedModel:
     exp = get_or_404(session, Experiment, experiment_id, "experiment")
     if exp.status != Status.SUCCEEDED:
         raise Conflict(
@@ -70,9 +75,13 @@ def load_from_database(session: Session, experiment_id: int, device: str | None)
             "embed or predict"
         )
     row = best_checkpoint(session, experiment_id, Checkpoint)
+    checkpoint = checkpoint_from_bytes(row.data)
+    # A model on the user's own encoder: its files on this machine first (corel.pretrained
+    # keeps one copy of each encoder for every model that uses it).
+    files_for_model(session, settings or get_settings(), json.loads(checkpoint["preprocessing"]))
     return LoadedModel(
         experiment_id=experiment_id,
-        served=ServedModel.from_bytes(row.data, device),
+        served=ServedModel.from_checkpoint(checkpoint, device),
         checkpoint={"id": row.id, "epoch": row.epoch, "sha256": row.sha256},
     )
 

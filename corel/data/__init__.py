@@ -161,17 +161,18 @@ def load_dataset(
         return loader(spec, root, download, features)  # type: ignore[call-arg]
     data = loader(spec, root, download)
     if spec.encoder is not None:  # images: the loader's pixels, then the frozen encoder
-        data = with_image_features(data, spec.encoder, features)
+        data = with_image_features(data, spec.encoder, features, spec.encoder_path)
     return data
 
 
-def with_image_features(data: Dataset, name: str, features_dir: PathLike | None = None) -> Dataset:
+def with_image_features(data: Dataset, name: str, features_dir: PathLike | None = None,
+                        encoder_path: PathLike | None = None) -> Dataset:
     """An image dataset's splits as frozen pretrained encoder ``name``'s features (computed
     once: corel.pretrained), with the preprocessing a checkpoint records (the pixels' own,
-    then the encoder)."""
+    then the encoder). ``encoder_path``: the weights of a user's own (``timm:<arch>``)."""
     from corel.pretrained import image_features, image_preprocessing
 
-    preprocessing = image_preprocessing(name, data.preprocessing)
+    preprocessing = image_preprocessing(name, data.preprocessing, encoder_path)
     return dataclasses.replace(
         data, x_train=image_features(data.x_train, preprocessing, features_dir),
         x_val=image_features(data.x_val, preprocessing, features_dir),

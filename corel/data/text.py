@@ -357,7 +357,7 @@ class TextInputs:
         if spec.encoder is not None:
             from corel.pretrained import text_preprocessing
 
-            self.preprocessing = text_preprocessing(spec.encoder)
+            self.preprocessing = text_preprocessing(spec.encoder, spec.encoder_path)
         else:
             wv = load_word_vectors(
                 _resolve_user_path(spec.word_vectors, data_dir) if spec.word_vectors else None

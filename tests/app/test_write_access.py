@@ -61,6 +61,9 @@ RULES: dict[tuple[str, str], str] = {
     ("DELETE", "/sweeps/{sweep_id}/shares/{share_id}"): "manage",
     ("POST", "/datasets/{dataset_id}/shares"): "manage",
     ("DELETE", "/datasets/{dataset_id}/shares/{share_id}"): "manage",
+    ("POST", "/encoders"): "own",
+    ("POST", "/encoders/{encoder_id}/shares"): "manage",
+    ("DELETE", "/encoders/{encoder_id}/shares/{share_id}"): "manage",
     ("POST", "/users"): "admin",
     ("POST", "/users/{user_id}/tokens"): "admin",
     ("DELETE", "/tokens/{token_id}"): "admin",
@@ -148,6 +151,10 @@ def _build_team(c: TestClient, s: Settings) -> Team:
     r = c.post("/datasets", files={"file": ("blobs.npz", npz_bytes(x=x, y=y))}, headers=owner)
     assert r.status_code == 201, r.text
     ids = {"dataset": r.json()["id"]}
+    r = c.post("/encoders", files={"file": ("mine.safetensors", _weights())},
+               data={"architecture": "test_efficientnet"}, headers=owner)
+    assert r.status_code == 201, r.text
+    ids["encoder"] = r.json()["id"]
     r = c.post("/experiments", json=DIGITS, headers=owner)
     assert r.status_code == 202, r.text
     ids["experiment"] = r.json()["id"]
@@ -165,7 +172,8 @@ def _build_team(c: TestClient, s: Settings) -> Team:
     ids["index"] = r.json()["id"]
     _until(c, f"/embeddings/{ids['job']}", owner)
     _until(c, f"/indexes/{ids['index']}", owner)
-    for kind, key in (("experiments", "experiment"), ("sweeps", "sweep"), ("datasets", "dataset")):
+    for kind, key in (("experiments", "experiment"), ("sweeps", "sweep"), ("datasets", "dataset"),
+                      ("encoders", "encoder")):
         for who, level in (("reader", "read"), ("writer", "write")):
             r = c.post(f"/{kind}/{ids[key]}/shares", json={"user_id": users[who], "access": level},
                        headers=owner)
@@ -182,6 +190,7 @@ def _request(team: Team, method: str, path: str) -> tuple[str, dict[str, Any] | 
     ids = team.ids
     concrete = path.format(experiment_id=ids["experiment"], sweep_id=ids["sweep"],
                            dataset_id=ids["dataset"], job_id=ids["job"], index_id=ids["index"],
+                           encoder_id=ids["encoder"],
                            user_id=team.users["stranger"], token_id=ids["stranger_token"],
                            share_id=ids[f"{_kind_of(path)}_share"] if "{share_id}" in path else 0)
     rows = [[[0.0] * 8] * 8]  # one 8 x 8 image (digits)
@@ -194,6 +203,7 @@ def _request(team: Team, method: str, path: str) -> tuple[str, dict[str, Any] | 
         ("POST", "/experiments/{experiment_id}/shares"): {"public": True},
         ("POST", "/sweeps/{sweep_id}/shares"): {"public": True},
         ("POST", "/datasets/{dataset_id}/shares"): {"public": True},
+        ("POST", "/encoders/{encoder_id}/shares"): {"public": True},
         ("POST", "/users"): {"name": "intruder"},
         ("POST", "/users/{user_id}/tokens"): {"scope": "write"},
         ("POST", "/embed"): {"experiment_id": ids["experiment"], "arrays": rows},
@@ -204,11 +214,25 @@ def _request(team: Team, method: str, path: str) -> tuple[str, dict[str, Any] | 
     if (method, path) == ("POST", "/datasets"):
         files = {"file": ("mine.npz", npz_bytes(x=np.eye(6, 4, dtype=np.float32),
                                                 y=np.arange(6) % 2))}
+    if (method, path) == ("POST", "/encoders"):
+        files = {"file": ("mine.safetensors", _weights())}
     return concrete, bodies.get((method, path)), files
 
 
 def _kind_of(path: str) -> str:
-    return {"experiments": "experiment", "sweeps": "sweep", "datasets": "dataset"}[path.split("/")[1]]
+    return {"experiments": "experiment", "sweeps": "sweep", "datasets": "dataset",
+            "encoders": "encoder"}[path.split("/")[1]]
+
+
+def _weights() -> bytes:
+    """timm's test_efficientnet's weights (99k parameters), as a safetensors file."""
+    import tempfile
+    from pathlib import Path
+
+    from tests.encoder_files import timm_weights
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return timm_weights(Path(tmp) / "w.safetensors").read_bytes()
 
 
 def _routes(team: Team) -> list[tuple[str, str]]:
@@ -312,3 +336,21 @@ def test_a_write_share_of_an_upload_trains_from_it(team: Team) -> None:
     assert c.get(f"/experiments/{run}", headers=auth(team.tokens["owner"])).status_code == 404
 
 
+
+
+def test_training_on_another_user_s_encoder_needs_a_write_share_of_it(team: Team) -> None:
+    """As for uploads: a read share of an encoder sees it, and may not train on it."""
+    c, ids = team.client, team.ids
+    spec = {"dataset": "digits", "encoder_id": ids["encoder"], "epochs": 1, "train_subset": 30}
+    before = team.counts()
+    for who, status, words in (("stranger", 404, "does not exist"), ("reader", 403, "reading only")):
+        r = c.post("/experiments", json=spec, headers=auth(team.tokens[who]))
+        assert r.status_code == status and words in r.json()["detail"], (who, r.text)
+    assert team.counts() == before
+    assert c.get(f"/encoders/{ids['encoder']}", headers=auth(team.tokens["reader"])).status_code == 200
+    assert c.get(f"/encoders/{ids['encoder']}", headers=auth(team.tokens["stranger"])).status_code == 404
+    r = c.post("/experiments", json=spec, headers=auth(team.tokens["writer"]))
+    assert r.status_code == 202, r.text
+    got = c.get(f"/experiments/{r.json()['id']}", headers=auth(team.tokens["writer"])).json()
+    assert got["spec"]["encoder"] == "timm:test_efficientnet"
+    c.post(f"/experiments/{r.json()['id']}/cancel", headers=auth(team.tokens["writer"]))

@@ -21,10 +21,13 @@ DATASET_OF = {"image": "digits", "text": "ag-news", "vector": "npz"}
 def test_every_declared_encoder_builds_and_gives_its_width(key):
     decl = DECLARATIONS[key]
     # A pretrained encoder is the spec's encoder, and the model trains over its features.
-    name = {"encoder": decl.name} if decl.pretrained else {"model": decl.name}
+    # A user's own (custom) names its files; its width is its model's own (here 48).
+    name = ({"encoder": "timm:resnet18" if decl.name == "timm" else decl.name} if decl.pretrained
+            else {"model": decl.name})
     spec = ExperimentSpec(dataset=DATASET_OF[decl.modality], hidden=64, **name,
+                          encoder_path="own" if decl.custom else None,
                           dataset_path="x.npz" if decl.modality == "vector" else None)
-    shape = (decl.features,) if decl.pretrained else SHAPES[decl.input]
+    shape = ((decl.features or 48,) if decl.pretrained else SHAPES[decl.input])
     model = build_encoder(spec, shape)
     model.eval()
     h = model(torch.randn(5, *shape))

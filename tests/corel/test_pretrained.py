@@ -21,15 +21,7 @@ from corel.train import (
     fit,
     fit_group,
 )
-
-TOPICS = {
-    "sport": ["the team won the final match", "a striker scored twice in the cup game",
-              "the coach praised his players after the league win", "the tennis champion lost in five sets"],
-    "markets": ["shares fell as investors sold bank stocks", "the central bank raised interest rates",
-                "oil prices climbed on supply fears", "the company reported higher quarterly profits"],
-    "science": ["astronomers found a new planet orbiting a star", "the vaccine trial showed strong results",
-                "researchers sequenced the genome of a rare plant", "a probe landed on the surface of mars"],
-}
+from tests.encoder_files import TOPICS
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +189,109 @@ def test_a_frozen_run_resumed_from_its_checkpoint_ends_where_an_uninterrupted_on
     for key, value in whole.run.model.state_dict().items():
         assert torch.equal(value, resumed.run.model.state_dict()[key]), key
     assert [m.val_accuracy for m in resumed.history] == [m.val_accuracy for m in whole.history]
+
+
+# --- a user's own encoders: a sentence-transformers folder, timm weights -----------------------
+
+
+@pytest.fixture(scope="module")
+def own_text_encoder(tmp_path_factory):
+    from tests.encoder_files import tiny_sentence_transformer
+
+    return tiny_sentence_transformer(tmp_path_factory.mktemp("own") / "st")
+
+
+def test_a_run_trains_and_serves_on_the_user_s_own_sentence_transformer(table, own_text_encoder):
+    from sentence_transformers import SentenceTransformer
+
+    own = spec(table, encoder="sentence-transformers", encoder_path=str(own_text_encoder))
+    result = fit(own, chance_epochs=0)
+    assert result.run.data.x_train.shape[1] == 32  # the model's own width, not MiniLM's 384
+    texts = ["the goalkeeper saved a penalty", "bond yields rose again"]
+    want = SentenceTransformer(str(own_text_encoder), device="cpu", local_files_only=True).encode(
+        texts, convert_to_tensor=True)
+    features = pretrained.text_features(texts, result.run.data.preprocessing, keep=False)
+    torch.testing.assert_close(features, want, atol=1e-6, rtol=1e-5)
+    ckpt = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    assert all(k.startswith(("encoder.net.", "head.")) for k in ckpt["model"])
+    assert pretrained.encoder_digest(own_text_encoder) in ckpt["preprocessing"]
+    served = ServedModel.from_checkpoint(ckpt)
+    with torch.no_grad():
+        result.model.eval()
+        torch.testing.assert_close(served.embed(served.prepare(texts)), result.model.encoder(features))
+    # Another machine, which has not registered the files: a clear error, not a wrong model.
+    monkey = dict(pretrained._LOCAL)
+    pretrained._LOCAL.clear()
+    try:
+        with pytest.raises(ValueError, match="is not on this machine"):
+            served.prepare(texts)
+    finally:
+        pretrained._LOCAL.update(monkey)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch"])
+def test_a_timm_architecture_with_the_user_s_weights_gives_that_model_s_features(tmp_path, fmt):
+    import timm
+
+    from corel.data import with_image_features
+    from tests.encoder_files import timm_weights
+
+    file = timm_weights(tmp_path / f"w.{fmt}", fmt=fmt)
+    pixels = small_digits(12)
+    data = with_image_features(pixels, "timm:test_efficientnet", tmp_path / "f", file)
+    assert data.x_train.shape == (12, 256)
+    reference = timm.create_model("test_efficientnet", pretrained=False, num_classes=0)
+    state = torch.load(file, weights_only=True) if fmt == "torch" else __import__(
+        "safetensors.torch").torch.load_file(str(file))
+    reference.load_state_dict({k: v for k, v in state.items() if not k.startswith("classifier.")})
+    reference.eval()
+    x = torch.nn.functional.interpolate(pixels.x_test.expand(-1, 3, -1, -1), size=(160, 160),
+                                        mode="bilinear", align_corners=False)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(data.x_test, reference((x - mean) / std))
+    spec_ = ExperimentSpec(dataset="digits", encoder="timm:test_efficientnet", encoder_path=str(file),
+                           loss="cosine", lam=0.85, epochs=2, hidden=16, batch_size=8)
+    result = fit(spec_, data=data, chance_epochs=0)
+    served = ServedModel.from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    raw = (pixels.x_test[:3] * 16).round().numpy()
+    with torch.no_grad():
+        result.model.eval()
+        torch.testing.assert_close(served.embed(served.prepare(raw)), result.model.encoder(data.x_test[:3]),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_weights_that_do_not_fit_their_architecture_are_named(tmp_path):
+    import timm
+
+    from tests.encoder_files import timm_weights
+
+    other = timm_weights(tmp_path / "resnet.safetensors", arch="test_resnet")
+    model = timm.create_model("test_efficientnet", pretrained=False, num_classes=0)
+    with pytest.raises(ValueError, match=r"missing keys: blocks.0.0.bn1.bias.*and 75 more; unexpected keys: conv1.0.weight"):
+        pretrained.fit_timm_weights(model, pretrained.read_weights(other))
+    state = pretrained.read_weights(timm_weights(tmp_path / "e.safetensors"))
+    state["conv_stem.weight"] = state["conv_stem.weight"][:1]
+    with pytest.raises(ValueError, match=r"other shapes: conv_stem.weight \(1, 3, 3, 3\)"):
+        pretrained.fit_timm_weights(model, state)
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"\x00not weights at all" * 10)
+    with pytest.raises(ValueError, match="neither a safetensors file nor a PyTorch state dict"):
+        pretrained.read_weights(garbage)
+    torch.save({"just": "a string"}, tmp_path / "dict.pt")
+    with pytest.raises(ValueError, match="no state dict"):
+        pretrained.read_weights(tmp_path / "dict.pt")
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"dataset": "text", "dataset_path": "t.npz", "encoder": "sentence-transformers"}, "needs encoder_path"),
+    ({"dataset": "digits", "encoder": "timm"}, "timm:<architecture>"),
+    ({"dataset": "digits", "encoder": "efficientnet-lite0", "encoder_path": "w.pt"},
+     "encoder_path applies to your own"),
+    ({"dataset": "digits", "encoder_path": "w.pt"}, "encoder_path needs an encoder"),
+    ({"dataset": "digits", "encoder": "sentence-transformers", "encoder_path": "st"}, "reads text inputs"),
+])
+def test_a_bad_own_encoder_spec_says_what_is_allowed(fields, words):
+    with pytest.raises(ValueError, match=words):
+        ExperimentSpec(**fields)
