@@ -239,22 +239,45 @@ class TripletMargin(_ClassMeanHead):
         self.miner: str = self.declared_option("miner", miner)
 
     def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # The mean over the kept triplets (a, p, n) of ap - an + margin, where kept means the
+        # miner's choice and a positive violation (an < ap + margin). Which triplets are kept
+        # carries no gradient, so the sum is taken over the (B, B) distances, each weighted by
+        # how many kept triplets its pair is in, and those counts come from each anchor's
+        # sorted distances (a binary search per pair) instead of the (B, B, B) triplets: the
+        # same loss and gradient (a triplet exactly on a boundary aside), at batch 128 about
+        # a tenth of the time.
         pos, neg = _pairs(labels)
         dist = torch.cdist(h, h)
-        ap, an = dist.unsqueeze(2), dist.unsqueeze(1)  # [a, p, n]
-        triplets = pos.unsqueeze(2) & neg.unsqueeze(1)
-        if self.miner != "none":
-            gap = (an - ap).detach()  # the miner's triplet margin
-            if self.miner == "easy":
-                triplets = triplets & (gap > self.margin)
-            else:
-                triplets = triplets & (gap <= self.margin)
-                if self.miner == "hard":
-                    triplets = triplets & (gap <= 0)
-                elif self.miner == "semihard":
-                    triplets = triplets & (gap > 0)
-        violation = F.relu(ap - an + self.margin) * triplets
-        return _mean_nonzero(violation, h)
+        if self.miner == "easy":  # an > ap + margin: none violates the margin
+            return (h * 0).sum()
+        with torch.no_grad():
+            d = dist.detach()
+            inf = torch.full_like(d, float("inf"))
+            negatives = torch.where(neg, d, inf).sort(dim=1).values  # per anchor, ascending
+            positives = torch.where(pos, d, inf).sort(dim=1).values
+            m = self.margin
+
+            def count(sorted_: torch.Tensor, bound: torch.Tensor, inclusive: bool) -> torch.Tensor:
+                """Per (a, x): how many of anchor a's sorted distances lie below ``bound``
+                (or at it, ``inclusive``)."""
+                return torch.searchsorted(sorted_, bound.contiguous(), right=inclusive).to(d.dtype)
+
+            n_pos = pos.sum(1, keepdim=True).to(d.dtype)
+            if self.miner == "semihard":  # ap < an < ap + m
+                per_ap = count(negatives, d + m, False) - count(negatives, d, True)
+                per_an = count(positives, d, False) - count(positives, d - m, True)
+            elif self.miner == "hard":  # an <= ap, and an < ap + m
+                per_ap = count(negatives, d, m > 0)
+                per_an = n_pos - count(positives, d, m <= 0)
+            else:  # all, none: an < ap + m
+                per_ap = count(negatives, d + m, False)
+                per_an = n_pos - count(positives, d - m, True)
+            per_ap = per_ap * pos  # per (a, p): its kept triplets
+            per_an = per_an * neg  # per (a, n)
+            n = per_ap.sum()
+        if float(n) == 0:
+            return (h * 0).sum()
+        return ((dist * per_ap).sum() - (dist * per_an).sum()) / n + m
 
 
 class MultiSimilarity(_ClassMeanHead):

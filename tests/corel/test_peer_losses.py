@@ -169,3 +169,36 @@ def test_the_cli_trains_a_peer_loss_with_its_options(tmp_path, capsys):
     spec = json.loads(ckpt["spec"])
     assert (spec["loss"], spec["margin"], spec["miner"]) == ("triplet", 0.1, "hard")
     assert "kmeans (cosine)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("miner", ["none", "all", "hard", "semihard"])
+def test_triplet_at_a_training_batch_equals_the_dense_triplets(miner):
+    """At batch 128 over 4 classes (hundreds of thousands of triplets), the counted form
+    equals summing the (B, B, B) violations, loss and gradient (float64)."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(3)
+    labels = torch.randint(0, 4, (128,), generator=g)
+    h = (torch.randn(128, 16, generator=g, dtype=torch.float64) + 2 * torch.eye(4, 16, dtype=torch.float64)[labels])
+    margin = 0.2
+    h_ours = h.clone().requires_grad_(True)
+    ours = build_loss("triplet", 4, 16, margin=margin, miner=miner).double()(h_ours, labels)
+    ours.backward()
+
+    h_dense = h.clone().requires_grad_(True)
+    unit = F.normalize(h_dense, dim=1)
+    dist = torch.cdist(unit, unit)
+    same = labels[:, None] == labels[None, :]
+    pos, neg = same & ~torch.eye(128, dtype=torch.bool), ~same
+    ap, an = dist.unsqueeze(2), dist.unsqueeze(1)
+    gap = (an - ap).detach()
+    kept = pos.unsqueeze(2) & neg.unsqueeze(1)
+    if miner != "none":
+        kept &= gap <= margin
+        kept &= (gap <= 0) if miner == "hard" else (gap > 0) if miner == "semihard" else kept
+    violation = F.relu(ap - an + margin) * kept
+    dense = violation.sum() / (violation > 0).sum()
+    dense.backward()
+    assert int((violation > 0).sum()) > 1000
+    torch.testing.assert_close(ours, dense, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(h_ours.grad, h_dense.grad, rtol=1e-9, atol=1e-12)
