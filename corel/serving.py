@@ -10,6 +10,10 @@ the similarity its head scores with), and does the three steps:
   model's input tensor, exactly as the training data was prepared;
 * :meth:`ServedModel.embed`: the encoder, h = F(x), as float32 on the CPU;
 * :meth:`ServedModel.similarities`: the head's score of h against each class vector.
+
+A run on a pretrained encoder offers two layers (:mod:`corel.layers`): the head's
+representation h, the space the loss shaped, and the encoder's own output, the features
+``prepare`` computes for a frozen encoder.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 from corel.data import prepare_images, prepare_texts, prepare_vectors
 from corel.device import ieee_float32
+from corel.layers import LAYERS, Layer
 from corel.loss_catalog import declaration
 from corel.models import Classifier
 from corel.spec import ExperimentSpec
@@ -81,6 +86,38 @@ class ServedModel:
     def device(self) -> torch.device:
         return self._device  # type: ignore[attr-defined]
 
+    @property
+    def pretrained_encoder(self) -> str | None:
+        """The name of the pretrained encoder the head was trained over, or None."""
+        meta = self.preprocessing.get("encoder")
+        return str(meta["name"]) if meta else None
+
+    @property
+    def pixels(self) -> dict[str, Any]:
+        """What raw images go through first (their shape, channels first, and pixel scale): a
+        run on a frozen image encoder records the dataset's own beside the encoder."""
+        return dict(self.preprocessing.get("pixels", self.preprocessing))
+
+    @property
+    def layers(self) -> tuple[Layer, ...]:
+        """The layers this model can return: "encoder" too for a run on a pretrained encoder."""
+        return LAYERS if self.pretrained_encoder else ("head",)
+
+    def width(self, layer: Layer = "head") -> int:
+        """The width of a layer's rows."""
+        self.check_layer(layer)
+        return int(self.preprocessing["encoder"]["features"]) if layer == "encoder" else self.dim
+
+    def check_layer(self, layer: str) -> None:
+        """ValueError, saying what is allowed, unless this model has ``layer``."""
+        if layer not in LAYERS:
+            raise ValueError(f"unknown layer {layer!r}; allowed: {', '.join(LAYERS)}")
+        if layer not in self.layers:
+            raise ValueError(
+                f"this run has no pretrained encoder (its {self.spec.model} trained on the "
+                f"{self.modality} inputs themselves), so it has no layer {layer!r}; allowed here: "
+                f"{', '.join(repr(x) for x in self.layers)}")
+
     def prepare(self, raw: np.ndarray | torch.Tensor | Sequence[str]) -> torch.Tensor:
         """Raw inputs -> the model's input tensor, as in training. ValueError says what is
         wrong with them (shape, range, dtype, ...)."""
@@ -94,7 +131,7 @@ class ServedModel:
             if "encoder" in self.preprocessing:  # the raw pixels, then the frozen encoder
                 from corel.pretrained import image_features
 
-                pixels = prepare_images(raw, self.preprocessing["pixels"])
+                pixels = prepare_images(raw, self.pixels)
                 return image_features(pixels, self.preprocessing, keep=False)
             return prepare_images(raw, self.preprocessing)
         return prepare_vectors(raw, self.preprocessing)
@@ -112,8 +149,13 @@ class ServedModel:
             sims = _cpu32(self.model.head.similarities(h)) if similarities else None
         return _cpu32(h), sims
 
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """The representations h = F(x) of prepared inputs: float32, on the CPU."""
+    def embed(self, x: torch.Tensor, layer: Layer = "head") -> torch.Tensor:
+        """The representations h = F(x) of prepared inputs: float32, on the CPU. ``layer``
+        "encoder": the pretrained encoder's features, which are the prepared inputs of a
+        frozen-encoder run."""
+        self.check_layer(layer)
+        if layer == "encoder":
+            return _cpu32(x)
         return self.forward(x, similarities=False)[0]
 
     @torch.inference_mode()

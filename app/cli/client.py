@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,10 +211,15 @@ def cluster(args: argparse.Namespace) -> int:
 
 def export(args: argparse.Namespace) -> int:
     r = _request(args, "GET", f"/experiments/{args.experiment}/export", params={"format": args.format})
-    out = Path(args.out or f"experiment-{args.experiment}.{'onnx' if args.format == 'onnx' else 'pt'}")
+    # The service names the file: .onnx, .pt, or .zip (a text encoder's model with its tokenizer).
+    named = re.search(r'filename="([^"/\\]+)"', r.headers.get("content-disposition", ""))
+    out = Path(args.out or (named[1] if named else
+                            f"experiment-{args.experiment}.{'onnx' if args.format == 'onnx' else 'pt'}"))
     out.write_bytes(r.content)
-    print(f"{out}: {len(r.content)} bytes ({args.format}; input: the preprocessed tensor, "
-          "outputs: embeddings and similarities; the preprocessing is in its metadata)")
+    what = ("a zip: the model, its tokenizer's files and corel.json" if r.content[:4] == b"PK\x03\x04"
+            else "input: the preprocessed tensor, or what its pretrained encoder takes")
+    print(f"{out}: {len(r.content)} bytes ({args.format}; {what}; outputs: embeddings and "
+          "similarities; the preprocessing is in its metadata)")
     return 0
 
 

@@ -17,7 +17,7 @@ import app.services.compare as compare_service
 import app.services.downloads as downloads_service
 import app.services.figures as figures_service
 import app.services.retrieval as retrieval_service
-from app.deps import SessionDep
+from app.deps import SessionDep, SettingsDep
 from app.schemas import Geometry, Split
 from app.services.compare import IDS_PATTERN, MAX_IDS
 
@@ -184,22 +184,24 @@ def checkpoint_download(experiment_id: int, session: SessionDep) -> Response:
                              "x-checkpoint-sha256": hashlib.sha256(data).hexdigest()})
 
 
-EXPORTS = {"onnx": ("onnx", "application/onnx"), "torchscript": ("pt", "application/octet-stream")}
+EXPORT_MEDIA = {"onnx": "application/onnx", "pt": "application/octet-stream", "zip": "application/zip"}
 
 
 @router.get(
     "/{experiment_id:int}/export", response_class=Response,
-    responses={200: {"content": {"application/onnx": {}, "application/octet-stream": {}},
-                     "description": "The encoder and head in one file, the preprocessing in its metadata"}},
-    summary="The trained model as one ONNX or TorchScript file (input: the preprocessed tensor; "
-    "outputs: embeddings, similarities)",
+    responses={200: {"content": {media: {} for media in EXPORT_MEDIA.values()},
+                     "description": "The encoder and head in one file, the preprocessing in its "
+                     "metadata. A run on a pretrained encoder exports the whole model: for images "
+                     "from the pixels in [0, 1]; for texts from input_ids and attention_mask, as a zip "
+                     "of model.onnx (or model.pt), the tokenizer's files (tokenizer/) and corel.json"}},
+    summary="The trained model as one ONNX or TorchScript file (input: the preprocessed tensor, or for a "
+    "pretrained encoder what it takes; outputs: embeddings, similarities, and the encoder's own)",
 )
 def export_model(
-    experiment_id: int, session: SessionDep,
+    experiment_id: int, session: SessionDep, settings: SettingsDep,
     format_: Annotated[Literal["onnx", "torchscript"], Query(alias="format")] = "onnx",
 ) -> Response:
-    body = downloads_service.exported_model(session, experiment_id, format_)
-    suffix, media = EXPORTS[format_]
-    name = f"experiment-{experiment_id}.{suffix}"
-    return Response(body, media_type=media,
+    exported = downloads_service.exported_model(session, experiment_id, format_, settings)
+    name = f"experiment-{experiment_id}.{exported.suffix}"
+    return Response(exported.data, media_type=EXPORT_MEDIA[exported.suffix],
                     headers={"content-disposition": f'attachment; filename="{name}"'})

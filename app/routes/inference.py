@@ -18,10 +18,11 @@ from starlette.datastructures import UploadFile
 from app.deps import require_access
 from app.errors import MAX_ID, InvalidInput, PayloadTooLarge, check_id, describe_errors
 from app.openapi import without_nulls
-from app.schemas import InferenceRequest, NeighborsRequest
+from app.schemas import EmbedRequest, InferenceRequest, NeighborsRequest
 from app.services import inference
 from app.services import neighbors as neighbors_service
 from app.services.model_cache import LoadedModel
+from corel.layers import Layer
 
 router = APIRouter(tags=["inference"])
 
@@ -49,6 +50,17 @@ _BODY_DOC: dict[str, Any] = {
         },
     }
 }
+
+
+def _embed_doc() -> dict[str, Any]:
+    """/embed takes the bodies of /predict, and which layer to return (in a form or the
+    octet-stream query too)."""
+    doc = copy.deepcopy(_BODY_DOC)
+    content = doc["requestBody"]["content"]
+    schema = without_nulls(EmbedRequest.model_json_schema())
+    content["application/json"]["schema"] = schema
+    content["multipart/form-data"]["schema"]["properties"]["layer"] = schema["properties"]["layer"]
+    return doc
 
 
 def _neighbors_doc() -> dict[str, Any]:
@@ -219,20 +231,28 @@ def _json(content: dict[str, Any]) -> Response:
                     media_type="application/json")
 
 
+async def _infer(
+    request: Request, req: InferenceRequest, similarities: bool, layer: Layer = "head"
+) -> tuple[LoadedModel, torch.Tensor, torch.Tensor | None]:
+    """The request's model, and the representations (of ``layer``) and similarities of its inputs."""
+    await require_access(request, "experiment", req.experiment_id)
+    return await inference.infer(request.app.state, req, similarities, layer)
+
+
 async def _run(
     request: Request, similarities: bool
 ) -> tuple[InferenceRequest, LoadedModel, torch.Tensor, torch.Tensor | None]:
     """The request, its model, and the representations (and similarities) of its inputs."""
     req: InferenceRequest = await _read_request(request)
-    await require_access(request, "experiment", req.experiment_id)
-    loaded, h, sims = await inference.infer(request.app.state, req, similarities)
+    loaded, h, sims = await _infer(request, req, similarities)
     return req, loaded, h, sims
 
 
-@router.post("/embed", summary="Final-hidden-layer representations of new inputs",
-             openapi_extra=_BODY_DOC)
+@router.post("/embed", summary="Representations of new inputs: the final hidden layer (the head's h), "
+             "or a pretrained encoder's own (layer)", openapi_extra=_embed_doc())
 async def embed(request: Request) -> Response:
-    req, loaded, h_tensor, _ = await _run(request, similarities=False)
+    req = await _read_request(request, EmbedRequest)
+    loaded, h_tensor, _ = await _infer(request, req, similarities=False, layer=req.layer)
     h = h_tensor.numpy()
     if "application/octet-stream" in request.headers.get("accept", ""):
         # A view of the array: Starlette and uvicorn pass it on without a copy.
@@ -240,10 +260,12 @@ async def embed(request: Request) -> Response:
                         headers={"X-Corel-Shape": f"{h.shape[0]},{h.shape[1]}",
                                  "X-Corel-Dtype": "float32",
                                  "X-Corel-Checkpoint": loaded.checkpoint["sha256"],
-                                 "X-Corel-Epoch": str(loaded.checkpoint["epoch"])})
+                                 "X-Corel-Epoch": str(loaded.checkpoint["epoch"]),
+                                 "X-Corel-Layer": req.layer})
     out: dict[str, Any] = {
         "experiment_id": loaded.experiment_id,
         "checkpoint": loaded.checkpoint,
+        "layer": req.layer,
         "dim": int(h.shape[1]),
         "n": int(h.shape[0]),
     }

@@ -3,13 +3,20 @@ checkpoint, and the trained model exported as one file."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from app.errors import InvalidInput
 from app.models import DatasetUpload
+from app.services.encoders import files_for_model
 from app.services.figures import latent_file
 from app.services.lookup import best_checkpoint, class_names, load_latent, succeeded_experiment
+from app.settings import Settings
+
+if TYPE_CHECKING:
+    from corel.export import Exported
 
 
 def latent_space_file(session: Session, experiment_id: int, fmt: str) -> bytes:
@@ -27,11 +34,12 @@ def checkpoint(session: Session, experiment_id: int) -> bytes:
     return data
 
 
-def exported_model(session: Session, experiment_id: int, fmt: str) -> bytes:
-    """The encoder and head as one ONNX or TorchScript file, saying what it was trained on."""
+def exported_model(session: Session, experiment_id: int, fmt: str, settings: Settings) -> Exported:
+    """The encoder and head as one ONNX or TorchScript file, saying what it was trained on
+    (for a run on a text encoder, a zip of that file and the tokenizer's files)."""
     exp = succeeded_experiment(session, experiment_id, "an export")
     blob = best_checkpoint(session, experiment_id)
-    from corel.export import export
+    from corel.export import export_file
     from corel.train import checkpoint_from_bytes
 
     trained_on: dict[str, Any] | None = None
@@ -39,4 +47,9 @@ def exported_model(session: Session, experiment_id: int, fmt: str) -> bytes:
         upload = session.get(DatasetUpload, exp.dataset_id)
         trained_on = {"dataset": "upload", "dataset_id": exp.dataset_id, "format": exp.dataset,
                       "filename": upload.filename if upload is not None else None}
-    return export(checkpoint_from_bytes(blob), fmt, trained_on)
+    checkpoint = checkpoint_from_bytes(blob)
+    files_for_model(session, settings, json.loads(checkpoint["preprocessing"]))
+    try:
+        return export_file(checkpoint, fmt, trained_on)
+    except ValueError as exc:  # this model in this format: the library says why not
+        raise InvalidInput(f"experiment {experiment_id}: {exc}") from exc

@@ -22,6 +22,7 @@ from app.db import session_scope
 from app.errors import InvalidInput, PayloadTooLarge
 from app.schemas import INPUT_KINDS, BinaryArray, InferenceRequest
 from app.services.model_cache import LoadedModel, load_from_database
+from corel.layers import Layer
 
 ACCEPTS = {
     "image": ("images", "arrays", "binary"),
@@ -96,7 +97,8 @@ def decode_binary(binary: BinaryArray, raw: bytes | None = None) -> np.ndarray:
 
 
 def _decode_image(data: bytes, index: int, loaded: LoadedModel) -> np.ndarray:
-    channels, height, width = (int(s) for s in loaded.preprocessing["input_shape"])
+    pixels_of = loaded.served.pixels  # a frozen encoder's run: the dataset's own pixels
+    channels, height, width = (int(s) for s in pixels_of["input_shape"])
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.format not in ("PNG", "JPEG"):
@@ -110,7 +112,7 @@ def _decode_image(data: bytes, index: int, loaded: LoadedModel) -> np.ndarray:
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise InvalidInput(f"input {index}: not a decodable PNG or JPEG image ({exc})") from exc
     # 8-bit grey levels onto the dataset's own pixel scale (255 for (Fashion-)MNIST, 16 for digits).
-    return pixels * (float(loaded.preprocessing["pixel_max"]) / 255.0)
+    return pixels * (float(pixels_of["pixel_max"]) / 255.0)
 
 
 def _per_item_arrays(arrays: list[Any]) -> np.ndarray:
@@ -201,9 +203,10 @@ class InferenceRunner:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def run(
-        self, req: InferenceRequest, loaded: LoadedModel, similarities: bool
+        self, req: InferenceRequest, loaded: LoadedModel, similarities: bool, layer: Layer = "head"
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The request's representations, and its similarities to every class if asked."""
+        """The request's representations (of ``layer``: the head's h, or a pretrained
+        encoder's features), and its similarities to every class if asked."""
         loop = asyncio.get_running_loop()
         if batch_size(req) >= self.LARGE_BATCH:
             # Decoding a binary array is a view of the body; images are decoded in the team.
@@ -211,12 +214,12 @@ class InferenceRunner:
                    else await loop.run_in_executor(self._pool, decode, req, loaded))
             total, n = len(raw), self.threads if loaded.device.type == "cpu" else 1
             # Each slice writes its rows straight into the answer, in its own thread.
-            h = np.empty((total, loaded.dim), np.float32)
+            h = np.empty((total, loaded.served.width(layer)), np.float32)
             sims = np.empty((total, len(loaded.class_names)), np.float32) if similarities else None
             bounds = [total * i // n for i in range(n + 1)]
             try:
                 await asyncio.gather(*(
-                    loop.run_in_executor(self._pool, _slice, raw, a, b, loaded, h, sims)
+                    loop.run_in_executor(self._pool, _slice, raw, a, b, loaded, h, sims, layer)
                     for a, b in itertools.pairwise(bounds) if b > a
                 ))
             except InvalidInput:
@@ -225,6 +228,8 @@ class InferenceRunner:
             self.forward_passes += 1
             return torch.from_numpy(h), None if sims is None else torch.from_numpy(sims)
         x = model_inputs(req, loaded)
+        if layer == "encoder":  # a frozen encoder's features are the head's prepared input
+            return loaded.served.embed(x, "encoder"), None
         pending = _Pending(loaded, x, similarities, loop.create_future())
         if not self._pending:
             loop.call_soon(self._flush)
@@ -260,9 +265,13 @@ class _Pending:
 
 
 def _slice(raw: np.ndarray | list[str], start: int, stop: int, loaded: LoadedModel,
-           h: np.ndarray, sims: np.ndarray | None) -> None:
+           h: np.ndarray, sims: np.ndarray | None, layer: Layer = "head") -> None:
     """Rows start:stop of a large batch, prepared, computed and written into h (and sims)."""
-    h_part, sims_part = forward(loaded, prepare(raw[start:stop], loaded), sims is not None)
+    x = prepare(raw[start:stop], loaded)
+    if layer == "encoder":
+        h[start:stop] = loaded.served.embed(x, "encoder").numpy()
+        return
+    h_part, sims_part = forward(loaded, x, sims is not None)
     h[start:stop] = h_part.numpy()
     if sims is not None:
         sims[start:stop] = sims_part.numpy()
@@ -286,19 +295,24 @@ async def model_for(state: Any, experiment_id: int) -> LoadedModel:
 
     def load() -> LoadedModel:
         with session_scope(state.sessionmaker) as session:
-            return load_from_database(session, experiment_id, state.settings.device)
+            return load_from_database(session, experiment_id, state.settings.device, state.settings)
 
     return await run_in_threadpool(cache.get, experiment_id, load)
 
 
-async def infer(state: Any, req: InferenceRequest,
-                similarities: bool) -> tuple[LoadedModel, torch.Tensor, torch.Tensor | None]:
+async def infer(state: Any, req: InferenceRequest, similarities: bool,
+                layer: Layer = "head") -> tuple[LoadedModel, torch.Tensor, torch.Tensor | None]:
     """The one service behind /embed and /predict: the batch checked, the model got, the
-    inputs run through it (batched with other requests'), the time recorded."""
+    inputs run through it (batched with other requests'), the time recorded. ``layer``: the
+    head's representations, or a pretrained encoder's own (a 422 for a run without one)."""
     check_batch(req, state.settings.max_embed_batch)
     loaded = await model_for(state, req.experiment_id)
+    try:
+        loaded.served.check_layer(layer)
+    except ValueError as exc:
+        raise InvalidInput(f"experiment {loaded.experiment_id}: {exc}") from exc
     started = time.perf_counter()
-    h, sims = await state.inference.run(req, loaded, similarities)
+    h, sims = await state.inference.run(req, loaded, similarities, layer)
     state.metrics.observe_inference("predict" if similarities else "embed", batch_size(req),
                                     time.perf_counter() - started)
     return loaded, h, sims

@@ -92,6 +92,19 @@ def test_a_zipped_sentence_transformer_is_stored_once_trained_on_and_served(clie
     assert reference.get_embedding_dimension() == 32
     predicted = client.post("/predict", json={"experiment_id": body["id"], "texts": sentences})
     assert predicted.status_code == 200, predicted.text
+    # The export holds the uploaded encoder too: a zip with its tokenizer, run under onnxruntime.
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    exported = client.get(f"/experiments/{body['id']}/export", params={"format": "onnx"})
+    assert exported.status_code == 200, exported.text
+    zipfile.ZipFile(io.BytesIO(exported.content)).extractall(tmp_path / "export")
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "export" / "tokenizer"), local_files_only=True)
+    batch = tokenizer(sentences, padding=True, truncation=True, return_tensors="np")
+    session = ort.InferenceSession(str(tmp_path / "export" / "model.onnx"))
+    names = {i.name for i in session.get_inputs()}
+    out = session.run(["embeddings"], {k: v.astype(np.int64) for k, v in batch.items() if k in names})[0]
+    np.testing.assert_allclose(out, np.array(got.json()["embeddings"]), atol=2e-5, rtol=1e-4)
 
 
 def test_timm_weights_are_checked_against_their_architecture_and_a_run_trains_on_them(

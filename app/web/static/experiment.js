@@ -35,12 +35,20 @@ corel.pages.experiment = async function () {
   let exp = await api("/experiments/" + id);
   const epochs = (await api("/experiments/" + id + "/metrics")).items;
   const seen = new Set(epochs.map((m) => m.epoch));
+  // A pretrained encoder's name as GET /encoders declares it (corel/encoder_catalog.py).
+  const encoders = exp.spec.encoder ? await api("/encoders").catch(() => []) : [];
+
+  function modelLabel(spec) {
+    if (!spec.encoder) return spec.model || "ffnn";
+    const found = encoders.find((e) => e.pretrained && e.name === spec.encoder);
+    return (found ? found.display : spec.encoder) + ", " + (spec.encoder_mode || "frozen");
+  }
 
   function header() {
     document.getElementById("status").replaceChildren(badge(exp.status));
     document.getElementById("progress").replaceChildren(progressBar(exp));
     document.getElementById("subtitle").textContent =
-      lossLabel(exp.spec) + " on " + exp.spec.dataset + " (" + (exp.spec.model || "ffnn") + "), seed " + exp.spec.seed +
+      lossLabel(exp.spec) + " on " + exp.spec.dataset + " (" + modelLabel(exp.spec) + "), seed " + exp.spec.seed +
       (exp.owner ? "; owner " + exp.owner.name : "");
     document.getElementById("cancel").hidden = FINISHED.includes(exp.status);
     const phase = document.getElementById("phase");
