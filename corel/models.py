@@ -177,6 +177,10 @@ def build_encoder(spec: ExperimentSpec, input_shape: tuple[int, ...]) -> nn.Modu
     """The spec's encoder for its modality, as its declaration (``corel.encoder_catalog``)
     says to build it."""
     # Over a pretrained encoder: the model (the FFNN, no dropout) over its features.
+    if spec.encoder and spec.encoder_mode == "finetune":  # the pretrained encoder trains too
+        from corel.finetune import build
+
+        return build(spec, input_shape)
     decl = pretrained(spec.encoder, spec.modality) if spec.encoder else encoder(spec.model, spec.modality)
     module_name, _, class_name = decl.builder.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)

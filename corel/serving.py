@@ -128,6 +128,8 @@ class ServedModel:
         if not isinstance(raw, np.ndarray | torch.Tensor):
             raise ValueError(f"this model takes {self.modality} arrays, not texts")
         if self.modality == "image":
+            if self.preprocessing.get("encoder", {}).get("mode") == "finetune":  # the model takes pixels
+                return prepare_images(raw, self.pixels)
             if "encoder" in self.preprocessing:  # the raw pixels, then the frozen encoder
                 from corel.pretrained import image_features
 
@@ -155,7 +157,11 @@ class ServedModel:
         frozen-encoder run."""
         self.check_layer(layer)
         if layer == "encoder":
-            return _cpu32(x)
+            tower = getattr(self.model.encoder, "tower", None)
+            if tower is None:  # frozen: the prepared inputs are the encoder's features
+                return _cpu32(x)
+            with torch.inference_mode(), ieee_float32(self.device):
+                return _cpu32(tower(x.to(self.device, self._dtype)))  # type: ignore[attr-defined]
         return self.forward(x, similarities=False)[0]
 
     @torch.inference_mode()

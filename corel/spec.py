@@ -116,8 +116,17 @@ class ExperimentSpec(BaseModel):
     encoder_mode: EncoderMode | None = Field(
         default=None,
         description="How the pretrained encoder trains: frozen (its features computed once and "
-        "reused by every run on the same data; the default with an encoder). finetune is not "
-        "offered yet. Null without an encoder.")
+        "reused by every run on the same data; the default with an encoder) or finetune (it trains "
+        "with the head, at encoder_lr, its last trainable_blocks or all of it). Null without an "
+        "encoder.")
+    encoder_lr: float | None = Field(
+        default=None, gt=0.0, le=1.0,
+        description="encoder_mode finetune: the pretrained encoder's learning rate (default: a "
+        "tenth of lr). Null otherwise.")
+    trainable_blocks: int | None = Field(
+        default=None, ge=0,
+        description="encoder_mode finetune: only the encoder's last N blocks (a transformer's "
+        "layers, an image network's stages) train, the rest stays as pretrained; null: all of it.")
     loss: str = Field(default="gaussian", description="The loss: " + ", ".join(LOSS_NAMES)
                       + " (and any registered since; GET /losses lists them).",
                       json_schema_extra=_loss_enum)
@@ -226,6 +235,10 @@ class ExperimentSpec(BaseModel):
 
     def _check_encoder(self) -> None:
         if self.encoder is None:
+            for field in ("encoder_lr", "trainable_blocks"):
+                if getattr(self, field) is not None:
+                    raise ValueError(f"{field} applies to a pretrained encoder fine-tuned (encoder_mode "
+                                     "finetune); the paper's models train from scratch at lr")
             if self.encoder_path is not None:
                 raise ValueError("encoder_path needs an encoder: sentence-transformers or "
                                  "timm:<architecture>")
@@ -241,6 +254,14 @@ class ExperimentSpec(BaseModel):
             raise ValueError(f"encoder {self.encoder!r} is installed with corel; encoder_path applies "
                              "to your own (sentence-transformers, timm:<architecture>)")
         mode = self.encoder_mode or "frozen"
+        if mode != "finetune":
+            for field in ("encoder_lr", "trainable_blocks"):
+                if getattr(self, field) is not None:
+                    raise ValueError(f"{field} applies to encoder_mode finetune; this encoder is {mode}")
+        elif self.trainable_blocks is not None and decl.blocks is not None \
+                and self.trainable_blocks > decl.blocks:
+            raise ValueError(f"trainable_blocks is {self.trainable_blocks}; encoder {self.encoder!r} has "
+                             f"{decl.blocks} blocks")
         if mode not in decl.modes:
             raise ValueError(f"encoder_mode {mode!r} is not offered for encoder {self.encoder!r}; "
                              f"allowed: {', '.join(decl.modes)}")

@@ -160,6 +160,12 @@ def load_dataset(
     if spec.encoder is not None and spec.modality == "text":  # the text loaders embed with it
         return loader(spec, root, download, features)  # type: ignore[call-arg]
     data = loader(spec, root, download)
+    if spec.encoder is not None and spec.encoder_mode == "finetune":  # pixels in, the encoder trains
+        from corel.pretrained import image_preprocessing
+
+        pre = image_preprocessing(spec.encoder, data.preprocessing, spec.encoder_path)
+        pre = {**pre, "input_shape": list(data.input_shape), "encoder": {**pre["encoder"], "mode": "finetune"}}
+        return dataclasses.replace(data, preprocessing=pre)
     if spec.encoder is not None:  # images: the loader's pixels, then the frozen encoder
         data = with_image_features(data, spec.encoder, features, spec.encoder_path)
     return data

@@ -291,6 +291,10 @@ def prepare_texts(
     the source recorded in ``preprocessing``. Either way they must match the recorded
     dimension and vocabulary size.
     """
+    if preprocessing.get("encoder", {}).get("mode") == "finetune":  # ids and masks (corel.finetune)
+        from corel.finetune import tokens
+
+        return tokens(texts, dict(preprocessing))
     if "encoder" in preprocessing:  # a frozen pretrained encoder's features (corel.pretrained)
         from corel.pretrained import text_features
 
@@ -357,7 +361,12 @@ class TextInputs:
         if spec.encoder is not None:
             from corel.pretrained import text_preprocessing
 
-            self.preprocessing = text_preprocessing(spec.encoder, spec.encoder_path)
+            if spec.encoder_mode == "finetune":  # token ids and masks: the encoder trains too
+                from corel.finetune import text_preprocessing as finetune_preprocessing
+
+                self.preprocessing = finetune_preprocessing(spec.encoder, spec.encoder_path)
+            else:
+                self.preprocessing = text_preprocessing(spec.encoder, spec.encoder_path)
         else:
             wv = load_word_vectors(
                 _resolve_user_path(spec.word_vectors, data_dir) if spec.word_vectors else None
@@ -366,6 +375,10 @@ class TextInputs:
             self.preprocessing = _text_preprocessing(wv, spec.model, DEFAULT_MAX_LEN)
 
     def __call__(self, texts: list[str]) -> torch.Tensor:
+        if self.preprocessing.get("encoder", {}).get("mode") == "finetune":
+            from corel.finetune import tokens
+
+            return tokens(texts, self.preprocessing)
         if "encoder" in self.preprocessing:
             from corel.pretrained import text_features
 

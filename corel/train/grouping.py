@@ -30,7 +30,8 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     is not ``stackable`` (pytorch-metric-learning's: their parameters are not lambda).
     """
     # Text models use dropout, except the FFNN over a frozen encoder's features.
-    if (spec.modality == "text" and spec.encoder is None) or not declaration(spec.loss).stackable:
+    if (spec.modality == "text" and spec.encoder is None) or not declaration(spec.loss).stackable \
+            or spec.encoder_mode == "finetune":
         return None
     exclude = set(MAY_DIFFER) | set(LOCATIONS)
     if spec.dataset in UPLOADED:

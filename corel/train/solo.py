@@ -325,7 +325,7 @@ def start_run(
     data = to_device(data, dev)
     torch.manual_seed(spec.seed)
     model = build_model(spec, data, dev)
-    optimizer = make_optimizer(model, spec.lr)
+    optimizer = make_optimizer(model, spec.lr, spec.encoder_lr if spec.encoder_lr is not None else spec.lr / 10)
     shuffle = torch.Generator().manual_seed(spec.seed)
     run = Run(spec, data, model, optimizer, shuffle, dev, options=options)
     if checkpoint is not None:
@@ -345,9 +345,17 @@ def build_model(spec: ExperimentSpec, data: Dataset, device: torch.device) -> Cl
     return model.to(device)
 
 
-def make_optimizer(model: Classifier, lr: float) -> torch.optim.Adam:
-    """The run's optimiser: :func:`adam` over the model's parameters."""
-    return adam(model.parameters(), lr)
+def make_optimizer(model: Classifier, lr: float, encoder_lr: float | None = None) -> torch.optim.Adam:
+    """The run's optimiser: :func:`adam` over the model's parameters; with a fine-tuned
+    pretrained encoder (corel.finetune), Adam with two groups: its trainable parameters at
+    ``encoder_lr``, the rest at ``lr``."""
+    tower = getattr(model.encoder, "tower", None)
+    if tower is None:
+        return adam(model.parameters(), lr)
+    own = {id(p) for p in tower.parameters()}
+    return torch.optim.Adam([
+        {"params": [p for p in tower.parameters() if p.requires_grad], "lr": encoder_lr or lr / 10},
+        {"params": [p for p in model.parameters() if id(p) not in own], "lr": lr}], lr=lr)
 
 
 def _restore(run: Run, ckpt: dict[str, Any]) -> None:

@@ -92,6 +92,17 @@ def test_a_zipped_sentence_transformer_is_stored_once_trained_on_and_served(clie
     assert reference.get_embedding_dimension() == 32
     predicted = client.post("/predict", json={"experiment_id": body["id"], "texts": sentences})
     assert predicted.status_code == 200, predicted.text
+    # Fine-tuned through the service: the uploaded encoder trains with the head.
+    r = client.post("/experiments", json={**spec, "encoder_mode": "finetune", "trainable_blocks": 1,
+                                          "encoder_lr": 0.001, "epochs": 3})
+    assert r.status_code == 202, r.text
+    tuned = wait_for(client, r.json()["id"], finished, timeout=180)
+    assert tuned["status"] == "succeeded", tuned.get("error")
+    both = [client.post("/embed", json={"experiment_id": tuned["id"], "texts": sentences, "layer": layer})
+            for layer in ("head", "encoder")]
+    assert [np.array(b.json()["embeddings"]).shape for b in both] == [(2, 16), (2, 32)], both[0].text
+    refused = client.get(f"/experiments/{tuned['id']}/export", params={"format": "onnx"})
+    assert refused.status_code == 422 and "does not export yet" in refused.text, refused.text
     # The export holds the uploaded encoder too: a zip with its tokenizer, run under onnxruntime.
     import onnxruntime as ort
     from transformers import AutoTokenizer

@@ -107,7 +107,6 @@ def test_a_served_frozen_run_embeds_raw_texts_as_training_did(table):
 @pytest.mark.parametrize(("fields", "words"), [
     ({"dataset": "digits", "encoder": "minilm"}, "encoder 'minilm' reads text inputs"),
     ({"dataset": "ag-news", "encoder": "bert"}, "unknown encoder 'bert'; available: efficientnet-lite0, minilm"),
-    ({"dataset": "ag-news", "encoder": "minilm", "encoder_mode": "finetune"}, "allowed: frozen"),
     ({"dataset": "ag-news", "encoder_mode": "frozen"}, "encoder_mode 'frozen' needs an encoder"),
     ({"dataset": "ag-news", "encoder": "minilm", "model": "cnn"}, "model 'cnn' does not go over"),
 ])

@@ -1,0 +1,128 @@
+"""Pretrained encoders fine-tuned with the head (corel.finetune), on a small sentence-
+transformers model (tests.encoder_files): the tower trains at its own learning rate, only
+its last blocks when asked, a checkpoint holds the fine-tuned weights, a run resumes bit for
+bit in float64, and a served run embeds raw texts as the trained model does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from corel.data import load_dataset
+from corel.serving import ServedModel
+from corel.spec import ExperimentSpec
+from corel.train import Callback, checkpoint_from_bytes, checkpoint_to_bytes, fit, group_specs
+from tests.encoder_files import TOPICS, tiny_sentence_transformer
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("finetune")
+    texts, y = [], []
+    for k, sentences in enumerate(TOPICS.values()):
+        for i in range(20):
+            texts.append(f"{sentences[i % 4]} ({i})")
+            y.append(k)
+    np.savez(tmp / "t.npz", texts=np.array(texts), y=np.array(y), class_names=np.array(list(TOPICS)))
+    return tmp / "t.npz", tiny_sentence_transformer(tmp / "st")
+
+
+def spec(files, **fields) -> ExperimentSpec:
+    table, folder = files
+    return ExperimentSpec(**{"dataset": "text", "dataset_path": str(table), "encoder": "sentence-transformers",
+                             "encoder_path": str(folder), "encoder_mode": "finetune", "loss": "cosine",
+                             "lam": 0.85, "epochs": 2, "lr": 0.01, "batch_size": 8, "hidden": 16, **fields})
+
+
+def test_the_last_blocks_train_at_the_encoder_s_rate_and_the_rest_stays_pretrained(files):
+    from sentence_transformers import SentenceTransformer
+
+    result = fit(spec(files, trainable_blocks=1, encoder_lr=0.001), chance_epochs=0)
+    groups = result.run.optimizer.param_groups
+    assert [g["lr"] for g in groups] == [0.001, 0.01]
+    trained = result.model.encoder.tower.steps[0].auto_model.state_dict()
+    original = SentenceTransformer(str(files[1]), device="cpu", local_files_only=True)[0].auto_model.state_dict()
+    changed = {k for k in original if not torch.equal(original[k], trained[k])}
+    assert changed and all(k.startswith("encoder.layer.1.") for k in changed), sorted(changed)[:5]
+    assert any(k.startswith("encoder.layer.1.attention") for k in changed)
+    assert result.run.data.x_train.shape[1:] == (2, 64)  # ids and mask, to the encoder's max length
+
+
+def test_a_checkpoint_holds_the_fine_tuned_weights_and_serves_raw_texts(files):
+    result = fit(spec(files), chance_epochs=0)
+    ckpt = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    assert any(k.startswith("encoder.tower.steps.0.model.encoder.layer.0.") for k in ckpt["model"])
+    served = ServedModel.from_checkpoint(ckpt)
+    texts = ["the goalkeeper saved a penalty", "bond yields rose again"]
+    x = served.prepare(texts)
+    with torch.no_grad():
+        result.model.eval()
+        want = result.model.encoder(x)
+        tower = result.model.encoder.tower(x)
+    torch.testing.assert_close(served.embed(x), want)
+    torch.testing.assert_close(served.embed(x, "encoder"), tower)
+    assert served.embed(x, "encoder").shape == (2, 32)
+
+
+def test_a_fine_tuned_run_resumed_from_its_checkpoint_ends_bit_for_bit_in_float64(files):
+    data = load_dataset(spec(files)).astype(torch.float64)
+    whole = fit(spec(files, epochs=4), data=data, chance_epochs=0)
+    saved: list[bytes] = []
+
+    class StopAfterTwo(Callback):
+        def on_epoch_end(self, metrics, run):
+            saved.append(checkpoint_to_bytes(run.checkpoint()))
+            return metrics.epoch == 2
+
+    stopped = fit(spec(files, epochs=4), [StopAfterTwo()], data=data, chance_epochs=0)
+    assert stopped.stopped and len(saved) == 2
+    resumed = fit(spec(files, epochs=4), checkpoint=checkpoint_from_bytes(saved[-1]), data=data,
+                  chance_epochs=0)
+    assert next(whole.run.model.parameters()).dtype == torch.float64
+    for key, value in whole.run.model.state_dict().items():
+        assert torch.equal(value, resumed.run.model.state_dict()[key]), key
+    assert [m.val_accuracy for m in resumed.history] == [m.val_accuracy for m in whole.history]
+
+
+def test_fine_tuned_runs_are_not_stacked(files):
+    specs = [spec(files, seed=s) for s in range(3)]
+    assert group_specs(specs) == [[0], [1], [2]]
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"dataset": "ag-news", "encoder": "minilm", "encoder_lr": 1e-5}, "encoder_lr applies to encoder_mode finetune"),
+    ({"dataset": "ag-news", "trainable_blocks": 2}, "trainable_blocks applies to a pretrained encoder"),
+    ({"dataset": "ag-news", "encoder": "minilm", "encoder_mode": "finetune", "trainable_blocks": 9},
+     "encoder 'minilm' has 6 blocks"),
+    ({"dataset": "digits", "encoder": "efficientnet-lite0", "encoder_mode": "finetune", "trainable_blocks": 8},
+     "has 7 blocks"),
+])
+def test_a_bad_fine_tuning_spec_says_what_is_allowed(fields, words):
+    with pytest.raises(ValueError, match=words):
+        ExperimentSpec(**fields)
+
+
+def test_more_blocks_than_a_user_s_encoder_has_are_refused_when_it_loads(files):
+    with pytest.raises(ValueError, match="this encoder has 2 blocks"):
+        fit(spec(files, trainable_blocks=3), chance_epochs=0)
+
+
+def test_an_image_encoder_fine_tunes_from_pixels_and_serves_raw_images(tmp_path):
+    from tests.encoder_files import timm_weights
+
+    file = timm_weights(tmp_path / "w.safetensors", arch="test_convnext")
+    image = ExperimentSpec(dataset="digits", encoder="timm:test_convnext", encoder_path=str(file),
+                           encoder_mode="finetune", trainable_blocks=1, loss="gaussian", lam=0.8, epochs=1,
+                           lr=0.01, train_subset=64, batch_size=16, hidden=16)
+    data = load_dataset(image)
+    data = type(data)(**{**data.__dict__, "x_val": data.x_val[:32], "y_val": data.y_val[:32],
+                         "x_test": data.x_test[:32], "y_test": data.y_test[:32]})
+    assert data.x_train.shape[1:] == (1, 8, 8)  # the pixels: the tower resizes them
+    result = fit(image, data=data, chance_epochs=0)
+    served = ServedModel.from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    raw = (data.x_test[:3] * 16).round().numpy()  # digits as stored: 0..16
+    with torch.no_grad():
+        result.model.eval()
+        torch.testing.assert_close(served.embed(served.prepare(raw)), result.model.encoder(data.x_test[:3]),
+                                   atol=1e-5, rtol=1e-5)
