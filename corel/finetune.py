@@ -64,8 +64,8 @@ class TextTower(_KeepFrozenInEval):
 
     def __init__(self, st_model: Any, trainable_blocks: int | None) -> None:
         super().__init__()
+        self.steps = nn.ModuleList(copy.deepcopy(list(st_model)))
         transformer: Any = self.steps[0].auto_model
-        transformer = self.steps[0].auto_model
         self.token_type_ids = "token_type_ids" in getattr(self.steps[0].tokenizer, "model_input_names", ())
         layers = list(transformer.encoder.layer)
         self.blocks = len(layers)
