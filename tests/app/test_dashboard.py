@@ -286,6 +286,9 @@ def test_a_text_upload_trains_on_frozen_minilm_from_the_form_and_serves_sentence
     body = wait_for(client, experiment_id, finished, timeout=300)
     assert body["status"] == "succeeded" and body["spec"]["encoder"] == "minilm", body
     page.wait_for_selector("#status .badge[data-status=succeeded]")
+    # The title names the encoder as GET /encoders declares it, and how it trained.
+    page.wait_for_function("document.getElementById('subtitle').textContent.includes('frozen')")
+    assert page.inner_text("#subtitle").startswith("Cosine-COREL λ 0.85 on text (all-MiniLM-L6-v2, frozen), seed")
     shot(page, "experiment-minilm")
     sentences = ["Stocks fell as the central bank raised interest rates",
                  "The striker scored twice in the cup final"]
@@ -306,6 +309,7 @@ def test_the_experiment_page_shows_the_latent_scatter_and_the_clustering_table(p
     run = trained[0]
     page.goto(f"/ui/experiments/{run['id']}")
     page.wait_for_selector("#clustering tbody tr")
+    assert page.inner_text("#subtitle").startswith("Gaussian-COREL λ 0.85 on digits (ffnn), seed")
     page.wait_for_function("document.getElementById('latent').data !== undefined")
     traces = page.evaluate("document.getElementById('latent').data.map(t => ({name: t.name, n: t.x.length}))")
     scatter = client.get(f"/experiments/{run['id']}/latent/scatter").json()
