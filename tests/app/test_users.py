@@ -10,9 +10,11 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,7 @@ from app.models import ApiToken, Experiment, utcnow
 from app.settings import Settings
 from tests.app.conftest import PG_ADMIN_URL, _pg_available, npz_bytes, settings_env
 from tests.conftest import REPO, require
+from tests.encoder_files import timm_weights
 
 # Each test sets up its own users (make test-as-user leaves them out).
 pytestmark = pytest.mark.own_auth
@@ -614,6 +617,10 @@ def test_every_timestamp_the_api_returns_carries_its_zone(api: TestClient,
     upload = call("POST", "/datasets", files={"file": ("t.npz", npz_bytes(x=np.eye(6, 3), y=np.arange(6) % 2))})
     ids_["dataset_id"] = upload["id"]
     ids_["sweep_id"] = call("POST", "/sweeps", json={"base": RUN, "grid": {"seed": [0]}})["id"]
+    with tempfile.TemporaryDirectory() as tmp:  # an encoder of the user's own (POST /encoders)
+        weights = timm_weights(Path(tmp) / "w.safetensors").read_bytes()
+    ids_["encoder_id"] = call("POST", "/encoders", files={"file": ("w.safetensors", weights)},
+                              data={"architecture": "test_efficientnet"})["id"]
     factory = make_sessionmaker(engine := make_engine(own_settings.db_url))
     with factory.begin() as session:  # a job and an index of the run, as a worker leaves them
         now = utcnow()
