@@ -16,12 +16,26 @@ batching, shuffling and checkpoints apply unchanged:
   channels, resizes to the encoder's image size and normalises, as :mod:`corel.pretrained`.
 
 A checkpoint holds the fine-tuned weights (the whole tower). Not stackable.
+
+The frozen lower part's outputs are computed once (:class:`FrozenOutputs`). With
+``trainable_blocks`` below the tower's count, the embeddings (or the stem) and the blocks
+below the trainable ones never change, so while the engine trains and validates
+(:func:`frozen_outputs_kept`) each row's output of that lower part is computed once, for
+that row alone (no padding, no batch around it: the same numbers whatever batch or run the
+row later appears in), and kept in this process; the steps then run only the trainable
+upper part. Every run and sweep member on the same encoder with the same frozen part reuses
+them. The result equals the uncached computation to float rounding (the lower part's
+matrix products over one row instead of a padded batch), and is itself deterministic: a run
+resumed from its checkpoint ends bit for bit as the whole run in float64.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -30,8 +44,8 @@ from torch import nn
 from corel.encoder_catalog import pretrained
 from corel.models import FFNN
 
-__all__ = ["FineTuned", "ImageTower", "TextTower", "build", "encoder_lr", "text_preprocessing",
-           "tokens"]
+__all__ = ["FROZEN_OUTPUTS", "FineTuned", "FrozenOutputs", "ImageTower", "TextTower", "build", "encoder_lr",
+           "frozen_outputs_kept", "text_preprocessing", "tokens"]
 
 
 def encoder_lr(spec: Any) -> float:
@@ -39,17 +53,73 @@ def encoder_lr(spec: Any) -> float:
     return float(spec.encoder_lr) if spec.encoder_lr is not None else float(spec.lr) / 10
 
 
+class FrozenOutputs:
+    """Each row's output of a tower's frozen lower part, kept in this process: one table per
+    (encoder, frozen part, dtype, device), a row's entry keyed by its input's bytes. At most
+    ``limit`` bytes in all: past it, the tables used longest ago go (their rows are computed
+    again when next needed)."""
+
+    def __init__(self, limit: int = 4 << 30) -> None:
+        self.limit = limit
+        self.tables: OrderedDict[tuple[Any, ...], dict[bytes, torch.Tensor]] = OrderedDict()
+        self.sizes: dict[tuple[Any, ...], int] = {}
+        self.computed = 0  # rows computed (not found): what the tests count
+        self.lock = threading.Lock()
+
+    def rows(self, key: tuple[Any, ...], inputs: Sequence[bytes],
+             compute: Any) -> list[torch.Tensor]:
+        """The outputs of the rows ``inputs`` (their bytes) under ``key``; ``compute(i)``
+        gives the output of the i-th row where none is kept."""
+        with self.lock:
+            table = self.tables.setdefault(key, {})
+            self.tables.move_to_end(key)
+        out = []
+        for i, raw in enumerate(inputs):
+            row = table.get(raw)
+            if row is None:
+                row = compute(i)
+                with self.lock:
+                    if key in self.tables:
+                        table[raw] = row
+                        self.sizes[key] = self.sizes.get(key, 0) + row.numel() * row.element_size()
+                    self.computed += 1
+                    self._trim()
+            out.append(row)
+        return out
+
+    def _trim(self) -> None:
+        while len(self.tables) > 1 and sum(self.sizes.values()) > self.limit:
+            old, _ = self.tables.popitem(last=False)
+            self.sizes.pop(old, None)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.tables.clear()
+            self.sizes.clear()
+
+
+FROZEN_OUTPUTS = FrozenOutputs()
+"""This process's frozen lower parts' outputs (every run and sweep member shares them)."""
+
+
 class _KeepFrozenInEval(nn.Module):
     """A tower whose frozen modules stay in eval mode while it trains (a frozen BatchNorm's
-    statistics, a frozen dropout's identity)."""
+    statistics, a frozen dropout's identity); with a frozen lower part (``lower`` > 0
+    blocks), its outputs come from ``kept`` while the engine sets it."""
 
     frozen: list[nn.Module]
+    lower = 0
+    identity = ""
+    kept: FrozenOutputs | None = None
 
     def train(self, mode: bool = True) -> _KeepFrozenInEval:
         super().train(mode)
         for module in getattr(self, "frozen", []):
             module.eval()
         return self
+
+    def _key(self, x: torch.Tensor) -> tuple[Any, ...]:
+        return (type(self).__name__, self.identity, self.lower, x.dtype, str(x.device))
 
 
 def _freeze(modules: Sequence[nn.Module]) -> list[nn.Module]:
@@ -59,11 +129,39 @@ def _freeze(modules: Sequence[nn.Module]) -> list[nn.Module]:
     return list(modules)
 
 
+class _Given(nn.Module):
+    """In place of a transformer's embeddings: the hidden states given (a frozen lower
+    part's kept outputs)."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.hidden
+
+
+@contextmanager
+def _only_layers(transformer: Any, layers: slice, given: torch.Tensor | None = None) -> Iterator[None]:
+    """The transformer with only its layers ``layers`` (and the hidden states ``given`` in
+    place of its embeddings' output) for the block."""
+    embeddings, stack = transformer.embeddings, transformer.encoder.layer
+    try:
+        if given is not None:
+            transformer.embeddings = _Given(given)
+        transformer.encoder.layer = nn.ModuleList(list(stack)[layers])
+        yield
+    finally:
+        transformer.embeddings = embeddings
+        transformer.encoder.layer = stack
+
+
 class TextTower(_KeepFrozenInEval):
     """A sentence-transformers model's modules, from (ids, mask) rows."""
 
-    def __init__(self, st_model: Any, trainable_blocks: int | None) -> None:
+    def __init__(self, st_model: Any, trainable_blocks: int | None, identity: str = "") -> None:
         super().__init__()
+        self.identity = identity
         self.steps = nn.ModuleList(copy.deepcopy(list(st_model)))
         transformer: Any = self.steps[0].auto_model
         self.token_type_ids = "token_type_ids" in getattr(self.steps[0].tokenizer, "model_input_names", ())
@@ -74,6 +172,7 @@ class TextTower(_KeepFrozenInEval):
             if trainable_blocks > len(layers):
                 raise ValueError(f"trainable_blocks is {trainable_blocks}; this encoder has {len(layers)} blocks")
             frozen = [transformer.embeddings, *layers[: len(layers) - trainable_blocks]]
+            self.lower = len(layers) - trainable_blocks
         for p in self.parameters():
             p.requires_grad_(True)
         self.frozen = _freeze(frozen)
@@ -84,10 +183,35 @@ class TextTower(_KeepFrozenInEval):
         features: dict[str, Any] = {"input_ids": ids[:, :keep], "attention_mask": mask[:, :keep]}
         if self.token_type_ids:
             features["token_type_ids"] = torch.zeros_like(features["input_ids"])
+        if self.kept is not None and self.lower:
+            with _only_layers(self.steps[0].auto_model, slice(self.lower, None), self._lower_part(features, x)):
+                return self._steps(features, x)
+        return self._steps(features, x)
+
+    def _steps(self, features: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
         for step in self.steps:
             features = step(features)
         out: torch.Tensor = features["sentence_embedding"]
         return out.to(x.dtype)
+
+    def _lower_part(self, features: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
+        """The frozen lower part's output of the batch, (B, longest, width): each row's
+        kept output (computed alone where none is kept), zeros past its length (the
+        attention mask hides them)."""
+        assert self.kept is not None
+        transformer: Any = self.steps[0].auto_model
+        lengths = [int(n) for n in features["attention_mask"].sum(1).tolist()]
+        ids = features["input_ids"]
+
+        def alone(i: int) -> torch.Tensor:
+            one = {k: v[i : i + 1, : lengths[i]] for k, v in features.items()}
+            with torch.no_grad(), _only_layers(transformer, slice(0, self.lower)):
+                hidden: torch.Tensor = transformer(**one).last_hidden_state[0]
+            return hidden
+
+        rows = self.kept.rows(self._key(x), [ids[i, : lengths[i]].cpu().numpy().tobytes()
+                                             for i in range(len(ids))], alone)
+        return nn.utils.rnn.pad_sequence(rows, batch_first=True)
 
 
 class ImageTower(_KeepFrozenInEval):
@@ -96,8 +220,10 @@ class ImageTower(_KeepFrozenInEval):
     mean: torch.Tensor
     std: torch.Tensor
 
-    def __init__(self, model: nn.Module, meta: dict[str, Any], trainable_blocks: int | None) -> None:
+    def __init__(self, model: nn.Module, meta: dict[str, Any], trainable_blocks: int | None,
+                 identity: str = "") -> None:
         super().__init__()
+        self.identity = identity
         self.model = copy.deepcopy(model)
         self.size = int(meta["image_size"])
         self.register_buffer("mean", torch.tensor(meta["mean"]).view(1, 3, 1, 1), persistent=False)
@@ -114,16 +240,52 @@ class ImageTower(_KeepFrozenInEval):
                 raise ValueError(f"trainable_blocks is {trainable_blocks}; this encoder has {len(stages)} blocks")
             first = next(i for i, (name, _) in enumerate(self.model.named_children())
                          if name in ("blocks", "stages"))
-            frozen = [m for _, m in list(self.model.named_children())[:first]]
+            children = list(self.model.named_children())
+            frozen = [m for _, m in children[:first]]
             frozen += stages[: len(stages) - trainable_blocks]
+            self.lower = len(stages) - trainable_blocks if self._in_order(children, first) else 0
+            self.parts = (nn.Sequential(*[m for _, m in children[:first]], *stages[: self.lower]),
+                          nn.Sequential(*stages[self.lower:], *[m for _, m in children[first + 1:]]))
         self.frozen = _freeze(frozen)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _in_order(self, children: list[tuple[str, nn.Module]], first: int) -> bool:
+        """Whether the network is its children applied in order (EfficientNet's is; then its
+        frozen lower part's outputs can be kept), checked on a small input."""
+        probe = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        mode = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                walked = probe
+                for _, child in children:
+                    walked = child(walked)
+                return bool(walked.shape == self.model(probe).shape
+                            and torch.allclose(walked, self.model(probe), atol=1e-5))
+        except Exception:  # any architecture that cannot be walked so
+            return False
+        finally:
+            self.model.train(mode)
+
+    def _pixels(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] == 1:
             x = x.expand(-1, 3, -1, -1)
         x = nn.functional.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False,
                                       antialias=x.shape[-1] > self.size)
-        out: torch.Tensor = self.model((x - self.mean.to(x.dtype)) / self.std.to(x.dtype))
+        return (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kept is not None and self.lower:
+            lower, upper = self.parts
+
+            def alone(i: int) -> torch.Tensor:
+                with torch.no_grad():
+                    out: torch.Tensor = lower(self._pixels(x[i : i + 1]))[0]
+                return out
+
+            rows = self.kept.rows(self._key(x), [x[i].cpu().numpy().tobytes() for i in range(len(x))], alone)
+            kept: torch.Tensor = upper(torch.stack(rows))
+            return kept
+        out: torch.Tensor = self.model(self._pixels(x))
         return out
 
 
@@ -140,6 +302,21 @@ class FineTuned(nn.Module):
         return out
 
 
+@contextmanager
+def frozen_outputs_kept(model: nn.Module, kept: FrozenOutputs | None = FROZEN_OUTPUTS) -> Iterator[None]:
+    """For the block, a fine-tuned model's frozen lower part (if it has one) takes its
+    outputs from ``kept`` (see the module); any other model is left as it is."""
+    tower = getattr(getattr(model, "encoder", model), "tower", None)
+    if not isinstance(tower, _KeepFrozenInEval) or not tower.lower or kept is None:
+        yield
+        return
+    tower.kept = kept
+    try:
+        yield
+    finally:
+        tower.kept = None
+
+
 def build(spec: Any, input_shape: tuple[int, ...]) -> FineTuned:
     """The fine-tuned encoder of ``spec`` (loaded from its pretrained weights; a checkpoint's
     state then replaces them) over inputs of ``input_shape``."""
@@ -148,12 +325,14 @@ def build(spec: Any, input_shape: tuple[int, ...]) -> FineTuned:
     decl = pretrained(spec.encoder, spec.modality)
     if spec.modality == "text":
         folder = pre._custom_folder(spec.encoder_path) if decl.custom else pre.encoder_path(spec.encoder)
-        tower: nn.Module = TextTower(pre.load_text_encoder(folder), spec.trainable_blocks)
+        tower: nn.Module = TextTower(pre.load_text_encoder(folder), spec.trainable_blocks,
+                                     pre.encoder_digest(folder))
         width = int(pre.load_text_encoder(folder).get_embedding_dimension())
     else:
         path = spec.encoder_path if decl.custom else None
         meta = pre.image_preprocessing(spec.encoder, {}, path)["encoder"]
-        tower = ImageTower(pre.load_image_encoder(spec.encoder, path=path), meta, spec.trainable_blocks)
+        tower = ImageTower(pre.load_image_encoder(spec.encoder, path=path), meta, spec.trainable_blocks,
+                           f"{spec.encoder}:{meta.get('digest', '')}")
         width = int(meta["features"])
     return FineTuned(tower, FFNN((width,), spec.hidden))
 

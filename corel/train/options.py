@@ -11,6 +11,8 @@ the environment itself.
 * ``native_dir``: where the builds live (default ``<sys.prefix>/corel-native``).
 * ``features_dir``: where frozen pretrained encoders' features are kept between processes
   (default: none; each process computes them once, :mod:`corel.pretrained`).
+* ``keep_frozen_outputs``: a fine-tuned encoder's frozen lower part computes each row's
+  output once and keeps it (:mod:`corel.finetune`; default on); off, every step runs it.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class EngineOptions:
     native: bool = True
     native_dir: str | os.PathLike[str] | None = None
     features_dir: str | os.PathLike[str] | None = None
+    keep_frozen_outputs: bool = True
 
     def __post_init__(self) -> None:
         if self.cuda_graphs not in GRAPH_MODES:

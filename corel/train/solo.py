@@ -38,6 +38,7 @@ from corel.device import (
     pick_device,
     to_device,
 )
+from corel.finetune import FROZEN_OUTPUTS, frozen_outputs_kept
 from corel.losses import check_labels
 from corel.models import Classifier, build_classifier
 from corel.spec import ExperimentSpec
@@ -286,17 +287,18 @@ def pass_totals(
 def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | None:
     """Train one epoch, then validate (and test, when validation improves)."""
     started = time.perf_counter()
-    passed = train_pass(run, callbacks)
-    if passed is None:
-        return None
-    total_loss, correct = passed
-    model, data = run.model, run.data
-    n = len(data.y_train)
-    run.epoch += 1
-    if model.head.uses_class_means:  # a pair-based loss predicts with the class means
-        model.head.set_class_means(represent(model, data.x_train), data.y_train)
-    val_acc = accuracy(model, data.x_val, data.y_val)
-    test_acc = accuracy(model, data.x_test, data.y_test) if run.record.improves(val_acc) else None
+    with frozen_outputs_kept(run.model, FROZEN_OUTPUTS if run.options.keep_frozen_outputs else None):
+        passed = train_pass(run, callbacks)
+        if passed is None:
+            return None
+        total_loss, correct = passed
+        model, data = run.model, run.data
+        n = len(data.y_train)
+        run.epoch += 1
+        if model.head.uses_class_means:  # a pair-based loss predicts with the class means
+            model.head.set_class_means(represent(model, data.x_train), data.y_train)
+        val_acc = accuracy(model, data.x_val, data.y_val)
+        test_acc = accuracy(model, data.x_test, data.y_test) if run.record.improves(val_acc) else None
     return run.record.observe(
         run.epoch, train_loss=total_loss / n, train_accuracy=correct / n, val_accuracy=val_acc,
         seconds=time.perf_counter() - started, test_accuracy=test_acc,

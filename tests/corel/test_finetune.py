@@ -126,3 +126,68 @@ def test_an_image_encoder_fine_tunes_from_pixels_and_serves_raw_images(tmp_path)
         result.model.eval()
         torch.testing.assert_close(served.embed(served.prepare(raw)), result.model.encoder(data.x_test[:3]),
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_a_frozen_lower_part_is_computed_once_per_row_and_shared_by_later_runs(files):
+    from corel.finetune import FROZEN_OUTPUTS
+    from corel.train import EngineOptions
+
+    FROZEN_OUTPUTS.clear()
+    data = load_dataset(spec(files, trainable_blocks=1)).astype(torch.float64)
+    before = FROZEN_OUTPUTS.computed
+    kept = fit(spec(files, trainable_blocks=1, epochs=3), data=data, chance_epochs=0)
+    rows = len({bytes(r) for r in torch.cat([data.x_train, data.x_val, data.x_test])[:, 0].numpy()})
+    assert FROZEN_OUTPUTS.computed - before == rows  # each distinct row once, over three epochs
+    again = fit(spec(files, trainable_blocks=1, epochs=3, seed=1), data=data, chance_epochs=0)
+    assert FROZEN_OUTPUTS.computed - before == rows  # a second run (a sweep's member) computes none
+    assert again.history[-1].train_loss != kept.history[-1].train_loss
+    every_step = fit(spec(files, trainable_blocks=1, epochs=3), data=data, chance_epochs=0,
+                     options=EngineOptions(keep_frozen_outputs=False))
+    for key, value in kept.run.model.state_dict().items():  # equal to rounding, not bit for bit
+        torch.testing.assert_close(value, every_step.run.model.state_dict()[key], rtol=1e-9, atol=1e-11)
+
+
+def test_a_run_keeping_its_frozen_outputs_resumes_bit_for_bit_in_float64(files):
+    from corel.finetune import FROZEN_OUTPUTS
+
+    data = load_dataset(spec(files)).astype(torch.float64)
+    whole = fit(spec(files, trainable_blocks=1, epochs=3), data=data, chance_epochs=0)
+    saved: list[bytes] = []
+
+    class StopAfterOne(Callback):
+        def on_epoch_end(self, metrics, run):
+            saved.append(checkpoint_to_bytes(run.checkpoint()))
+            return metrics.epoch == 1
+
+    fit(spec(files, trainable_blocks=1, epochs=3), [StopAfterOne()], data=data, chance_epochs=0)
+    FROZEN_OUTPUTS.clear()  # a new worker: nothing kept
+    resumed = fit(spec(files, trainable_blocks=1, epochs=3), checkpoint=checkpoint_from_bytes(saved[-1]),
+                  data=data, chance_epochs=0)
+    for key, value in whole.run.model.state_dict().items():
+        assert torch.equal(value, resumed.run.model.state_dict()[key]), key
+
+
+@pytest.mark.parametrize("arch", ["test_efficientnet", "test_convnext"])
+def test_an_image_encoder_s_frozen_stages_are_kept_and_give_what_the_whole_network_gives(tmp_path, arch):
+    from corel.finetune import FrozenOutputs, frozen_outputs_kept
+    from tests.encoder_files import timm_weights
+
+    file = timm_weights(tmp_path / "w.safetensors", arch=f"{arch}")
+    image = ExperimentSpec(dataset="digits", encoder=f"timm:{arch}", encoder_path=str(file),
+                           encoder_mode="finetune", trainable_blocks=1, loss="cosine", lam=0.8, epochs=1,
+                           lr=0.01, train_subset=16, batch_size=8, hidden=16)
+    from corel.finetune import build
+
+    model = build(image, (1, 8, 8)).double()
+    tower = model.tower
+    assert tower.lower == tower.blocks - 1  # the network walks as its children, in order
+    x = load_dataset(image).x_train[:8].double()
+    model.eval()
+    kept = FrozenOutputs()
+    with torch.no_grad():
+        whole = model(x)
+        with frozen_outputs_kept(model, kept):
+            first, second = model(x), model(x[:4])
+    assert kept.computed == 8
+    torch.testing.assert_close(first, whole, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(second, first[:4], rtol=0, atol=0)
