@@ -33,7 +33,7 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -182,9 +182,11 @@ def export_file(checkpoint: dict[str, Any], fmt: str,
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
     served = ServedModel.from_checkpoint(checkpoint, "cpu")  # the API's own pipeline
-    if served.preprocessing.get("encoder", {}).get("mode") == "finetune":
-        raise ValueError("a run that fine-tuned its encoder does not export yet (its checkpoint holds "
-                         "the fine-tuned weights: GET /experiments/{id}/checkpoint); frozen runs do")
+    # A fine-tuned run's model holds its encoder (corel.finetune): the tower with the trained
+    # weights, then the trained layers; a frozen run's, the layers over the encoder's features.
+    tuned = served.preprocessing.get("encoder", {}).get("mode") == "finetune"
+    whole: Any = served.model.encoder
+    layers: nn.Module = whole.layers if tuned else whole
     meta = export_metadata(served, trained_on)
     tokenizer: dict[str, bytes] | None = None
     module: nn.Module
@@ -195,13 +197,15 @@ def export_file(checkpoint: dict[str, Any], fmt: str,
         outputs = ["embeddings", "similarities"]
     elif served.modality == "text":
         text, example, tokenizer, meta["tokenizer"] = _text_encoder(served.preprocessing)
-        module = _WholeModel(text, served.model.encoder, served.model.head)
+        if tuned:  # the pretrained modules' copy for tracing, with the fine-tuned weights
+            cast(Any, text).steps.load_state_dict(whole.tower.steps.state_dict())
+        module = _WholeModel(text, layers, served.model.head)
         inputs, outputs = ["input_ids", "attention_mask"], ["embeddings", "similarities", "encoder"]
         meta["files"] = {"model": f"model.{SUFFIX[fmt]}", "tokenizer": f"{TOKENIZER_FOLDER}/",
                          "metadata": "corel.json"}
     else:
-        image, example = _image_encoder(served.preprocessing, fmt)
-        module = _WholeModel(image, served.model.encoder, served.model.head)
+        image, example = _image_encoder(served.preprocessing, fmt, whole.tower if tuned else None)
+        module = _WholeModel(image, layers, served.model.head)
         inputs, outputs = ["x"], ["embeddings", "similarities", "encoder"]
     module = module.float().eval()
     model = _save(module, example, inputs, outputs, fmt, meta)
@@ -310,9 +314,11 @@ def _text_encoder(preprocessing: dict[str, Any]) -> tuple[
     return _SentenceEncoder(steps, token_type_ids), example, files, about
 
 
-def _image_encoder(preprocessing: dict[str, Any], fmt: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+def _image_encoder(preprocessing: dict[str, Any], fmt: str, tuned: nn.Module | None = None
+                   ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The run's image steps and encoder as one module from pixels in [0, 1], and an example
-    input (two images of the training images' shape)."""
+    input (two images of the training images' shape); ``tuned``: a fine-tuned run's tower,
+    whose network the module then holds."""
     from corel.pretrained import frozen_image_encoder
 
     meta = preprocessing["encoder"]
@@ -325,6 +331,6 @@ def _image_encoder(preprocessing: dict[str, Any], fmt: str) -> tuple[nn.Module, 
             f"shrinks them with an antialiased bilinear resize, which ONNX (opset {OPSET}) cannot "
             "express, and an export without it would give other numbers; export it as TorchScript "
             "(format torchscript), which holds the same steps")
-    module = _ImageEncoder(frozen_image_encoder(preprocessing), channels, size, antialias,
-                           meta["mean"], meta["std"])
+    network: nn.Module = cast(nn.Module, tuned.model) if tuned is not None else frozen_image_encoder(preprocessing)
+    module = _ImageEncoder(network, channels, size, antialias, meta["mean"], meta["std"])
     return module, (torch.zeros(2, channels, height, width),)

@@ -2,7 +2,8 @@
 
 The model is the pretrained encoder (its "tower"), then the paper's two hidden layers, then
 the loss's head, trained together: the tower's trainable parameters at the spec's
-``encoder_lr`` (default: a tenth of ``lr``), the rest at ``lr``. ``trainable_blocks``: only
+``encoder_lr`` (default: a tenth of ``lr``), reached by a linear warm-up over the spec's
+``warmup`` share of the steps (default a tenth), the rest at ``lr`` from the first step. ``trainable_blocks``: only
 the tower's last N blocks (a text transformer's layers, an image network's stages) train,
 with what follows them; the rest stays as pretrained (its BatchNorm statistics too).
 
@@ -44,13 +45,27 @@ from torch import nn
 from corel.encoder_catalog import pretrained
 from corel.models import FFNN
 
-__all__ = ["FROZEN_OUTPUTS", "FineTuned", "FrozenOutputs", "ImageTower", "TextTower", "build", "encoder_lr",
-           "frozen_outputs_kept", "text_preprocessing", "tokens"]
+__all__ = ["FROZEN_OUTPUTS", "WARMUP", "FineTuned", "FrozenOutputs", "ImageTower", "TextTower", "build", "encoder_lr",
+           "frozen_outputs_kept", "image_stages", "text_layers", "text_preprocessing", "tokens",
+           "warmed_up_lr"]
+
+
+WARMUP = 0.1
+"""The default share of a fine-tuned run's steps over which the encoder's rate warms up."""
 
 
 def encoder_lr(spec: Any) -> float:
     """The tower's learning rate: the spec's ``encoder_lr``, else a tenth of its ``lr``."""
     return float(spec.encoder_lr) if spec.encoder_lr is not None else float(spec.lr) / 10
+
+
+def warmed_up_lr(spec: Any, step: int, steps_per_epoch: int) -> float:
+    """The tower's learning rate at the run's ``step`` (counted from 0 over all epochs): it
+    rises linearly to :func:`encoder_lr` over the spec's ``warmup`` share of the steps."""
+    share = WARMUP if spec.warmup is None else float(spec.warmup)
+    ramp = share * spec.epochs * steps_per_epoch
+    full = encoder_lr(spec)
+    return full if step + 1 >= ramp else full * (step + 1) / ramp
 
 
 class FrozenOutputs:
@@ -122,6 +137,19 @@ class _KeepFrozenInEval(nn.Module):
         return (type(self).__name__, self.identity, self.lower, x.dtype, str(x.device))
 
 
+def text_layers(st_model: Any) -> list[nn.Module]:
+    """A sentence-transformers model's transformer layers, what ``trainable_blocks`` counts
+    (a BERT-like ``encoder.layer``); empty where it has none such."""
+    transformer = getattr(st_model[0], "auto_model", None)
+    return list(getattr(getattr(transformer, "encoder", None), "layer", None) or [])
+
+
+def image_stages(model: nn.Module) -> list[nn.Module]:
+    """A timm network's blocks or stages, what ``trainable_blocks`` counts; empty where it has
+    none such."""
+    return list(getattr(model, "blocks", None) or getattr(model, "stages", None) or [])
+
+
 def _freeze(modules: Sequence[nn.Module]) -> list[nn.Module]:
     for m in modules:
         for p in m.parameters():
@@ -165,10 +193,13 @@ class TextTower(_KeepFrozenInEval):
         self.steps = nn.ModuleList(copy.deepcopy(list(st_model)))
         transformer: Any = self.steps[0].auto_model
         self.token_type_ids = "token_type_ids" in getattr(self.steps[0].tokenizer, "model_input_names", ())
-        layers = list(transformer.encoder.layer)
+        layers = text_layers(self.steps)
         self.blocks = len(layers)
         frozen: list[nn.Module] = []
         if trainable_blocks is not None:
+            if not layers:
+                raise ValueError("trainable_blocks: this encoder has no transformer layers to count "
+                                 "(encoder.layer); leave it out to fine-tune all of it")
             if trainable_blocks > len(layers):
                 raise ValueError(f"trainable_blocks is {trainable_blocks}; this encoder has {len(layers)} blocks")
             frozen = [transformer.embeddings, *layers[: len(layers) - trainable_blocks]]
@@ -228,7 +259,7 @@ class ImageTower(_KeepFrozenInEval):
         self.size = int(meta["image_size"])
         self.register_buffer("mean", torch.tensor(meta["mean"]).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(meta["std"]).view(1, 3, 1, 1), persistent=False)
-        stages = list(getattr(self.model, "blocks", None) or getattr(self.model, "stages", None) or [])
+        stages = image_stages(self.model)
         self.blocks = len(stages)
         for p in self.model.parameters():
             p.requires_grad_(True)

@@ -126,7 +126,13 @@ class ExperimentSpec(BaseModel):
     trainable_blocks: int | None = Field(
         default=None, ge=0,
         description="encoder_mode finetune: only the encoder's last N blocks (a transformer's "
-        "layers, an image network's stages) train, the rest stays as pretrained; null: all of it.")
+        "layers, an image network's stages) train, the rest stays as pretrained (each row's "
+        "output of it computed once and kept); null: all of it.")
+    warmup: float | None = Field(
+        default=None, ge=0.0, lt=1.0,
+        description="encoder_mode finetune: the share of the run's steps over which the "
+        "encoder's learning rate rises linearly from zero to encoder_lr (the head trains at lr "
+        "from the first step); default 0.1, 0 for none. Null otherwise.")
     loss: str = Field(default="gaussian", description="The loss: " + ", ".join(LOSS_NAMES)
                       + " (and any registered since; GET /losses lists them).",
                       json_schema_extra=_loss_enum)
@@ -235,7 +241,7 @@ class ExperimentSpec(BaseModel):
 
     def _check_encoder(self) -> None:
         if self.encoder is None:
-            for field in ("encoder_lr", "trainable_blocks"):
+            for field in ("encoder_lr", "trainable_blocks", "warmup"):
                 if getattr(self, field) is not None:
                     raise ValueError(f"{field} applies to a pretrained encoder fine-tuned (encoder_mode "
                                      "finetune); the paper's models train from scratch at lr")
@@ -255,9 +261,13 @@ class ExperimentSpec(BaseModel):
                              "to your own (sentence-transformers, timm:<architecture>)")
         mode = self.encoder_mode or "frozen"
         if mode != "finetune":
-            for field in ("encoder_lr", "trainable_blocks"):
+            for field in ("encoder_lr", "trainable_blocks", "warmup"):
                 if getattr(self, field) is not None:
                     raise ValueError(f"{field} applies to encoder_mode finetune; this encoder is {mode}")
+        elif self.train_subset is not None and self.train_subset < self.batch_size:
+            raise ValueError(f"fine-tuning needs at least one full batch of training rows: train_subset "
+                             f"is {self.train_subset}, batch_size {self.batch_size}; lower batch_size to at "
+                             f"most {self.train_subset} or train on more rows")
         elif self.trainable_blocks is not None and decl.blocks is not None \
                 and self.trainable_blocks > decl.blocks:
             raise ValueError(f"trainable_blocks is {self.trainable_blocks}; encoder {self.encoder!r} has "

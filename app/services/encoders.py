@@ -107,9 +107,12 @@ def _check_sentence_transformer(folder: Path) -> dict[str, Any]:
                          f"({type(exc).__name__}: {str(exc)[:300]})") from exc
     if out.ndim != 2 or out.shape[0] != 1 or not (abs(out) < float("inf")).all():
         raise ValueError(f"embedding a sentence gave {tuple(out.shape)}, not one finite vector")
+    from corel.finetune import text_layers
+
     modules = [type(m).__name__ for m in model]
     return {"features": int(out.shape[1]), "modules": modules,
-            "max_seq_length": int(getattr(model, "max_seq_length", 0) or 0)}
+            "max_seq_length": int(getattr(model, "max_seq_length", 0) or 0),
+            "blocks": len(text_layers(model)) or None}
 
 
 def _check_timm(path: Path, architecture: str) -> dict[str, Any]:
@@ -129,8 +132,11 @@ def _check_timm(path: Path, architecture: str) -> dict[str, Any]:
         out = model(torch.zeros(1, 3, size, size))
     if out.ndim != 2 or not torch.isfinite(out).all():
         raise ValueError(f"a forward pass gave {tuple(out.shape)}, not one finite feature vector")
+    from corel.finetune import image_stages
+
     return {"features": int(out.shape[1]), "image_size": size,
-            "parameters": int(sum(p.numel() for p in model.parameters()))}
+            "parameters": int(sum(p.numel() for p in model.parameters())),
+            "blocks": len(image_stages(model)) or None}
 
 
 def create_encoder(session: Session, settings: Settings, filename: str, kind: str, path: Path,
@@ -189,9 +195,20 @@ def referenced_encoder(session: Session, encoder_id: int) -> EncoderUpload:
     return row
 
 
-def check_spec_encoder(row: EncoderUpload, modality: str, dataset: str, named: str | None) -> str:
+def check_spec_encoder(row: EncoderUpload, modality: str, dataset: str, named: str | None,
+                       trainable_blocks: int | None = None) -> str:
     """How the spec names ``row`` (``sentence-transformers`` or ``timm:<architecture>``); a
-    422 when it does not fit the dataset's modality or the spec names another encoder."""
+    422 when it does not fit the dataset's modality, the spec names another encoder, or it
+    asks to train more blocks than the encoder has (counted when it was uploaded)."""
+    if trainable_blocks is not None and "blocks" in row.summary:
+        blocks = row.summary["blocks"]
+        if not blocks:
+            raise InvalidInput(f"trainable_blocks: encoder_id {row.id} ({row.spec_name}) has no blocks "
+                               "corel can count (a transformer's encoder.layer, a network's blocks or "
+                               "stages); leave trainable_blocks out to fine-tune all of it")
+        if trainable_blocks > blocks:
+            raise InvalidInput(f"trainable_blocks is {trainable_blocks}; encoder_id {row.id} "
+                               f"({row.spec_name}) has {blocks} blocks")
     if row.modality != modality:
         raise InvalidInput(f"encoder_id {row.id} is an {row.modality} encoder ({row.spec_name}), and "
                            f"dataset {dataset!r} holds {modality} inputs")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
@@ -13,6 +15,7 @@ from app.services import access
 from app.services.datasets import referenced_upload
 from app.services.encoders import check_spec_encoder, referenced_encoder
 from app.services.lookup import get_or_404
+from corel.spec import ExperimentSpec
 
 
 def get_experiment(session: Session, experiment_id: int) -> Experiment:
@@ -33,10 +36,12 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
                 f"{upload.summary['split_column']!r}); leave val_fraction and test_fraction unset"
             )
     spec = body.to_spec()
+    if body.dataset_id is not None and spec.encoder_mode == "finetune":
+        _check_one_batch(upload.summary, spec)
     stored = spec.model_dump(mode="json", exclude={"dataset_path", "word_vectors", "encoder_path"})
     if body.encoder_id is not None:
         row = referenced_encoder(session, body.encoder_id)
-        name = check_spec_encoder(row, spec.modality, spec.dataset, body.encoder)
+        name = check_spec_encoder(row, spec.modality, spec.dataset, body.encoder, spec.trainable_blocks)
         spec = spec.model_copy(update={"encoder": name})
         stored = {**stored, "encoder": name, "encoder_id": body.encoder_id}
     now = utcnow()
@@ -59,6 +64,24 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
     session.add(exp)
     session.flush()
     return exp
+
+
+def _check_one_batch(summary: dict[str, Any], spec: ExperimentSpec) -> None:
+    """A 422 when a fine-tuned run on an upload would have fewer training rows than one batch."""
+    from corel.data.splits import training_rows
+
+    if summary.get("split_counts"):
+        rows = int(summary["split_counts"].get("train", 0))
+        rows = rows if spec.train_subset is None else min(rows, spec.train_subset)
+    elif "n" in summary and "num_classes" in summary:
+        rows = training_rows(int(summary["n"]), int(summary["num_classes"]), spec.val_fraction,
+                             spec.test_fraction, spec.train_subset)
+    else:
+        return
+    if rows < spec.batch_size:
+        raise InvalidInput(f"fine-tuning needs at least one full batch of training rows: this dataset "
+                           f"gives {rows} training rows, batch_size is {spec.batch_size}; lower batch_size "
+                           f"to at most {rows}")
 
 
 def list_experiments(

@@ -74,6 +74,16 @@ def _split_three(y: np.ndarray, rng: np.random.Generator, val_fraction: float | 
     return rest[train_pos], rest[val_pos], test
 
 
+def training_rows(n: int, num_classes: int, val_fraction: float | None = None,
+                  test_fraction: float | None = None, train_subset: int | None = None) -> int:
+    """How many training rows an uploaded dataset of ``n`` rows and ``num_classes`` classes
+    gives a run (the split of :func:`_split_three`, then ``train_subset``): what a check at
+    submission compares a batch size with."""
+    k = num_classes
+    rows = n - max(k, round((test_fraction or TEST_FRACTION) * n)) - max(k, round((val_fraction or VAL_FRACTION) * n))
+    return max(rows, 0) if train_subset is None else min(max(rows, 0), train_subset)
+
+
 def _subset(train_idx: np.ndarray, n: int | None) -> np.ndarray:
     return train_idx if n is None else train_idx[:n]
 

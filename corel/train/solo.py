@@ -38,7 +38,7 @@ from corel.device import (
     pick_device,
     to_device,
 )
-from corel.finetune import FROZEN_OUTPUTS, frozen_outputs_kept
+from corel.finetune import FROZEN_OUTPUTS, frozen_outputs_kept, warmed_up_lr
 from corel.losses import check_labels
 from corel.models import Classifier, build_classifier
 from corel.spec import ExperimentSpec
@@ -235,8 +235,12 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
     batches = Batches(data.x_train, data.y_train, run.device, batch, torch.randperm(n, generator=run.shuffle))
     losses: list[torch.Tensor] = []
     predicted = torch.empty(n, dtype=torch.int64, device=run.device)
-    graphed = graphed_steps(pass_mode(run.options, run.device, data.x_train), run.graphed,
-                            partial(_indexed_step, run))
+    per_epoch = -(-n // batch)
+    first_step = run.epoch * per_epoch
+    tower_group = run.optimizer.param_groups[0] if getattr(model.encoder, "tower", None) is not None else None
+    # A fine-tuned encoder's steps read their batch's lengths and kept rows on the host: no graph.
+    mode = "off" if tower_group is not None else pass_mode(run.options, run.device, data.x_train)
+    graphed = graphed_steps(mode, run.graphed, partial(_indexed_step, run))
     if graphed is not None:
         run.graphed = graphed
 
@@ -248,6 +252,8 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
                 yield start, loss.clone(), sim
         else:
             for start, xb, yb in batches:
+                if tower_group is not None:  # a fine-tuned encoder's warm-up (corel.finetune)
+                    tower_group["lr"] = warmed_up_lr(run.spec, first_step + start // batch, per_epoch)
                 yield start, *solo_step(model, run.optimizer, xb, yb, check=False,
                                         precision=run.precision)
 
@@ -324,6 +330,10 @@ def start_run(
     options = options or EngineOptions()
     if data is None:
         data = load_dataset(spec, data_dir, features_dir=options.features_dir)
+    if spec.encoder_mode == "finetune" and len(data.y_train) < spec.batch_size:
+        raise ValueError(f"fine-tuning needs at least one full batch of training rows: this dataset gives "
+                         f"{len(data.y_train)}, batch_size is {spec.batch_size}; lower batch_size to at most "
+                         f"{len(data.y_train)}")
     data = to_device(data, dev)
     torch.manual_seed(spec.seed)
     model = build_model(spec, data, dev)

@@ -101,8 +101,9 @@ def test_a_zipped_sentence_transformer_is_stored_once_trained_on_and_served(clie
     both = [client.post("/embed", json={"experiment_id": tuned["id"], "texts": sentences, "layer": layer})
             for layer in ("head", "encoder")]
     assert [np.array(b.json()["embeddings"]).shape for b in both] == [(2, 16), (2, 32)], both[0].text
-    refused = client.get(f"/experiments/{tuned['id']}/export", params={"format": "onnx"})
-    assert refused.status_code == 422 and "does not export yet" in refused.text, refused.text
+    tuned_export = client.get(f"/experiments/{tuned['id']}/export", params={"format": "onnx"})
+    assert tuned_export.status_code == 200, tuned_export.text
+    zipfile.ZipFile(io.BytesIO(tuned_export.content)).extractall(tmp_path / "tuned")
     # The export holds the uploaded encoder too: a zip with its tokenizer, run under onnxruntime.
     import onnxruntime as ort
     from transformers import AutoTokenizer
@@ -116,6 +117,12 @@ def test_a_zipped_sentence_transformer_is_stored_once_trained_on_and_served(clie
     names = {i.name for i in session.get_inputs()}
     out = session.run(["embeddings"], {k: v.astype(np.int64) for k, v in batch.items() if k in names})[0]
     np.testing.assert_allclose(out, np.array(got.json()["embeddings"]), atol=2e-5, rtol=1e-4)
+    # The fine-tuned run's export holds its trained encoder: it gives what /embed gives for it.
+    session = ort.InferenceSession(str(tmp_path / "tuned" / "model.onnx"))
+    out, encoder = session.run(["embeddings", "encoder"], {k: v.astype(np.int64) for k, v in batch.items()
+                                                            if k in names})
+    np.testing.assert_allclose(out, np.array(both[0].json()["embeddings"]), atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(encoder, np.array(both[1].json()["embeddings"]), atol=2e-5, rtol=1e-4)
 
 
 def test_timm_weights_are_checked_against_their_architecture_and_a_run_trains_on_them(
@@ -238,3 +245,22 @@ def test_the_encoder_files_are_written_once_per_machine(client, settings, weight
             assert [p.name for p in Path(path.parent).iterdir()] == [path.name]  # no temporaries left
     finally:
         engine.dispose()
+
+
+def test_a_fine_tuned_run_that_cannot_train_is_refused_at_submission_and_nothing_is_stored(client, st_zip):
+    encoder = client.post("/encoders", files={"file": ("my-model.zip", st_zip)}).json()["id"]
+    dataset_id = _text_table(client)  # 120 rows: 84 for training
+    base = {"dataset": "text", "dataset_id": dataset_id, "encoder_id": encoder, "encoder_mode": "finetune",
+            "loss": "cosine", "epochs": 1, "batch_size": 8, "hidden": 16}
+    before = client.get("/experiments", params={"limit": 1}).json()["total"]
+    for fields, words in [
+        ({"trainable_blocks": 3}, f"trainable_blocks is 3; encoder_id {encoder} (sentence-transformers) has 2 blocks"),
+        ({"batch_size": 85}, "this dataset gives 84 training rows, batch_size is 85; lower batch_size to at most 84"),
+        ({"train_subset": 6}, "train_subset is 6, batch_size 8"),
+        ({"encoder_mode": "frozen", "warmup": 0.2}, "warmup applies to encoder_mode finetune; this encoder is frozen"),
+    ]:
+        r = client.post("/experiments", json={**base, **fields})
+        assert r.status_code == 422 and words in r.text, (fields, r.text)
+    assert client.get("/experiments", params={"limit": 1}).json()["total"] == before
+    fits = client.post("/experiments", json={**base, "batch_size": 84, "epochs": 1})
+    assert fits.status_code == 202, fits.text

@@ -93,6 +93,8 @@ def test_fine_tuned_runs_are_not_stacked(files):
 @pytest.mark.parametrize(("fields", "words"), [
     ({"dataset": "ag-news", "encoder": "minilm", "encoder_lr": 1e-5}, "encoder_lr applies to encoder_mode finetune"),
     ({"dataset": "ag-news", "trainable_blocks": 2}, "trainable_blocks applies to a pretrained encoder"),
+    ({"dataset": "ag-news", "encoder": "minilm", "warmup": 0.2}, "warmup applies to encoder_mode finetune"),
+    ({"dataset": "ag-news", "encoder": "minilm", "encoder_mode": "finetune", "warmup": 1.0}, "less than 1"),
     ({"dataset": "ag-news", "encoder": "minilm", "encoder_mode": "finetune", "trainable_blocks": 9},
      "encoder 'minilm' has 6 blocks"),
     ({"dataset": "digits", "encoder": "efficientnet-lite0", "encoder_mode": "finetune", "trainable_blocks": 8},
@@ -191,3 +193,82 @@ def test_an_image_encoder_s_frozen_stages_are_kept_and_give_what_the_whole_netwo
     assert kept.computed == 8
     torch.testing.assert_close(first, whole, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(second, first[:4], rtol=0, atol=0)
+
+
+def test_the_encoder_s_rate_warms_up_over_the_given_share_of_the_steps_and_the_head_s_does_not(files):
+    from corel.train import start_run, train_pass
+
+    run = start_run(spec(files, epochs=2, warmup=0.25, encoder_lr=0.004), data=load_dataset(spec(files)))
+    seen: list[tuple[float, float]] = []
+
+    class Watch(Callback):
+        def on_batch_end(self, step):
+            seen.append((run.optimizer.param_groups[0]["lr"], run.optimizer.param_groups[1]["lr"]))
+            return False
+
+    train_pass(run, [Watch()])
+    run.epoch += 1
+    train_pass(run, [Watch()])
+    steps = len(seen)  # 2 epochs of ceil(rows / 8) steps: the ramp covers a quarter of them
+    ramp = 0.25 * steps
+    assert [round(e, 12) for e, _ in seen] == [round(0.004 * min(1.0, (i + 1) / ramp), 12) for i in range(steps)]
+    assert seen[0][0] < 0.004 and seen[-1][0] == 0.004 and {h for _, h in seen} == {0.01}
+
+
+def test_a_fine_tuned_text_run_exports_with_its_trained_weights_and_gives_what_it_serves(files, tmp_path):
+    import io
+    import zipfile
+
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    from corel.export import export_file
+
+    result = fit(spec(files, trainable_blocks=1), chance_epochs=0)
+    ckpt = result.run.best_checkpoint()
+    exported = export_file(ckpt, "onnx")
+    assert exported.suffix == "zip"
+    zipfile.ZipFile(io.BytesIO(exported.data)).extractall(tmp_path)
+    texts = ["the goalkeeper saved a penalty in the cup final", "bond yields rose again"]
+    served = ServedModel.from_checkpoint(ckpt)
+    x = served.prepare(texts)
+    want, want_encoder = served.embed(x).numpy(), served.embed(x, "encoder").numpy()
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "tokenizer"), local_files_only=True)
+    batch = tokenizer(texts, padding=True, truncation=True, return_tensors="np")
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"))
+    names = {i.name for i in session.get_inputs()}
+    got, encoder = session.run(["embeddings", "encoder"], {k: v.astype(np.int64) for k, v in batch.items()
+                                                            if k in names})
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(encoder, want_encoder, atol=2e-5, rtol=1e-4)
+    # The pretrained encoder's own weights would give other numbers: the export holds the trained ones.
+    pretrained = export_file(fit(spec(files, trainable_blocks=1, epochs=1, encoder_lr=1e-9), chance_epochs=0)
+                             .run.best_checkpoint(), "onnx")
+    zipfile.ZipFile(io.BytesIO(pretrained.data)).extractall(tmp_path / "other")
+    other = ort.InferenceSession(str(tmp_path / "other" / "model.onnx"))
+    assert not np.allclose(other.run(["encoder"], {k: v.astype(np.int64) for k, v in batch.items()
+                                                  if k in names})[0], encoder, atol=1e-4)
+
+
+def test_a_fine_tuned_image_run_exports_as_torchscript_from_pixels(tmp_path):
+    import io
+
+    from corel.export import export_file
+    from tests.encoder_files import timm_weights
+
+    file = timm_weights(tmp_path / "w.safetensors")
+    image = ExperimentSpec(dataset="digits", encoder="timm:test_efficientnet", encoder_path=str(file),
+                           encoder_mode="finetune", trainable_blocks=1, loss="cosine", lam=0.8, epochs=1,
+                           lr=0.01, train_subset=32, batch_size=16, hidden=16)
+    data = load_dataset(image)
+    data = type(data)(**{**data.__dict__, "x_val": data.x_val[:16], "y_val": data.y_val[:16],
+                         "x_test": data.x_test[:16], "y_test": data.y_test[:16]})
+    result = fit(image, data=data, chance_epochs=0)
+    ckpt = result.run.best_checkpoint()
+    module = torch.jit.load(io.BytesIO(export_file(ckpt, "torchscript").data))
+    served = ServedModel.from_checkpoint(ckpt)
+    raw = (data.x_test[:3] * 16).round().numpy()
+    x = served.prepare(raw)
+    h, _, encoder = module(x)
+    torch.testing.assert_close(h, served.embed(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(encoder, served.embed(x, "encoder"), atol=1e-5, rtol=1e-5)
