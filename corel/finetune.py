@@ -238,7 +238,7 @@ class TextTower(_KeepFrozenInEval):
             one = {k: v[i : i + 1, : lengths[i]] for k, v in features.items()}
             with torch.no_grad(), _only_layers(transformer, slice(0, self.lower)):
                 hidden: torch.Tensor = transformer(**one).last_hidden_state[0]
-            return hidden
+            return hidden.to(x.dtype)  # as kept whether or not autocast ran when it was computed
 
         rows = self.kept.rows(self._key(x), [ids[i, : lengths[i]].cpu().numpy().tobytes()
                                              for i in range(len(ids))], alone)
@@ -311,7 +311,7 @@ class ImageTower(_KeepFrozenInEval):
             def alone(i: int) -> torch.Tensor:
                 with torch.no_grad():
                     out: torch.Tensor = lower(self._pixels(x[i : i + 1]))[0]
-                return out
+                return out.to(x.dtype)  # as kept whether or not autocast ran when it was computed
 
             rows = self.kept.rows(self._key(x), [x[i].cpu().numpy().tobytes() for i in range(len(x))], alone)
             kept: torch.Tensor = upper(torch.stack(rows))

@@ -272,3 +272,18 @@ def test_a_fine_tuned_image_run_exports_as_torchscript_from_pixels(tmp_path):
     h, _, encoder = module(x)
     torch.testing.assert_close(h, served.embed(x), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(encoder, served.embed(x, "encoder"), atol=1e-5, rtol=1e-5)
+
+
+def test_rows_kept_under_bf16_autocast_serve_the_float32_evaluation_too(tmp_path):
+    from tests.encoder_files import timm_weights
+
+    file = timm_weights(tmp_path / "w.safetensors")
+    image = ExperimentSpec(dataset="digits", encoder="timm:test_efficientnet", encoder_path=str(file),
+                           encoder_mode="finetune", trainable_blocks=1, loss="supcon", epochs=1, lr=0.01,
+                           train_subset=32, batch_size=16, hidden=16, precision="bf16")
+    data = load_dataset(image)
+    data = type(data)(**{**data.__dict__, "x_val": torch.cat([data.x_train[:8], data.x_val[:8]]),
+                         "y_val": torch.cat([data.y_train[:8], data.y_val[:8]]),
+                         "x_test": data.x_test[:8], "y_test": data.y_test[:8]})
+    result = fit(image, data=data, chance_epochs=0)  # validation meets rows kept while training
+    assert len(result.history) == 1 and 0.0 <= result.history[0].val_accuracy <= 1.0
