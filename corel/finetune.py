@@ -21,12 +21,12 @@ A checkpoint holds the fine-tuned weights (the whole tower). Not stackable.
 The frozen lower part's outputs are computed once (:class:`FrozenOutputs`). With
 ``trainable_blocks`` below the tower's count, the embeddings (or the stem) and the blocks
 below the trainable ones never change, so while the engine trains and validates
-(:func:`frozen_outputs_kept`) each row's output of that lower part is computed once, for
-that row alone (no padding, no batch around it: the same numbers whatever batch or run the
-row later appears in), and kept in this process; the steps then run only the trainable
+(:func:`frozen_outputs_kept`) each row's output of that lower part is computed once, a text
+alone (no padding), images in chunks of a fixed size (:data:`KEEP_CHUNK`): the same numbers
+whatever batch or run the row later appears in, and kept in this process; the steps then run only the trainable
 upper part. Every run and sweep member on the same encoder with the same frozen part reuses
 them. The result equals the uncached computation to float rounding (the lower part's
-matrix products over one row instead of a padded batch), and is itself deterministic: a run
+matrix products over other shapes than a training batch's), and is itself deterministic: a run
 resumed from its checkpoint ends bit for bit as the whole run in float64.
 """
 
@@ -83,24 +83,25 @@ class FrozenOutputs:
 
     def rows(self, key: tuple[Any, ...], inputs: Sequence[bytes],
              compute: Any) -> list[torch.Tensor]:
-        """The outputs of the rows ``inputs`` (their bytes) under ``key``; ``compute(i)``
-        gives the output of the i-th row where none is kept."""
+        """The outputs of the rows ``inputs`` (their bytes) under ``key``; ``compute(missing)``
+        gives the outputs of the rows at the positions ``missing`` where none is kept."""
         with self.lock:
             table = self.tables.setdefault(key, {})
             self.tables.move_to_end(key)
-        out = []
+        first: dict[bytes, int] = {}
         for i, raw in enumerate(inputs):
-            row = table.get(raw)
-            if row is None:
-                row = compute(i)
-                with self.lock:
+            if raw not in table:
+                first.setdefault(raw, i)
+        if first:
+            computed = compute(list(first.values()))
+            with self.lock:
+                for raw, row in zip(first, computed, strict=True):
+                    table[raw] = row  # kept, or (its table dropped meanwhile) only for this call
                     if key in self.tables:
-                        table[raw] = row
                         self.sizes[key] = self.sizes.get(key, 0) + row.numel() * row.element_size()
-                    self.computed += 1
-                    self._trim()
-            out.append(row)
-        return out
+                self.computed += len(first)
+                self._trim()
+        return [table[raw] for raw in inputs]
 
     def _trim(self) -> None:
         while len(self.tables) > 1 and sum(self.sizes.values()) > self.limit:
@@ -114,6 +115,10 @@ class FrozenOutputs:
 
 
 FROZEN_OUTPUTS = FrozenOutputs()
+
+KEEP_CHUNK = 32
+"""Images per forward pass of a frozen lower part's rows (texts go one at a time: each its
+own length, no padding)."""
 """This process's frozen lower parts' outputs (every run and sweep member shares them)."""
 
 
@@ -234,11 +239,14 @@ class TextTower(_KeepFrozenInEval):
         lengths = [int(n) for n in features["attention_mask"].sum(1).tolist()]
         ids = features["input_ids"]
 
-        def alone(i: int) -> torch.Tensor:
-            one = {k: v[i : i + 1, : lengths[i]] for k, v in features.items()}
-            with torch.no_grad(), _only_layers(transformer, slice(0, self.lower)):
-                hidden: torch.Tensor = transformer(**one).last_hidden_state[0]
-            return hidden.to(x.dtype)  # as kept whether or not autocast ran when it was computed
+        def alone(missing: list[int]) -> list[torch.Tensor]:
+            out = []
+            for i in missing:  # each row alone: no padding, no batch around it
+                one = {k: v[i : i + 1, : lengths[i]] for k, v in features.items()}
+                with torch.no_grad(), _only_layers(transformer, slice(0, self.lower)):
+                    hidden: torch.Tensor = transformer(**one).last_hidden_state[0]
+                out.append(hidden.to(x.dtype))  # as kept whether or not autocast ran then
+            return out
 
         rows = self.kept.rows(self._key(x), [ids[i, : lengths[i]].cpu().numpy().tobytes()
                                              for i in range(len(ids))], alone)
@@ -308,12 +316,20 @@ class ImageTower(_KeepFrozenInEval):
         if self.kept is not None and self.lower:
             lower, upper = self.parts
 
-            def alone(i: int) -> torch.Tensor:
-                with torch.no_grad():
-                    out: torch.Tensor = lower(self._pixels(x[i : i + 1]))[0]
-                return out.to(x.dtype)  # as kept whether or not autocast ran when it was computed
+            def chunks(missing: list[int]) -> list[torch.Tensor]:
+                """The rows in chunks of KEEP_CHUNK images, the last filled up with copies of
+                its last row: the same shape every time, so that a row's output does not depend
+                on the others beside it (tests/corel/test_finetune.py checks it)."""
+                out: list[torch.Tensor] = []
+                for start in range(0, len(missing), KEEP_CHUNK):
+                    part = missing[start : start + KEEP_CHUNK]
+                    full = part + [part[-1]] * (KEEP_CHUNK - len(part))
+                    with torch.no_grad():
+                        kept: torch.Tensor = lower(self._pixels(x[full]))
+                    out.extend(kept[: len(part)].to(x.dtype).unbind(0))  # as kept whether or not autocast ran
+                return [row.clone() for row in out]
 
-            rows = self.kept.rows(self._key(x), [x[i].cpu().numpy().tobytes() for i in range(len(x))], alone)
+            rows = self.kept.rows(self._key(x), [x[i].cpu().numpy().tobytes() for i in range(len(x))], chunks)
             kept: torch.Tensor = upper(torch.stack(rows))
             return kept
         out: torch.Tensor = self.model(self._pixels(x))

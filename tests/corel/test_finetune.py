@@ -193,6 +193,20 @@ def test_an_image_encoder_s_frozen_stages_are_kept_and_give_what_the_whole_netwo
     assert kept.computed == 8
     torch.testing.assert_close(first, whole, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(second, first[:4], rtol=0, atol=0)
+    # A row's kept output is the same bits whatever rows were computed beside it, and wherever.
+    for dtype in (torch.float64, torch.float32):
+        model = model.to(dtype)
+        x = x.to(dtype)
+        alone, mixed = FrozenOutputs(), FrozenOutputs()
+        others = torch.rand(40, *x.shape[1:], dtype=dtype, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            with frozen_outputs_kept(model, alone):
+                model(x[:3])
+            with frozen_outputs_kept(model, mixed):
+                model(torch.cat([others[:30], x[2:3], others[30:], x[:2]]))
+        a, m = next(iter(alone.tables.values())), next(iter(mixed.tables.values()))
+        for row in x[:3]:
+            assert torch.equal(a[row.numpy().tobytes()], m[row.numpy().tobytes()])
 
 
 def test_the_encoder_s_rate_warms_up_over_the_given_share_of_the_steps_and_the_head_s_does_not(files):
