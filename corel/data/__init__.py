@@ -21,7 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 # The loaders, and the public names importable from corel.data as before it was split.
-from corel.data.ag_news import _load_ag_news, locate_ag_news, validate_ag_news_csv
+from corel.data.ag_news import (
+    AgNewsTexts,
+    _load_ag_news,
+    ag_news_texts,
+    locate_ag_news,
+    validate_ag_news_csv,
+)
 from corel.data.base import (
     AG_NEWS_VAL_FRACTION,
     DEFAULT_MAX_LEN,
@@ -74,10 +80,12 @@ __all__ = [
     "TOKENIZER_VERSION",
     "TOKEN_PATTERN",
     "VAL_FRACTION",
+    "AgNewsTexts",
     "Dataset",
     "DatasetNotFoundError",
     "PathLike",
     "WordVectors",
+    "ag_news_texts",
     "available_datasets",
     "check_dtype",
     "clean_text",

@@ -163,12 +163,22 @@ def locate_ag_news(data_dir: Path | None) -> Path:
     return files.train
 
 
-def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool,
-                  features_dir: Path | None = None) -> Dataset:
+@dataclass(frozen=True)
+class AgNewsTexts:
+    """AG News as corel splits it, before any encoder: each split's texts and labels
+    (0-based), and the class names."""
+
+    train: tuple[list[str], np.ndarray]
+    val: tuple[list[str], np.ndarray]
+    test: tuple[list[str], np.ndarray]
+    class_names: list[str]
+
+
+def ag_news_texts(spec: ExperimentSpec, data_dir: Path | None = None, download: bool = False) -> AgNewsTexts:
+    """The texts of the rows a run on ``spec`` trains, validates and tests on (its
+    ``train_subset`` applied): what a peer trains on, for a like-for-like comparison."""
     files = _locate_ag_news(spec, data_dir, download)
     assert files.train is not None
-    prepare = text_inputs(spec, data_dir, features_dir)
-    preprocessing = prepare.preprocessing
     texts, labels = _read_ag_news_csv(files.train)
     rng = np.random.default_rng(SPLIT_SEED)
     if files.test is not None:
@@ -178,7 +188,6 @@ def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool,
         _check_class_sizes(y, 2, names, str(files.train))
         n_val = max(len(names), round(AG_NEWS_VAL_FRACTION * len(y)))
         train_idx, val_idx = _stratified_take(y, n_val, keep=1, rng=rng)
-        test_idx = None
     else:
         names = _read_class_names(files.classes, [labels], str(files.train))
         y = labels - 1
@@ -186,20 +195,26 @@ def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool,
         train_idx, val_idx, test_idx = _split_three(y, rng)
         test_texts, y_test = [texts[i] for i in test_idx], y[test_idx]
     train_idx = _subset(train_idx, spec.train_subset)
+    return AgNewsTexts(train=([texts[i] for i in train_idx], y[train_idx]),
+                       val=([texts[i] for i in val_idx], y[val_idx]),
+                       test=(list(test_texts), np.asarray(y_test, dtype=np.int64)), class_names=names)
 
-    def embed(idx: np.ndarray | None, source: list[str]) -> torch.Tensor:
-        return prepare(source if idx is None else [source[i] for i in idx])
 
+def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool,
+                  features_dir: Path | None = None) -> Dataset:
+    split = ag_news_texts(spec, data_dir, download)
+    prepare = text_inputs(spec, data_dir, features_dir)
+    preprocessing = prepare.preprocessing
     return Dataset(
         name="ag-news",
         modality="text",
-        x_train=embed(train_idx, texts),
-        y_train=torch.from_numpy(y[train_idx]),
-        x_val=embed(val_idx, texts),
-        y_val=torch.from_numpy(y[val_idx]),
-        x_test=embed(None, test_texts),
-        y_test=torch.from_numpy(np.asarray(y_test, dtype=np.int64)),
-        class_names=names,
+        x_train=prepare(split.train[0]),
+        y_train=torch.from_numpy(split.train[1]),
+        x_val=prepare(split.val[0]),
+        y_val=torch.from_numpy(split.val[1]),
+        x_test=prepare(split.test[0]),
+        y_test=torch.from_numpy(split.test[1]),
+        class_names=split.class_names,
         input_shape=tuple(int(s) for s in preprocessing["input_shape"]),
         preprocessing=preprocessing,
     )
