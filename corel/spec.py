@@ -19,6 +19,17 @@ Precision = Literal["fp32", "bf16"]
 DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images"]
 ModelName = Literal["ffnn", "cnn"]
 EncoderMode = Literal["frozen", "finetune"]
+Budget = Literal["quick", "paper"]
+
+BUDGETS: dict[str, dict[str, float | int]] = {
+    "quick": {"lr": 1e-3, "epochs": 10, "batch_size": 64},
+    "paper": {"lr": 1e-4, "epochs": 150, "batch_size": 128},
+}
+"""What each named budget sets where the spec leaves the field out. ``quick``: a good first
+result in about a minute on a 2-core CPU (measured at the defaults, Gaussian-COREL lam 0.5:
+digits 97.4 %, MNIST 97.6 % in 35 s, Fashion-MNIST 87.8 % in 50 s, AG News 84.8 %, iris as an
+upload 95.5 %). ``paper``: the paper's protocol (Adam, lr 1e-4, batch 128, 150 epochs), the
+defaults of a spec that names no budget and what ``corel reproduce`` runs."""
 
 DATASETS: tuple[str, ...] = ("fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images")
 MODELS: tuple[str, ...] = tuple(dict.fromkeys(d.name for d in ENCODERS.values() if not d.pretrained))
@@ -158,6 +169,14 @@ class ExperimentSpec(BaseModel):
     miner: str | None = Field(default=None, description=_option_doc("miner") + " Miners: "
                               + ", ".join(MINERS) + ".")
     hidden: int = Field(default=128, gt=0, le=4096, description="Width of the hidden layers.")
+    budget: Budget | None = Field(
+        default=None,
+        description="A named set of lr, epochs and batch_size for the fields left out: quick (lr "
+        "1e-3, 10 epochs, batch 64: a good first result in about a minute) or paper (lr 1e-4, 150 "
+        "epochs, batch 128: the paper's protocol, also the defaults without a budget). Fields given "
+        "explicitly win.",
+        json_schema_extra={"x-budgets": BUDGETS},  # type: ignore[dict-item]
+    )
     epochs: int = Field(default=150, gt=0, le=10_000)
     batch_size: int = Field(default=128, gt=0, le=65_536)
     lr: float = Field(default=1e-4, gt=0.0, le=1.0)
@@ -213,6 +232,15 @@ class ExperimentSpec(BaseModel):
     def _frozen_by_default(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("encoder") is not None and data.get("encoder_mode") is None:
             return {**data, "encoder_mode": "frozen"}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_fills_the_rest(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("budget"), str) and data["budget"] in BUDGETS:
+            values = BUDGETS[data["budget"]]
+            return {**{k: v for k, v in values.items() if data.get(k) is None}, **{
+                k: v for k, v in data.items() if not (k in values and v is None)}}
         return data
 
     @model_validator(mode="after")

@@ -160,6 +160,26 @@ def test_a_run_submitted_through_the_form_updates_live_to_succeeded(page, client
     assert client.get(f"/experiments/{experiment_id}").json()["spec"]["lam"] == 0.85
 
 
+def test_the_form_starts_at_the_quick_budget_and_a_field_filled_in_wins(page, client):
+    page.goto("/ui/new")
+    page.wait_for_selector("#spec-form[data-ready=true]")
+    assert page.input_value("#f-budget") == "quick"
+    for field, shown in (("lr", "quick: 0.001"), ("epochs", "quick: 10"), ("batch_size", "quick: 64")):
+        assert page.input_value(f"#f-{field}") == "" and page.get_attribute(f"#f-{field}", "placeholder") == shown
+    page.select_option("#f-budget", "paper")
+    assert page.get_attribute("#f-lr", "placeholder") == "paper: 0.0001"
+    page.select_option("#f-budget", "quick")
+    page.select_option("#f-dataset", "digits")
+    page.fill("#f-epochs", "2")
+    page.select_option("#f-budget", "paper")  # a field filled in stays as filled
+    assert page.input_value("#f-epochs") == "2"
+    page.select_option("#f-budget", "quick")
+    page.click("#submit")
+    page.wait_for_url("**/ui/experiments/*")
+    spec = client.get(f"/experiments/{int(page.url.rsplit('/', 1)[1])}").json()["spec"]
+    assert (spec["budget"], spec["lr"], spec["batch_size"], spec["epochs"]) == ("quick", 0.001, 64, 2)
+
+
 def test_a_validation_error_appears_beside_its_field(page):
     page.goto("/ui/new")
     page.wait_for_selector("#spec-form[data-ready=true]")

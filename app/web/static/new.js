@@ -56,6 +56,27 @@ corel.pages.new = async function () {
       el("span", { class: "field-error", id: "err-" + name, role: "alert" }),
       el("span", { class: "field-warning", id: "warn-" + name, role: "status" })));
   }
+  // A named budget fills lr, epochs and batch_size where they are left empty: the form starts
+  // at quick (a good first result in about a minute); the empty fields show what it sets.
+  const BUDGETS = (schema.properties.budget && schema.properties.budget["x-budgets"]) || {};
+  function showBudget() {
+    const chosen = BUDGETS[form.elements.budget.value] || BUDGETS.paper || {};
+    for (const name of Object.keys(chosen)) {
+      const input = form.elements[name];
+      if (!input) continue;
+      if (input.dataset.userSet !== "true") input.value = "";  // the schema's default: the budget's now
+      input.placeholder = (form.elements.budget.value || "paper") + ": " + chosen[name];
+    }
+  }
+  if (form.elements.budget) {
+    form.elements.budget.value = "quick";
+    for (const name of Object.keys(BUDGETS.quick || {})) {
+      const input = form.elements[name];
+      if (input) input.addEventListener("input", () => { input.dataset.userSet = input.value !== "" ? "true" : "false"; });
+    }
+    form.elements.budget.addEventListener("change", showBudget);
+    showBudget();
+  }
   // The schema's x-warn-below (per loss) is the API's rule for warnings: shown before submitting.
   const warnBelow = schema.properties.lam["x-warn-below"] || {};
   function warnLam() {
