@@ -51,7 +51,7 @@ def chance_ceiling(chance: float, n_val: int | None = None) -> float:
 
 def not_learning(
     history: Sequence[EpochMetrics], chance: float, spec: ExperimentSpec, epochs: int = CHANCE_EPOCHS,
-    n_val: int | None = None,
+    n_val: int | None = None, n_train: int | None = None,
 ) -> str | None:
     """Why a run has failed to train, or None while it has not.
 
@@ -70,7 +70,8 @@ def not_learning(
     * it has finished, however few its epochs, and never got above chance: a run at
       chance is not a success, whatever its length.
 
-    ``epochs=0`` turns the check off.
+    ``epochs=0`` turns the check off. The advice follows from the run (``n_train``: its
+    training rows, to count its steps): see :func:`_advice`.
     """
     if not history or epochs <= 0 or math.isnan(chance):
         return None  # (no validation rows: nothing to judge by)
@@ -102,12 +103,36 @@ def not_learning(
              f"frequent class scores {chance:.3f})")
     if best.val_accuracy > ceiling:
         story += f", after reaching {best.val_accuracy:.3f} at epoch {best.epoch}"
-    if diverging:
-        why = unbounded
-    else:
-        why = (f"Try a smaller learning rate (the paper's is 1e-4; this run's is {spec.lr:g})"
-               + (" or another lam" if "lam" in decl.params else "") + ".")
+    why = unbounded if diverging else _advice(history, spec, n_train, collapsed=best.val_accuracy > ceiling)
+    if not diverging and "lam" in decl.params:
+        why = why[:-1] + "; or another lam."
     return f"the model is not learning: {story}. {why}"
+
+
+FEW_STEPS = 300
+"""Below this many optimiser steps a run at chance has most likely not trained long enough."""
+
+
+def _advice(history: Sequence[EpochMetrics], spec: ExperimentSpec, n_train: int | None, collapsed: bool) -> str:
+    """What would help a run at chance, from what it did: one that learned and collapsed
+    needs a smaller learning rate; one that took few steps, more of them (or a larger rate,
+    where it is at the paper's); otherwise a smaller rate."""
+    quick = 1e-3  # the quick budget's (corel.spec.BUDGETS)
+    if not collapsed and n_train:
+        per_epoch = math.ceil(n_train / spec.batch_size)
+        steps = len(history) * per_epoch
+        if steps < FEW_STEPS:
+            out = (f"It took only {steps} optimiser step{'s' if steps != 1 else ''} ({len(history)} "
+                   f"epoch{'s' if len(history) != 1 else ''} of {per_epoch}): train more epochs")
+            if per_epoch < 10:
+                out += f", or a smaller batch_size (this run's is {spec.batch_size} for {n_train} training rows)"
+            if spec.lr < quick:
+                out += f", or a larger learning rate (the quick budget's is 1e-3; this run's is {spec.lr:g})"
+            return out + "."
+    if not collapsed and spec.lr < quick:
+        return (f"Try a larger learning rate (the quick budget's is 1e-3; this run's is {spec.lr:g}) "
+                "or more epochs.")
+    return f"Try a smaller learning rate (this run's is {spec.lr:g}; the paper's is 1e-4)."
 
 
 class ChanceGuard(Callback):
@@ -119,7 +144,8 @@ class ChanceGuard(Callback):
         self.n_val = n_val
 
     def on_epoch_end(self, metrics: EpochMetrics, run: RunView) -> bool | None:
-        verdict = not_learning(run.history, self.chance, run.spec, self.epochs, self.n_val)
+        verdict = not_learning(run.history, self.chance, run.spec, self.epochs, self.n_val,
+                               len(run.data.y_train))
         if verdict is not None:
             raise NotLearningError(verdict)
         return None
@@ -141,7 +167,7 @@ class GroupChanceGuard(GroupCallback):
         for i in range(group.size):
             if i not in group.failed:
                 verdict = not_learning(group.histories[i], self.chance, group.specs[i], self.epochs,
-                                       self.n_val)
+                                       self.n_val, group.data.y_train.shape[-1])
                 if verdict is not None:
                     group.failed[i] = verdict
         return len(group.failed) == group.size
