@@ -62,7 +62,7 @@ test-cluster: $(STAMP) $(NATIVE)
 test-gpu: $(STAMP) $(NATIVE)
 	COREL_REQUIRE_CUDA=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m gpu tests/gpu
 
-# The README's screenshots of the dashboard: its browser tests take them (into
+# The dashboard's screenshots (the README's and docs/service.md's): its browser tests take them (into
 # build/screenshots/, as on every `make test`) and this copies them into docs/screenshots/.
 SHOTS := $(CURDIR)/build/screenshots
 screenshots: $(STAMP) $(NATIVE)

@@ -1,5 +1,5 @@
 """A worker's epoch alone on its host, beside another CPU-bound process of two threads,
-and beside a second worker: the README's Fashion-MNIST run (FFNN, Gaussian-COREL, lam
+and beside a second worker: the Fashion-MNIST run of docs/service.md's session (FFNN, Gaussian-COREL, lam
 0.85), the seconds of each epoch but the first (medians), and the ratio to the epoch
 alone (target: at most 2.5 beside the other process).
 

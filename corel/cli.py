@@ -32,7 +32,7 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-subset", type=int, help=fields["train_subset"].description)
     p.add_argument("--model", default="ffnn", choices=MODELS, help="encoder (default: ffnn)")
     p.add_argument("--loss", default="gaussian", choices=loss_names(),
-                   help="loss (default: gaussian; their options: GET /losses or the README)")
+                   help="loss (default: gaussian; their options: GET /losses or docs/losses.md)")
     p.add_argument("--lam", type=float, default=0.5, help=f"{fields['lam'].description} Default 0.5.")
     p.add_argument("--gamma", type=float, default=0.5, help=f"{fields['gamma'].description} Default 0.5.")
     p.add_argument("--learn-gamma", action="store_true", help=fields["learn_gamma"].description)

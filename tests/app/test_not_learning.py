@@ -13,7 +13,7 @@ BASE = {"dataset": "digits", "model": "ffnn", "loss": "gaussian", "epochs": 10, 
 def test_a_diverging_experiment_fails_with_the_reason(client, worker, workers):
     r = client.post("/experiments", json={**BASE, "lam": 0.3})
     assert r.status_code == 202, r.text
-    # Accepted, with the same rule as the README's and the form's said up front.
+    # Accepted, with the same rule as docs/library.md's and the form's said up front.
     assert r.json()["warnings"] == [
         "Gaussian-COREL needs lam >= 0.5: at lam 0.3 its loss has no minimum, so training "
         "usually diverges and the run ends failed as not learning"]
