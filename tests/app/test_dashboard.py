@@ -3,7 +3,7 @@ real app served over HTTP, with PostgreSQL, Redis and a real worker behind it.
 
 Each test leaves a screenshot of its page in build/screenshots/ (ignored by git), or in
 COREL_SCREENSHOTS_DIR; `make screenshots` copies them into docs/screenshots/, which the README
-shows.
+and docs/service.md show.
 """
 
 from __future__ import annotations
