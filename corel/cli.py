@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from corel.geometry import GEOMETRIES
 from corel.loss_catalog import OPTION_FIELDS, declaration, loss_names
-from corel.spec import DATASETS, MODELS, ExperimentSpec
+from corel.spec import BUDGETS, DATASETS, MODELS, ExperimentSpec
 
 if TYPE_CHECKING:
     from corel.train import EngineOptions
@@ -41,9 +41,10 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{option.replace('_', '-')}", type=str if option == "miner" else float,
                        help=f"the loss's {option} (default: the loss's own)")
     p.add_argument("--hidden", type=int, default=128, help="width of the hidden layers (default 128)")
-    p.add_argument("--epochs", type=int, default=150, help="epochs (default 150, as in the paper)")
-    p.add_argument("--batch-size", type=int, default=128, help="batch size (default 128)")
-    p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default 1e-4)")
+    p.add_argument("--budget", choices=tuple(BUDGETS), help=fields["budget"].description)
+    p.add_argument("--epochs", type=int, help="epochs (default: the budget's; without one 150, as in the paper)")
+    p.add_argument("--batch-size", type=int, help="batch size (default: the budget's; without one 128)")
+    p.add_argument("--lr", type=float, help="Adam learning rate (default: the budget's; without one 1e-4)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
 

@@ -63,3 +63,16 @@ def test_the_not_learning_advice_follows_from_the_run():
     tiny = not_learning(history([0.3] * 5), 0.3, spec.model_copy(update={"epochs": 5, "batch_size": 64}),
                         n_val=30, n_train=100)
     assert tiny is not None and "or a smaller batch_size (this run's is 64 for 100 training rows)" in tiny
+
+
+def test_the_cli_takes_a_budget_and_a_flag_given_wins(tmp_path):
+    from corel.cli import main
+    from corel.train import checkpoint_from_bytes
+
+    out = tmp_path / "quick.pt"
+    assert main(["train", "--dataset", "digits", "--budget", "quick", "--epochs", "2", "--no-progress",
+                 "--checkpoint", str(out)]) == 0
+    import json
+
+    spec = json.loads(checkpoint_from_bytes(out.read_bytes())["spec"])
+    assert (spec["budget"], spec["lr"], spec["batch_size"], spec["epochs"]) == ("quick", 0.001, 64, 2)
