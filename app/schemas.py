@@ -32,18 +32,32 @@ Split = Literal["test", "validation"]
 Timestamp = Annotated[datetime, AfterValidator(as_utc)]
 
 def _combination_rules() -> dict[str, Any]:
-    """The spec's rules across fields, in JSON Schema (``if``/``then``), so that the OpenAPI
+    """The spec's rules across fields, in JSON Schema (``anyOf`` branches, an ``if``/``then``), so that the OpenAPI
     document tells a client all of what is accepted. The validators enforce the same."""
-    rules: list[dict[str, Any]] = [{
-        # An uploaded dataset needs its id, and only an upload takes fractions.
-        "if": {"properties": {"dataset": {"enum": list(UPLOADED)}}, "required": ["dataset"]},
-        "then": {"required": ["dataset_id"], "properties": {"dataset_id": {"type": "integer"}}},
-        "else": {"properties": {key: {"type": "null"} for key in ("val_fraction", "test_fraction")}},
-    }, {
-        # A built-in dataset takes no id (AG News may: an upload of its CSV).
-        "if": {"properties": {"dataset": {"enum": list(TAKES_UPLOAD)}}, "required": ["dataset"]},
-        "else": {"properties": {"dataset_id": {"type": "null"}}},
-    }, {
+    null = {"type": "null"}
+    # Which dataset takes what: an upload needs its id (and only an upload takes fractions), a
+    # built-in dataset takes no id (AG News may: an upload of its CSV), and a dataset's
+    # modality limits the models. One branch per kind of dataset, not an if/then per rule:
+    # each if/then doubles the branches a generator (schemathesis) has to work through.
+    kinds: dict[tuple[bool, bool, tuple[str, ...]], list[str]] = {}
+    for dataset, modality in MODALITY.items():
+        models = tuple(MODELS_BY_MODALITY[modality])
+        kinds.setdefault((dataset in UPLOADED, dataset in TAKES_UPLOAD, models), []).append(dataset)
+    datasets: list[dict[str, Any]] = []
+    for (uploaded, takes_id, models), names in kinds.items():
+        props: dict[str, Any] = {"dataset": {"enum": names}}
+        branch: dict[str, Any] = {"properties": props}
+        if uploaded:
+            branch["required"] = ["dataset_id"]
+            props["dataset_id"] = {"type": "integer"}
+        else:
+            props.update({key: null for key in ("val_fraction", "test_fraction")})
+            if not takes_id:
+                props["dataset_id"] = null
+        if set(models) != set(MODELS):
+            props["model"] = {"enum": list(models)}
+        datasets.append(branch)
+    rules: list[dict[str, Any]] = [{"anyOf": datasets}, {
         "if": {"properties": {"learn_gamma": {"const": True}}, "required": ["learn_gamma"]},
         "then": {"properties": {"loss": {"const": "gaussian"}}},
     }]
@@ -51,7 +65,6 @@ def _combination_rules() -> dict[str, Any]:
     # them, null for the others; one branch per loss with options, one for the rest (which
     # holds when the loss is absent too: gaussian takes none).
     plain = [d.name for d in DECLARATIONS.values() if not d.options]
-    null = {"type": "null"}
     branches: list[dict[str, Any]] = [{"properties": {
         "loss": {"enum": plain}, **{f: null for f in OPTION_FIELDS}}}]
     for d in DECLARATIONS.values():
@@ -60,11 +73,6 @@ def _combination_rules() -> dict[str, Any]:
             branches.append({"required": ["loss"], "properties": {
                 "loss": {"const": d.name}, **{f: own.get(f, null) for f in OPTION_FIELDS}}})
     rules.append({"anyOf": branches})
-    for dataset, modality in MODALITY.items():
-        models = MODELS_BY_MODALITY[modality]
-        if set(models) != set(MODELS):
-            rules.append({"if": {"properties": {"dataset": {"const": dataset}}, "required": ["dataset"]},
-                          "then": {"properties": {"model": {"enum": list(models)}}}})
     return {"allOf": rules}
 
 
