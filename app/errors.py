@@ -100,6 +100,32 @@ def describe_errors(errors: Iterable[Mapping[str, Any]], whole: str = "body") ->
     return "; ".join(describe_error(e, whole) for e in errors)
 
 
+def _field(err: Mapping[str, Any]) -> str:
+    """The field an error is about, as the request names it (``body.lr``); an unparsable
+    body's loc ends in a character offset, which is no field: ``body``."""
+    loc = err.get("loc", ())
+    if err.get("type") == "json_invalid":
+        loc = [p for p in loc if not isinstance(p, int)]
+    return ".".join(str(p) for p in loc)
+
+
+def _whole_body(err: Mapping[str, Any]) -> bool:
+    """An error of the body as a whole: absent, or not an object."""
+    return tuple(err.get("loc", ())) == ("body",) and err.get("type") in (
+        "missing", "model_attributes_type", "dict_type", "model_type")
+
+
+def _not_json(content_type: str) -> str | None:
+    """What to say of a body that came with a content type other than JSON's (FastAPI reads
+    such a body as bytes, not JSON, and says only that it is no object); None for JSON, or
+    no content type (read as JSON)."""
+    media = content_type.split(";")[0].strip().lower()
+    if not media or media == "application/json" or media.endswith("+json"):
+        return None
+    return (f"the body must be a JSON object sent with Content-Type: application/json; "
+            f"this one came as {media}")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """The app's four exception handlers: domain errors (their own status), Starlette's
     HTTP errors, a database that does not answer (503), and invalid requests (422)."""
@@ -136,9 +162,10 @@ def install_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(unavailable, _database_unavailable)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        not_json = _not_json(request.headers.get("content-type", ""))
         errors = [
-            {"field": ".".join(str(p) for p in e.get("loc", ())), "message": describe_error(e)}
+            {"field": _field(e), "message": not_json if not_json and _whole_body(e) else describe_error(e)}
             for e in exc.errors()
         ]
         return JSONResponse(

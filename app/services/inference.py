@@ -22,6 +22,7 @@ from app.db import session_scope
 from app.errors import InvalidInput, PayloadTooLarge
 from app.schemas import INPUT_KINDS, BinaryArray, InferenceRequest
 from app.services.model_cache import LoadedModel, load_from_database
+from corel.data.image_folders import why_unreadable
 from corel.layers import Layer
 
 ACCEPTS = {
@@ -110,7 +111,8 @@ def _decode_image(data: bytes, index: int, loaded: LoadedModel) -> np.ndarray:
             if channels > 1:  # (H, W, C) -> (C, H, W), as the model takes it
                 pixels = pixels.transpose(2, 0, 1)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise InvalidInput(f"input {index}: not a decodable PNG or JPEG image ({exc})") from exc
+        raise InvalidInput(f"input {index}: not a decodable PNG or JPEG image "
+                           f"({why_unreadable(data, exc)})") from exc
     # 8-bit grey levels onto the dataset's own pixel scale (255 for (Fashion-)MNIST, 16 for digits).
     return pixels * (float(pixels_of["pixel_max"]) / 255.0)
 

@@ -19,12 +19,29 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EXTENSIONS", "MAX_SIDE", "read_image_folder"]
+__all__ = ["EXTENSIONS", "MAX_SIDE", "read_image_folder", "why_unreadable"]
 
 EXTENSIONS = (".png", ".jpg", ".jpeg")
 MAX_SIDE = 64
 MAX_IMAGES = 200_000
 MIN_PER_CLASS = 3
+
+
+def why_unreadable(data: bytes, exc: Exception) -> str:
+    """Why Pillow could not read an image's bytes, in the user's terms: Pillow's own words
+    for a damaged file, but never its "cannot identify image file <_io.BytesIO object at
+    0x...>", which names the buffer it was handed rather than anything the user sent."""
+    from PIL import UnidentifiedImageError
+
+    if not isinstance(exc, UnidentifiedImageError):
+        return str(exc)
+    if not data:
+        return "it is empty"
+    if data.startswith(b"\x89PNG"):
+        return "it begins as a PNG does, but the rest is damaged"
+    if data.startswith(b"\xff\xd8"):
+        return "it begins as a JPEG does, but the rest is damaged"
+    return "its bytes are not an image's: a PNG begins with the bytes 89 50 4E 47, a JPEG with FF D8"
 
 
 def _members(path: Path) -> Iterator[tuple[str, bytes]]:
@@ -67,7 +84,8 @@ def read_image_folder(path: str | Path, size: tuple[int, int] | None = None) -> 
             img = Image.open(io.BytesIO(data))
             img.load()
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-            raise ValueError(f"{name}: not a readable PNG or JPEG image ({exc})") from exc
+            raise ValueError(f"{name}: not a readable PNG or JPEG image "
+                             f"({why_unreadable(data, exc)})") from exc
         images.append((cls, name, img))
         if len(images) > MAX_IMAGES:
             raise ValueError(f"the archive holds more than {MAX_IMAGES} images")

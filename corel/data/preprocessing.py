@@ -96,6 +96,21 @@ def _vector_preprocessing(sample_shape: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
+def _wrong_width(got: tuple[int, ...], d: int, raw_shape: tuple[int, ...],
+                 names: Sequence[str] | None) -> str:
+    """What a batch of vectors of the wrong shape should have been, in the inputs' terms."""
+    want = f"each input must be {d} numbers"
+    if names:
+        shown = ", ".join(repr(n) for n in names[:8])
+        more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+        want += f" (the columns {shown}{more})"
+    if raw_shape != (d,):
+        want += f" or an array of shape {raw_shape}"
+    if len(got) == 2:
+        return f"{want}; got {got[1]} (inputs of shape {tuple(got)})"
+    return f"{want}; got {'a single number' if not got else f'inputs of shape {tuple(got)}'}"
+
+
 def prepare_vectors(x: np.ndarray | torch.Tensor, preprocessing: Mapping[str, Any]) -> torch.Tensor:
     """Raw samples (N, *raw_shape) or (N, D) -> float32 (N, D), exactly as in training."""
     _check_preprocessing(preprocessing, "vector", ("input_shape", "raw_shape"))
@@ -103,7 +118,7 @@ def prepare_vectors(x: np.ndarray | torch.Tensor, preprocessing: Mapping[str, An
     raw_shape = tuple(int(s) for s in preprocessing["raw_shape"])
     arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
     if arr.ndim < 1 or tuple(arr.shape[1:]) not in (raw_shape, (d,)):
-        raise ValueError(f"x must have shape (N, {d}) or (N, *{raw_shape}); got {arr.shape}")
+        raise ValueError(_wrong_width(arr.shape, d, raw_shape, preprocessing.get("feature_names")))
     if arr.dtype.kind not in "biuf":
         raise ValueError(f"x must be numeric, got dtype {arr.dtype}")
     out = arr.reshape(len(arr), d).astype(np.float32)

@@ -186,6 +186,18 @@ def test_non_json_body_is_422(client):
     detail = r.json()["detail"]
     assert r.status_code == 422 and detail.startswith("the body is not valid JSON at character 21")
     assert "JSON decode error" not in detail
+    # The error named the character offset as if it were a field: "body.21".
+    assert [e["field"] for e in r.json()["errors"]] == ["body"]
+
+
+@pytest.mark.parametrize("content", [b'{"dataset": "digits"}', b""])
+def test_a_body_not_sent_as_json_is_told_to_be(client, content):
+    """A text/plain body said "body: Input should be a valid dictionary or object to extract
+    fields from" (or "Field required"), with no word of the content type."""
+    r = client.post("/experiments", content=content, headers={"content-type": "text/plain"})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert "Content-Type: application/json" in detail and "text/plain" in detail, detail
 
 
 @pytest.mark.parametrize(

@@ -173,6 +173,20 @@ def test_a_wrong_image_size_is_named_as_such(fashion):
     assert "batch dimension" not in str(info.value)
 
 
+@pytest.mark.parametrize(("raw_shape", "names", "words"), [
+    ([4], None, "each input must be 4 numbers; got 3 (inputs of shape (2, 3))"),
+    ([4], ["a", "b", "c", "d"], "each input must be 4 numbers (the columns 'a', 'b', 'c', 'd')"),
+    ([2, 2], None, "each input must be 4 numbers or an array of shape (2, 2); got 3 (inputs of shape (2, 3))"),
+])
+def test_a_vector_of_the_wrong_width_says_the_width(raw_shape, names, words):
+    """It said "x must have shape (N, 4) or (N, *(4,))": Python's unpacking, not a shape."""
+    pre = {"modality": "vector", "dataset": "npz", "input_shape": [4], "raw_shape": raw_shape,
+           **({"feature_names": names} if names else {})}
+    with pytest.raises(ValueError) as info:
+        data.prepare_vectors(np.zeros((2, 3)), pre)
+    assert words in str(info.value) and "*(" not in str(info.value)
+
+
 def test_a_text_file_named_npz_is_called_text(tmp_path):
     path = tmp_path / "mine.npz"
     path.write_text("x,y\n1,2\n")
