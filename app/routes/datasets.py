@@ -41,7 +41,8 @@ async def spool(file: UploadFile, path: Path, limit: int, what: str) -> None:
 async def upload(
     session: SessionDep,
     settings: SettingsDep,
-    file: Annotated[UploadFile, File(description="the .npz, .csv or .parquet file")],
+    file: Annotated[UploadFile, File(description="the .npz, .csv or .parquet file (a CSV's cells "
+                                                 "separated by commas, semicolons, tabs or |)")],
     kind: Annotated[Literal["npz", "ag-news", "features", "text", "images"] | None, Form(
         description="npz, ag-news, features (numeric columns + a label; trains as npz) or text "
         "(a text column + a label; trains as text); default: from the file name and content")] = None,

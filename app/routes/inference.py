@@ -22,6 +22,7 @@ from app.schemas import EmbedRequest, InferenceRequest, NeighborsRequest
 from app.services import inference
 from app.services import neighbors as neighbors_service
 from app.services.model_cache import LoadedModel
+from corel.data.tables import delimiter_of
 from corel.layers import Layer
 
 router = APIRouter(tags=["inference"])
@@ -42,7 +43,9 @@ _BODY_DOC: dict[str, Any] = {
                                   "description": "PNG/JPEG images or UTF-8 text files (one input "
                                   "each), or CSV files with a header row (one input per row, "
                                   "feature columns by name, for models trained from a feature "
-                                  "table). Answers name each input by its file (and row)."},
+                                  "table; cells separated by commas, semicolons, tabs or |, as "
+                                  "the header row is). Answers name each input by its file (and "
+                                  "row)."},
                         "output": {"type": "string", "enum": ["json", "binary"]},
                     },
                 }
@@ -199,7 +202,7 @@ def _csv_rows(files: list[UploadFile], contents: list[bytes],
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             raise InvalidInput(f"{name}: not UTF-8 text ({exc.reason}); save it as UTF-8") from exc
-        reader = csv.DictReader(io.StringIO(text))
+        reader = csv.DictReader(io.StringIO(text), delimiter=delimiter_of(text.split("\n", 1)[0]))
         if not reader.fieldnames:
             raise InvalidInput(f"{name}: empty; a CSV needs a header row naming its columns")
         for k, row in enumerate(reader, 1):

@@ -14,6 +14,8 @@ count from 1, the header not included).
 
 from __future__ import annotations
 
+import csv
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,15 +24,37 @@ import numpy as np
 
 from corel.data.splits import split_codes
 
-__all__ = ["LABEL_NAMES", "TEXT_NAMES", "feature_table", "read_table", "text_table"]
+__all__ = ["DELIMITERS", "LABEL_NAMES", "TEXT_NAMES", "delimiter_of", "feature_table", "read_table",
+           "text_table"]
 
 LABEL_NAMES = ("label", "labels", "class", "target", "y", "category", "topic")
 TEXT_NAMES = ("text", "body", "content", "document", "description", "sentence")
 MIN_PER_CLASS = 3  # one sample for each of the train, validation and test splits
+# What separates a CSV's cells: commas, or what spreadsheets write in locales whose decimal
+# mark is a comma (semicolons), tabs (a TSV saved as .csv), and bars.
+DELIMITERS = (",", ";", "\t", "|")
+_DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")
+
+
+def delimiter_of(header: str) -> str:
+    """The delimiter of a CSV whose header line is ``header``: of :data:`DELIMITERS`, the
+    one that splits it into the most cells (quotes respected); a comma where none splits it."""
+    best, most = ",", 1
+    for d in DELIMITERS:
+        cells = len(next(csv.reader([header], delimiter=d), []))
+        if cells > most:
+            best, most = d, cells
+    return best
+
+
+def _header_line(path: Path) -> str:
+    with path.open("rb") as fh:
+        return fh.readline(1 << 16).decode("utf-8-sig", errors="replace").rstrip("\r\n")
 
 
 def read_table(path: str | Path, fmt: str | None = None) -> Any:
-    """A pyarrow Table from a CSV (header row, comma-separated) or Parquet file."""
+    """A pyarrow Table from a CSV (a header row, cells separated by any one of
+    :data:`DELIMITERS`, told by the header) or Parquet file."""
     try:
         import pyarrow as pa
         import pyarrow.csv as pcsv
@@ -42,12 +66,21 @@ def read_table(path: str | Path, fmt: str | None = None) -> Any:
     try:
         # Only an empty cell is missing: "n/a" or "NaN" is a value, and a bad one is named.
         convert = pcsv.ConvertOptions(null_values=[""], strings_can_be_null=True)
-        table = pq.read_table(p) if fmt == "parquet" else pcsv.read_csv(p, convert_options=convert)
+        if fmt == "parquet":
+            table = pq.read_table(p)
+        else:
+            parse = pcsv.ParseOptions(delimiter=delimiter_of(_header_line(p)))
+            table = pcsv.read_csv(p, parse_options=parse, convert_options=convert)
     except (pa.ArrowException, OSError) as exc:  # every Arrow error, of whatever base
         raise ValueError(f"not a readable {fmt} table: {exc}") from exc
     if table.num_rows == 0:
         raise ValueError("the table has no rows")
     names = table.column_names
+    if len(names) == 1:  # no table trains from one column: its cells are not separated
+        raise ValueError(
+            f"the table has one column, {names[0]!r}: a table needs a label column and at least "
+            "one other, their cells separated by commas, semicolons, tabs or | (the header "
+            "row's separator is taken for the whole file)")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ValueError(f"column name(s) {', '.join(map(repr, dup))} appear more than once")
@@ -130,6 +163,8 @@ def _numeric(table: Any, column: str) -> np.ndarray:
                 out[i] = float(v)
             except (TypeError, ValueError):
                 shown = "empty" if v is None or str(v).strip() == "" else f"{str(v)[:40]!r}, not a number"
+                if isinstance(v, str) and _DECIMAL_COMMA.fullmatch(v.strip()):
+                    shown += f": write decimals with a point ({v.strip().replace(',', '.')})"
                 raise ValueError(f"column {column!r}, row {i + 1}: the value is {shown}; "
                                  "feature columns must be numeric") from None
     bad = np.flatnonzero(~np.isfinite(out))

@@ -24,9 +24,9 @@ from tests.conftest import assert_rows_close
 FAST = {"lr": 0.003, "batch_size": 64, "epochs": 3}
 
 
-def _csv(rows: list[list], header: list[str]) -> bytes:
+def _csv(rows: list[list], header: list[str], delimiter: str = ",") -> bytes:
     out = io.StringIO()
-    writer = csv.writer(out)
+    writer = csv.writer(out, delimiter=delimiter)
     writer.writerow(header)
     writer.writerows(rows)
     return out.getvalue().encode()
@@ -88,6 +88,11 @@ def test_a_feature_table_trains_standardised_and_serves_raw_rows(client, worker,
     assert [p["input"] for p in told["predictions"]] == by_csv["inputs"]
     assert [p["class_name"] for p in told["predictions"]] == \
         [p["class_name"] for p in predicted["predictions"][:20]]
+    # A CSV as a spreadsheet in many locales saves it, with semicolons: the same rows.
+    semi = _csv([[float(v) for v in x[i]] for i in range(12, 20)], header, delimiter=";")
+    r = client.post("/embed", data={"experiment_id": str(eid)}, files=[("files", ("semi.csv", semi))])
+    assert r.status_code == 200, r.text
+    assert_rows_close(r.json()["embeddings"], ours[12:20])
     # An export says what it was trained on in the user's terms, and no server path.
     onnx_file = client.get(f"/experiments/{eid}/export", params={"format": "onnx"}).content
     meta = json.loads(ort.InferenceSession(onnx_file).get_modelmeta().custom_metadata_map["corel"])
@@ -234,3 +239,41 @@ def test_a_table_whose_one_column_of_words_is_the_label_needs_no_label_column(cl
     # Two columns of words and no label named: still a question for the user.
     r = _upload(client, "two.csv", _csv([[1.0, "a", "x"]] * 9, ["f", "g", "h"]))
     assert r.status_code == 422 and "label_column" in r.json()["detail"], r.text
+
+
+def _iris_rows() -> tuple[list[list], list[str]]:
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    rows = [[*map(float, x), iris.target_names[y]] for x, y in zip(iris.data, iris.target, strict=True)]
+    return rows, ["sepal_length", "sepal_width", "petal_length", "petal_width", "species"]
+
+
+@pytest.mark.parametrize("delimiter", [";", "\t", "|"])
+@pytest.mark.parametrize("fields", [{}, {"label_column": "species"}])
+def test_a_table_separated_by_semicolons_tabs_or_bars_is_read_by_its_delimiter(client, delimiter, fields):
+    """A ;-separated iris was read as one column 'sepal_length;...;species': refused with
+    "name it with label_column", and refused again when it was named."""
+    rows, header = _iris_rows()
+    r = _upload(client, "iris.csv", _csv(rows, header, delimiter), **fields)
+    assert r.status_code == 201, r.text
+    summary = r.json()["summary"]
+    assert summary["label_column"] == "species" and summary["feature_columns"] == header[:4]
+
+
+def test_a_table_of_one_column_is_told_its_columns_are_not_separated(client):
+    rows, header = _iris_rows()
+    data = "\n".join(" ".join(map(str, row)) for row in [header, *rows]).encode()
+    r = _upload(client, "spaces.csv", data, label_column="species")
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert "one column, 'sepal_length sepal_width petal_length petal_width species'" in detail, detail
+    assert "commas, semicolons, tabs or |" in detail, detail
+
+
+def test_a_decimal_comma_is_named_as_such(client):
+    rows, header = _iris_rows()
+    text = _csv(rows, header, ";").decode().replace("5.1;", "5,1;", 1)
+    r = _upload(client, "comma.csv", text.encode())
+    assert r.status_code == 422, r.text
+    assert "the value is '5,1', not a number: write decimals with a point (5.1)" in r.json()["detail"]
