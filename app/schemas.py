@@ -368,7 +368,10 @@ class InferenceRequest(BaseModel):
     rows: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
         default=None,
         description="one object per input, the feature columns by name (models trained from "
-        "a feature table); other keys, such as the label, are ignored")
+        "a feature table), or the text's column (text models: the column the model's table "
+        "trained from, else the one column not named like a label, else one named text, body, "
+        "...; AG News's title and description are joined); other keys, such as the label, are "
+        "ignored")
     binary: BinaryArray | None = None
     output: Literal["json", "binary"] = Field(
         default="json", description="embeddings as JSON lists, or as a BinaryArray (float32)"

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from corel.data import prepare_images, prepare_texts, prepare_vectors
+from corel.data import prepare_images, prepare_texts, prepare_vectors, text_warnings
 from corel.device import ieee_float32
 from corel.layers import LAYERS, Layer
 from corel.loss_catalog import declaration
@@ -137,6 +137,13 @@ class ServedModel:
                 return image_features(pixels, self.preprocessing, keep=False)
             return prepare_images(raw, self.preprocessing)
         return prepare_vectors(raw, self.preprocessing)
+
+    def warnings(self, raw: np.ndarray | torch.Tensor | Sequence[str]) -> list[str | None]:
+        """For each raw input, None or what to know before trusting the model's answer: a
+        text it could not read (no words, or none it knows: :func:`corel.data.text_warnings`)."""
+        if self.modality == "text" and not isinstance(raw, np.ndarray | torch.Tensor):
+            return text_warnings(list(raw), self.preprocessing)
+        return [None] * len(raw)
 
     @torch.inference_mode()
     def forward(self, x: torch.Tensor,

@@ -41,9 +41,10 @@ _BODY_DOC: dict[str, Any] = {
                         "files": {"type": "array", "minItems": 1,
                                   "items": {"type": "string", "format": "binary"},
                                   "description": "PNG/JPEG images or UTF-8 text files (one input "
-                                  "each), or CSV files with a header row (one input per row, "
-                                  "feature columns by name, for models trained from a feature "
-                                  "table; cells separated by commas, semicolons, tabs or |, as "
+                                  "each), or CSV files with a header row (one input per row: "
+                                  "feature columns by name for models trained from a feature "
+                                  "table, a column of texts for text models (as rows takes it); "
+                                  "cells separated by commas, semicolons, tabs or |, as "
                                   "the header row is). Answers name each input by its file (and "
                                   "row)."},
                         "output": {"type": "string", "enum": ["json", "binary"]},
@@ -296,6 +297,9 @@ async def predict(request: Request) -> Response:
     if req._names is not None:  # multipart: which file (or CSV row) each prediction is for
         for prediction, name in zip(predictions, req._names, strict=True):
             prediction["input"] = name
+    for prediction, warning in zip(predictions, inference.warnings(req, loaded), strict=True):
+        if warning is not None:  # an answer not to trust: a text with no word the model knows
+            prediction["warning"] = warning
     return _json({
         "experiment_id": loaded.experiment_id,
         "checkpoint": loaded.checkpoint,

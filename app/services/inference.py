@@ -23,11 +23,12 @@ from app.errors import InvalidInput, PayloadTooLarge
 from app.schemas import INPUT_KINDS, BinaryArray, InferenceRequest
 from app.services.model_cache import LoadedModel, load_from_database
 from corel.data.image_folders import why_unreadable
+from corel.data.tables import texts_of_rows
 from corel.layers import Layer
 
 ACCEPTS = {
     "image": ("images", "arrays", "binary"),
-    "text": ("texts",),
+    "text": ("texts", "rows"),
     "vector": ("arrays", "rows", "binary"),
 }
 
@@ -149,8 +150,8 @@ def decode(req: InferenceRequest, loaded: LoadedModel) -> np.ndarray | list[str]
             f"experiment {loaded.experiment_id} was trained on {loaded.modality} inputs "
             f"({loaded.spec.dataset}); send {' or '.join(ACCEPTS[loaded.modality])}, not {kind}"
         )
-    if kind == "texts":
-        texts = req.texts or []
+    if loaded.modality == "text":
+        texts = texts_of(req, loaded)
         for i, text in enumerate(texts):
             try:
                 text.encode("utf-8")
@@ -169,6 +170,24 @@ def decode(req: InferenceRequest, loaded: LoadedModel) -> np.ndarray | list[str]
         bad = int(np.argwhere(~np.isfinite(array.reshape(len(array), -1)))[0][0])
         raise InvalidInput(f"input {bad}: contains NaN or infinite values")
     return array
+
+
+def texts_of(req: InferenceRequest, loaded: LoadedModel) -> list[str]:
+    """A text model's inputs: the texts, or those of rows by column name (a CSV of texts)."""
+    if req.rows is None:
+        return req.texts or []
+    try:
+        return texts_of_rows(req.rows, loaded.text_column)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from exc
+
+
+def warnings(req: InferenceRequest, loaded: LoadedModel) -> list[str | None]:
+    """For each input, None or what to know before trusting its answer (a text model's text
+    with no word the model knows)."""
+    if loaded.modality != "text":
+        return [None] * batch_size(req)
+    return loaded.served.warnings(texts_of(req, loaded))
 
 
 def prepare(raw: np.ndarray | list[str], loaded: LoadedModel) -> torch.Tensor:

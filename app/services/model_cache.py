@@ -13,7 +13,7 @@ import torch
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict
-from app.models import Checkpoint, Experiment, Status
+from app.models import Checkpoint, DatasetUpload, Experiment, Status
 from app.services.encoders import files_for_model
 from app.services.lookup import best_checkpoint, get_or_404
 from app.settings import Settings, get_settings
@@ -32,6 +32,9 @@ class LoadedModel:
     experiment_id: int
     served: ServedModel
     checkpoint: dict[str, Any]  # identity: id, epoch, sha256
+    # A model trained from an uploaded text table: the column its texts were in, which a
+    # CSV of new texts may name too.
+    text_column: str | None = None
 
     @property
     def spec(self) -> ExperimentSpec:
@@ -79,10 +82,12 @@ def load_from_database(session: Session, experiment_id: int, device: str | None,
     # A model on the user's own encoder: its files on this machine first (corel.pretrained
     # keeps one copy of each encoder for every model that uses it).
     files_for_model(session, settings or get_settings(), json.loads(checkpoint["preprocessing"]))
+    upload = session.get(DatasetUpload, exp.dataset_id) if exp.dataset_id is not None else None
     return LoadedModel(
         experiment_id=experiment_id,
         served=ServedModel.from_checkpoint(checkpoint, device),
         checkpoint={"id": row.id, "epoch": row.epoch, "sha256": row.sha256},
+        text_column=(upload.summary or {}).get("text_column") if upload is not None else None,
     )
 
 

@@ -62,6 +62,7 @@ from corel.data.text import (
     clean_text,
     load_word_vectors,
     prepare_texts,
+    text_warnings,
     tokenize,
 )
 from corel.spec import ExperimentSpec
@@ -96,6 +97,7 @@ __all__ = [
     "prepare_texts",
     "prepare_vectors",
     "read_idx",
+    "text_warnings",
     "tokenize",
     "validate_ag_news_csv",
     "validate_npz",

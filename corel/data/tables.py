@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import numpy as np
 from corel.data.splits import split_codes
 
 __all__ = ["DELIMITERS", "LABEL_NAMES", "TEXT_NAMES", "delimiter_of", "feature_table", "read_table",
-           "text_table"]
+           "text_table", "texts_of_rows"]
 
 LABEL_NAMES = ("label", "labels", "class", "target", "y", "category", "topic")
 TEXT_NAMES = ("text", "body", "content", "document", "description", "sentence")
@@ -247,3 +247,46 @@ def to_npz(arrays: dict[str, Any]) -> bytes:
         out["feature_names"] = np.asarray(arrays["feature_names"], dtype=np.str_)
     np.savez(buf, **out)
     return buf.getvalue()
+
+
+def _text_columns(columns: Sequence[str], text_column: str | None) -> list[str]:
+    """Which of ``columns`` make a row's text (see :func:`texts_of_rows`)."""
+    if text_column is not None and text_column in columns:
+        return [text_column]
+    by_name = {c.strip().lower(): c for c in columns}
+    if "title" in by_name and "description" in by_name:
+        return [by_name["title"], by_name["description"]]
+    rest = [c for c in columns if c.strip().lower() not in LABEL_NAMES]
+    if len(rest) == 1:
+        return rest
+    named = [c for c in rest if c.strip().lower() in TEXT_NAMES]
+    if len(named) == 1:
+        return named
+    trained = f"{text_column!r} (the column the model trained from), " if text_column else ""
+    raise ValueError(
+        f"cannot tell which column holds the texts (columns: {', '.join(map(repr, columns))}); "
+        f"send one column besides a label, or name it {trained}{' or '.join(TEXT_NAMES)}, or "
+        "send AG News's title and description")
+
+
+def texts_of_rows(rows: Sequence[Mapping[str, Any]], text_column: str | None = None) -> list[str]:
+    """The texts of rows given by column name (a CSV of new texts for a text model, as a
+    feature model takes a CSV of its rows): the column ``text_column`` (the one the model's
+    table trained from) where the rows have it; else AG News's title and description,
+    joined by a space as AG News trains; else the one column that is not named like a label;
+    else the one named like a text (:data:`TEXT_NAMES`). An empty cell is an empty text."""
+    if not rows:
+        return []
+    columns = _text_columns(list(rows[0]), text_column)
+    texts = []
+    for i, row in enumerate(rows):
+        parts = []
+        for column in columns:
+            if column not in row:
+                raise ValueError(f"input {i}: no column {column!r}, which input 0 takes the text from")
+            value = row[column]
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"input {i}, column {column!r}: {value!r} is not a text")
+            parts.append(value or "")
+        texts.append(" ".join(parts))
+    return texts

@@ -329,6 +329,33 @@ def prepare_texts(
     return torch.from_numpy(_embed_texts(texts, wv, representation, int(preprocessing["max_len"])))
 
 
+def text_warnings(texts: Sequence[str], preprocessing: Mapping[str, Any]) -> list[str | None]:
+    """For each text, what a user should know before trusting the model's answer: None, or a
+    sentence. A text with no words, or (for word vectors) none in the vocabulary, is the
+    model's input for no text at all (the zero vector), so its answer says nothing of it."""
+    wv = None
+    if "encoder" not in preprocessing:  # word vectors: a word outside them is skipped
+        _check_preprocessing(preprocessing, "text", ("word_vectors",))
+        wv = load_word_vectors(preprocessing["word_vectors"]["source"])
+    out: list[str | None] = []
+    for text in texts:
+        # Words as the model's own vocabulary splits them; a pretrained encoder's tokenizer
+        # reads any script, so for it only a blank text has none.
+        tokens = tokenize(text) if wv is not None else text.split()
+        if not tokens:
+            out.append("the text holds no words, so the model read nothing: this answer is the "
+                       "one it gives every empty text and says nothing about this one")
+        elif wv is not None and not _token_rows(tokens, wv.index):
+            n = len(tokens)
+            which = f"none of its {n} words is" if n > 1 else "its one word is not"
+            out.append(f"{which} in the model's vocabulary of {len(wv):,} words, so the model "
+                       "read nothing: this answer is the one it gives every empty text and says "
+                       "nothing about this one")
+        else:
+            out.append(None)
+    return out
+
+
 def _read_text_npz(path: Path) -> tuple[list[str], np.ndarray, list[str]]:
     """(texts, y as 0..K-1, class names) of a text dataset's .npz (corel.tables' format)."""
     if not path.is_file():

@@ -213,6 +213,27 @@ def test_text_model_embeds_raw_strings(client, worker, workers):
     r = client.post("/embed", json={"experiment_id": body["id"], "arrays": [[0.0] * 50]})
     assert r.status_code == 422 and "send texts" in r.json()["detail"]
 
+    # A CSV of new texts, as a feature model takes a CSV of its rows (it was refused: "send
+    # texts, not rows"): the same predictions, each named by its row.
+    table = "label,text\n" + "".join(f'?,"{t}"\n' for t in texts)
+    files = [("files", ("new.csv", table.encode(), "text/csv"))]
+    r = client.post("/predict", data={"experiment_id": str(body["id"])}, files=files)
+    assert r.status_code == 200, r.text
+    assert [p["input"] for p in r.json()["predictions"]] == ["new.csv, row 1", "new.csv, row 2"]
+    assert [p["class_index"] for p in r.json()["predictions"]] == [p["class_index"] for p in preds]
+    r = client.post("/predict", data={"experiment_id": str(body["id"])},
+                    files=[("files", ("two.csv", b"a,b\nx,y\n", "text/csv"))])
+    assert r.status_code == 422 and "cannot tell which column holds the texts" in r.json()["detail"]
+
+    # An empty text, or one of no known word, was predicted as confidently as any: now with a
+    # warning; a text the model can read has none.
+    r = client.post("/predict", json={"experiment_id": body["id"], "texts": [texts[0], "", "zqxjv wqpzk"]})
+    assert r.status_code == 200, r.text
+    preds = r.json()["predictions"]
+    assert "warning" not in preds[0]
+    assert "the text holds no words" in preds[1]["warning"], preds[1]
+    assert "none of its 2 words is in the model's vocabulary" in preds[2]["warning"], preds[2]
+
 
 def test_octet_stream_bodies_in_and_out(client, trained, test_images, stored_latent):
     reps, _ = stored_latent

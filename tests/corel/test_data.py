@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from corel import data
+from corel.data import tables
 from corel.spec import DATASETS, ExperimentSpec
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
@@ -502,6 +503,39 @@ def test_prepare_texts_rejects_bad_input(tmp_path):
     with pytest.raises(ValueError, match="prepare_images"):
         data.prepare_texts(["cat"], {"modality": "image"})
     assert data.prepare_texts([], pre).shape == (0, 3)
+
+
+def test_text_warnings_name_empty_texts_and_texts_of_unknown_words(tmp_path):
+    """Such a text was prepared as the all-zero input and predicted with no word of it."""
+    vectors = write_glove(tmp_path / "tiny.txt", TINY_GLOVE)
+    pre = data.text._text_preprocessing(data.load_word_vectors(vectors), "ffnn", 64)
+    got = data.text_warnings(["The cat sat", "", " ?! ", "Nothing known here", "the zzz"], pre)
+    assert got[0] is None and got[4] is None  # one known word is something to go on
+    assert "the text holds no words" in got[1] and "the text holds no words" in got[2]
+    assert "none of its 3 words is in the model's vocabulary of 6 words" in got[3]
+    assert data.text_warnings([], pre) == []
+
+
+@pytest.mark.parametrize(("rows", "column", "texts"), [
+    ([{"headline": "a b", "topic": "x"}], None, ["a b"]),  # the one column that is no label
+    ([{"id": "1", "text": "a b"}], None, ["a b"]),  # the one named like a text
+    ([{"Title": "a", "Description": "b c", "Class Index": "3"}], None, ["a b c"]),  # AG News's
+    ([{"headline": "a", "id": "7"}], "headline", ["a"]),  # the column the model trained from
+    ([{"text": None}, {"text": ""}], None, ["", ""]),  # empty cells are empty texts
+])
+def test_texts_of_rows_takes_the_text_column(rows, column, texts):
+    assert tables.texts_of_rows(rows, column) == texts
+
+
+@pytest.mark.parametrize(("rows", "words"), [
+    ([{"a": "x", "b": "y"}], "cannot tell which column holds the texts (columns: 'a', 'b')"),
+    ([{"text": "x"}, {"other": "y"}], "input 1: no column 'text'"),
+    ([{"text": 5}], "input 0, column 'text': 5 is not a text"),
+])
+def test_texts_of_rows_says_what_is_wrong(rows, words):
+    with pytest.raises(ValueError) as info:
+        tables.texts_of_rows(rows)
+    assert words in str(info.value), str(info.value)
 
 
 def test_validate_ag_news_csv(tmp_path):
