@@ -557,6 +557,8 @@ class SweepSummary(BaseModel):
     id: int
     base: dict[str, Any]
     grid: dict[str, Any]
+    losses: list[str] = Field(description="The losses its members train: the grid's, else the "
+                              "base's, else the spec's default.")
     lam_by_loss: dict[str, float] | None = None
     size: int
     counts: dict[str, int]

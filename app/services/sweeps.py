@@ -30,6 +30,13 @@ def loss_params() -> tuple[str, ...]:
     return tuple(dict.fromkeys(p for d in DECLARATIONS.values() for p in d.grid_params))
 
 
+def losses_of(base: dict[str, Any], grid: dict[str, Any]) -> list[str]:
+    """The losses a sweep's members train: the grid's, else the base's, else the spec's default."""
+    if grid.get("loss"):
+        return list(dict.fromkeys(grid["loss"]))
+    return [base.get("loss") or ExperimentCreate.model_fields["loss"].default]
+
+
 def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:
     """Every combination of the grid applied to the base, without duplicates."""
     keys = list(body.grid)
@@ -117,7 +124,7 @@ def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
     done = sum(counts[s] for s in FINISHED)
     ids = member_ids(session, sweep.id)
     return {"id": sweep.id, "base": sweep.base, "grid": sweep.grid,
-            "lam_by_loss": sweep.lam_by_loss, "size": sweep.size,
+            "losses": losses_of(sweep.base, sweep.grid), "lam_by_loss": sweep.lam_by_loss, "size": sweep.size,
             "vectorize": sweep.vectorize, "counts": counts, "done": done,
             "finished": done == sweep.size, "experiment_ids": ids, "created_at": sweep.created_at,
             "owner": sweep.owner}
@@ -142,7 +149,7 @@ def list_sweeps(session: Session, limit: int, offset: int) -> tuple[list[dict[st
         c = counts[sweep.id]
         done = sum(c[s] for s in FINISHED)
         items.append({"id": sweep.id, "base": sweep.base, "grid": sweep.grid,
-                      "lam_by_loss": sweep.lam_by_loss, "size": sweep.size, "counts": c,
+                      "losses": losses_of(sweep.base, sweep.grid), "lam_by_loss": sweep.lam_by_loss, "size": sweep.size, "counts": c,
                       "done": done, "finished": done == sweep.size, "created_at": sweep.created_at,
                       "owner": sweep.owner})
     return items, total

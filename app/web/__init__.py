@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.errors import NotFound
-from corel.loss_catalog import DECLARATIONS
+from corel.loss_catalog import DECLARATIONS, Option
 from corel.spec import DATASETS
 
 HERE = Path(__file__).parent
@@ -68,12 +68,19 @@ PAGES = (
 )
 
 
+def _option_help(option: Option) -> str:
+    """A loss's option as the form explains it: what it does (its doc) and what it allows."""
+    doc = f"{option.doc[:1].upper()}{option.doc[1:]}. " if option.doc else ""
+    return f"{doc}Allowed: {option.allowed()}."
+
+
 def losses_for_pages() -> dict[str, dict[str, object]]:
     """What the pages' scripts know of each loss (app.js reads it): its names, whether it has
     a lambda, and its own options with their defaults (read per page: registered losses too)."""
     return {d.name: {"short": d.short, "display": d.display, "lam": "lam" in d.params,
                      "params": list(d.params),
                      "options": {o.field: o.default for o in d.options},
+                     "option_docs": {o.field: _option_help(o) for o in d.options},
                      "prediction": d.prediction}
             for d in DECLARATIONS.values()}
 

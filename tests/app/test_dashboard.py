@@ -212,6 +212,11 @@ def test_a_loss_s_own_options_show_for_it_and_a_bad_one_is_named_beside_its_fiel
     assert "must be a number in [0, 90); got -3" in page.inner_text("#err-margin")
     page.select_option("#f-loss", "triplet")
     assert page.is_visible('[data-field="miner"]')
+    # Where the miner is chosen, the triplet's own word on it and on what it costs (the hard
+    # miner was said to train many times slower, and nothing here spoke of time).
+    miner_help = page.inner_text('[data-field="miner"] .help')
+    assert "TripletMarginMiner" in miner_help and "one at a time" in miner_help, miner_help
+    assert "semihard" in miner_help and "Default semihard" in miner_help, miner_help
     assert page.get_attribute("#f-margin", "placeholder") == "default 0.05"
     page.fill("#f-margin", "0.1")
     page.fill("#f-epochs", "1")
@@ -422,6 +427,19 @@ def test_a_sweep_page_shows_progress_and_the_tables(page, client, worker):
     shot(page, "sweep")
     page.goto("/ui/sweeps")
     page.wait_for_selector(f"#sweeps tr[data-id='{sweep_id}']")
+    assert page.inner_text(f"#sweeps tr[data-id='{sweep_id}'] td.loss") == "CCE, Gaussian-COREL"
+
+
+def test_the_sweeps_list_names_a_sweep_s_loss_given_in_its_base(page, client):
+    """The list showed the grid (seed: 0, 1), and not the loss every member trained."""
+    r = client.post("/sweeps", json={"base": {**FAST, "epochs": 1, "loss": "triplet", "miner": "hard"},
+                                     "grid": {"seed": [0, 1]}})
+    assert r.status_code == 202, r.text
+    sweep_id = r.json()["id"]
+    client.post(f"/sweeps/{sweep_id}/cancel")
+    page.goto("/ui/sweeps")
+    page.wait_for_selector(f"#sweeps tr[data-id='{sweep_id}']")
+    assert page.inner_text(f"#sweeps tr[data-id='{sweep_id}'] td.loss") == "Triplet"
 
 
 def test_the_experiments_table_filters_and_pages(page, client, trained):

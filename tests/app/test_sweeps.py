@@ -127,6 +127,27 @@ def test_cancel_stops_queued_members(settings):
         assert body["counts"]["cancelled"] == 3 and body["finished"]
 
 
+def test_a_sweep_names_the_losses_its_members_train(settings):
+    """The list showed a sweep's base and grid: a sweep of one loss given in the base, or of
+    the spec's default loss, named no loss at all in the dashboard."""
+    idle = settings.model_copy(update={"queue": "corel-nobody-listens"})
+    bodies = {"base": {"base": {**BASE, "loss": "triplet", "miner": "hard"}, "grid": {"seed": [0, 1]}},
+              "grid": {"base": BASE, "grid": {"loss": ["cce", "cosine"], "seed": [0]}},
+              "default": {"base": BASE, "grid": {"seed": [0]}}}
+    expected = {"base": ["triplet"], "grid": ["cce", "cosine"], "default": ["gaussian"]}
+    with TestClient(create_app(idle)) as c:
+        ids = {}
+        for name, body in bodies.items():
+            r = c.post("/sweeps", json=body)
+            assert r.status_code == 202, r.text
+            ids[name] = r.json()["id"]
+        listed = {s["id"]: s for s in c.get("/sweeps", params={"limit": 200}).json()["items"]}
+        for name, sid in ids.items():
+            assert listed[sid]["losses"] == expected[name], (name, listed[sid])
+            assert c.get(f"/sweeps/{sid}").json()["losses"] == expected[name]
+            c.post(f"/sweeps/{sid}/cancel")
+
+
 def test_a_group_past_its_limit_is_split(settings):
     """COREL_MAX_GROUP_SIZE: 2 lambdas x 3 seeds in groups of at most 3 (no group of 6)."""
     idle = settings.model_copy(update={"queue": "corel-nobody-listens", "max_group_size": 3})

@@ -90,17 +90,20 @@ corel.pages.new = async function () {
   form.elements.loss.addEventListener("change", warnLam);
 
   // A loss's own options (margin, scale, ...): shown only for a loss that takes them, with
-  // its default as the placeholder (empty: that default).
+  // its default as the placeholder (empty: that default) and its own words as the help (what
+  // the option does, what it allows, what it costs).
   const OPTION_FIELDS = ["margin", "scale", "scale_neg", "temperature", "miner"];
   function showOptions() {
-    const own = (corel.LOSSES[form.elements.loss.value] || {}).options || {};
+    const loss = corel.LOSSES[form.elements.loss.value] || {};
+    const own = loss.options || {}, docs = loss.option_docs || {};
     for (const name of OPTION_FIELDS) {
       const box = form.querySelector('[data-field="' + name + '"]');
       if (!box) continue;
       const takes = Object.prototype.hasOwnProperty.call(own, name);
       box.hidden = !takes;
-      if (!takes) form.elements[name].value = "";
-      else form.elements[name].placeholder = "default " + own[name];
+      if (!takes) { form.elements[name].value = ""; continue; }
+      form.elements[name].placeholder = "default " + own[name];
+      box.querySelector(".help").textContent = (docs[name] || "") + " Default " + own[name] + ".";
     }
   }
   form.elements.loss.addEventListener("change", showOptions);

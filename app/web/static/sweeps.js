@@ -17,12 +17,13 @@ corel.pages.sweeps = async function () {
     tbody.replaceChildren(...page.items.map((s) => el("tr", { "data-id": s.id },
       el("td", {}, el("a", { href: "/ui/sweeps/" + s.id }, "#" + s.id)),
       el("td", {}, (s.base.dataset || "?") + " / " + (s.base.model || "ffnn")),
+      el("td", { class: "loss" }, s.losses.map((l) => corel.LOSS_NAMES[l] || l).join(", ")),
       el("td", { class: "muted" }, Object.entries(s.grid).map(([k, v]) => k + ": " + v.join(", ")).join("; ")),
       el("td", {}, doneBar(s)),
       el("td", { class: "num" }, s.counts.failed),
       el("td", { class: "owner" }, corel.owner(s.owner)),
       el("td", { class: "muted" }, corel.when(s.created_at)))));
-    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No sweep yet.")));
+    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No sweep yet.")));
     corel.pager(page, PAGE, offset, (o) => { offset = o; load().catch((e) => corel.flash(e.message)); });
   }
   await load();
@@ -61,8 +62,8 @@ corel.pages.sweep = async function () {
     document.querySelector("#members tbody").replaceChildren(...all.map(memberRow));
     document.getElementById("cancel").hidden = done === all.length;
     const b = sweep.base;
-    document.getElementById("subtitle").textContent = (b.dataset || "?") + " / " + (b.model || "ffnn") + ", " + (b.epochs || 150) +
-      " epochs; grid " + Object.entries(sweep.grid).map(([k, v]) => k + " " + v.join(", ")).join("; ") +
+    document.getElementById("subtitle").textContent = (b.dataset || "?") + " / " + (b.model || "ffnn") + ", " +
+      sweep.losses.map((l) => LOSS_NAMES[l] || l).join(", ") + ", " + (b.epochs || 150) + " epochs; grid " + Object.entries(sweep.grid).map(([k, v]) => k + " " + v.join(", ")).join("; ") +
       (sweep.lam_by_loss ? "; λ by loss " + JSON.stringify(sweep.lam_by_loss) : "");
   }
 
