@@ -13,7 +13,8 @@ Then, per final run, the test accuracy at the best-validation epoch, the cluster
 (K-Means accuracy, silhouette, in the loss's geometry) and MAP@R; per loss, mean +- std over
 seeds and the paired t-tests (by seed) against Gaussian-COREL and Cosine-COREL. The client
 keeps a state file (sweep ids, results), so running the command again resumes and creates
-nothing twice; the table goes between its budget's markers in ``docs/reproduction.md``.
+nothing twice; the table goes between its budget's markers in a Markdown file (``--doc``, by
+default ``reproduction.md`` in the working directory).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ The runs are ordinary experiments, so they survive a restart of the service or a
 worker. The client only keeps a small state file (row -> sweep ids, times). Running the
 same command again picks up where it stopped and creates nothing twice. When every row is
 done, it writes the tables between two markers of the budget's own in a Markdown file
-(``docs/reproduction.md``), leaving the rest of the file, other budgets' tables
-included, as it was.
+(``--doc``, by default ``reproduction.md`` in the working directory), leaving the rest of
+the file, other budgets' tables included, as it was.
 """
 
 from __future__ import annotations

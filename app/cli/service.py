@@ -9,10 +9,16 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import httpx
+
+REPRODUCTION_DOC = "reproduction.md"
+"""Where ``corel reproduce --all`` and ``--peers`` write their tables unless ``--doc`` names a
+file: the working directory, never a checkout's docs (the project's own page is updated by
+naming it)."""
 
 
 def register(sub: Any) -> None:
@@ -60,8 +66,11 @@ def register(sub: Any) -> None:
                      help="with --all or --peers: the file that remembers the sweeps, so that "
                      "running the command again resumes (default: ./reproduce-state.json, "
                      "./reproduce-peers-state.json with --peers)")
-    rep.add_argument("--doc", default="docs/reproduction.md",
-                     help="with --all: the Markdown file whose generated block is replaced")
+    rep.add_argument("--doc", default=REPRODUCTION_DOC,
+                     help="with --all or --peers: the Markdown file the tables go into, between "
+                     "their budget's markers, the rest of it kept (default: ./reproduction.md in "
+                     "the working directory; a checkout's docs/reproduction.md is the project's "
+                     "own page, written only when named)")
     rep.add_argument("--dataset", choices=("fashion-mnist", "mnist", "ag-news", "digits"))
     rep.add_argument("--model", default="ffnn", choices=("ffnn", "cnn"))
     rep.add_argument("--losses", default="cce,center,cosine,gaussian",
@@ -342,10 +351,8 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def _reproduce_peers(args: argparse.Namespace) -> int:
     import time
-    from pathlib import Path
 
     from app.cli.peers import BUDGETS, PeerReproduction, markers, render
-    from app.cli.reproduce import write_block
 
     rows = BUDGETS[args.budget]
     command = f"corel reproduce --peers --budget {args.budget}"
@@ -358,16 +365,15 @@ def _reproduce_peers(args: argparse.Namespace) -> int:
             time.sleep(5)
         print(file=sys.stderr)
     block = render(rep.state, args.budget, command)
-    write_block(Path(args.doc), block, args.budget, markers(args.budget))
+    _write_tables(Path(args.doc), block, args.budget, markers(args.budget))
     print(block)
     return 0
 
 
 def _reproduce_all(args: argparse.Namespace) -> int:
     import time
-    from pathlib import Path
 
-    from app.cli.reproduce import Reproduction, render, select_rows, write_block
+    from app.cli.reproduce import Reproduction, render, select_rows
 
     try:
         rows = select_rows(args.budget, args.rows)
@@ -383,6 +389,19 @@ def _reproduce_all(args: argparse.Namespace) -> int:
             time.sleep(5)
         print(file=sys.stderr)
     block = render(rep.state, args.budget, command)
-    write_block(Path(args.doc), block, args.budget)
+    _write_tables(Path(args.doc), block, args.budget)
     print(block)
     return 0
+
+
+def _write_tables(doc: Path, block: str, budget: str, marks: tuple[str, str] | None = None) -> None:
+    """The block into ``doc`` (:func:`app.cli.reproduce.write_block`), saying where it went
+    (or why it could not)."""
+    from app.cli.reproduce import write_block
+
+    try:
+        write_block(doc, block, budget, marks)
+    except OSError as exc:
+        raise SystemExit(f"corel reproduce: cannot write the tables into {doc} ({exc.strerror}); "
+                         "name a writable file with --doc") from exc
+    print(f"the tables are in {doc.resolve()}", file=sys.stderr)

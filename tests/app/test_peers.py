@@ -67,6 +67,19 @@ def test_the_doc_gets_the_table_and_a_second_run_creates_nothing(client, peers):
     assert peers["doc"].read_text().count(BEGIN) == 1
 
 
+def test_without_doc_the_tables_go_to_reproduction_md_in_the_working_directory(peers, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """It wrote into docs/reproduction.md below the working directory: run from a checkout,
+    it rewrote the project's own page."""
+    at = peers["argv"].index("--doc")
+    argv = peers["argv"][:at] + peers["argv"][at + 2:]
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0
+    assert (tmp_path / "reproduction.md").read_text().count(BEGIN) == 1
+    assert not (tmp_path / "docs").exists()
+    assert f"the tables are in {tmp_path / 'reproduction.md'}" in capsys.readouterr().err
+
+
 def test_each_loss_is_tuned_over_its_declared_grid():
     row = BUDGETS["session"][0]
     for loss in LOSSES:
