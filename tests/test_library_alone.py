@@ -46,11 +46,17 @@ def closure(requirements: list[str]) -> set[str]:
     return seen
 
 
-@pytest.fixture(scope="module")
-def library_alone(tmp_path_factory) -> Path:
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    root = tmp_path_factory.mktemp("library-alone")
-    for name in sorted(closure(deps)):
+def requirements(*extras: str) -> list[str]:
+    """corel's dependencies and those of its ``extras``, as pyproject.toml declares them."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *(r for e in extras for r in project["optional-dependencies"][e])]
+
+
+def environment(root: Path, requirements: list[str]) -> Path:
+    """A folder holding what pip would install for ``requirements`` (links to this
+    environment's files) and ``corel/`` alone."""
+    root.mkdir(exist_ok=True)
+    for name in sorted(closure(requirements)):
         dist = md.distribution(name)
         for f in dist.files or ():
             top = f.parts[0]
@@ -61,6 +67,11 @@ def library_alone(tmp_path_factory) -> Path:
                 dst.symlink_to(src)
     (root / "corel").symlink_to(REPO / "corel")
     return root
+
+
+@pytest.fixture(scope="module")
+def library_alone(tmp_path_factory) -> Path:
+    return environment(tmp_path_factory.mktemp("library-alone"), requirements())
 
 
 def run_alone(root: Path, code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -114,3 +125,40 @@ def test_the_cli_with_the_service_does_not_ask_for_it():
 
     text = build_parser().format_help()
     assert "serve" in text and "corel[service]" not in text
+
+
+def docs_example(needle: str) -> str:
+    """The Python block of README.md or docs/*.md that holds ``needle``."""
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for block in page.read_text().split("```python\n")[1:]:
+            code = block.split("```", 1)[0]
+            if needle in code:
+                return code
+    raise AssertionError(f"no Python block of the docs holds {needle!r}")
+
+
+def test_the_docs_onnx_example_runs_with_the_onnxruntime_extra(tmp_path):
+    """The docs run an ONNX export under onnxruntime, which no extra installed (only the
+    test extra had it): ``pip install 'corel[onnxruntime]'`` is the library and what that
+    example needs, and nothing of the service."""
+    from sklearn.datasets import load_digits
+
+    from corel.export import export
+    from corel.spec import ExperimentSpec
+    from corel.train import checkpoint_from_bytes, checkpoint_to_bytes, fit
+
+    result = fit(ExperimentSpec(dataset="digits", model="ffnn", epochs=1, lr=3e-3, batch_size=64),
+                 chance_epochs=0)
+    checkpoint = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
+    (tmp_path / "model.onnx").write_bytes(export(checkpoint, "onnx"))
+    images = load_digits().images[:5].tolist()
+    (tmp_path / "images.py").write_text(f"import numpy\nimages = numpy.array({images!r})\n")
+    root = environment(tmp_path / "env", requirements("onnxruntime"))
+    present = {p.name.split(".")[0] for p in root.iterdir()}
+    assert "onnxruntime" in present and not present & set(SERVICE), present & set(SERVICE)
+    code = ("import os, sys\nsys.path.insert(1, os.getcwd())\nfrom images import images\n"
+            + docs_example("onnxruntime.InferenceSession")
+            + "\nprint(embeddings.shape, similarities.shape)\n")
+    done = run_alone(root, code, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "(5, 128) (5, 10)", done.stdout
