@@ -37,9 +37,7 @@ def test_quick_gives_a_good_first_result_on_digits_mnist_and_a_small_upload(tmp_
 
 
 def test_the_not_learning_advice_follows_from_the_run():
-    from corel.train import NotLearningError
-    from corel.train.callbacks import EpochMetrics
-    from corel.train.guards import not_learning
+    from corel.train import EpochMetrics, NotLearningError, not_learning
 
     # The case: one epoch of digits at the paper's rate stays at chance, and more
     # steps or a larger rate is what helps, never a smaller one.
