@@ -63,7 +63,7 @@ corel.pages.sweep = async function () {
     document.getElementById("cancel").hidden = done === all.length;
     const b = sweep.base;
     document.getElementById("subtitle").textContent = (b.dataset || "?") + " / " + (b.model || "ffnn") + ", " +
-      sweep.losses.map((l) => LOSS_NAMES[l] || l).join(", ") + ", " + (b.epochs || 150) + " epochs; grid " + Object.entries(sweep.grid).map(([k, v]) => k + " " + v.join(", ")).join("; ") +
+      sweep.losses.map((l) => LOSS_NAMES[l] || l).join(", ") + ", " + (b.epochs || ({ quick: 10 }[b.budget]) || 150) + " epochs; grid " + Object.entries(sweep.grid).map(([k, v]) => k + " " + v.join(", ")).join("; ") +
       (sweep.lam_by_loss ? "; λ by loss " + JSON.stringify(sweep.lam_by_loss) : "");
   }
 
