@@ -37,6 +37,7 @@ from app.routes import (
     sweeps,
     users,
 )
+from app.services import builtin
 from app.services.events import EventHub
 from app.services.inference import InferenceRunner
 from app.services.model_cache import LoadOnceCache, ModelCache
@@ -69,6 +70,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Runs the broker lost while nothing was watching (every worker also does this).
         reconcile_in_background(app.state.sessionmaker, settings, app.state.queue.send,
                                 lambda: broker_memory_since(settings))
+        # Whether the built-in datasets that are not here can be downloaded, asked now so
+        # that the first submission need not wait for the answer.
+        builtin.probe_sources(settings)
         app.state.model_cache = ModelCache(settings.model_cache_size)
         # What /neighbors searches: built indexes, and training splits searched exactly.
         app.state.references = LoadOnceCache[VectorIndex](settings.index_cache_size)

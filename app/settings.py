@@ -49,6 +49,18 @@ class Settings(BaseSettings):
         description="A base URL serving <dataset>/<file name> (for example an internal mirror "
         "of the public releases) to download from instead of the public sources.",
     )
+    download_probe_seconds: float = Field(
+        default=3.0, gt=0,
+        description="How long the service waits for a built-in dataset's download source (the "
+        "public release or COREL_DOWNLOAD_MIRROR) to answer before it counts the dataset as "
+        "unavailable: asked once at start for each dataset that is not here, and again at "
+        "most every COREL_DOWNLOAD_RECHECK_SECONDS.",
+    )
+    download_recheck_seconds: float = Field(
+        default=300.0, gt=0,
+        description="How old an answer about a download source may be before it is asked again "
+        "(in the background: a request meanwhile gets the last answer).",
+    )
     api_token: SecretStr | None = Field(
         default=None, description="When set, mutating endpoints need 'Authorization: Bearer <token>'."
     )

@@ -137,6 +137,27 @@ def source(dataset: str, mirror: str | None = None) -> Source:
 DOWNLOADABLE = ("mnist", "fashion-mnist", "ag-news")
 
 
+def probe(dataset: str, mirror: str | None = None, timeout: float = 3.0) -> str | None:
+    """None when the first file of ``dataset``'s download answers a HEAD request from one of
+    its URLs within ``timeout`` seconds (each); otherwise why not, naming each URL tried.
+    Nothing is downloaded. (A name that never resolves can take longer than ``timeout``:
+    callers that must answer in time wait on it in a thread.)"""
+    first = source(dataset, mirror).files[0]
+    refused: list[str] = []
+    for url in first.urls:
+        request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": "corel"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout):
+                return None
+        except urllib.error.HTTPError as exc:
+            if exc.code == 405:  # a server that answers GET alone is still there
+                return None
+            refused.append(f"{url}: HTTP {exc.code} {exc.reason}")
+        except (OSError, urllib.error.URLError) as exc:
+            refused.append(f"{url}: {getattr(exc, 'reason', None) or exc}")
+    return "; ".join(refused)
+
+
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     with open(path, "a+b") as f:

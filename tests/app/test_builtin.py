@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gzip
 import shutil
+import socket
+import time
 import uuid
 
 from fastapi.testclient import TestClient
@@ -47,6 +49,69 @@ def test_without_their_files_mnist_and_ag_news_are_refused_naming_the_setting(se
         assert r.status_code == 422 and "'ag-news' is not available" in r.json()["detail"], r.text
         assert c.get("/experiments", params={"limit": 1}).json()["total"] == before
         assert c.get("/sweeps", params={"limit": 1}).json()["total"] == sweeps
+
+
+def test_offline_a_download_that_cannot_reach_its_source_is_refused_at_submission(
+    settings, tmp_path
+):
+    """Downloads on, no files, and a source that cannot be reached (a port nobody listens
+    on; a server that never answers): the datasets are unavailable, and a spec naming one is
+    refused within seconds with a 422 saying what to do (it used to be accepted and fail in
+    the worker with two DNS errors). A source that comes back is asked again."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    refused_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    silent = socket.socket()  # accepts connections (the kernel does) and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        for i, (url, says) in enumerate([(refused_url, "refused"), (silent_url, "timed out")]):
+            offline = settings.model_copy(update={
+                "data_dir": str(tmp_path / "nothing-here"), "var_dir": tmp_path / f"var{i}",
+                "download": True, "download_mirror": url, "download_probe_seconds": 1.0})
+            with TestClient(create_app(offline)) as c:
+                before = c.get("/experiments", params={"limit": 1}).json()["total"]
+                started = time.monotonic()
+                r = c.post("/experiments", json=RUN)
+                assert time.monotonic() - started < 5
+                assert r.status_code == 422, r.text
+                detail = r.json()["detail"]
+                assert "'mnist' is not available on this server" in detail
+                assert "its download source could not be reached" in detail
+                assert f"{url}/mnist/train-images-idx3-ubyte.gz" in detail and says in detail
+                for name in ("COREL_DATA_DIR", str(tmp_path / f"var{i}" / "datasets"),
+                             "COREL_DOWNLOAD_MIRROR"):
+                    assert name in detail, (name, detail)
+                assert c.get("/experiments", params={"limit": 1}).json()["total"] == before
+                items = _items(c)
+                assert items["mnist"]["status"] == items["ag-news"]["status"] == "unavailable"
+                assert "COREL_DOWNLOAD_MIRROR" in items["ag-news"]["why"]
+    finally:
+        silent.close()
+
+    # A mirror that is up but lacks the files, then gets them: asked again once the last
+    # answer is older than download_recheck_seconds.
+    require((SHARED_DATASETS / "mnist").is_dir(), "MNIST in ../shared/datasets")
+    (tmp_path / "mirror").mkdir()
+    mirror = Mirror(tmp_path / "mirror")
+    later = settings.model_copy(update={
+        "data_dir": str(tmp_path / "nothing-here"), "var_dir": tmp_path / "var-later",
+        "download": True, "download_mirror": mirror.url, "download_recheck_seconds": 0.5})
+    try:
+        with TestClient(create_app(later)) as c:
+            mnist = _items(c)["mnist"]
+            assert mnist["status"] == "unavailable" and "HTTP 404" in mnist["why"], mnist
+            shutil.copytree(SHARED_DATASETS / "mnist", tmp_path / "mirror" / "mnist")
+            deadline = time.monotonic() + 10
+            while _items(c)["mnist"]["status"] != "downloadable":
+                assert time.monotonic() < deadline, _items(c)["mnist"]
+                time.sleep(0.2)
+            assert _items(c)["ag-news"]["status"] == "unavailable"  # not on that mirror
+            assert mirror.requests == []  # asked with HEAD: nothing downloaded
+    finally:
+        mirror.close()
 
 
 def test_mnist_and_ag_news_train_from_the_shared_datasets(client, worker, shared_datasets):
@@ -96,6 +161,8 @@ def test_a_missing_dataset_is_downloaded_once_by_the_worker_verified_and_shown(
             assert body["status"] == "failed", body
             assert "could not download t10k-images-idx3-ubyte.gz; nothing was kept" in body["error"]
             assert "refused, sha256 of its content" in body["error"]
+            for name in ("COREL_DATA_DIR", str(var / "datasets"), "COREL_DOWNLOAD_MIRROR"):
+                assert name in body["error"], (name, body["error"])
             assert body["phase"] is None
             assert sorted(p.name for p in (var / "datasets").iterdir()) == [".mnist.lock"]
             assert _items(c)["mnist"]["status"] == "downloadable"

@@ -27,6 +27,7 @@ from pydantic import SecretStr
 from app.main import create_app
 from tests.app.conftest import Workers, finished, serving, wait_for
 from tests.conftest import REPO, SHARED_DATASETS, require
+from tests.mirror import Mirror
 
 SHOTS = Path(os.environ.get("COREL_SCREENSHOTS_DIR") or REPO / "build" / "screenshots")
 CHROMIUM = os.environ.get("COREL_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -571,17 +572,24 @@ def test_with_downloads_off_and_no_files_the_form_marks_them_unavailable(browser
             assert page.locator(f'#f-dataset option[value="{dataset}"]').get_attribute(
                 "disabled") is None
         context.close()
+    # Downloads on, from a mirror that has MNIST (the shared folder's layout, <dataset>/<file>).
+    require((SHARED_DATASETS / "mnist").is_dir(), "MNIST in ../shared/datasets")
+    mirror = Mirror(SHARED_DATASETS)
     downloads = settings.model_copy(update={"data_dir": str(tmp_path / "empty"),
-                                            "var_dir": tmp_path / "var2", "download": True})
-    with serving(create_app(downloads)) as url:
-        context = browser.new_context(base_url=url)
-        page = context.new_page()
-        page.goto("/ui/new")
-        page.wait_for_selector("#spec-form[data-ready=true]")
-        option = page.locator('#f-dataset option[value="mnist"]')
-        assert option.get_attribute("disabled") is None
-        assert option.inner_text() == "mnist (downloaded on its first run)"
-        context.close()
+                                            "var_dir": tmp_path / "var2", "download": True,
+                                            "download_mirror": mirror.url})
+    try:
+        with serving(create_app(downloads)) as url:
+            context = browser.new_context(base_url=url)
+            page = context.new_page()
+            page.goto("/ui/new")
+            page.wait_for_selector("#spec-form[data-ready=true]")
+            option = page.locator('#f-dataset option[value="mnist"]')
+            assert option.get_attribute("disabled") is None
+            assert option.inner_text() == "mnist (downloaded on its first run)"
+            context.close()
+    finally:
+        mirror.close()
 
 
 def test_a_run_that_failed_before_its_first_epoch_says_so_instead_of_an_empty_chart(

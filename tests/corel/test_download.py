@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from corel import data
-from corel.data.download import DownloadError, download, source
+from corel.data.download import DownloadError, download, probe, source
 from corel.spec import ExperimentSpec
 from tests.conftest import FASHION_DIR, SHARED_DATASETS, require
 from tests.mirror import Mirror
@@ -103,6 +103,23 @@ def test_a_server_that_does_not_answer_is_named(tmp_path: Path) -> None:
     with pytest.raises(DownloadError, match=r"127\.0\.0\.1:9/mnist/train-images"):
         download("mnist", tmp_path / "d", mirror="http://127.0.0.1:9", timeout=5)
     assert not (tmp_path / "d" / "mnist").exists()
+
+
+def test_a_probe_downloads_nothing_and_says_why_a_source_cannot_serve(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    assert probe("mnist", mirror.url, timeout=5) is None
+    assert mirror.requests == []  # a HEAD request: no file was sent
+    (tmp_path / "empty").mkdir()
+    empty = Mirror(tmp_path / "empty")
+    try:
+        why = probe("mnist", empty.url, timeout=5)
+        assert why == f"{empty.url}/mnist/train-images-idx3-ubyte.gz: HTTP 404 File not found"
+    finally:
+        empty.close()
+    why = probe("mnist", "http://127.0.0.1:9", timeout=5)
+    assert why is not None and why.startswith("http://127.0.0.1:9/mnist/train-images")
+    assert "refused" in why.lower()
 
 
 def test_fashion_mnist_checksums_match_the_release_files(tmp_path: Path) -> None:
