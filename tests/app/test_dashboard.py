@@ -330,6 +330,21 @@ def test_a_text_upload_trains_on_frozen_minilm_from_the_form_and_serves_sentence
     assert [p["class_name"] for p in predicted["predictions"]] == ["Business", "Sports"], predicted
     assert len(near["results"][0]["neighbors"]) == 3, near
 
+    # The playground shows the warning of a text the model cannot read (none before), and
+    # none for one it can.
+    page.goto(f"/ui/playground?experiment_id={experiment_id}")
+    page.wait_for_function("document.getElementById('latent').data !== undefined")
+    assert page.is_visible("#text-input") and page.is_hidden("#rows-input")
+    page.fill("#text", "")
+    page.click("#predict-text")
+    page.wait_for_selector("#warning", state="visible")
+    warning = client.post("/predict", json={"experiment_id": experiment_id, "texts": [""]}).json()
+    assert page.inner_text("#warning") == warning["predictions"][0]["warning"]
+    page.fill("#text", sentences[1])
+    page.click("#predict-text")
+    page.wait_for_selector("#warning", state="hidden")
+    assert page.inner_text("#prediction") == "Sports"
+
 
 def test_the_experiment_page_shows_the_latent_scatter_and_the_clustering_table(page, client, trained):
     run = trained[0]
@@ -398,6 +413,70 @@ def test_the_playground_predicts_an_uploaded_image(page, client, trained, tmp_pa
     assert rows == [n["row"] for n in nn["results"][0]["neighbors"]]
     assert nn["results"][0]["knn_prediction"]["class_name"] in page.inner_text("#neighbors-note")
     shot(page, "playground")
+
+
+def test_the_playground_takes_feature_rows_and_a_csv_for_a_feature_table_model(page, client,
+                                                                              worker, tmp_path):
+    """A model trained from a table of numbers reads rows, not images: the playground offers a
+    CSV box headed by the model's columns and a CSV file (it offered image drop and drawing,
+    then failed), and shows what /predict answers for the same rows."""
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    columns = ["sepal length", "sepal width", "petal length", "petal width"]
+    lines = [",".join([*columns, "species"])] + [
+        ",".join([*(f"{v:g}" for v in x), iris.target_names[t]])
+        for x, t in zip(iris.data, iris.target, strict=True)]
+    ds = client.post("/datasets", files={"file": ("iris.csv", "\n".join(lines).encode())})
+    assert ds.status_code == 201, ds.text
+    r = client.post("/experiments", json={"dataset": "npz", "dataset_id": ds.json()["id"],
+                                          "budget": "quick", "loss": "gaussian", "lam": 0.5})
+    body = wait_for(client, r.json()["id"], finished)
+    assert body["status"] == "succeeded", body
+    page.goto(f"/ui/playground?experiment_id={body['id']}")
+    page.wait_for_function("document.getElementById('latent').data !== undefined")
+    assert page.is_hidden("#image-input") and page.is_hidden("#text-input")
+    assert page.is_visible("#rows-input")
+    assert page.input_value("#rows") == ",".join(columns) + "\n"
+
+    # Two rows typed under the header, in another column order than the table's.
+    typed = ("petal width,petal length,sepal width,sepal length\n"
+             "0.2,1.4,3.5,5.1\n2.3,5.4,3.1,6.9\n")
+    page.fill("#rows", typed)
+    page.click("#predict-rows")
+    page.wait_for_function("document.getElementById('prediction').dataset.classIndex !== undefined")
+    rows = [dict(zip(["petal width", "petal length", "sepal width", "sepal length"],
+                     map(float, line.split(",")), strict=True)) for line in typed.splitlines()[1:]]
+    expected = client.post("/predict", json={"experiment_id": body["id"], "rows": rows}).json()
+    assert page.inner_text("#prediction") == expected["predictions"][0]["class_name"]
+    shown = page.evaluate("[...document.querySelectorAll('#row-predictions tbody tr')]"
+                          ".map(r => [r.cells[0].textContent, r.cells[1].textContent])")
+    assert shown == [[f"rows.csv, row {i}", p["class_name"]]
+                     for i, p in enumerate(expected["predictions"], 1)]
+    bars = page.evaluate("document.getElementById('similarities').data[0].y")
+    np.testing.assert_allclose(bars, expected["predictions"][0]["similarities"], rtol=1e-5, atol=1e-6)
+    marks = page.evaluate("document.getElementById('latent').data.find(t => t.name === 'your input').x.length")
+    assert marks == 2
+    page.wait_for_selector("#neighbors tbody tr")
+
+    # A CSV file (semicolons, and a label column the model ignores) predicts its rows.
+    path = tmp_path / "new flowers.csv"
+    path.write_text("species;" + ";".join(columns) + "\n?;6.3;3.3;6.0;2.5\n?;5.0;3.4;1.5;0.2\n"
+                    "?;5.9;3.0;4.2;1.5\n")
+    page.evaluate("document.getElementById('prediction').removeAttribute('data-class-index')")
+    page.set_input_files("#csv-file", str(path))
+    page.wait_for_function("document.querySelectorAll('#row-predictions tbody tr').length === 3")
+    files = [("files", ("new flowers.csv", path.read_bytes(), "text/csv"))]
+    expected = client.post("/predict", data={"experiment_id": str(body["id"])}, files=files).json()
+    shown = page.evaluate("[...document.querySelectorAll('#row-predictions tbody tr')]"
+                          ".map(r => [r.cells[0].textContent, r.cells[1].textContent])")
+    assert shown == [[p["input"], p["class_name"]] for p in expected["predictions"]]
+    shot(page, "playground-rows")
+
+    # A row short of a column is refused by the server, and the page says so.
+    page.fill("#rows", ",".join(columns[:3]) + "\n5.1,3.5,1.4\n")
+    page.click("#predict-rows")
+    page.wait_for_function("document.body.innerText.includes(\"no value for feature column(s) 'petal width'\")")
 
 
 def test_a_sweep_page_shows_progress_and_the_tables(page, client, worker):

@@ -4,6 +4,7 @@
 corel.pages.playground = async function () {
   const { api, el, num, lossLabel, flash } = corel;
   const TEXT_DATASETS = ["ag-news", "text"];
+  const TABLE_DATASETS = ["npz"];  // uploaded feature tables (.npz, CSV or Parquet of numbers)
   const select = document.getElementById("experiment");
   const exps = (await api("/experiments?status=succeeded&limit=100")).items;
   const wanted = Number(corel.query().get("experiment_id") || 0);
@@ -15,9 +16,14 @@ corel.pages.playground = async function () {
 
   async function choose() {
     current = exps.find((e) => e.id === Number(select.value));
-    const text = TEXT_DATASETS.includes(current.spec.dataset);
-    document.getElementById("text-input").hidden = !text;
-    document.getElementById("image-input").hidden = text;
+    const dataset = current.spec.dataset;
+    const kind = TEXT_DATASETS.includes(dataset) ? "text" : TABLE_DATASETS.includes(dataset) ? "rows" : "image";
+    document.getElementById("text-input").hidden = kind !== "text";
+    document.getElementById("image-input").hidden = kind !== "image";
+    document.getElementById("rows-input").hidden = kind !== "rows";
+    document.getElementById("warning").hidden = true;
+    document.getElementById("row-predictions").hidden = true;
+    if (kind === "rows") await prepareRows();
     document.getElementById("exp-note").textContent = "test accuracy " + corel.pct(current.test_accuracy) + "%";
     history.replaceState(null, "", "/ui/playground?experiment_id=" + current.id);
     document.getElementById("prediction").textContent = "–";
@@ -25,6 +31,44 @@ corel.pages.playground = async function () {
     scatter = await api("/experiments/" + current.id + "/latent/scatter?max_points=2000");
     document.getElementById("latent-note").textContent = "The test latent space (PCA), with the class vectors as stars.";
     await corel.latentChart("latent", scatter);
+  }
+
+  // A feature-table model reads rows of numbers: its columns by name (a header row) where the
+  // table named them, else so many numbers a line.
+  async function prepareRows() {
+    const area = document.getElementById("rows"), note = document.getElementById("rows-note");
+    let summary = {};
+    try { summary = (await api("/datasets/" + (current.dataset_id ?? current.spec.dataset_id))).summary || {}; } catch (e) { /* gone: say what we can */ }
+    const columns = summary.feature_columns;
+    if (columns && columns.length) {
+      area.value = columns.join(",") + "\n";
+      note.textContent = "Feature rows as CSV: the header row names the model's " + columns.length +
+        " columns (other columns, such as the label, are ignored), then one row a line. Commas, semicolons or tabs.";
+    } else {
+      area.value = "";
+      note.textContent = "Feature rows: " + (summary.num_features ? summary.num_features + " numbers" : "the numbers of one row") +
+        " a line, separated by commas (this dataset's columns have no names, so no header row).";
+    }
+  }
+
+  function rowsInput(text) {
+    const lines = text.split(/\r?\n/).filter((l) => l.trim() !== "");
+    if (!lines.length) throw new Error("Type or paste at least one row of features.");
+    const header = lines[0].split(/[,;\t|]/).some((c) => c.trim() !== "" && Number.isNaN(Number(c.trim())));
+    // With a header: the table as a CSV file, read by the server as an uploaded CSV is.
+    if (header) return new File([text], "rows.csv", { type: "text/csv" });
+    return { arrays: lines.map((l) => l.trim().split(/\s*[,;\t|]\s*|\s+/).map(Number)) };
+  }
+
+  // The same input for each endpoint: JSON, or a CSV file in a form.
+  function request(input, extra) {
+    if (input instanceof Blob) {
+      const form = new FormData();
+      form.append("files", input, input.name || "rows.csv");
+      for (const [k, v] of Object.entries(extra)) form.append(k, String(v));
+      return { method: "POST", body: form };
+    }
+    return { method: "POST", json: Object.assign({}, extra, input) };
   }
 
   function project(h) {
@@ -38,9 +82,18 @@ corel.pages.playground = async function () {
   async function run(input) {
     flash("");
     try {
-      const body = Object.assign({ experiment_id: current.id }, input);
-      const [pred, emb] = await Promise.all([api("/predict", { method: "POST", json: body }), api("/embed", { method: "POST", json: body })]);
-      const p = pred.predictions[0];
+      const extra = { experiment_id: current.id };
+      const [pred, emb] = await Promise.all([api("/predict", request(input, extra)), api("/embed", request(input, extra))]);
+      const p = pred.predictions[0], many = pred.predictions.length > 1;
+      const label = (q, i) => q.input || (many ? "input " + (i + 1) : "your input");
+      // An answer not to trust (a text the model could not read) says so.
+      const warning = document.getElementById("warning");
+      warning.textContent = p.warning || "";
+      warning.hidden = !p.warning;
+      const table = document.getElementById("row-predictions");
+      table.querySelector("tbody").replaceChildren(...pred.predictions.map((q, i) => el("tr", { "data-class-index": q.class_index },
+        el("td", {}, label(q, i)), el("td", {}, q.class_name), el("td", {}, q.warning || ""))));
+      table.hidden = !many;
       document.getElementById("prediction").textContent = p.class_name;
       document.getElementById("prediction").dataset.classIndex = p.class_index;
       const colours = pred.class_names.map((_, k) => (k === p.class_index ? "#3559e0" : "#b8c2d6"));
@@ -48,11 +101,13 @@ corel.pages.playground = async function () {
         { margin: { t: 10, r: 10, b: 80, l: 55 }, xaxis: { type: "category", tickangle: -30 },
           yaxis: { title: { text: "similarity (" + pred.similarity + ")" } } },
         { responsive: true, displaylogo: false });
-      const xy = project(emb.embeddings[0]);
-      await corel.latentChart("latent", scatter, [{ type: "scatter", mode: "markers+text", name: "your input", x: [xy[0]], y: [xy[1]],
-        text: ["your input"], textposition: "bottom center",
-        marker: { symbol: "x", size: 16, color: "#000", line: { width: 2 } }, hovertemplate: "your input: " + p.class_name + "<extra></extra>" }]);
-      document.getElementById("latent-note").textContent = "Your input (✕) lands here; predicted " + p.class_name + ".";
+      const xy = emb.embeddings.map(project), names = pred.predictions.map(label);
+      await corel.latentChart("latent", scatter, [{ type: "scatter", mode: "markers+text", name: "your input", x: xy.map((v) => v[0]), y: xy.map((v) => v[1]),
+        text: names, textposition: "bottom center", customdata: pred.predictions.map((q) => q.class_name),
+        marker: { symbol: "x", size: 16, color: "#000", line: { width: 2 } }, hovertemplate: "%{text}: %{customdata}<extra></extra>" }]);
+      document.getElementById("latent-note").textContent = many
+        ? "Your " + names.length + " inputs (✕) land here; the first is predicted " + p.class_name + "."
+        : "Your input (✕) lands here; predicted " + p.class_name + ".";
       await neighbors(input);
     } catch (e) { flash(e.message); }
   }
@@ -61,14 +116,14 @@ corel.pages.playground = async function () {
     // The same input through /neighbors: its nearest training rows, and their classes' vote.
     const table = document.getElementById("neighbors");
     try {
-      const nn = await api("/experiments/" + current.id + "/neighbors", { method: "POST", json: Object.assign({ k: 10 }, input) });
+      const nn = await api("/experiments/" + current.id + "/neighbors", request(input, { k: 10 }));
       const r = nn.results[0];
       table.querySelector("tbody").replaceChildren(...r.neighbors.map((n, i) => el("tr", { "data-row": n.row },
         el("td", { class: "num" }, i + 1), el("td", { class: "num" }, n.row), el("td", {}, n.class_name),
         el("td", { class: "num" }, num(n.distance, 4)))));
       table.hidden = false;
       const searched = nn.index_id === null ? "exact search over the training split" : "index " + nn.index_id;
-      document.getElementById("neighbors-note").textContent = "The " + nn.k + " nearest of the " + nn.n_reference +
+      document.getElementById("neighbors-note").textContent = (nn.results.length > 1 ? "The first input's " : "The ") + nn.k + " nearest of the " + nn.n_reference +
         " rows (" + nn.geometry + ", " + searched + "); their majority class: " + r.knn_prediction.class_name + ".";
     } catch (e) {
       table.hidden = true;
@@ -106,6 +161,19 @@ corel.pages.playground = async function () {
   document.getElementById("clear").onclick = clear;
   document.getElementById("predict-drawing").onclick = () => run({ images: [b64(canvas.toDataURL("image/png"))] });
   document.getElementById("predict-text").onclick = () => run({ texts: [document.getElementById("text").value] });
+  document.getElementById("predict-rows").onclick = () => {
+    let input;
+    try { input = rowsInput(document.getElementById("rows").value); } catch (e) { flash(e.message); return; }
+    run(input);
+  };
+  document.getElementById("csv-file").addEventListener("change", async (e) => {
+    const file = e.target.files[0];
+    if (!file) return;
+    document.getElementById("rows").value = await file.text();
+    // Sent as the file it is: the server reads its delimiter and its header as for any CSV.
+    run(file.name.toLowerCase().endsWith(".csv") ? file : new File([file], file.name + ".csv", { type: "text/csv" }));
+    e.target.value = "";
+  });
   select.addEventListener("change", () => choose().catch((e) => flash(e.message)));
   await choose();
 };
