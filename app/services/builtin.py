@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +74,6 @@ def offline_fix(settings: Settings) -> str:
 _answers: dict[tuple[str, str], tuple[str | None, float]] = {}
 _asking: dict[tuple[str, str], Future[str | None]] = {}
 _lock = threading.Lock()
-_probes = ThreadPoolExecutor(4, thread_name_prefix="corel-download-probe")
 
 
 def _ask(settings: Settings, dataset: str) -> Future[str | None]:
@@ -83,9 +82,15 @@ def _ask(settings: Settings, dataset: str) -> Future[str | None]:
         asking = _asking.get(key)
         if asking is not None:
             return asking
-        asking = _probes.submit(probe, dataset, settings.download_mirror or None,
-                                settings.download_probe_seconds)
+        asking = Future()
         _asking[key] = asking
+
+    def ask() -> None:
+        try:
+            asking.set_result(probe(dataset, settings.download_mirror or None,
+                                    settings.download_probe_seconds))
+        except Exception as exc:
+            asking.set_exception(exc)
 
     def answered(done: Future[str | None]) -> None:
         try:
@@ -97,6 +102,9 @@ def _ask(settings: Settings, dataset: str) -> Future[str | None]:
             _asking.pop(key, None)
 
     asking.add_done_callback(answered)
+    # A daemon thread: a name that never resolves must not hold up the process's exit (an
+    # executor's threads are joined at exit).
+    threading.Thread(target=ask, name="corel-download-probe", daemon=True).start()
     return asking
 
 
