@@ -74,8 +74,11 @@ screenshots: $(STAMP) $(NATIVE)
 # COREL_DATA_DIR says otherwise).
 SHARED_DATA := $(wildcard $(CURDIR)/../shared/datasets)
 
+# exec: the service is make's own child, so the SIGTERM make passes on reaches it (a shell
+# between them died of it, "Error 143", and left the service running); a SIGINT to make
+# alone, which make does not pass on, `corel serve` notices itself (app/cli/service.py).
 serve: $(SERVICE_STAMP) $(NATIVE)
-	COREL_DATA_DIR="$${COREL_DATA_DIR:-$(SHARED_DATA)}" $(BIN)/corel serve
+	exec env COREL_DATA_DIR="$${COREL_DATA_DIR:-$(SHARED_DATA)}" $(BIN)/corel serve
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

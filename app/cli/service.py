@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -139,9 +142,52 @@ def _exit_on_sigterm(code: int | None = None) -> None:
 
     Python's default SIGTERM action ends the process at once. uvicorn restores the
     handler it found and raises the signal again after its own shutdown, so without
-    this, `corel serve` stopped by SIGTERM left its embedded worker running.
+    this, `corel serve` stopped by SIGTERM left its embedded worker running. That
+    raise comes inside uvicorn's event loop, whose run returns next: there the handler
+    lets it return (a SystemExit raised in the loop was logged as a traceback).
     """
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum if code is None else code))
+    def stop(signum: int, _: Any) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not inside the server's loop: stop here
+            sys.exit(128 + signum if code is None else code)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _stop_with_make() -> None:
+    """Where ``make serve`` runs this process (make its parent), stop when make alone is told
+    to: GNU make passes a SIGTERM on to its recipe, but on a SIGINT it waits for the recipe to
+    end, since a terminal's Ctrl-C reaches the whole process group; a SIGINT sent to make
+    alone (``kill -INT``, a supervisor) left the service running and make waiting for ever.
+    Make shows that it got one by catching it no more (its handler resets the signal while
+    it waits: ``SigCgt`` in /proc), and this process then stops as on a SIGTERM (not a
+    second SIGINT: after a Ctrl-C, uvicorn takes one as "cut every connection now"); it
+    stops too if make is gone. Linux only: elsewhere, nothing is watched."""
+    make = os.getppid()
+    try:
+        if Path(f"/proc/{make}/comm").read_text().strip() not in ("make", "gmake"):
+            return
+    except OSError:
+        return
+    watched = _caught(make) & {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+    def watch() -> None:
+        while os.getppid() == make and watched <= _caught(make):
+            time.sleep(0.25)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="corel-stop-with-make", daemon=True).start()
+
+
+def _caught(pid: int) -> set[int]:
+    """The signals a process catches (its handlers), from /proc/<pid>/status; none if gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return set()
+    mask = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
 
 
 def _cannot_listen(host: str, port: int) -> str | None:
@@ -226,10 +272,18 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     worker = None
     _exit_on_sigterm(0)  # stopping a server is no failure (make serve said "Error 143")
+    _stop_with_make()
     if embedded and not args.no_worker:
         from app.services.workers import worker_environ
 
-        worker = subprocess.Popen(worker_command(), env=worker_environ(os.environ))
+        # Born ignoring SIGINT (the ignoring survives exec, and Python keeps it): a Ctrl-C
+        # while it still imports ended it in a KeyboardInterrupt traceback. Celery installs
+        # its own SIGINT handler once up; until then this process stops it, with SIGTERM.
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            worker = subprocess.Popen(worker_command(), env=worker_environ(os.environ))
+        finally:
+            signal.signal(signal.SIGINT, interrupt)
     try:
         print(f"corel: the dashboard is at http://{args.host}:{args.port}/ (the API's docs at /docs)",
               file=sys.stderr, flush=True)
@@ -250,7 +304,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _embedded_service() -> tuple[subprocess.Popen[bytes], str]:
     import socket
-    import time
 
     import httpx
 
@@ -296,7 +349,6 @@ def _service_client(args: argparse.Namespace, timeout: float) -> Iterator[httpx.
 
 def _reproduce(args: argparse.Namespace) -> int:
     import platform
-    import time
 
     if args.peers:
         return _reproduce_peers(args)
@@ -350,8 +402,6 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _reproduce_peers(args: argparse.Namespace) -> int:
-    import time
-
     from app.cli.peers import BUDGETS, PeerReproduction, markers, render
 
     rows = BUDGETS[args.budget]
@@ -371,8 +421,6 @@ def _reproduce_peers(args: argparse.Namespace) -> int:
 
 
 def _reproduce_all(args: argparse.Namespace) -> int:
-    import time
-
     from app.cli.reproduce import Reproduction, render, select_rows
 
     try:

@@ -224,6 +224,63 @@ def test_embedded_default_end_to_end(tmp_path):
         proc.wait(timeout=30)
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+@pytest.mark.parametrize(("to", "sig"), [("make", signal.SIGINT), ("make", signal.SIGTERM),
+                                         ("group", signal.SIGINT)])
+def test_make_serve_stops_cleanly_and_quietly_when_make_is_signalled(tmp_path, to, sig):
+    """A signal to `make` alone, as `kill` or a supervisor sends it: SIGINT did nothing (make
+    waits for its recipe, which never heard of it), and SIGTERM reached the recipe's shell
+    alone, which died ("make: *** [Makefile:78: serve] Error 143") and left the service
+    running. Both stop the service, its worker with it, with no error; and so does a
+    terminal's Ctrl-C, a SIGINT to the whole process group."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COREL_", "MAKE"))}
+    env.update(COREL_VAR_DIR=str(tmp_path / "var"), COREL_PORT=str(port))
+    # The installed environment as it is (no stamps to remake), from a folder of its own.
+    make = ["make", "-f", str(REPO / "Makefile"), "serve", f"BIN={Path(sys.executable).parent}",
+            "SERVICE_STAMP=", "NATIVE="]
+    log = open(tmp_path / "make.log", "wb")  # noqa: SIM115
+    # make as a terminal starts it, catching SIGINT: a suite started in the background by a
+    # shell (`... &`, nohup) ignores SIGINT and SIGQUIT, and so would make, inheriting that
+    # (it leaves an ignored SIGINT ignored): then nothing can stop it with one.
+    proc = subprocess.Popen(make, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=_default_interrupts)
+    try:
+        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200,
+                   90, "make serve to be ready", interval=0.3, ignore=(httpx.HTTPError,),
+                   detail=(tmp_path / "make.log").read_text)
+        if to == "make":
+            proc.send_signal(sig)
+        else:
+            os.killpg(proc.pid, sig)
+        # make ends as the signal ends a program (it raises it again once its recipe is done).
+        assert proc.wait(timeout=45) in (0, -sig), (tmp_path / "make.log").read_text()[-3000:]
+        wait_until(lambda: not _group(proc.pid), 45, "the service and its worker to end",
+                   interval=0.2, detail=lambda: str(_group(proc.pid)))
+        text = (tmp_path / "make.log").read_text()
+        assert "Error" not in text and "Traceback" not in text and "make: ***" not in text, text[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        proc.wait(timeout=30)
+
+
+def _default_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def _group(pgid: int) -> list[str]:
+    """The live processes of a process group."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(stat.parent.name)
+    return out
+
+
 def _state(pid: str) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
