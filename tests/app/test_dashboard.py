@@ -167,8 +167,13 @@ def test_the_form_starts_at_the_quick_budget_and_a_field_filled_in_wins(page, cl
     assert page.input_value("#f-budget") == "quick"
     for field, shown in (("lr", "quick: 0.001"), ("epochs", "quick: 10"), ("batch_size", "quick: 64")):
         assert page.input_value(f"#f-{field}") == "" and page.get_attribute(f"#f-{field}", "placeholder") == shown
+        # Its help says what empty means now (it said the schema's "Default 128.").
+        box = page.locator(f'.field[data-field="{field}"] .help').inner_text()
+        assert box.endswith(f"Left empty: {shown.split(': ')[1]} (the quick budget).") and "Default" not in box
     page.select_option("#f-budget", "paper")
     assert page.get_attribute("#f-lr", "placeholder") == "paper: 0.0001"
+    assert page.locator('.field[data-field="lr"] .help').inner_text().endswith(
+        "Left empty: 0.0001 (the paper budget).")
     page.select_option("#f-budget", "quick")
     page.select_option("#f-dataset", "digits")
     page.fill("#f-epochs", "2")

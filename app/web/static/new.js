@@ -49,6 +49,7 @@ corel.pages.new = async function () {
         placeholder: p.nullable ? "optional" : "" });
     }
     input.dataset.type = p.type || "string";
+    input.dataset.helpBase = help(Object.assign({}, p, { default: undefined }));
     form.append(el("div", { class: "field", "data-field": name },
       el("label", { for: "f-" + name }, LABELS[name] || p.title || name, required.has(name) ? " *" : ""),
       input,
@@ -66,6 +67,10 @@ corel.pages.new = async function () {
       if (!input) continue;
       if (input.dataset.userSet !== "true") input.value = "";  // the schema's default: the budget's now
       input.placeholder = (form.elements.budget.value || "paper") + ": " + chosen[name];
+      // The help says what an empty field means under this budget, not the schema's default.
+      const box = input.closest(".field");
+      if (box) box.querySelector(".help").textContent = (input.dataset.helpBase ? input.dataset.helpBase + " " : "") +
+        "Left empty: " + chosen[name] + " (the " + (form.elements.budget.value || "paper") + " budget).";
     }
   }
   if (form.elements.budget) {
