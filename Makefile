@@ -42,16 +42,24 @@ lint: $(STAMP)
 # CPU's rounding fails here, not on the next machine. Then the whole suite.
 KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 
+#
+# Both passes run on two processes (pytest-xdist; tests/conftest.py keeps a file's tests on
+# one process, so its module fixtures are made once), then the tests marked `serial` (they
+# measure time, or load the whole machine) run alone.
+XDIST := -n 2 --dist loadgroup
+
 test: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check corel app worker tests bench harness
 	$(BIN)/mypy
-	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/corel
-	$(BIN)/python -m pytest -q
+	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) tests/corel
+	$(BIN)/python -m pytest -q $(XDIST) -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 # The service tests again, acting for a user with a write token (tests/app/conftest.py):
 # the owner, sharing and access checks on every request. CI runs it after `make test`.
 test-as-user: $(STAMP) $(NATIVE)
-	COREL_TEST_AS_USER=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/app -m "not own_auth"
+	COREL_TEST_AS_USER=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) tests/app -m "not own_auth and not serial"
+	COREL_TEST_AS_USER=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/app -m "not own_auth and serial"
 
 # Hosts of their own (tests/cluster): network namespaces joined by veth pairs, a database
 # host, an API host and two worker hosts; needs root. CI runs it after `make test`.

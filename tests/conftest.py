@@ -71,3 +71,19 @@ def fashion_dir() -> Path:
 def shared_datasets() -> Path:
     require(SHARED_DATASETS.is_dir(), f"the shared datasets folder {SHARED_DATASETS}")
     return SHARED_DATASETS
+
+
+# Spread across processes (`make test` runs pytest-xdist with --dist loadgroup): each test
+# file's tests on one process, so that its module fixtures (a trained run, a browser) are
+# made once, except the benchmarks' smoke runs, each a program of its own, which spread.
+SPREAD_ONE_BY_ONE = {"tests/test_bench_smoke.py", "tests/test_bench_cnn_rows.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            path = item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(item.nodeid if path in SPREAD_ONE_BY_ONE else path))

@@ -106,6 +106,12 @@ def _owned_by_the_session_user(session: OrmSession, *_: Any) -> None:
 
 PG_ADMIN_URL = os.environ.get("COREL_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("COREL_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+# Under pytest-xdist (make test runs the suite on two processes) each process has a Redis
+# database of its own: the session fixture empties its database at its start and end, which
+# would otherwise drop the other's queued messages.
+_XDIST = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _XDIST.startswith("gw") and _XDIST[2:].isdigit():
+    REDIS_URL = f"{REDIS_URL.rsplit('/', 1)[0]}/{int(REDIS_URL.rsplit('/', 1)[1]) + 1 + int(_XDIST[2:])}"
 
 
 def _pg_available() -> bool:

@@ -21,6 +21,10 @@ from harness.wait import wait_until
 from tests.app.conftest import Workers, own_database
 from tests.conftest import REPO
 
+# Alone, not beside other tests (make test): a worker takes fewer threads on a host that
+# others keep busy, and these tests count the threads it takes.
+pytestmark = pytest.mark.serial
+
 
 def test_a_share_is_the_cpus_divided_by_the_workers_and_what_others_leave_idle() -> None:
     assert workers.share_of(2, 1).threads == 2
