@@ -17,7 +17,8 @@ from harness.soak import SoakConfig, run_soak
 from tests.conftest import require
 
 # Alone, not beside other tests (make test): its deadlines follow the training's pace.
-pytestmark = pytest.mark.serial
+# Its services are its own, in the open mode: make test-as-user would run it unchanged.
+pytestmark = [pytest.mark.serial, pytest.mark.no_user]
 
 DECK = ("redis-flush", "worker-kill", "postgres-stop", "redis-restart", "api-kill",
         "postgres-freeze", "redis-flush", "worker-kill")

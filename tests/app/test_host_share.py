@@ -23,7 +23,8 @@ from tests.conftest import REPO
 
 # Alone, not beside other tests (make test): a worker takes fewer threads on a host that
 # others keep busy, and these tests count the threads it takes.
-pytestmark = pytest.mark.serial
+# They count threads and make no request: make test-as-user would run them unchanged.
+pytestmark = [pytest.mark.serial, pytest.mark.no_user]
 
 
 def test_a_share_is_the_cpus_divided_by_the_workers_and_what_others_leave_idle() -> None:

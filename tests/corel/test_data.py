@@ -81,7 +81,7 @@ def test_idx_header_is_the_canonical_layout(tmp_path):
         (b"\x00\x00\x42\x01\x00\x00\x00\x01\x07", "bad magic number"),
         (b"\x00\x00\x08\x03\x00\x00", "truncated inside its header"),
         (b"\x00\x00\x08\x01\x00\x00\x00\x05\x01\x02", "header announces shape"),
-        (gzip.compress(b"\x00\x00\x08\x01\x00\x00\x00\x01\x07")[:-6], "corrupt gzip"),
+        (gzip.compress(b"\x00\x00\x08\x01\x00\x00\x00\x01\x07", mtime=0)[:-6], "corrupt gzip"),
     ],
 )
 def test_idx_rejects_corrupt_files(tmp_path, content, message):
