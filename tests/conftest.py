@@ -20,6 +20,13 @@ from app.services.workers import WORKER_ENV_DEFAULTS
 for _name, _value in WORKER_ENV_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
 
+# Under pytest-xdist (make test: two processes on this 2-core machine) each process computes
+# on one thread: two processes of two threads each ran the library's tests several times
+# slower than one process alone (OpenMP's threads waiting on cores the other holds). The
+# workers the tests start choose their own share of the host (app/services/workers.py).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 REPO = Path(__file__).resolve().parents[1]
 # CI clones the repository with shared/ beside it.
 SHARED_DATASETS = REPO.parent / "shared" / "datasets"
