@@ -148,7 +148,9 @@ def test_a_missing_dataset_is_downloaded_once_by_the_worker_verified_and_shown(
             items = _items(c)
             assert items["mnist"]["status"] == "downloadable", items
             assert "a worker downloads it" in items["mnist"]["why"]
-            assert items["ag-news"]["status"] == "downloadable"
+            # AG News is not on that mirror: its source answers 404, so it is not offered.
+            assert items["ag-news"]["status"] == "unavailable"
+            assert "HTTP 404" in items["ag-news"]["why"], items["ag-news"]
 
             # 1. A corrupt file (one pixel changed, still valid gzip): refused, nothing kept.
             victim = tmp_path / "mirror" / "mnist" / "t10k-images-idx3-ubyte.gz"

@@ -87,10 +87,19 @@ class Team:
     users: dict[str, int]
 
     def counts(self) -> dict[str, int]:
-        """Rows in every table but the audit log's (a refusal adds an entry there)."""
+        """Rows in every table but the audit log's (a refusal adds an entry there), once
+        no run, embedding job or index build of an earlier test is still writing its own
+        (a run an earlier test submitted and left training added its epochs between two
+        counts of a later test)."""
         engine = make_engine(self.settings.db_url)
         try:
             with engine.connect() as conn:
+                def settled() -> bool:
+                    return all(conn.execute(text(
+                        f"SELECT count(*) FROM {table} WHERE status IN ('queued', 'running')"
+                    )).scalar_one() == 0 for table in ("experiments", "embedding_jobs",
+                                                       "neighbor_indexes"))
+                wait_until(settled, 180, "earlier tests' work to finish", interval=0.2)
                 return {t.name: conn.execute(select(func.count()).select_from(t)).scalar_one()
                         for t in Base.metadata.sorted_tables if t.name != AuditEntry.__tablename__}
         finally:
