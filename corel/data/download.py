@@ -56,6 +56,15 @@ _AG_NEWS_MD5 = {
     "test.csv": "d52ea96a97a2d943681189a97654912d",
 }
 
+# torchvision's mirrors (``torchvision.datasets.MNIST.mirrors`` and ``FashionMNIST``'s),
+# written out: importing torchvision for them cost the service's process tens of MB and
+# seconds, in the background, when it asked at start whether they answer
+# (tests/corel/test_download.py checks that they are still torchvision's).
+TORCHVISION_MIRRORS = {
+    "MNIST": ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"),
+    "FashionMNIST": ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
+}
+
 CHUNK = 1 << 16
 
 Progress = Callable[[str, int, int | None], None]
@@ -103,12 +112,7 @@ class Source:
 
 def _idx_source(dataset: str, title: str, torchvision_class: str, folder: str, megabytes: int,
                 mirror: str | None) -> Source:
-    if mirror:
-        bases = [f"{mirror.rstrip('/')}/{dataset}/"]
-    else:  # torchvision's own mirrors, imported only here to keep corel.data light
-        import torchvision.datasets
-
-        bases = list(getattr(torchvision.datasets, torchvision_class).mirrors)
+    bases = [f"{mirror.rstrip('/')}/{dataset}/"] if mirror else list(TORCHVISION_MIRRORS[torchvision_class])
     files = tuple(
         RemoteFile(name, tuple(base + name for base in bases), f"sha256:{sha}", of_content=True)
         for name, sha in _IDX_SHA256[dataset].items()

@@ -22,6 +22,10 @@ from harness.servers import free_port
 from harness.wait import wait_until
 from tests.conftest import REPO
 
+# Alone, not beside other tests (make test): they measure a service's memory, which any
+# work of its own still under way beside the request would add to.
+pytestmark = pytest.mark.serial
+
 TOKEN = "limits-test-token"
 BIG = 300 * 1024 * 1024
 CHUNK = b"0" * (1 << 20)

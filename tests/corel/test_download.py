@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from corel import data
-from corel.data.download import DownloadError, download, probe, source
+from corel.data.download import TORCHVISION_MIRRORS, DownloadError, download, probe, source
 from corel.spec import ExperimentSpec
 from tests.conftest import FASHION_DIR, SHARED_DATASETS, require
 from tests.mirror import Mirror
@@ -103,6 +103,15 @@ def test_a_server_that_does_not_answer_is_named(tmp_path: Path) -> None:
     with pytest.raises(DownloadError, match=r"127\.0\.0\.1:9/mnist/train-images"):
         download("mnist", tmp_path / "d", mirror="http://127.0.0.1:9", timeout=5)
     assert not (tmp_path / "d" / "mnist").exists()
+
+
+def test_the_public_sources_are_torchvision_s_mirrors() -> None:
+    import torchvision.datasets
+
+    for name, mirrors in TORCHVISION_MIRRORS.items():
+        assert list(mirrors) == list(getattr(torchvision.datasets, name).mirrors), name
+    assert source("mnist").files[0].urls == tuple(
+        f"{base}train-images-idx3-ubyte.gz" for base in torchvision.datasets.MNIST.mirrors)
 
 
 def test_a_probe_downloads_nothing_and_says_why_a_source_cannot_serve(
