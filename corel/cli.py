@@ -55,7 +55,11 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import corel.losses  # noqa: F401  # registers plugins' losses (entry points) before --loss's choices
+    if any(True for _ in entry_points(group="corel.losses")):
+        # Plugins' losses register when corel.losses loads (their entry points), before
+        # --loss's choices are read. Without any, torch stays unimported: the service's
+        # commands (users, tokens, db, ...) start in a fraction of the time.
+        import corel.losses  # noqa: F401
     parser = argparse.ArgumentParser(
         prog="corel",
         description="Clustering-oriented representation learning with attractive-repulsive loss.",

@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound, check_id
 from app.models import Base, Checkpoint, Experiment, LatentSpace, Status
-from corel.train import checkpoint_from_bytes
 
 RowT = TypeVar("RowT", bound=Base)
 
@@ -54,6 +53,8 @@ def best_checkpoint(session: Session, experiment_id: int, column: Any = None) ->
 
 def class_names(session: Session, experiment_id: int) -> list[str]:
     """The class names the experiment was trained with (its best checkpoint's)."""
+    from corel.train import checkpoint_from_bytes  # torch: not for the CLI's users commands
+
     ckpt = checkpoint_from_bytes(best_checkpoint(session, experiment_id))
     return [str(c) for c in ckpt["class_names"]]
 

@@ -6,6 +6,8 @@ trains it, and its model exports and serves."""
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -17,6 +19,7 @@ from app.main import create_app
 from corel import losses
 from corel.loss_catalog import DECLARATIONS
 from tests.app.conftest import finished, wait_for
+from tests.conftest import REPO
 
 PLUGIN = textwrap.dedent('''
     import torch.nn.functional as F
@@ -109,3 +112,23 @@ def test_a_loss_registered_in_one_place_is_accepted_validated_trained_exported_a
         sys.path.remove(str(root))
         sys.modules.pop("corel_scaledcos", None)
     assert "scaledcos" not in DECLARATIONS
+
+
+def test_the_command_line_offers_a_plugins_loss_and_imports_torch_only_for_one(tmp_path):
+    """``corel train --loss`` lists a plugin's loss (its entry point registers it when the
+    parser is built); without a plugin, building the parser leaves torch unimported, so the
+    service's commands (users, tokens, db, ...) start without it."""
+    root = _plugin(tmp_path / "plugin")
+    probe = ("import sys; from corel.cli import build_parser; p = build_parser(); "
+             "print('torch' in sys.modules); p.parse_args(['train', '--help'])")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    alone = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    assert alone.stdout.startswith("False\n"), alone.stdout + alone.stderr
+    assert "scaledcos" not in alone.stdout and "arcface" in alone.stdout
+
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env["PYTHONPATH"]])
+    with_plugin = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO,
+                                 capture_output=True, text=True, timeout=120)
+    assert with_plugin.stdout.startswith("True\n"), with_plugin.stdout + with_plugin.stderr
+    assert "scaledcos" in with_plugin.stdout
