@@ -24,9 +24,11 @@ from harness.wait import wait_until
 from tests.app.conftest import Workers, finished, npz_bytes, wait_for
 from tests.conftest import require
 
-# Alone, not beside other tests (make test): it times answers (a refusal within 2 s, a
-# read within 0.1 s) while its services fail.
-pytestmark = pytest.mark.serial
+# The tests that time answers while their services fail (a refusal within 2 s, a read
+# within 0.1 s) run alone, not beside other tests (make test's serial pass), and so does
+# the one that compares a resumed run's figures with a run in this process. The others wait
+# for recovery with deadlines of a minute or more and run beside other tests.
+alone = pytest.mark.serial
 
 RUN = {"dataset": "digits", "epochs": 4, "batch_size": 32, "lr": 1e-3, "loss": "gaussian",
        "lam": 0.8}
@@ -95,6 +97,7 @@ def test_runs_queued_while_postgres_stops_all_succeed(private, service) -> None:
         assert [m["epoch"] for m in items] == [1, 2, 3, 4]  # none lost, none twice
 
 
+@alone
 def test_a_terminated_connection_resumes_with_the_same_figures(private, service) -> None:
     pg, _ = private
     _, workers, client = service
@@ -138,6 +141,7 @@ def timed(call):
     return result, time.monotonic() - started
 
 
+@alone
 def test_the_api_answers_503_while_postgres_is_down_and_recovers(private, service) -> None:
     pg, _ = private
     _, _, client = service
@@ -160,6 +164,7 @@ def test_the_api_answers_503_while_postgres_is_down_and_recovers(private, servic
     assert client.get("/experiments").status_code == 200  # the pool reconnects by itself
 
 
+@alone
 def test_health_and_ready_answer_while_postgres_is_frozen(private, service) -> None:
     import threading
 
@@ -191,6 +196,7 @@ def test_health_and_ready_answer_while_postgres_is_frozen(private, service) -> N
                "the API to recover after the thaw")
 
 
+@alone
 def test_submitting_while_the_broker_is_down_is_a_quick_503(private, service) -> None:
     _, rd = private
     _, _, client = service
