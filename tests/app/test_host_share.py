@@ -21,10 +21,13 @@ from harness.wait import wait_until
 from tests.app.conftest import Workers, own_database
 from tests.conftest import REPO
 
-# Alone, not beside other tests (make test): a worker takes fewer threads on a host that
-# others keep busy, and these tests count the threads it takes.
-# They count threads and make no request: make test-as-user would run them unchanged.
-pytestmark = [pytest.mark.serial, pytest.mark.no_user]
+# They make no request: make test-as-user would run them unchanged.
+pytestmark = pytest.mark.no_user
+# Alone, not beside other tests (make test's serial pass): a worker takes fewer threads on a
+# host that others keep busy, and these count the threads it takes, or time the host's load.
+# The others compute (a share from given figures, a run's bits at a given thread count) and
+# run beside other tests.
+alone = pytest.mark.serial
 
 
 def test_a_share_is_the_cpus_divided_by_the_workers_and_what_others_leave_idle() -> None:
@@ -49,6 +52,7 @@ def test_the_cpu_allowance_follows_the_cgroup_quota(tmp_path: Path) -> None:
     assert workers.cpu_allowance(tmp_path / "absent") == mine
 
 
+@alone
 def test_host_load_counts_other_processes_not_this_one(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     tick = os.sysconf("SC_CLK_TCK")
@@ -72,6 +76,7 @@ def _log_lines(path: Path, words: str) -> list[str]:
     return [line for line in path.read_text(errors="replace").splitlines() if words in line]
 
 
+@alone
 def test_two_workers_on_one_host_take_a_core_each_and_one_all_once_alone(
         settings: Settings, tmp_path: Path) -> None:
     if len(os.sched_getaffinity(0)) != 2:
