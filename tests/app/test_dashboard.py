@@ -286,6 +286,45 @@ def test_a_dataset_uploaded_from_the_form_is_selected_and_trains(page, client, t
     page.wait_for_selector("#status .badge[data-status=succeeded]")
 
 
+def test_a_file_uploaded_before_the_form_is_built_is_uploaded_not_submitted_with_the_page(page, client, tmp_path):
+    """The form is built from /openapi.json; a file sent before that answers (held here) is
+    uploaded, and selected once the form stands. The upload's handler was attached only after
+    the page's fetches, so such a click submitted the page itself: a reload, nothing sent (a
+    race the upload test above met under load)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    path = tmp_path / "early.npz"
+    np.savez(path, x=digits.data[:100].astype(np.float32), y=digits.target[:100])
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        held.append(route)
+
+    page.route("**/openapi.json", hold)
+    try:
+        page.goto("/ui/new")
+        deadline = time.monotonic() + 30
+        while not held and time.monotonic() < deadline:
+            page.wait_for_timeout(50)
+        assert held, "the page did not ask for /openapi.json"
+        assert page.locator("#f-dataset").count() == 0  # the form is not built yet
+        page.set_input_files("#upload-file", str(path))
+        with page.expect_response(lambda r: r.url.endswith("/datasets") and r.request.method == "POST",
+                                  timeout=10_000) as sent:
+            page.click("#upload-form button")
+        assert sent.value.status == 201, sent.value.text()
+        dataset_id = sent.value.json()["id"]
+        assert page.inner_text("#upload-result") == "uploading…"  # selected once the form stands
+        held[0].continue_()
+        page.wait_for_function("document.getElementById('upload-result').textContent.includes('is selected')")
+    finally:
+        page.unroute("**/openapi.json", hold)
+    assert page.input_value("#f-dataset") == "npz" and page.input_value("#f-dataset_id") == str(dataset_id)
+    assert client.get(f"/datasets/{dataset_id}").json()["filename"] == "early.npz"
+    assert "/ui/new" in page.url and "?" not in page.url  # not submitted with the page
+
+
 def test_a_text_upload_trains_on_frozen_minilm_from_the_form_and_serves_sentences(page, client,
                                                                                   shared_datasets, tmp_path):
     """The form offers the pretrained encoders; a text table trained on frozen MiniLM with a

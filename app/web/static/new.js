@@ -8,6 +8,29 @@ corel.pages.new = async function () {
   const LABELS = { lam: "λ (lam)", gamma: "γ (gamma)", learn_gamma: "Learn γ", alpha: "α (alpha)", lr: "Learning rate (lr)",
     batch_size: "Batch size", hidden: "Hidden width", train_subset: "Train subset", dataset_id: "Uploaded dataset id" };
   const form = document.getElementById("spec-form");
+  // The upload's handler comes first, before anything is awaited: a file sent while the form
+  // is still being built must not submit the page itself (a reload, and nothing uploaded).
+  let formBuilt;
+  const built = new Promise((resolve) => { formBuilt = resolve; });
+  document.getElementById("upload-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const file = document.getElementById("upload-file").files[0];
+    const out = document.getElementById("upload-result");
+    if (!file) return;
+    const data = new FormData();
+    data.append("file", file);
+    const up = document.getElementById("upload-form").elements;
+    for (const name of ["label_column", "text_column"]) if (up[name].value.trim()) data.append(name, up[name].value.trim());
+    if (up.standardize.checked) data.append("standardize", "true");
+    out.textContent = "uploading…";
+    try {
+      const ds = await api("/datasets", { method: "POST", body: data });
+      await built;  // the form's fields and defaults, which the upload's choice then overrides
+      out.textContent = "dataset " + ds.id + " (" + ds.kind + ", " + ds.filename + ") is selected above";
+      form.elements.dataset.value = ds.kind;  // npz (features become npz), text or ag-news
+      form.elements.dataset_id.value = ds.id;
+    } catch (e) { out.textContent = ""; flash(e.message); }
+  });
   const doc = await api("/openapi.json");
   const schema = doc.components.schemas.ExperimentCreate;
   const required = new Set(schema.required || []);
@@ -118,6 +141,7 @@ corel.pages.new = async function () {
   const q = corel.query();
   if (q.get("dataset_id")) { form.elements.dataset.value = q.get("dataset") || "npz"; form.elements.dataset_id.value = q.get("dataset_id"); }
   if (!q.get("dataset")) form.elements.dataset.value = "digits";
+  formBuilt();
   // Built-in datasets that are not on this server are marked: one a worker will download
   // says so, and one that is unavailable cannot be chosen.
   const builtin = await api("/datasets/builtin");
@@ -184,22 +208,4 @@ corel.pages.new = async function () {
     }
   });
 
-  document.getElementById("upload-form").addEventListener("submit", async (ev) => {
-    ev.preventDefault();
-    const file = document.getElementById("upload-file").files[0];
-    const out = document.getElementById("upload-result");
-    if (!file) return;
-    const data = new FormData();
-    data.append("file", file);
-    const up = document.getElementById("upload-form").elements;
-    for (const name of ["label_column", "text_column"]) if (up[name].value.trim()) data.append(name, up[name].value.trim());
-    if (up.standardize.checked) data.append("standardize", "true");
-    out.textContent = "uploading…";
-    try {
-      const ds = await api("/datasets", { method: "POST", body: data });
-      out.textContent = "dataset " + ds.id + " (" + ds.kind + ", " + ds.filename + ") is selected above";
-      form.elements.dataset.value = ds.kind;  // npz (features become npz), text or ag-news
-      form.elements.dataset_id.value = ds.id;
-    } catch (e) { out.textContent = ""; flash(e.message); }
-  });
 };
