@@ -9,7 +9,8 @@ suite's requests then act for a user who owns what they create and may see nothi
 Rows a test writes to the database itself (a job a lost worker left running, an
 experiment half trained) get that user as their owner, as if it had created them through
 the API. Tests that set up their own authentication (the open mode, COREL_API_TOKEN, other
-users) are marked ``own_auth`` and left out of that run.
+users) are marked ``own_auth`` and left out of that run, and so are those that never reach
+the session's database (no ``settings`` fixture): they act for no user of the session.
 """
 
 from __future__ import annotations
@@ -77,6 +78,20 @@ def create_app(settings: Settings) -> Any:
 _create_app = app.main.create_app
 if AS_USER:  # the test modules import create_app from app.main after this conftest
     app.main.create_app = create_app  # type: ignore[assignment]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With COREL_TEST_AS_USER, only the tests that reach the session's database (through
+    the ``settings`` fixture, which creates it and its user) run: a test without it builds
+    its services on a database of its own (a private PostgreSQL, `make serve`'s SQLite) or
+    makes no request, acts for no user of the session, and would repeat ``make test``
+    unchanged (as the ``no_user`` mark says by hand)."""
+    if not AS_USER:
+        return
+    alone = [item for item in items if "settings" not in item.fixturenames]
+    if alone:
+        config.hook.pytest_deselected(items=alone)
+        items[:] = [item for item in items if "settings" in item.fixturenames]
 
 
 def add_session_user(s: Settings) -> None:
