@@ -55,7 +55,7 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    if any(True for _ in entry_points(group="corel.losses")):
+    if entry_points(group="corel.losses"):
         # Plugins' losses register when corel.losses loads (their entry points), before
         # --loss's choices are read. Without any, torch stays unimported: the service's
         # commands (users, tokens, db, ...) start in a fraction of the time.

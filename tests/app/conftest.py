@@ -91,7 +91,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     alone = [item for item in items if "settings" not in item.fixturenames]
     if alone:
         config.hook.pytest_deselected(items=alone)
-        items[:] = [item for item in items if "settings" in item.fixturenames]
+        items[:] = [item for item in items if item not in alone]
 
 
 def add_session_user(s: Settings) -> None:
