@@ -41,6 +41,10 @@ lint: $(STAMP)
 # non-vectorised ones and MKL's reproducible path, so that a test that holds only on one
 # CPU's rounding fails here, not on the next machine. Then the whole suite.
 KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
+# The library's test files that compute nothing with torch's or MKL's kernels (faiss, the
+# downloads' files, the report's Markdown, the catalogs, the native build's loader): the
+# same on any kernels, so they run once, in the whole suite's pass.
+KERNEL_FREE := test_index test_download test_report test_encoder_catalog test_native
 
 #
 # Both passes run on two processes (pytest-xdist; tests/conftest.py keeps a file's tests on
@@ -48,10 +52,13 @@ KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 # measure time, or load the whole machine) run alone.
 XDIST := -n 2 --dist loadgroup
 
+# mypy (one process, about 100 s from an empty cache) checks beside the kernel pass.
 test: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check corel app worker tests bench harness
-	$(BIN)/mypy
-	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) tests/corel
+	$(BIN)/mypy & mypy=$$!; \
+	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) tests/corel \
+		$(KERNEL_FREE:%=--ignore=tests/corel/%.py); kernels=$$?; \
+	wait $$mypy && [ $$kernels -eq 0 ]
 	$(BIN)/python -m pytest -q $(XDIST) -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
