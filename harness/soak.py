@@ -84,13 +84,25 @@ class SoakConfig:
     # trained (and its gap has passed), so that every fault, the last one included, strikes
     # with work queued on a machine of any speed (up to ``fault_seconds`` in all).
     paced: bool = False
+    # With a deck: before each fault, this many runs more are submitted, and the fault waits
+    # until the workers are training (as many runs as there are workers, or every run left),
+    # so that every fault, the last one included, strikes work in training on a machine of
+    # any speed. Paced alone, a fast machine had trained every run before the deck's last
+    # card was dealt: the check that recovery was exercised then failed. 0: off.
+    feed: int = 0
     logdir: Path | None = None
+
+    @property
+    def total_runs(self) -> int:
+        """The runs submitted in all: ``runs`` at the start, ``feed`` before each fault."""
+        return self.runs + self.feed * len(self.deck or ())
 
 
 @dataclass
 class SoakReport:
     config: SoakConfig
     accepted: list[int] = field(default_factory=list)
+    spec_index: dict[int, int] = field(default_factory=dict)  # accepted id -> spec_of's index
     refused: list[str] = field(default_factory=list)  # answers that told the client to retry
     faults: list[tuple[float, str]] = field(default_factory=list)
     statuses: dict[int, str] = field(default_factory=dict)
@@ -112,7 +124,7 @@ class SoakReport:
 
     @property
     def ok(self) -> bool:
-        return (len(self.accepted) == self.config.runs and self.succeeded == len(self.accepted)
+        return (len(self.accepted) == self.config.total_runs and self.succeeded == len(self.accepted)
                 and self.all_finished_after is not None
                 and self.all_finished_after <= self.config.deadline + self.drain_seconds
                 and not self.stray_rows and not self.duplicated_epochs
@@ -264,14 +276,14 @@ def _fault(cluster: Cluster, kind: str, rng: random.Random) -> None:
         raise ValueError(f"unknown fault {kind!r}")
 
 
-def _submit(cluster: Cluster, report: SoakReport, stop_at: float) -> None:
-    """Submit ``runs`` runs evenly over ``submit_seconds``, each retried until accepted."""
-    config = cluster.config
+def _submit(cluster: Cluster, report: SoakReport, stop_at: float, indices: range,
+            seconds: float = 0.0) -> None:
+    """Submit the runs of ``indices`` evenly over ``seconds``, each retried until accepted."""
     started = time.monotonic()
     with httpx.Client(timeout=15) as http:
-        for index in range(config.runs):
-            time.sleep(max(0.0, started + index * config.submit_seconds / config.runs - time.monotonic()))
-            body = spec_of(config, index)
+        for n, index in enumerate(indices):
+            time.sleep(max(0.0, started + n * seconds / len(indices) - time.monotonic()))
+            body = spec_of(cluster.config, index)
             while time.monotonic() < stop_at:
                 try:
                     r = http.post(f"{cluster.url}/experiments", json=body)
@@ -280,10 +292,31 @@ def _submit(cluster: Cluster, report: SoakReport, stop_at: float) -> None:
                     time.sleep(1.0)
                     continue
                 if r.status_code == 202:
-                    report.accepted.append(int(r.json()["id"]))
+                    eid = int(r.json()["id"])
+                    report.spec_index[eid] = index
+                    report.accepted.append(eid)
                     break
                 report.refused.append(f"run {index}: {r.status_code} {r.text[:300]}")
                 time.sleep(1.0)
+
+
+def _feed(cluster: Cluster, report: SoakReport, until: float) -> None:
+    """``feed`` runs more, then wait until the workers are training (as many runs running as
+    there are workers, or every unfinished run); the database down meanwhile counts as not
+    yet."""
+    config = cluster.config
+    first = config.runs + config.feed * len(report.faults)
+    _submit(cluster, report, until, range(first, first + config.feed))
+    while time.monotonic() < until:
+        try:
+            rows = _rows(cluster)
+        except psycopg.Error:
+            rows = {}
+        states = [rows[i][0] for i in report.accepted if i in rows]
+        unfinished = [s for s in states if s not in ("succeeded", "failed", "cancelled")]
+        if unfinished and states.count("running") >= min(config.workers, len(unfinished)):
+            return
+        time.sleep(0.2)
 
 
 def _drain(cluster: Cluster, report: SoakReport, elapsed: float) -> float:
@@ -370,7 +403,8 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
         cluster.wait_api()
         began = time.monotonic()
         submitter = threading.Thread(
-            target=_submit, args=(cluster, report, began + config.fault_seconds + config.wait),
+            target=_submit, args=(cluster, report, began + config.fault_seconds + config.wait,
+                                  range(config.runs), config.submit_seconds),
             daemon=True)
         submitter.start()
         deck: list[str] = list(reversed(config.deck or ()))
@@ -383,7 +417,9 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
                     break
                 deck = list(FAULTS)
                 rng.shuffle(deck)
-            if config.paced and config.deck is not None:
+            if config.feed and config.deck is not None:
+                _feed(cluster, report, began + config.fault_seconds)
+            elif config.paced and config.deck is not None:
                 share = (len(report.faults) + 1) / (len(config.deck) + 2)
                 _wait_for_progress(cluster, report, share, began + config.fault_seconds)
             kind = deck.pop()
@@ -423,13 +459,12 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
         cluster.close()
     # Compare after the cluster is gone: the references need the cores.
     specs = {}
-    with_ids = dict(zip(report.accepted, range(config.runs), strict=False))
     for eid in report.accepted:
         epochs = [m[0] for m in metrics.get(eid, [])]
         report.duplicated_epochs += len(epochs) - len(set(epochs))
         if report.statuses.get(eid) == "succeeded":
             report.missing_epochs += len(set(range(1, config.epochs + 1)) - set(epochs))
-            specs[eid] = spec_of(config, with_ids[eid])
+            specs[eid] = spec_of(config, report.spec_index[eid])
     references = _references(config, specs)
     for eid, spec in specs.items():
         want = references[json.dumps(spec, sort_keys=True)]

@@ -2,7 +2,9 @@
 the real code path), as a subprocess, exits 0 and prints its key line. A benchmark added
 without a smoke mode and a line in ``SMOKE`` fails here. On a GPU machine the benchmarks
 that take ``--device cuda`` run on the CPU here; ``scale_out.py`` needs a cluster of network
-namespaces and runs under ``make test-cluster`` (tests/cluster/test_bench_scale_out.py)."""
+namespaces and runs under ``make test-cluster`` (tests/cluster/test_bench_scale_out.py);
+``fault_soak.py``'s smoke run is the short soak of make test's serial part
+(tests/app/test_fault_soak.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
 BENCH = REPO / "bench"
 # Modules beside the benchmarks that they import; not run.
 HELPERS = {"flops.py"}
-# Smoked elsewhere: the cluster's benchmark, in make test-cluster.
-ELSEWHERE = {"scale_out.py": "tests/cluster/test_bench_scale_out.py"}
+# Smoked elsewhere: the cluster's benchmark, in make test-cluster; the fault soak's smoke run
+# is make test's short soak, alone in its serial part.
+ELSEWHERE = {"scale_out.py": "tests/cluster/test_bench_scale_out.py",
+             "fault_soak.py": "tests/app/test_fault_soak.py"}
 
 FASHION, SHARED, SERVICES, PRIVATE, NATIVE, MINILM = (
     "fashion", "shared", "services", "private", "native", "minilm")
@@ -40,7 +44,6 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "encoders.py": (r"head sweep seconds: [\d.]+", {SHARED, MINILM}),
     "embed_throughput.py": (r"\(c\) 2 concurrent clients, single images: \d+ requests/s", {FASHION}),
     "fault_recovery.py": (r"connections cut +[\d.]+ +[\d.]+", {PRIVATE}),
-    "fault_soak.py": (r"verdict: PASS", {PRIVATE}),
     "finetune.py": (r"ratio corel / sentence-transformers samples/s: [\d.]+", {SHARED, MINILM, FASHION}),
     "gaussian_diagnosis.py": (r"# best epoch \d+: val [\d.]+ test [\d.]+", set()),
     "host_contention.py": (r"corel: ratio beside the process / alone: [\d.]+", {FASHION}),
@@ -58,12 +61,12 @@ def benchmarks() -> list[str]:
     return sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS | set(ELSEWHERE))
 
 
-def smoke(name: str, timeout: float = 300) -> str:
-    """``python bench/<name> --smoke``: its output, after checking that it exited 0."""
+def smoke(name: str, *args: str, timeout: float = 300) -> str:
+    """``python bench/<name> --smoke [args]``: its output, after checking that it exited 0."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "COREL_DATA_DIR": str(SHARED_DATASETS),
            "COREL_BENCH_PG": PG_ADMIN_URL, "COREL_BENCH_PG_ADMIN_URL": PG_ADMIN_URL}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, str(BENCH / name), "--smoke"], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, str(BENCH / name), "--smoke", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     out = done.stdout + done.stderr
     print(f"{name} --smoke: {time.monotonic() - started:.1f} s")
