@@ -50,6 +50,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,34 +60,25 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from corel.cli import engine_options
-from corel.clustering import default_metric, evaluate_clustering
-from corel.data import load_dataset
 from corel.report import PAPER_CLUSTERING, PAPER_TABLE1, PAPER_TABLE2
-from corel.spec import ExperimentSpec
-from corel.train import (
-    Callback,
-    EpochMetrics,
-    FitResult,
-    GroupCallback,
-    NotLearningError,
-    fit,
-    fit_group,
-    represent,
-)
-from corel.train.steps import pass_mode
+
+# The launcher imports neither torch nor the engine (seconds a launch): its processes do, in
+# run_one and run_group.
+if TYPE_CHECKING:
+    from corel.train import EngineOptions, EpochMetrics, FitResult
 
 LOSSES = ("cce", "center", "cosine", "gaussian")
 TITLES = {"cce": "CCE", "center": "Center", "cosine": "Cosine-COREL", "gaussian": "Gaussian-COREL"}
 
 
-# The engine's switches from COREL_CUDA_GRAPHS, COREL_NATIVE and COREL_NATIVE_DIR, as `corel train`
-# reads them (bench/on_gpu.sh sets them).
-OPTIONS = engine_options(os.environ)
+def options() -> EngineOptions:
+    """The engine's switches from COREL_CUDA_GRAPHS, COREL_NATIVE and COREL_NATIVE_DIR, as
+    `corel train` reads them (bench/on_gpu.sh sets them)."""
+    from corel.cli import engine_options
+
+    return engine_options(os.environ)
 
 def jobs(datasets: list[str], seeds: list[int], epochs: int, precision_check: bool,
          train_subset: int | None = None, extra_lams: Sequence[tuple[str, float]] = (),
@@ -161,6 +153,8 @@ class State:
         """The saved checkpoints, one per run, or None where this row has no state yet."""
         if not self.path.exists():
             return None
+        import torch
+
         saved = torch.load(self.path, map_location="cpu", weights_only=True)
         if saved["jobs"] != self.names:
             raise ValueError(f"{self.path} holds the state of {saved['jobs']}, not of {self.names}")
@@ -176,6 +170,8 @@ class State:
         """Replace the file in one step: a process killed while writing leaves the last one."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
+        import torch
+
         torch.save({"jobs": self.names, "wall_s": self.wall(), "checkpoints": checkpoints}, tmp)
         os.replace(tmp, self.path)
 
@@ -197,34 +193,6 @@ def state_file(names: list[str]) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "+".join(names)) + ".pt"
 
 
-class Progress(Callback):
-    """Appends each epoch to the results file, saves the run's state (``--state``) and
-    ends the run where ``stop`` says."""
-
-    def __init__(self, out: Path, name: str, stop: Stop, state: State | None) -> None:
-        self.out, self.name, self.stop, self.state = out, name, stop, state
-
-    def on_epoch_end(self, metrics: EpochMetrics, run: Any) -> bool:
-        append(self.out, {"job": self.name, **metrics.to_dict()})
-        if self.state is not None:
-            self.state.save([run.checkpoint()])
-        return self.stop.now(metrics.epoch)
-
-
-class GroupProgress(GroupCallback):
-    """:class:`Progress` for a stacked group: a line per member and epoch."""
-
-    def __init__(self, out: Path, names: list[str], stop: Stop, state: State | None) -> None:
-        self.out, self.names, self.stop, self.state = out, names, stop, state
-
-    def on_epoch_end(self, metrics: list[EpochMetrics], group: Any) -> bool:
-        for name, m in zip(self.names, metrics, strict=True):
-            append(self.out, {"job": name, **m.to_dict()})
-        if self.state is not None:
-            self.state.save(group.checkpoints())
-        return self.stop.now(group.epoch)
-
-
 def append(out: Path, row: dict[str, Any]) -> None:
     # One write of one line to a file opened for appending: lines of processes that write
     # at once do not interleave.
@@ -233,7 +201,23 @@ def append(out: Path, row: dict[str, Any]) -> None:
 
 
 def run_one(fields: dict[str, Any], out: Path, stop: Stop, data_dir: str | None,
-            state_dir: str | None = None) -> None:
+            state_dir: str | None, engine: EngineOptions) -> None:
+    import torch
+
+    from corel.data import load_dataset
+    from corel.spec import ExperimentSpec
+    from corel.train import Callback, NotLearningError, fit
+
+    class Progress(Callback):
+        """Appends each epoch to the results file, saves the run's state (``--state``) and
+        ends the run where ``stop`` says."""
+
+        def on_epoch_end(self, metrics: EpochMetrics, run: Any) -> bool:
+            append(out, {"job": name, **metrics.to_dict()})
+            if state is not None:
+                state.save([run.checkpoint()])
+            return stop.now(metrics.epoch)
+
     torch.set_num_threads(1)  # many of these share the machine's cores
     name = job_name(fields)
     spec = ExperimentSpec(**spec_fields(fields))
@@ -243,8 +227,8 @@ def run_one(fields: dict[str, Any], out: Path, stop: Stop, data_dir: str | None,
     data = load_dataset(spec, data_dir)
     started = time.perf_counter()
     try:
-        result = fit(spec, [Progress(out, name, stop, state)], data=data,
-                     checkpoint=checkpoint[0] if checkpoint else None, options=OPTIONS)
+        result = fit(spec, [Progress()], data=data,
+                     checkpoint=checkpoint[0] if checkpoint else None, options=engine)
     except NotLearningError as exc:
         append(out, {"job": name, "final": True, **fields, "failed": str(exc),
                      "wall_s": state.wall()[0] if state else time.perf_counter() - started,
@@ -255,10 +239,27 @@ def run_one(fields: dict[str, Any], out: Path, stop: Stop, data_dir: str | None,
 
 
 def run_group(members: list[dict[str, Any]], out: Path, stop: Stop, data_dir: str | None,
-              state_dir: str | None = None) -> None:
+              state_dir: str | None, engine: EngineOptions) -> None:
     """The members (one row's seeds) as one stacked group; if the group fails, each member
     in a process of its own (the plain launch), so that a fault of the stacked path costs
     time, not the row."""
+    import torch
+
+    from corel.data import load_dataset
+    from corel.spec import ExperimentSpec
+    from corel.train import GroupCallback, fit_group
+
+    class GroupProgress(GroupCallback):
+        """A line per member and epoch, the group's state saved (``--state``), the group
+        ended where ``stop`` says."""
+
+        def on_epoch_end(self, metrics: list[EpochMetrics], group: Any) -> bool:
+            for name, m in zip(names, metrics, strict=True):
+                append(out, {"job": name, **m.to_dict()})
+            if state is not None:
+                state.save(group.checkpoints())
+            return stop.now(group.epoch)
+
     torch.set_num_threads(1)
     names = [job_name(fields) for fields in members]
     specs = [ExperimentSpec(**spec_fields(fields)) for fields in members]
@@ -267,8 +268,8 @@ def run_group(members: list[dict[str, Any]], out: Path, stop: Stop, data_dir: st
     started = time.perf_counter()
     try:
         data = load_dataset(specs[0], data_dir)
-        results = fit_group(specs, [GroupProgress(out, names, stop, state)], data=data,
-                            checkpoints=checkpoints, options=OPTIONS)
+        results = fit_group(specs, [GroupProgress()], data=data, checkpoints=checkpoints,
+                            options=engine)
     except Exception as exc:  # any fault: the runs go on alone
         print(f"stacked group {names} failed ({type(exc).__name__}: {exc}); its runs go on alone",
               flush=True)
@@ -291,6 +292,12 @@ def run_group(members: list[dict[str, Any]], out: Path, stop: Stop, data_dir: st
 def final_row(fields: dict[str, Any], result: FitResult, wall: float, stop_at: float | None) -> dict[str, Any]:
     """A run's final line: its test accuracy at the best-validation epoch, how long it
     trained and where, and (a CNN) the K-Means scores of its test latent space."""
+    import torch
+
+    from corel.clustering import default_metric, evaluate_clustering
+    from corel.train import represent
+    from corel.train.steps import pass_mode
+
     run = result.run
     row: dict[str, Any] = {
         "job": job_name(fields), "final": True, **fields, "test_accuracy": result.test_accuracy,
@@ -338,6 +345,16 @@ def by_row(todo: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return list(rows.values())
 
 
+def device_name() -> str:
+    """The GPU the runs train on, or CPU. torch (seconds of every launch) is imported only
+    where an NVIDIA driver is."""
+    if shutil.which("nvidia-smi") is None and not Path("/dev/nvidiactl").exists():
+        return "CPU"
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+
+
 def launch(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -352,7 +369,7 @@ def launch(args: argparse.Namespace) -> None:
         if others:  # e.g. saved with(out) --stack-seeds: those runs would start again
             print(f"{args.state}: left alone, of no process of this launch: {', '.join(others)}", flush=True)
     print(f"{len(todo)} runs in {len(rows)} processes at once on "
-          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}"
+          f"{device_name()}"
           + (f", stopping any still training after {args.stop_after:.0f} s" if stop.at else "")
           + (f", ending every run at epoch {stop.until}" if stop.until else "")
           + (f", resumable from {args.state}" if args.state else ""), flush=True)
@@ -478,16 +495,15 @@ def main() -> None:
         parser.error("a command is needed: launch, run, run-group or table")
     elif args.command == "launch":
         launch(args)
-    elif args.command == "run":
-        run_one(json.loads(args.fields), Path(args.out), Stop(args.stop_at, args.until_epoch),
-                args.data_dir, args.state)
-    elif args.command == "run-group":
-        run_group(json.loads(args.fields), Path(args.out), Stop(args.stop_at, args.until_epoch),
-                  args.data_dir, args.state)
+    elif args.command in ("run", "run-group"):
+        engine = options()
+        with engine.applied():  # the switches that act below the loop, for the whole process
+            (run_one if args.command == "run" else run_group)(
+                json.loads(args.fields), Path(args.out), Stop(args.stop_at, args.until_epoch),
+                args.data_dir, args.state, engine)
     else:
         print(table(Path(args.path)))
 
 
 if __name__ == "__main__":
-    with OPTIONS.applied():
-        main()
+    main()

@@ -25,7 +25,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 __all__ = ["PAPER_CLUSTERING", "PAPER_TABLE1", "PAPER_TABLE2", "clustering_table", "lambda_tuning", "retrieval_table",
            "seed_table", "significance", "test_accuracy_table"]
@@ -170,6 +169,8 @@ def seed_table(
                 # Constant differences: scipy's t is infinite or undefined.
                 t, p = None, None
             else:
+                from scipy import stats  # (its import is a second; the tables' readers need none)
+
                 result = stats.ttest_rel(a, b)
                 t, p = float(result.statistic), float(result.pvalue)
         comparison = {"best": best, "runner_up": runner_up, "paired_seeds": common, "t": t, "p": p,
