@@ -48,9 +48,10 @@ KERNEL_FREE := test_index test_download test_report test_encoder_catalog test_na
 
 #
 # Both passes run on two processes (pytest-xdist; tests/conftest.py keeps a file's tests on
-# one process, so its module fixtures are made once), then the tests marked `serial` (they
+# one process, so its module fixtures are made once; it also orders the work, longest first),
+# then the tests marked `serial` (they
 # measure time, or load the whole machine) run alone.
-XDIST := -n 2 --dist loadgroup
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 
 # mypy (one process, about 100 s from an empty cache) checks beside the kernel pass.
 test: $(STAMP) $(NATIVE)

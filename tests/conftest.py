@@ -94,3 +94,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("xdist_group") is None:
             path = item.nodeid.split("::")[0]
             item.add_marker(pytest.mark.xdist_group(item.nodeid if path in SPREAD_ONE_BY_ONE else path))
+    # The longest work first, so that the pass does not end on one process while the other
+    # waits (make test passes --no-loadscope-reorder: xdist then hands the groups out in this
+    # order): the benchmarks' programs (10-40 s each), then the groups of most tests first,
+    # as xdist's own order would have them. By that order alone the benchmarks, groups of one
+    # test, came last.
+    spread = [item for item in items if item.nodeid.split("::")[0] in SPREAD_ONE_BY_ONE]
+    rest = [item for item in items if item.nodeid.split("::")[0] not in SPREAD_ONE_BY_ONE]
+    sizes: dict[str, int] = {}
+    for item in rest:
+        sizes[_group(item)] = sizes.get(_group(item), 0) + 1
+    items[:] = spread + sorted(rest, key=lambda item: -sizes[_group(item)])
+
+
+def _group(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    assert marker is not None  # (every item has one, above)
+    return str(marker.args[0])
