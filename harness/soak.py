@@ -80,15 +80,11 @@ class SoakConfig:
     # The faults in this order instead of shuffled decks (a test that must meet each kind
     # while work is queued); the soak stops dealing when it runs out.
     deck: tuple[str, ...] | None = None
-    # With a deck of n faults: deal the k-th only once k / (n + 2) of the soak's epochs are
-    # trained (and its gap has passed), so that every fault, the last one included, strikes
-    # with work queued on a machine of any speed (up to ``fault_seconds`` in all).
-    paced: bool = False
     # With a deck: before each fault, this many runs more are submitted, and the fault waits
     # until the workers are training (as many runs as there are workers, or every run left),
     # so that every fault, the last one included, strikes work in training on a machine of
-    # any speed. Paced alone, a fast machine had trained every run before the deck's last
-    # card was dealt: the check that recovery was exercised then failed. 0: off.
+    # any speed. (Paced instead by the share of epochs trained, a fast machine had trained
+    # every run before the deck's last card was dealt.) 0: off.
     feed: int = 0
     logdir: Path | None = None
 
@@ -302,8 +298,8 @@ def _submit(cluster: Cluster, report: SoakReport, stop_at: float, indices: range
 
 def _feed(cluster: Cluster, report: SoakReport, until: float) -> None:
     """``feed`` runs more, then wait until the workers are training (as many runs running as
-    there are workers, or every unfinished run); the database down meanwhile counts as not
-    yet."""
+    there are workers, or every unfinished run: none, where the fed runs have finished
+    already); the database down meanwhile counts as not yet."""
     config = cluster.config
     first = config.runs + config.feed * len(report.faults)
     _submit(cluster, report, until, range(first, first + config.feed))
@@ -311,10 +307,11 @@ def _feed(cluster: Cluster, report: SoakReport, until: float) -> None:
         try:
             rows = _rows(cluster)
         except psycopg.Error:
-            rows = {}
+            time.sleep(0.2)
+            continue
         states = [rows[i][0] for i in report.accepted if i in rows]
         unfinished = [s for s in states if s not in ("succeeded", "failed", "cancelled")]
-        if unfinished and states.count("running") >= min(config.workers, len(unfinished)):
+        if states.count("running") >= min(config.workers, len(unfinished)):
             return
         time.sleep(0.2)
 
@@ -331,20 +328,6 @@ def _drain(cluster: Cluster, report: SoakReport, elapsed: float) -> float:
     left = sum(epochs - rows[i][1] for i in report.accepted
                if i in rows and rows[i][0] not in ("succeeded", "failed", "cancelled"))
     return left / (done / elapsed) if done and elapsed > 0 else 0.0
-
-
-def _wait_for_progress(cluster: Cluster, report: SoakReport, share: float, until: float) -> None:
-    """Return once ``share`` of the soak's epochs (runs x epochs) are trained, or at ``until``
-    (the database down meanwhile counts as not yet)."""
-    total = report.config.runs * report.config.epochs
-    while time.monotonic() < until:
-        try:
-            rows = _rows(cluster)
-        except psycopg.Error:
-            rows = {}
-        if _epochs_done(report, rows) >= share * total:
-            return
-        time.sleep(0.5)
 
 
 def _epochs_done(report: SoakReport, rows: dict[int, tuple[str, int, str | None]]) -> int:
@@ -419,9 +402,6 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
                 rng.shuffle(deck)
             if config.feed and config.deck is not None:
                 _feed(cluster, report, began + config.fault_seconds)
-            elif config.paced and config.deck is not None:
-                share = (len(report.faults) + 1) / (len(config.deck) + 2)
-                _wait_for_progress(cluster, report, share, began + config.fault_seconds)
             kind = deck.pop()
             report.faults.append((round(time.monotonic() - began, 1), kind))
             print(f"  [{time.monotonic() - began:6.1f} s] {kind}", flush=True)
