@@ -10,19 +10,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from app import openapi
-from app.auth import FailureBudget, UsersExist
-from app.broker import broker_memory_since, make_celery
-from app.db import make_engine, make_sessionmaker
-from app.deps import check_path_access
-from app.errors import install_error_handlers
-from app.lifecycle import reconcile_in_background
-from app.logging import configure_logging
-from app.metrics import ApiMetrics, RouteTemplates
-from app.metrics import router as metrics_router
-from app.middleware import AccessLog, AllowHeader, RequestGuard, RequestMetrics
-from app.queue import TaskQueue
-from app.routes import (
+from app.access.tokens import FailureBudget, UsersExist
+from app.api import openapi
+from app.api.deps import check_path_access
+from app.api.metrics import ApiMetrics, RouteTemplates
+from app.api.metrics import router as metrics_router
+from app.api.middleware import AccessLog, AllowHeader, RequestGuard, RequestMetrics
+from app.api.routes import (
     analysis,
     datasets,
     embedding_jobs,
@@ -37,11 +31,17 @@ from app.routes import (
     sweeps,
     users,
 )
+from app.core.db import make_engine, make_sessionmaker
+from app.core.errors import install_error_handlers
+from app.core.logging import configure_logging
+from app.core.settings import Settings
+from app.jobs.broker import broker_memory_since, make_celery
+from app.jobs.events import EventHub
+from app.jobs.lifecycle import reconcile_in_background
+from app.jobs.queue import TaskQueue
 from app.services import builtin
-from app.services.events import EventHub
-from app.services.inference import InferenceRunner
-from app.services.model_cache import LoadOnceCache, ModelCache
-from app.settings import Settings
+from app.serving.inference import InferenceRunner
+from app.serving.model_cache import LoadOnceCache, ModelCache
 from app.web import router as web_router
 from corel.index import VectorIndex
 
@@ -56,7 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.auto_migrate:
-            from app.migrate import upgrade
+            from app.core.migrate import upgrade
 
             upgrade(settings)
         engine = make_engine(settings.db_url, connect_timeout=settings.db_timeout_seconds,
@@ -102,11 +102,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Served by app/web from local files, not from a CDN (a blank page offline).
         docs_url=None, redoc_url=None,
         # Whatever a path names (an experiment, a sweep, ...), the caller must be allowed to
-        # see it: checked for every route, so that none can forget (app/services/access.py).
+        # see it: checked for every route, so that none can forget (app/access/policy.py).
         dependencies=[Depends(check_path_access)],
     )
     app.state.settings = settings
-    # Read by app.middleware.RequestGuard: whether the open mode has ended, and failed
+    # Read by app.api.middleware.RequestGuard: whether the open mode has ended, and failed
     # authentications per client address.
     app.state.users_exist = UsersExist(lambda: app.state.sessionmaker)
     app.state.auth_failures = FailureBudget()

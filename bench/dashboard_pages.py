@@ -33,10 +33,10 @@ sys.path.insert(0, str(REPO))
 from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
+from app.core.migrate import upgrade  # noqa: E402
+from app.core.models import Checkpoint, EpochMetric, Experiment, LatentSpace, Sweep, utcnow  # noqa: E402
+from app.core.settings import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
-from app.migrate import upgrade  # noqa: E402
-from app.models import Checkpoint, EpochMetric, Experiment, LatentSpace, Sweep, utcnow  # noqa: E402
-from app.settings import Settings  # noqa: E402
 from corel.loss_catalog import LOSS_NAMES  # noqa: E402
 from harness.wait import wait_until  # noqa: E402
 

@@ -31,9 +31,9 @@ import uvicorn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from app.core.migrate import upgrade  # noqa: E402
+from app.core.settings import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
-from app.migrate import upgrade  # noqa: E402
-from app.settings import Settings  # noqa: E402
 from harness.servers import PrivatePostgres, PrivateRedis, free_port  # noqa: E402
 from harness.wait import wait_until  # noqa: E402
 

@@ -34,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.services.workers import WORKER_ENV_DEFAULTS  # noqa: E402
+from app.jobs.workers import WORKER_ENV_DEFAULTS  # noqa: E402
 from harness.soak import SoakConfig, run_soak  # noqa: E402
 
 # The references are trained in this process: in the mode the workers train in.

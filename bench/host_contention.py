@@ -47,8 +47,8 @@ def worker_main(registry: str, threads: int, epochs: int, ready: str, go: str, s
     from sqlalchemy import create_engine
     from sqlalchemy.orm import sessionmaker
 
-    from app.models import WorkerPresence
-    from app.settings import Settings
+    from app.core.models import WorkerPresence
+    from app.core.settings import Settings
     from corel.train import Callback, fit
     from worker import host_share
 
@@ -88,7 +88,7 @@ def scenario(workers: int, hog: bool, threads: int, epochs: int, tmp: Path,
     registry = f"sqlite:///{tmp / f'registry-{time.monotonic_ns()}.sqlite3'}"
     go = tmp / f"go-{time.monotonic_ns()}"
     readies = [tmp / f"ready-{time.monotonic_ns()}-{i}" for i in range(workers)]
-    from app.services.workers import worker_environ
+    from app.jobs.workers import worker_environ
 
     env = {**worker_environ(os.environ), "PYTHONPATH": str(REPO)}
     if previous:  # torch's own OpenMP wait policy, as workers had it before

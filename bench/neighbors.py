@@ -51,11 +51,11 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.db import make_engine, make_sessionmaker, session_scope  # noqa: E402
-from app.migrate import upgrade  # noqa: E402
+from app.core.db import make_engine, make_sessionmaker, session_scope  # noqa: E402
+from app.core.lookup import best_checkpoint  # noqa: E402
+from app.core.migrate import upgrade  # noqa: E402
+from app.core.settings import Settings  # noqa: E402
 from app.services.indexes import load_index  # noqa: E402
-from app.services.lookup import best_checkpoint  # noqa: E402
-from app.settings import Settings  # noqa: E402
 from corel.index import VectorIndex, recall_at_k  # noqa: E402
 from corel.serving import ServedModel  # noqa: E402
 from harness.servers import free_port  # noqa: E402

@@ -43,8 +43,8 @@ import httpx
 import psycopg
 import redis
 
-from app.migrate import upgrade
-from app.settings import Settings
+from app.core.migrate import upgrade
+from app.core.settings import Settings
 from harness.servers import PrivatePostgres, PrivateRedis, free_port, terminate
 from harness.wait import wait_until
 
@@ -74,7 +74,7 @@ class SoakConfig:
     heartbeat_seconds: float = 2.0
     redis_aof: bool = True  # as docker-compose.yml runs it
     # Torch threads per worker (COREL_WORKER_TORCH_THREADS). None, as users run them: the
-    # product's default, the workers of a host dividing its cores (app/services/workers.py).
+    # product's default, the workers of a host dividing its cores (app/jobs/workers.py).
     worker_threads: int | None = None
     unique_specs: int = 8  # runs cycle through this many specs (the references' cost)
     # The faults in this order instead of shuffled decks (a test that must meet each kind

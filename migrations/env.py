@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from alembic import context
 
-import app.models  # noqa: F401  (registers the tables)
-from app.db import Base, make_engine
-from app.settings import Settings
+import app.core.models  # noqa: F401  (registers the tables)
+from app.core.db import Base, make_engine
+from app.core.settings import Settings
 
 config = context.config
 url = config.attributes.get("database_url") or Settings().db_url

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from app.services.workers import WORKER_ENV_DEFAULTS
+from app.jobs.workers import WORKER_ENV_DEFAULTS
 
-# As every worker process runs (app/services/workers.py): MKL's products the same bits for
+# As every worker process runs (app/jobs/workers.py): MKL's products the same bits for
 # any number of threads, so that a run trained in a test equals one that a worker trained
 # on its share of the cores (MKL reads this at its first call). `make test`'s first pass of
 # tests/corel sets a mode of its own.
@@ -23,7 +23,7 @@ for _name, _value in WORKER_ENV_DEFAULTS.items():
 # Under pytest-xdist (make test: two processes on this 2-core machine) each process computes
 # on one thread: two processes of two threads each ran the library's tests several times
 # slower than one process alone (OpenMP's threads waiting on cores the other holds). The
-# workers the tests start choose their own share of the host (app/services/workers.py).
+# workers the tests start choose their own share of the host (app/jobs/workers.py).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 

@@ -43,11 +43,71 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
     assert imported_packages(module) == {(2, "worker"), (3, "app")}
 
 
+# --- app/'s floor plan: the arrows between its folders ------------------------------------
+
+# What each folder of app/ may import of app/ (besides itself), lowest floor first; the
+# floor plan is docs/development.md's. app/main.py (the factory) and app/cli (the
+# command lines) stand on top and may import anything.
+APP_FLOORS = {
+    "core": set(),
+    "access": {"core"},
+    "jobs": {"core"},
+    "storage": {"core"},
+    "web": {"core"},
+    "services": {"core", "access", "jobs", "storage"},
+    "serving": {"core", "access", "jobs", "storage", "services"},
+    "api": {"core", "access", "jobs", "storage", "services", "serving", "web"},
+}
+APP_TOP = {"main.py", "cli", "__init__.py"}
+
+
+def app_folders_imported(path: Path) -> set[tuple[int, str]]:
+    """The folders of app/ a module imports (``from app.jobs.queue import ...`` is ``jobs``;
+    ``from app.jobs import lifecycle`` too), those inside functions included."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] if node.module != "app" else [f"app.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "app" and len(parts) > 1:
+                found.add((node.lineno, parts[1]))
+    return found
+
+
+def test_app_is_grouped_by_concern():
+    root = sorted(p.name for p in (REPO / "app").iterdir()
+                  if p.name != "__pycache__" and (p.suffix == ".py" or p.is_dir()))
+    stray = sorted(set(root) - set(APP_FLOORS) - APP_TOP)
+    assert not stray, f"app/ holds {stray}: each belongs in a folder of docs/development.md's floor plan"
+
+
+def test_app_s_folders_import_only_the_floors_below():
+    wrong = []
+    for folder, allowed in APP_FLOORS.items():
+        for path in sorted((REPO / "app" / folder).rglob("*.py")):
+            wrong += [f"{path.relative_to(REPO)}:{line} imports app.{name}"
+                      for line, name in sorted(app_folders_imported(path))
+                      if name != folder and name not in allowed]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_floor_check_sees_an_arrow_up(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from app.jobs import lifecycle\nimport app.api.deps\n"
+                      "def f():\n    from app.core.db import x\n")
+    assert app_folders_imported(module) == {(1, "jobs"), (2, "api"), (4, "core")}
+
+
 def private_imports(path: Path, package: str) -> list[tuple[int, str]]:
     """``from m import _name`` in a module of ``package`` (dotted): another module's private
     name. A subpackage's modules share their private helpers (``corel.data``'s loaders
     and splits); the modules of a top-level package (``corel.cli`` and
-    ``corel.serving``, ``app.main`` and ``app.errors``) do not."""
+    ``corel.serving``, ``app.main`` and ``app.core.errors``) do not."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
     for node in ast.walk(tree):
@@ -100,8 +160,8 @@ def sql_in(path: Path) -> list[tuple[int, str]]:
 
 
 def test_routes_call_services_and_run_no_sql():
-    routes = sorted((REPO / "app" / "routes").rglob("*.py"))
-    assert routes, "no modules under app/routes/"
+    routes = sorted((REPO / "app" / "api" / "routes").rglob("*.py"))
+    assert routes, "no modules under app/api/routes/"
     wrong = [f"{path.relative_to(REPO)}:{line} {what}"
              for path in routes for line, what in sql_in(path)]
     assert not wrong, "\n".join(wrong)

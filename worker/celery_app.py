@@ -6,9 +6,9 @@ from typing import Any
 
 from celery.signals import setup_logging
 
-from app.broker import TRAIN_GROUP_TASK, TRAIN_TASK, make_celery
-from app.logging import configure_logging
-from app.settings import get_settings
+from app.core.logging import configure_logging
+from app.core.settings import get_settings
+from app.jobs.broker import TRAIN_GROUP_TASK, TRAIN_TASK, make_celery
 
 __all__ = ["TRAIN_GROUP_TASK", "TRAIN_TASK", "celery"]
 

@@ -11,12 +11,12 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import lifecycle
-from app.db import session_scope
-from app.lifecycle import LostLease
-from app.models import Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, Status
+from app.core.db import session_scope
+from app.core.models import Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingResult, Status
+from app.core.settings import Settings
+from app.jobs import lifecycle
+from app.jobs.lifecycle import LostLease
 from app.services.encoders import files_for_model
-from app.settings import Settings
 from corel.serving import BATCH, ServedModel
 from corel.train import checkpoint_from_bytes
 from worker.runner import materialise_upload

@@ -1,4 +1,4 @@
-"""This worker's share of its host's cores (app/services/workers.py), kept current by a
+"""This worker's share of its host's cores (app/jobs/workers.py), kept current by a
 thread of its own and applied by the thread that trains: torch's thread count belongs to
 the thread that sets it (OpenMP), so the training thread sets it itself, when a task
 starts and after each batch (worker/runner.py)."""
@@ -14,9 +14,9 @@ import uuid
 import torch
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import session_scope
-from app.services import workers
-from app.settings import Settings
+from app.core.db import session_scope
+from app.core.settings import Settings
+from app.jobs import workers
 
 log = logging.getLogger("corel.worker")
 

@@ -16,12 +16,12 @@ import time
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import lifecycle
-from app.db import session_scope
-from app.errors import DomainError
-from app.lifecycle import LostLease
-from app.models import NeighborIndex, NeighborIndexChunk, Status
-from app.settings import Settings
+from app.core.db import session_scope
+from app.core.errors import DomainError
+from app.core.models import NeighborIndex, NeighborIndexChunk, Status
+from app.core.settings import Settings
+from app.jobs import lifecycle
+from app.jobs.lifecycle import LostLease
 
 log = logging.getLogger("corel.worker")
 
@@ -47,8 +47,8 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
     """Claim, build, store; returns the status."""
     # Imported here: a worker that starts (after a crash, while runs wait) does not pay
     # for scikit-learn and the index's modules before it can train.
+    from app.core.lookup import class_names, load_latent
     from app.services.embedding_jobs import load_result
-    from app.services.lookup import class_names, load_latent
     from corel.index import BuildCancelled, HnswParams, VectorIndex
 
     with session_scope(factory) as session:

@@ -21,7 +21,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-from app.models import FINISHED
+from app.core.models import FINISHED
 
 log = logging.getLogger("corel.worker")
 

@@ -1,6 +1,6 @@
 """What a training task does, kept apart from Celery so it reads top to bottom.
 
-A run is *claimed* (app/lifecycle.py) with one conditional UPDATE (queued, or running with a stale
+A run is *claimed* (app/jobs/lifecycle.py) with one conditional UPDATE (queued, or running with a stale
 heartbeat), so duplicate deliveries are harmless: only one worker trains an
 experiment at a time. After every epoch, the epoch's metrics and the resumable
 checkpoint are written in one transaction; a redelivered run continues from
@@ -26,10 +26,8 @@ import sqlalchemy.exc
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import lifecycle
-from app.db import DATABASE_UNAVAILABLE, session_scope
-from app.lifecycle import WORKER_ID, LostLease
-from app.models import (
+from app.core.db import DATABASE_UNAVAILABLE, session_scope
+from app.core.models import (
     Checkpoint,
     DatasetBlob,
     DatasetUpload,
@@ -40,9 +38,11 @@ from app.models import (
     Status,
     utcnow,
 )
+from app.core.settings import Settings, engine_options
+from app.jobs import lifecycle
+from app.jobs.lifecycle import WORKER_ID, LostLease
 from app.services import builtin
 from app.services.encoders import local_files
-from app.settings import Settings, engine_options
 from corel.device import device_name
 from corel.spec import ExperimentSpec
 from corel.train import (

@@ -18,11 +18,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.broker import EMBED_TASK, INDEX_TASK, broker_memory_since
-from app.db import make_engine, make_sessionmaker
-from app.lifecycle import next_lease_expiry, reconcile
-from app.logging import configure_logging
-from app.settings import Settings
+from app.core.db import make_engine, make_sessionmaker
+from app.core.logging import configure_logging
+from app.core.settings import Settings
+from app.jobs.broker import EMBED_TASK, INDEX_TASK, broker_memory_since
+from app.jobs.lifecycle import next_lease_expiry, reconcile
 from worker import embedding, host_share, indexing, runner
 from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery
 from worker.metrics import METRICS

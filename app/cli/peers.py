@@ -35,7 +35,7 @@ import numpy as np
 from scipy import stats
 
 from app.cli.reproduce import cpu_name
-from app.models import Status
+from app.core.models import Status
 from corel.loss_catalog import PAPER_LOSSES, PEER_LOSSES, declaration
 
 LOSSES: tuple[str, ...] = PAPER_LOSSES + PEER_LOSSES

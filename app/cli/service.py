@@ -101,7 +101,7 @@ def register(sub: Any) -> None:
 
 
 def worker_command(concurrency: int = 1, pool: str = "solo") -> list[str]:
-    from app.settings import get_settings
+    from app.core.settings import get_settings
 
     return [
         sys.executable, "-m", "celery", "-A", "worker.celery_app:celery", "worker",
@@ -111,7 +111,7 @@ def worker_command(concurrency: int = 1, pool: str = "solo") -> list[str]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from app.services.workers import worker_environ
+    from app.jobs.workers import worker_environ
 
     # OpenMP's wait policy is read when torch loads: in the worker's own environment.
     os.execve(sys.executable, worker_command(args.concurrency, args.pool), worker_environ(os.environ))
@@ -119,8 +119,8 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
-    from app.migrate import upgrade
-    from app.settings import get_settings
+    from app.core.migrate import upgrade
+    from app.core.settings import get_settings
 
     upgrade(get_settings(), args.revision)
     print("database is at", args.revision)
@@ -128,8 +128,8 @@ def _db_upgrade(args: argparse.Namespace) -> int:
 
 
 def _db_check(args: argparse.Namespace) -> int:
-    from app.migrate import check
-    from app.settings import get_settings
+    from app.core.migrate import check
+    from app.core.settings import get_settings
 
     check(get_settings())
     print("models and migrations agree")
@@ -220,15 +220,15 @@ def is_loopback(host: str) -> bool:
 
 def open_to_the_network(settings: Any, host: str) -> str | None:
     """Why the API must not listen on ``host``: with no COREL_API_TOKEN and no users it
-    is open to anyone who reaches it (app.auth's open mode), which only the loopback
+    is open to anyone who reaches it (app.access.tokens's open mode), which only the loopback
     keeps to this machine. None when it may."""
     if settings.api_token is not None or is_loopback(host):
         return None
     from sqlalchemy import select
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.db import make_engine, make_sessionmaker
-    from app.models import User
+    from app.core.db import make_engine, make_sessionmaker
+    from app.core.models import User
 
     engine = make_engine(settings.database_url)
     try:
@@ -249,9 +249,9 @@ def open_to_the_network(settings: Any, host: str) -> str | None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.core.migrate import upgrade
+    from app.core.settings import get_settings
     from app.main import create_app
-    from app.migrate import upgrade
-    from app.settings import get_settings
 
     problem = _cannot_listen(args.host, args.port)
     if problem:
@@ -274,7 +274,7 @@ def _serve(args: argparse.Namespace) -> int:
     _exit_on_sigterm(0)  # stopping a server is no failure (make serve said "Error 143")
     _stop_with_make()
     if embedded and not args.no_worker:
-        from app.services.workers import worker_environ
+        from app.jobs.workers import worker_environ
 
         # Born ignoring SIGINT (the ignoring survives exec, and Python keeps it): a Ctrl-C
         # while it still imports ended it in a KeyboardInterrupt traceback. Celery installs

@@ -1,6 +1,6 @@
 """``corel users add|list|adopt`` and ``corel tokens create|list|revoke``: users and
 tokens, written to the database of COREL_* settings directly (as ``corel db`` does), so
-that the first admin can be made before the service has any (app/services/users.py does
+that the first admin can be made before the service has any (app/access/users.py does
 the work). Every change, and every one refused, is written to the audit log as the same
 action over HTTP is, its client the CLI with the OS user and the host (``GET /audit``)."""
 
@@ -57,8 +57,8 @@ def register(sub: Any) -> None:
 
 
 def _factory() -> Any:
-    from app.db import make_engine, make_sessionmaker
-    from app.settings import get_settings
+    from app.core.db import make_engine, make_sessionmaker
+    from app.core.settings import get_settings
 
     return make_sessionmaker(make_engine(get_settings().db_url))
 
@@ -67,9 +67,9 @@ def _administer(command: str, action: str, work: Callable[[Any], tuple[str, int 
     """Run ``work(session)`` (returns the kind and id of the row it changed) in one
     transaction with its audit entry; a refusal is printed and audited in a transaction
     of its own, and nothing else is written."""
-    from app.db import session_scope
-    from app.errors import DomainError
-    from app.services.audit import record_cli
+    from app.access.audit import record_cli
+    from app.core.db import session_scope
+    from app.core.errors import DomainError
 
     factory = _factory()
     try:
@@ -88,8 +88,7 @@ def _administer(command: str, action: str, work: Callable[[Any], tuple[str, int 
 
 
 def _users_add(args: argparse.Namespace) -> int:
-    from app.services import users
-
+    from app.access import users
     def work(session: Any) -> tuple[str, int | None]:
         user = users.create_user(session, args.name, args.admin)
         print(f"user {user.id} {user.name}{' (admin)' if user.admin else ''}")
@@ -101,15 +100,14 @@ def _users_add(args: argparse.Namespace) -> int:
 def _users_list(args: argparse.Namespace) -> int:
     from sqlalchemy import func, select
 
-    from app.services import access, users
-
+    from app.access import policy, users
     with _factory()() as session:
         for user in users.list_users(session):
             print(f"{user.id}\t{user.name}\t{'admin' if user.admin else 'user'}\t"
                   f"{user.created_at:%Y-%m-%d %H:%M}")
         unowned = {what: session.scalar(select(func.count()).select_from(model)
                                         .where(model.owner_id.is_(None))) or 0
-                   for model, what in access.KINDS.values()}
+                   for model, what in policy.KINDS.values()}
     if any(unowned.values()):
         print("unowned (only admins see them; `corel users adopt NAME` hands them over): "
               + ", ".join(f"{n} {what}{'s' if n != 1 else ''}" for what, n in unowned.items() if n))
@@ -117,8 +115,7 @@ def _users_list(args: argparse.Namespace) -> int:
 
 
 def _users_adopt(args: argparse.Namespace) -> int:
-    from app.services import users
-
+    from app.access import users
     def work(session: Any) -> tuple[str, int | None]:
         user = users.user_named(session, args.name)
         handed = users.adopt(session, user, args.kind, args.ids)
@@ -133,8 +130,7 @@ def _users_adopt(args: argparse.Namespace) -> int:
 
 
 def _tokens_create(args: argparse.Namespace) -> int:
-    from app.services import users
-
+    from app.access import users
     if args.expires is not None and args.expires <= 0:
         print("corel tokens create: --expires must be a positive number of days", file=sys.stderr)
         return 2
@@ -157,10 +153,9 @@ def _tokens_create(args: argparse.Namespace) -> int:
 
 
 def _tokens_list(args: argparse.Namespace) -> int:
-    from app.errors import DomainError
-    from app.models import as_utc, utcnow
-    from app.services import users
-
+    from app.access import users
+    from app.core.errors import DomainError
+    from app.core.models import as_utc, utcnow
     def when(value: Any) -> str:
         return "-" if value is None else f"{as_utc(value):%Y-%m-%d %H:%M}Z"
 
@@ -182,8 +177,7 @@ def _tokens_list(args: argparse.Namespace) -> int:
 
 
 def _tokens_revoke(args: argparse.Namespace) -> int:
-    from app.services import users
-
+    from app.access import users
     def work(session: Any) -> tuple[str, int | None]:
         users.revoke_token(session, args.id)
         return "token", args.id

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from app.models import Status
+from app.core.models import Status
 
 FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 RECONNECTS = 8  # attempts in a row without an event before giving up

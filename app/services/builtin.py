@@ -20,8 +20,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.errors import InvalidInput
-from app.settings import Settings
+from app.core.errors import InvalidInput
+from app.core.settings import Settings
 from corel.data import BUILTIN_DATASETS as BUILTIN
 from corel.data import DatasetNotFoundError, locate
 from corel.data.download import DOWNLOADABLE, DownloadError, Progress, download, probe, source

@@ -17,9 +17,9 @@ import numpy as np
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from app.models import ClusteringResult, Experiment
-from app.schemas import Geometry, Split
-from app.services.lookup import load_latent, store_once, succeeded_experiment
+from app.core.lookup import load_latent, store_once, succeeded_experiment
+from app.core.models import ClusteringResult, Experiment
+from app.core.schemas import Geometry, Split
 from corel.clustering import ALGORITHMS, cluster, default_metric
 
 

@@ -16,9 +16,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import MAX_ID, Conflict, InvalidInput, NotFound
-from app.models import Experiment, Status
-from app.services import access
+from app.access import policy
+from app.core.errors import MAX_ID, Conflict, InvalidInput, NotFound
+from app.core.models import Experiment, Status
 from app.services.clustering import clustering_report
 from corel.clustering import ALGORITHMS
 from corel.loss_catalog import declaration
@@ -63,7 +63,7 @@ def _shown_spec(exp: Experiment) -> dict[str, Any]:
 def compare(session: Session, ids: list[int]) -> dict[str, Any]:
     possible = [i for i in ids if 1 <= i <= MAX_ID]  # others cannot exist (and PG refuses them)
     # Another user's private run is as missing as one that does not exist.
-    visible = access.readable(access.principal_of(session), Experiment)
+    visible = policy.readable(policy.principal_of(session), Experiment)
     found = {e.id: e for e in session.scalars(
         select(Experiment).where(Experiment.id.in_(possible), visible))}
     missing = [i for i in ids if i not in found]

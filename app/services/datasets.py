@@ -19,10 +19,10 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.errors import MAX_ID, InvalidInput, NotFound
-from app.models import DatasetBlob, DatasetUpload, utcnow
-from app.services import access
-from app.services.lookup import get_or_404
+from app.access import policy
+from app.core.errors import MAX_ID, InvalidInput, NotFound
+from app.core.lookup import get_or_404
+from app.core.models import DatasetBlob, DatasetUpload, utcnow
 from corel.data import tables, validate_ag_news_csv, validate_npz
 from corel.data.image_folders import read_image_folder
 
@@ -179,15 +179,15 @@ def referenced_upload(session: Session, dataset_id: int) -> DatasetUpload:
     if upload is None:
         raise NotFound(f"dataset_id {dataset_id} does not exist; upload with POST /datasets")
     try:
-        access.require(session, "dataset", dataset_id, "write")
-    except access.Hidden as exc:  # another user's private upload: as if there were none
-        raise access.Hidden(f"dataset_id {dataset_id} does not exist; upload with POST /datasets") from exc
+        policy.require(session, "dataset", dataset_id, "write")
+    except policy.Hidden as exc:  # another user's private upload: as if there were none
+        raise policy.Hidden(f"dataset_id {dataset_id} does not exist; upload with POST /datasets") from exc
     return upload
 
 
 def list_uploads(session: Session, limit: int, offset: int) -> tuple[list[DatasetUpload], int]:
     """A page of uploads, newest first, and how many there are."""
-    visible = access.readable(access.principal_of(session), DatasetUpload)
+    visible = policy.readable(policy.principal_of(session), DatasetUpload)
     rows = session.scalars(
         select(DatasetUpload).where(visible).order_by(DatasetUpload.id.desc()).limit(limit)
         .offset(offset)

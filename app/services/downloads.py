@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from app.errors import InvalidInput
-from app.models import DatasetUpload
+from app.core.errors import InvalidInput
+from app.core.lookup import best_checkpoint, class_names, load_latent, succeeded_experiment
+from app.core.models import DatasetUpload
+from app.core.settings import Settings
 from app.services.encoders import files_for_model
 from app.services.figures import latent_file
-from app.services.lookup import best_checkpoint, class_names, load_latent, succeeded_experiment
-from app.settings import Settings
 
 if TYPE_CHECKING:
     from corel.export import Exported

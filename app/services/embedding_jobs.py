@@ -7,11 +7,11 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, InvalidInput
-from app.lifecycle import cancel
-from app.models import DatasetUpload, EmbeddingJob, EmbeddingResult, Status, utcnow
+from app.core.errors import Conflict, InvalidInput
+from app.core.lookup import get_or_404, succeeded_experiment
+from app.core.models import DatasetUpload, EmbeddingJob, EmbeddingResult, Status, utcnow
+from app.jobs.lifecycle import cancel
 from app.services.datasets import referenced_upload
-from app.services.lookup import get_or_404, succeeded_experiment
 from corel.spec import MODALITY
 
 # Upload kinds whose rows a job can read, and the modality each feeds.

@@ -10,8 +10,8 @@ Two kinds:
   architecture. Its keys and shapes must fit the architecture (the classifier's may be left
   out or given), and a forward pass must give finite features.
 
-An accepted encoder is one row (:class:`app.models.EncoderUpload`) and its files one blob
-(:class:`app.models.EncoderBlob`, keyed by sha256: the same file uploaded twice is stored
+An accepted encoder is one row (:class:`app.core.models.EncoderUpload`) and its files one blob
+(:class:`app.core.models.EncoderBlob`, keyed by sha256: the same file uploaded twice is stored
 once). A spec names it by ``encoder_id``; the runs trained on it record its content digest,
 by which any process finds the files again (:func:`local_files`).
 """
@@ -29,11 +29,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.errors import MAX_ID, InvalidInput, NotFound
-from app.models import EncoderBlob, EncoderUpload, utcnow
-from app.services import access
-from app.services.lookup import get_or_404
-from app.settings import Settings
+from app.access import policy
+from app.core.errors import MAX_ID, InvalidInput, NotFound
+from app.core.lookup import get_or_404
+from app.core.models import EncoderBlob, EncoderUpload, utcnow
+from app.core.settings import Settings
 from corel.encoder_catalog import TIMM, family
 
 KINDS = ("sentence-transformers", "timm")
@@ -164,7 +164,7 @@ def create_encoder(session: Session, settings: Settings, filename: str, kind: st
                 summary = _check_sentence_transformer(folder)
                 digest, modality = encoder_digest(folder), "text"
     except OverflowError as exc:
-        from app.errors import PayloadTooLarge
+        from app.core.errors import PayloadTooLarge
 
         raise PayloadTooLarge(str(exc)) from exc
     except (ValueError, OSError) as exc:
@@ -189,9 +189,9 @@ def referenced_encoder(session: Session, encoder_id: int) -> EncoderUpload:
     if row is None:
         raise NotFound(words)
     try:
-        access.require(session, "encoder", encoder_id, "write")
-    except access.Hidden as exc:
-        raise access.Hidden(words) from exc
+        policy.require(session, "encoder", encoder_id, "write")
+    except policy.Hidden as exc:
+        raise policy.Hidden(words) from exc
     return row
 
 
@@ -220,7 +220,7 @@ def check_spec_encoder(row: EncoderUpload, modality: str, dataset: str, named: s
 
 
 def list_encoders(session: Session, limit: int, offset: int) -> tuple[list[EncoderUpload], int]:
-    visible = access.readable(access.principal_of(session), EncoderUpload)
+    visible = policy.readable(policy.principal_of(session), EncoderUpload)
     rows = session.scalars(select(EncoderUpload).where(visible).order_by(EncoderUpload.id.desc())
                            .limit(limit).offset(offset)).all()
     total = session.scalar(select(func.count()).select_from(EncoderUpload).where(visible)) or 0

@@ -7,14 +7,14 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app import lifecycle
-from app.errors import Conflict, InvalidInput
-from app.models import EpochMetric, Experiment, Status, utcnow
-from app.schemas import ExperimentCreate
-from app.services import access
+from app.access import policy
+from app.core.errors import Conflict, InvalidInput
+from app.core.lookup import get_or_404
+from app.core.models import EpochMetric, Experiment, Status, utcnow
+from app.core.schemas import ExperimentCreate
+from app.jobs import lifecycle
 from app.services.datasets import referenced_upload
 from app.services.encoders import check_spec_encoder, referenced_encoder
-from app.services.lookup import get_or_404
 from corel.spec import ExperimentSpec
 
 
@@ -94,7 +94,7 @@ def list_experiments(
     offset: int,
     sweep_id: int | None = None,
 ) -> tuple[list[Experiment], int]:
-    query = select(Experiment).where(access.readable(access.principal_of(session), Experiment))
+    query = select(Experiment).where(policy.readable(policy.principal_of(session), Experiment))
     if sweep_id is not None:
         query = query.where(Experiment.sweep_id == sweep_id)
     if status:

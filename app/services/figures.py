@@ -21,10 +21,10 @@ from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 from threadpoolctl import threadpool_limits
 
-from app.errors import Conflict
-from app.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
+from app.core.errors import Conflict
+from app.core.lookup import best_checkpoint, load_latent, store_once, succeeded_experiment
+from app.core.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
 from app.services.experiments import get_experiment
-from app.services.lookup import best_checkpoint, load_latent, store_once, succeeded_experiment
 from corel.loss_catalog import DECLARATIONS, declaration
 from corel.train import checkpoint_from_bytes
 

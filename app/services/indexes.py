@@ -13,13 +13,13 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, InvalidInput
-from app.lifecycle import cancel
-from app.models import LatentSpace, NeighborIndex, NeighborIndexChunk, Status, utcnow
-from app.schemas import IndexCreate
-from app.services import access
-from app.services.lookup import get_or_404, succeeded_experiment
-from app.settings import Settings
+from app.access import policy
+from app.core.errors import Conflict, InvalidInput
+from app.core.lookup import get_or_404, succeeded_experiment
+from app.core.models import LatentSpace, NeighborIndex, NeighborIndexChunk, Status, utcnow
+from app.core.schemas import IndexCreate
+from app.core.settings import Settings
+from app.jobs.lifecycle import cancel
 from corel.clustering import default_metric
 from corel.index import VectorIndex
 
@@ -27,7 +27,7 @@ from corel.index import VectorIndex
 def create_index(session: Session, experiment_id: int, body: IndexCreate, settings: Settings) -> NeighborIndex:
     exp = succeeded_experiment(session, experiment_id, "an index")
     if body.embedding_job_id is not None:
-        job = access.require(session, "embedding_job", body.embedding_job_id)
+        job = policy.require(session, "embedding_job", body.embedding_job_id)
         if job.experiment_id != experiment_id:
             raise InvalidInput(f"embedding job {job.id} embedded experiment {job.experiment_id}'s "
                                f"representations, not experiment {experiment_id}'s; index it with "
@@ -66,7 +66,7 @@ def get_index(session: Session, index_id: int) -> NeighborIndex:
 
 def list_indexes(session: Session, experiment_id: int) -> list[NeighborIndex]:
     succeeded_experiment(session, experiment_id, "listing indexes")
-    visible = access.readable(access.principal_of(session), NeighborIndex)
+    visible = policy.readable(policy.principal_of(session), NeighborIndex)
     return list(session.scalars(select(NeighborIndex).where(NeighborIndex.experiment_id == experiment_id, visible)
                                 .order_by(NeighborIndex.id.desc())))
 

@@ -10,10 +10,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict
-from app.models import RetrievalResult
-from app.schemas import Geometry
-from app.services.lookup import load_latent, store_once, succeeded_experiment
+from app.core.errors import Conflict
+from app.core.lookup import load_latent, store_once, succeeded_experiment
+from app.core.models import RetrievalResult
+from app.core.schemas import Geometry
 from corel.clustering import default_metric
 from corel.retrieval import retrieval_metrics
 

@@ -11,12 +11,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 import app.services.experiments as experiments_service
-from app.errors import Conflict, InvalidInput, describe_errors
-from app.models import FINISHED, STATUSES, Experiment, Status, Sweep, utcnow
-from app.schemas import ExperimentCreate, SweepCreate
-from app.services import access
+from app.access import policy
+from app.core.errors import Conflict, InvalidInput, describe_errors
+from app.core.lookup import get_or_404
+from app.core.models import FINISHED, STATUSES, Experiment, Status, Sweep, utcnow
+from app.core.schemas import ExperimentCreate, SweepCreate
 from app.services.clustering import clustering_report
-from app.services.lookup import get_or_404
 from app.services.retrieval import retrieval_report
 from corel import report
 from corel.loss_catalog import DECLARATIONS, declaration
@@ -133,7 +133,7 @@ def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
 def list_sweeps(session: Session, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
     """A page of sweeps, newest first, each with its members' counts by status: two
     queries for the page, whatever its length."""
-    visible = access.readable(access.principal_of(session), Sweep)
+    visible = policy.readable(policy.principal_of(session), Sweep)
     total = int(session.scalar(select(func.count()).select_from(Sweep).where(visible)) or 0)
     sweeps = list(session.scalars(select(Sweep).where(visible).order_by(Sweep.id.desc()).limit(limit).offset(offset)))
     counts: dict[int, dict[str, int]] = {s.id: dict.fromkeys(STATUSES, 0) for s in sweeps}

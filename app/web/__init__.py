@@ -18,7 +18,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from app.errors import NotFound
+from app.core.errors import NotFound
 from corel.loss_catalog import DECLARATIONS, Option
 from corel.spec import DATASETS
 

@@ -35,11 +35,11 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session as OrmSession
 
 import app.main
-from app.db import make_engine, make_sessionmaker, session_scope
-from app.migrate import upgrade
-from app.services.access import OWNED
-from app.services.users import create_token, create_user
-from app.settings import Settings
+from app.access.policy import OWNED
+from app.access.users import create_token, create_user
+from app.core.db import make_engine, make_sessionmaker, session_scope
+from app.core.migrate import upgrade
+from app.core.settings import Settings
 from harness.servers import free_port, terminate
 from harness.wait import wait_until
 from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
@@ -385,7 +385,7 @@ def stored_latent(settings: Settings, experiment_id: int, split: str) -> tuple[A
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
 
-    from app.models import LatentSpace
+    from app.core.models import LatentSpace
 
     engine = create_engine(settings.database_url)
     with Session(engine) as session:

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from sqlalchemy import create_engine, select
 
+from app.core.models import ClusteringResult, Figure
 from app.main import create_app
-from app.models import ClusteringResult, Figure
 from tests.app.conftest import finished, wait_for
 
 # Measured with corel.train.fit + corel.clustering.cluster on this spec (test

@@ -721,7 +721,7 @@ def test_a_run_that_failed_before_its_first_epoch_says_so_instead_of_an_empty_ch
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
-    from app.models import Experiment, utcnow
+    from app.core.models import Experiment, utcnow
 
     engine = create_engine(settings.database_url)
     with Session(engine) as session:
@@ -756,8 +756,8 @@ def team(tmp_path) -> Iterator[dict[str, Any]]:
     bootstrap admin an experiment each."""
     import httpx
 
-    from app.migrate import upgrade
-    from app.settings import Settings
+    from app.core.migrate import upgrade
+    from app.core.settings import Settings
     from tests.app.conftest import npz_bytes
 
     s = Settings(database_url=f"sqlite:///{tmp_path / 'team.sqlite3'}", var_dir=tmp_path,

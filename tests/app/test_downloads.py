@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from app.models import Checkpoint, LatentSpace
+from app.core.models import Checkpoint, LatentSpace
 from corel.train import checkpoint_from_bytes, model_from_checkpoint
 from tests.app.conftest import finished, wait_for
 

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from sqlalchemy import event
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 from tests.app.conftest import serving
 
 SLOW_COMMIT = 0.4

@@ -105,8 +105,8 @@ def test_a_job_whose_message_was_lost_or_whose_worker_died_is_sent_again(client,
     reconciler once their delay (one lease here) has passed, claimed, and finished."""
     from datetime import timedelta
 
-    from app.db import make_engine, make_sessionmaker, session_scope
-    from app.models import EmbeddingJob, utcnow
+    from app.core.db import make_engine, make_sessionmaker, session_scope
+    from app.core.models import EmbeddingJob, utcnow
 
     d = load_digits()
     up = client.post("/datasets", files={"file": ("few.npz", npz_bytes(x=d.data[:300].astype(np.float32),

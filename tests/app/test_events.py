@@ -22,15 +22,15 @@ from pydantic import SecretStr
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-import app.services.events as events_module
-import app.services.progress_stream as stream_module
-from app.db import make_engine, make_sessionmaker, session_scope
+import app.jobs.events as events_module
+import app.jobs.progress_stream as stream_module
+from app.core.db import make_engine, make_sessionmaker, session_scope
+from app.core.migrate import upgrade
+from app.core.models import EpochMetric, Experiment, utcnow
+from app.core.settings import Settings
+from app.jobs.events import publish
+from app.jobs.progress_stream import Sent, encode_sweep, sweep_position
 from app.main import create_app
-from app.migrate import upgrade
-from app.models import EpochMetric, Experiment, utcnow
-from app.services.events import publish
-from app.services.progress_stream import Sent, encode_sweep, sweep_position
-from app.settings import Settings
 from harness.wait import wait_until
 from tests.app.conftest import PG_ADMIN_URL, REPO, serving, settings_env
 

@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from app.models import Checkpoint, LatentSpace
+from app.core.models import Checkpoint, LatentSpace
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
 from corel.train import checkpoint_from_bytes, fit, model_from_checkpoint, represent

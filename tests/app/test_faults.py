@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app.core.migrate import upgrade
+from app.core.settings import Settings
 from app.main import create_app
-from app.migrate import upgrade
-from app.settings import Settings
 from corel.spec import ExperimentSpec
 from corel.train import fit
 from harness.servers import PrivatePostgres, PrivateRedis, postgres_bin
@@ -215,12 +215,12 @@ def test_a_refused_send_withdraws_the_row_or_keeps_it_queued(private, service) -
     database went away too) stays, and the request counts as accepted."""
     from sqlalchemy import delete, select, update
 
-    from app.db import make_engine, make_sessionmaker, session_scope
-    from app.errors import ServiceUnavailable
-    from app.lifecycle import commit_and_send
-    from app.models import Experiment
-    from app.queue import BrokerUnavailable
-    from app.schemas import ExperimentCreate
+    from app.core.db import make_engine, make_sessionmaker, session_scope
+    from app.core.errors import ServiceUnavailable
+    from app.core.models import Experiment
+    from app.core.schemas import ExperimentCreate
+    from app.jobs.lifecycle import commit_and_send
+    from app.jobs.queue import BrokerUnavailable
     from app.services.experiments import create_experiment
 
     pg, _ = private

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from app.services import workers
-from app.settings import Settings
+from app.core.settings import Settings
+from app.jobs import workers
 from harness.wait import wait_until
 from tests.app.conftest import Workers, own_database
 from tests.conftest import REPO

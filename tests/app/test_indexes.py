@@ -13,8 +13,8 @@ import pytest
 from sklearn.datasets import load_digits
 from sqlalchemy import func, select, update
 
-from app.db import make_engine, make_sessionmaker, session_scope
-from app.models import EmbeddingJob, NeighborIndex, NeighborIndexChunk, utcnow
+from app.core.db import make_engine, make_sessionmaker, session_scope
+from app.core.models import EmbeddingJob, NeighborIndex, NeighborIndexChunk, utcnow
 from corel.index import recall_at_k
 from tests.app.conftest import DIGITS_SPEC, finished, npz_bytes, stored_latent, wait_body, wait_for
 from worker import indexing
@@ -167,7 +167,7 @@ def test_bad_index_requests(client, factory, run, queries):
     with session_scope(factory) as session:
         # A failed batch job; an index being built by a worker that keeps its lease, and
         # one queued (the reconciler leaves both alone: the lease is fresh, the send recent).
-        from app.models import DatasetUpload
+        from app.core.models import DatasetUpload
 
         later = utcnow() + timedelta(hours=1)
         upload = DatasetUpload(kind="npz", filename="x.npz", size=1, sha256="0" * 64, summary={})

@@ -13,9 +13,9 @@ from PIL import Image
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
+from app.core.models import LatentSpace
 from app.main import create_app
-from app.models import LatentSpace
-from app.services.model_cache import ModelCache
+from app.serving.model_cache import ModelCache
 from corel.data import read_idx
 from tests.app.conftest import finished, wait_for
 from tests.conftest import FASHION_DIR, SHARED_DATASETS, assert_rows_close, require
@@ -267,10 +267,10 @@ def test_concurrent_small_requests_share_a_forward_pass_and_get_their_own_rows(s
     the rows of its own image (embed) or its own similarities (predict), in order."""
     import asyncio
 
-    from app.db import make_engine, make_sessionmaker, session_scope
-    from app.schemas import InferenceRequest
-    from app.services.inference import InferenceRunner, forward, model_inputs
-    from app.services.model_cache import load_from_database
+    from app.core.db import make_engine, make_sessionmaker, session_scope
+    from app.core.schemas import InferenceRequest
+    from app.serving.inference import InferenceRunner, forward, model_inputs
+    from app.serving.model_cache import load_from_database
 
     engine = make_engine(settings.db_url)
     with session_scope(make_sessionmaker(engine)) as session:

@@ -22,10 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
+from app.api.metrics import UNMATCHED, ApiMetrics, RouteTemplates
+from app.api.middleware import RequestMetrics
+from app.core.settings import Settings
 from app.main import create_app
-from app.metrics import UNMATCHED, ApiMetrics, RouteTemplates
-from app.middleware import RequestMetrics
-from app.settings import Settings
 from harness.servers import free_port
 from harness.wait import wait_until
 from tests.app.conftest import finished, wait_for

@@ -17,9 +17,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from app.core.migrate import check
+from app.core.settings import Settings
 from app.main import create_app
-from app.migrate import check
-from app.settings import Settings
 from corel import native
 from harness.servers import free_port
 from harness.wait import wait_until
@@ -330,7 +330,7 @@ def test_a_worker_refuses_to_start_on_an_unknown_cuda_graphs_setting(tmp_path):
 LIBRARY_VARIABLES = ("COREL_CUDA_GRAPHS", "COREL_NATIVE", "COREL_NATIVE_DIR")
 # What the library is given, in a worker process once its settings are read.
 GIVEN_TO_THE_LIBRARY = (
-    "import os\nimport worker.celery_app\nfrom app.settings import engine_options, get_settings\n"
+    "import os\nimport worker.celery_app\nfrom app.core.settings import engine_options, get_settings\n"
     "from corel import native\n"
     "options = engine_options(get_settings())\n"
     "with options.applied():\n"

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.db import make_engine
-from app.models import EncoderBlob, EncoderUpload
+from app.core.db import make_engine
+from app.core.models import EncoderBlob, EncoderUpload
 from tests.app.conftest import finished, wait_for
 from tests.encoder_files import TOPICS, timm_weights, tiny_sentence_transformer, zipped
 
@@ -226,7 +226,7 @@ def test_a_spec_naming_an_own_encoder_wrongly_is_refused(client, spec, status, w
 
 def test_the_encoder_files_are_written_once_per_machine(client, settings, weights, tmp_path):
     """A worker's or an API process's copy: written whole (never half a file), then reused."""
-    from app.db import make_sessionmaker
+    from app.core.db import make_sessionmaker
     from app.services.encoders import local_files
 
     r = client.post("/encoders", files={"file": ("w.safetensors", weights)},

@@ -9,14 +9,14 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from app.broker import TRAIN_TASK
-from app.db import make_engine, make_sessionmaker, session_scope
-from app.lifecycle import reconcile
-from app.migrate import upgrade
-from app.models import Experiment, utcnow
-from app.schemas import ExperimentCreate
+from app.core.db import make_engine, make_sessionmaker, session_scope
+from app.core.migrate import upgrade
+from app.core.models import Experiment, utcnow
+from app.core.schemas import ExperimentCreate
+from app.core.settings import Settings
+from app.jobs.broker import TRAIN_TASK
+from app.jobs.lifecycle import reconcile
 from app.services.experiments import create_experiment
-from app.settings import Settings
 
 
 def test_lost_runs_are_sent_again_on_sqlite(tmp_path):
@@ -68,8 +68,8 @@ def test_the_loop_wakes_when_the_next_lease_runs_out(tmp_path):
     """next_lease_expiry: the seconds until the earliest live lease expires, over every kind
     of job (a run and an index build here); leases already out, and finished jobs, do not
     count; None when nothing runs."""
-    from app.lifecycle import next_lease_expiry
-    from app.models import NeighborIndex
+    from app.core.models import NeighborIndex
+    from app.jobs.lifecycle import next_lease_expiry
 
     settings = Settings(var_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/corel.sqlite3",
                         broker_url="memory://", lease_seconds=10.0)
@@ -104,7 +104,7 @@ def test_a_claimed_run_keeps_its_lease_until_its_first_batch(tmp_path):
     meanwhile, and stops at the first batch, where the loop's own beats take over."""
     import time
 
-    from app.lifecycle import WORKER_ID
+    from app.jobs.lifecycle import WORKER_ID
     from worker.runner import DatabaseRecorder, LeaseKeeper
 
     settings = Settings(var_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/corel.sqlite3",

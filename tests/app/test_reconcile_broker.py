@@ -11,14 +11,14 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from app.broker import EMBED_TASK, INDEX_TASK, TRAIN_TASK, broker_memory_since
-from app.db import make_engine, make_sessionmaker, session_scope
-from app.lifecycle import reconcile, requeue_delay
-from app.migrate import upgrade
-from app.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, utcnow
-from app.schemas import ExperimentCreate
+from app.core.db import make_engine, make_sessionmaker, session_scope
+from app.core.migrate import upgrade
+from app.core.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, utcnow
+from app.core.schemas import ExperimentCreate
+from app.core.settings import Settings
+from app.jobs.broker import EMBED_TASK, INDEX_TASK, TRAIN_TASK, broker_memory_since
+from app.jobs.lifecycle import reconcile, requeue_delay
 from app.services.experiments import create_experiment
-from app.settings import Settings
 from harness.servers import PrivateRedis
 from tests.conftest import require
 

@@ -12,7 +12,7 @@ from pytorch_metric_learning.utils.inference import CustomKNN
 from sqlalchemy import create_engine, delete, select
 from sqlalchemy.orm import Session
 
-from app.models import LatentSpace, RetrievalResult
+from app.core.models import LatentSpace, RetrievalResult
 from tests.app.conftest import DIGITS_SPEC as SPEC
 from tests.app.conftest import finished, stored_latent, wait_for
 

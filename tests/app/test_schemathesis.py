@@ -40,11 +40,11 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.auth import FailureBudget
-from app.db import make_engine, make_sessionmaker, session_scope
+from app.access.tokens import FailureBudget
+from app.access.users import create_token
+from app.core.db import make_engine, make_sessionmaker, session_scope
+from app.core.settings import Settings
 from app.main import create_app
-from app.services.users import create_token
-from app.settings import Settings
 from tests.app.conftest import npz_bytes, own_database, serving
 
 TOKEN = "fuzz-token"

@@ -25,12 +25,12 @@ from pydantic import SecretStr
 from sqlalchemy import update
 
 import app.services.experiments as experiments_service
-from app.db import make_engine, make_sessionmaker
-from app.errors import Conflict
+from app.core.db import make_engine, make_sessionmaker
+from app.core.errors import Conflict
+from app.core.migrate import upgrade
+from app.core.models import ApiToken, Experiment, utcnow
+from app.core.settings import Settings
 from app.main import create_app
-from app.migrate import upgrade
-from app.models import ApiToken, Experiment, utcnow
-from app.settings import Settings
 from tests.app.conftest import PG_ADMIN_URL, _pg_available, npz_bytes, settings_env
 from tests.conftest import REPO, require
 from tests.encoder_files import timm_weights
@@ -598,7 +598,7 @@ def test_every_timestamp_the_api_returns_carries_its_zone(api: TestClient,
                                                           own_settings: Settings) -> None:
     """Every date-time of the OpenAPI document, in real answers of every route that has
     one, on SQLite (which keeps no offset) and PostgreSQL: ISO 8601 with its offset."""
-    from app.models import EmbeddingJob, NeighborIndex, Status
+    from app.core.models import EmbeddingJob, NeighborIndex, Status
 
     uid, token_id, token = user_token(api, "tz")
     run = submit(api, token)

@@ -21,10 +21,10 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy import func, select, text
 
-from app.db import Base, make_engine, make_sessionmaker
+from app.core.db import Base, make_engine, make_sessionmaker
+from app.core.models import AuditEntry
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import AuditEntry
-from app.settings import Settings
 from harness.wait import wait_until
 from tests.app.conftest import Workers, npz_bytes, own_database
 

@@ -1,0 +1,134 @@
+"""Request dependencies: settings, the session that commits in one place, auth."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+import anyio.to_thread
+from fastapi import Depends, Request
+from fastapi.dependencies.utils import request_params_to_args
+from sqlalchemy.orm import Session
+
+from app.access import audit, policy
+from app.access.tokens import Principal
+from app.core.db import session_scope
+from app.core.errors import DomainError, Forbidden, Unauthorized
+from app.core.settings import Settings
+from app.jobs.queue import TaskQueue
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """A session that commits when the handler returns, before the answer is sent.
+
+    ``SessionDep`` gives it ``scope="function"``: FastAPI then runs the code after the
+    ``yield`` (the commit) before it sends the response, so a 2xx always stands for a
+    committed write, and a failed commit becomes an error answer instead of a lost write.
+    (With the default request scope it would run only after the response has gone.)
+
+    The session carries the request's principal (its new rows get their owner from it),
+    and a write's audit entry is committed with it (app/access/audit.py); a write that
+    fails is recorded once the session has been rolled back.
+    """
+    draft = None
+    factory = request.app.state.sessionmaker
+    try:
+        with session_scope(factory) as session:
+            draft = audit.begin(session, request)
+            yield session
+    except Exception as exc:
+        if draft is not None:
+            audit.record_failure(factory, draft, exc)
+        raise
+
+
+def get_queue(request: Request) -> TaskQueue:
+    queue: TaskQueue = request.app.state.queue
+    return queue
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+QueueDep = Annotated[TaskQueue, Depends(get_queue)]
+
+
+def get_principal(request: Request) -> Principal:
+    """Who the request acts for, as :class:`app.api.middleware.RequestGuard` found it."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None:
+        raise Unauthorized("this endpoint needs an 'Authorization: Bearer <token>' header")
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def require_token(principal: PrincipalDep) -> None:
+    """Mutating endpoints need a token that may write.
+
+    :class:`app.api.middleware.RequestGuard` has checked this before the body was read; this
+    dependency keeps the routes safe on their own (and documents them in OpenAPI).
+    """
+    if not principal.can_write:
+        raise Forbidden("this token may only read (scope read)")
+
+
+AuthDep = Depends(require_token)
+
+
+async def require_access(request: Request, kind: str, row_id: int, need: policy.Need = "read") -> None:
+    """:func:`app.access.policy.check` for a row a request names outside its path (the
+    experiment of /embed and /predict), in a session of its own; admins pass without a
+    query, so the hot inference path of the open mode never waits on the database."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None or principal.admin:
+        return
+
+    def check() -> None:
+        with request.app.state.sessionmaker() as session:
+            policy.check(session, principal, kind, row_id, need)
+
+    await anyio.to_thread.run_sync(check)
+
+
+async def check_path_access(request: Request) -> None:
+    """Every row the path names (an experiment, a sweep, an upload, a job, an index) must
+    be one the principal may read, or change when the request changes it
+    (:func:`app.access.policy.check_path`): a 404 otherwise, or a 403, audited when the
+    request is a write. Installed on the whole app, so that no route can forget it; admins
+    pass without a query."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None or principal.admin:
+        return
+    params = request.path_params
+    if not any(isinstance(params.get(name), int) for name in policy.PATH_PARAMS):
+        return
+
+    def check() -> None:
+        with request.app.state.sessionmaker() as session:
+            policy.check_path(session, principal, request.method, request.url.path, params)
+
+    try:
+        await anyio.to_thread.run_sync(check)
+    except DomainError as exc:
+        if query_is_invalid(request):
+            return  # its 422 comes first, as for an admin: no row is looked up for it
+        # A refused write is audited all the same.
+        await anyio.to_thread.run_sync(audit.record_refusal, request.app.state.sessionmaker,
+                                       request, principal, exc.status_code, exc.detail)
+        raise
+
+
+def query_is_invalid(request: Request) -> bool:
+    """Whether the query string fails the route's own query parameters (FastAPI checks
+    them only after the app-wide dependencies)."""
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    if dependant is None:
+        return False
+    _, errors = request_params_to_args(dependant.query_params, request.query_params)
+    return bool(errors)

@@ -1,0 +1,175 @@
+"""Domain errors carry their HTTP status; :func:`install_error_handlers` renders every
+error the API answers as ``{"error": ..., "detail": ...}``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.core.db import DATABASE_UNAVAILABLE
+
+log = logging.getLogger("corel.api")
+
+RETRY_AFTER = 5  # seconds, in every 503's Retry-After
+
+MAX_ID = 2**31 - 1
+"""Largest row id (PostgreSQL ``integer``); a larger one cannot exist."""
+PAGE_LIMIT = ("Rows a page holds at most; more than the server's page size "
+              "(COREL_PAGE_SIZE_LIMIT, default 200) gives that many: the answer's limit says.")
+
+MAX_OFFSET = 2**31 - 1
+"""Largest list offset: past every row there can be, and within what both databases take."""
+
+
+def check_id(kind: str, value: int) -> None:
+    """404 for an id no row can have (0, negative, or past :data:`MAX_ID`), before the
+    database sees it: out-of-range literals are errors there, not empty results."""
+    if not 1 <= value <= MAX_ID:
+        raise NotFound(f"{kind} {value} does not exist (ids run from 1 to {MAX_ID})")
+
+
+class DomainError(Exception):
+    status_code = 400
+    error = "bad_request"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class Unauthorized(DomainError):
+    status_code = 401
+    error = "unauthorized"
+
+
+class Forbidden(DomainError):
+    status_code = 403
+    error = "forbidden"
+
+
+class NotFound(DomainError):
+    status_code = 404
+    error = "not_found"
+
+
+class Conflict(DomainError):
+    status_code = 409
+    error = "conflict"
+
+
+class PayloadTooLarge(DomainError):
+    status_code = 413
+    error = "payload_too_large"
+
+
+class InvalidInput(DomainError):
+    status_code = 422
+    error = "invalid_input"
+
+
+class ServiceUnavailable(DomainError):
+    status_code = 503
+    error = "service_unavailable"
+
+
+def describe_error(err: Mapping[str, Any], whole: str = "body") -> str:
+    """One pydantic error as "field: message" (``whole`` names an error of the whole object)."""
+    if err.get("type") == "json_invalid":  # its loc is ("body", <character offset>)
+        offset = next((p for p in err.get("loc", ()) if isinstance(p, int)), None)
+        why = (err.get("ctx") or {}).get("error", "")
+        at = f" at character {offset}" if offset is not None else ""
+        return (f"the body is not valid JSON{at}" + (f" ({why})" if why else "")
+                + "; send a JSON object such as {\"dataset\": \"digits\"}")
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    where = ".".join(loc) or whole
+    if err.get("type") in ("literal_error", "enum") and "input" in err:
+        # Say what was sent too: "on: Input should be 'test' or 'validation'; got 'train'".
+        return f"{where}: {err.get('msg', 'invalid')}; got {err['input']!r}"
+    return f"{where}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}"
+
+
+def describe_errors(errors: Iterable[Mapping[str, Any]], whole: str = "body") -> str:
+    return "; ".join(describe_error(e, whole) for e in errors)
+
+
+def _field(err: Mapping[str, Any]) -> str:
+    """The field an error is about, as the request names it (``body.lr``); an unparsable
+    body's loc ends in a character offset, which is no field: ``body``."""
+    loc = err.get("loc", ())
+    if err.get("type") == "json_invalid":
+        loc = [p for p in loc if not isinstance(p, int)]
+    return ".".join(str(p) for p in loc)
+
+
+def _whole_body(err: Mapping[str, Any]) -> bool:
+    """An error of the body as a whole: absent, or not an object."""
+    return tuple(err.get("loc", ())) == ("body",) and err.get("type") in (
+        "missing", "model_attributes_type", "dict_type", "model_type")
+
+
+def _not_json(content_type: str) -> str | None:
+    """What to say of a body that came with a content type other than JSON's (FastAPI reads
+    such a body as bytes, not JSON, and says only that it is no object); None for JSON, or
+    no content type (read as JSON)."""
+    media = content_type.split(";")[0].strip().lower()
+    if not media or media == "application/json" or media.endswith("+json"):
+        return None
+    return (f"the body must be a JSON object sent with Content-Type: application/json; "
+            f"this one came as {media}")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """The app's four exception handlers: domain errors (their own status), Starlette's
+    HTTP errors, a database that does not answer (503), and invalid requests (422)."""
+
+    @app.exception_handler(DomainError)
+    async def _domain_error(_: Request, exc: DomainError) -> JSONResponse:
+        headers = {"Retry-After": str(RETRY_AFTER)} if exc.status_code == 503 else None
+        return JSONResponse(
+            status_code=exc.status_code, content={"error": exc.error, "detail": exc.detail, **exc.extra},
+            headers=headers,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own answers (400 unparsable body, 404 no such path, 405, 413) in
+        # the shape of every other error.
+        try:
+            error = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
+        except ValueError:
+            error = "error"
+        return JSONResponse(status_code=exc.status_code, headers=exc.headers,
+                            content={"error": error, "detail": str(exc.detail)})
+
+    async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        # The request did nothing durable (its transaction rolled back): safe to retry.
+        log.warning("database unavailable", extra={"error": type(exc).__name__})
+        return JSONResponse(
+            status_code=503, headers={"Retry-After": str(RETRY_AFTER)},
+            content={"error": "service_unavailable",
+                     "detail": "the database is unreachable or not answering; nothing was "
+                               f"changed, retry in {RETRY_AFTER} s"})
+
+    for unavailable in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(unavailable, _database_unavailable)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        not_json = _not_json(request.headers.get("content-type", ""))
+        errors = [
+            {"field": _field(e), "message": not_json if not_json and _whole_body(e) else describe_error(e)}
+            for e in exc.errors()
+        ]
+        return JSONResponse(
+            status_code=422,
+            content={"error": "invalid_request", "detail": "; ".join(e["message"] for e in errors),
+                     "errors": errors},
+        )

@@ -1,0 +1,89 @@
+"""Finding the rows a request names: one get-or-404, the succeeded experiment, its best
+checkpoint, its stored latent spaces; and storing a computed row once.
+
+Every service reads rows through these, so a missing row is the same 404 and a run that
+has not succeeded the same 409 everywhere. Services only flush; the session scope commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import numpy as np
+from sqlalchemy import Select, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.core.errors import Conflict, NotFound, check_id
+from app.core.models import Base, Checkpoint, Experiment, LatentSpace, Status
+
+RowT = TypeVar("RowT", bound=Base)
+
+
+def get_or_404(session: Session, model: type[RowT], row_id: int, what: str) -> RowT:
+    """The row, or a 404 that names it (``what``: "experiment", "sweep", "index", ...).
+    An id no row can have is refused before the database sees it (:func:`check_id`)."""
+    check_id(what, row_id)
+    row = session.get(model, row_id)
+    if row is None:
+        raise NotFound(f"{what} {row_id} does not exist")
+    return row
+
+
+def succeeded_experiment(session: Session, experiment_id: int, needs: str) -> Experiment:
+    """The experiment, or NotFound; Conflict (naming its status) unless it succeeded."""
+    exp = get_or_404(session, Experiment, experiment_id, "experiment")
+    if exp.status != Status.SUCCEEDED:
+        raise Conflict(
+            f"experiment {experiment_id} is {exp.status}; {needs} needs a succeeded experiment",
+            status=exp.status,
+        )
+    return exp
+
+
+def best_checkpoint(session: Session, experiment_id: int, column: Any = None) -> Any:
+    """A column (default: the bytes; ``Checkpoint``: the row) of the experiment's best
+    checkpoint, or Conflict."""
+    value = session.scalar(select(Checkpoint.data if column is None else column).where(
+        Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best"))
+    if value is None:
+        raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
+    return value
+
+
+def class_names(session: Session, experiment_id: int) -> list[str]:
+    """The class names the experiment was trained with (its best checkpoint's)."""
+    from corel.train import checkpoint_from_bytes  # torch: not for the CLI's users commands
+
+    ckpt = checkpoint_from_bytes(best_checkpoint(session, experiment_id))
+    return [str(c) for c in ckpt["class_names"]]
+
+
+def load_latent(session: Session, experiment_id: int, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(representations n x dim float32, labels int64) of one stored split."""
+    latent = session.scalars(
+        select(LatentSpace).where(LatentSpace.experiment_id == experiment_id, LatentSpace.split == split)
+    ).one_or_none()
+    if latent is None:
+        raise Conflict(f"experiment {experiment_id} has no stored {split} latent space")
+    reps = np.frombuffer(latent.representations, dtype=np.float32).reshape(latent.n, latent.dim)
+    labels = np.frombuffer(latent.labels, dtype=np.int64)
+    return reps, labels
+
+
+def store_once(session: Session, row: RowT, stored: Select[RowT]) -> RowT:
+    """Insert ``row`` unless another request stored the same key first; return the stored one.
+
+    Two first requests can compute the same thing at once. The insert runs in a
+    SAVEPOINT, so the loser's unique-constraint violation rolls back only that
+    insert (not the request's transaction), and it reads the winner's row.
+    """
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        winner = session.scalars(stored).one_or_none()
+        if winner is None:  # the violation was not the race this guards against
+            raise
+        return winner
+    return row

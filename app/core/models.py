@@ -1,0 +1,479 @@
+"""ORM rows. Blobs (checkpoints, latent spaces, uploads) live in their own tables so
+that listing experiments never loads them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from app.core.db import Base
+from corel.geometry import Geometry
+
+
+class Status(StrEnum):
+    """The status of every kind of job (a training run, a member of a stacked group, a batch
+    embedding job, an index build), as the rows store it and the API shows it: the enum's
+    members are the strings themselves ("queued" == Status.QUEUED)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+STATUSES: tuple[Status, ...] = tuple(Status)
+FINISHED: tuple[Status, ...] = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+ACTIVE: tuple[Status, ...] = (Status.QUEUED, Status.RUNNING)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def as_utc(value: datetime) -> datetime:
+    """A timestamp read back from the database, with its offset. SQLite (the embedded
+    default) keeps none, and every timestamp is written in UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+class DatasetUpload(Base):
+    __tablename__ = "datasets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # "npz" | "ag-news"
+    filename: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Who created it (app.access.policy): None when created with no users (open mode)
+    # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign
+    # key: adding one would rebuild the table on SQLite, and users are never deleted.
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The owner as the read schemas show it: a read-only join on owner_id (no foreign key).
+    owner: Mapped[User | None] = relationship(
+        primaryjoin="foreign(DatasetUpload.owner_id) == User.id", viewonly=True)
+    blob: Mapped[DatasetBlob] = relationship(cascade="all, delete-orphan", lazy="raise")
+
+
+class DatasetBlob(Base):
+    __tablename__ = "dataset_blobs"
+
+    dataset_id: Mapped[int] = mapped_column(
+        ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True
+    )
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class EncoderUpload(Base):
+    """A user's own encoder (POST /encoders): a sentence-transformers folder (zipped) or a
+    weights file for a timm architecture, checked on arrival. Its files are stored once per
+    content (:class:`EncoderBlob`, by sha256), however many uploads name them."""
+
+    __tablename__ = "encoders"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))  # "sentence-transformers" | "timm"
+    modality: Mapped[str] = mapped_column(String(16))
+    architecture: Mapped[str | None] = mapped_column(String(128))  # timm's name; None for a folder
+    features: Mapped[int] = mapped_column(Integer)
+    filename: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(ForeignKey("encoder_blobs.sha256"), index=True)
+    # The encoder's content digest as runs record it (corel.pretrained): the weights file's
+    # sha256, or that of the sentence-transformers folder's files.
+    digest: Mapped[str] = mapped_column(String(64), index=True)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    owner: Mapped[User | None] = relationship(
+        primaryjoin="foreign(EncoderUpload.owner_id) == User.id", viewonly=True)
+
+    @property
+    def spec_name(self) -> str:
+        """How a spec names it: ``sentence-transformers`` or ``timm:<architecture>``."""
+        return f"timm:{self.architecture}" if self.kind == "timm" else self.kind
+
+
+class EncoderBlob(Base):
+    """An uploaded encoder's files as sent (a weights file or a .zip), once per content."""
+
+    __tablename__ = "encoder_blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Sweep(Base):
+    """A grid of experiments over a base spec (losses x lambdas x seeds x ...)."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    base: Mapped[dict[str, Any]] = mapped_column(JSON)
+    grid: Mapped[dict[str, Any]] = mapped_column(JSON)
+    lam_by_loss: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
+    size: Mapped[int] = mapped_column(Integer)
+    vectorize: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Who created it (app.access.policy): None when created with no users (open mode)
+    # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign
+    # key: adding one would rebuild the table on SQLite, and users are never deleted.
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The owner as the read schemas show it: a read-only join on owner_id (no foreign key).
+    owner: Mapped[User | None] = relationship(
+        primaryjoin="foreign(Sweep.owner_id) == User.id", viewonly=True)
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int | None] = mapped_column(
+        ForeignKey("sweeps.id", ondelete="CASCADE"), index=True
+    )
+    status: Mapped[str] = mapped_column(String(16), index=True, default=Status.QUEUED.value)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    dataset: Mapped[str] = mapped_column(String(32), index=True)
+    loss: Mapped[str] = mapped_column(String(16), index=True)
+    dataset_id: Mapped[int | None] = mapped_column(
+        ForeignKey("datasets.id", ondelete="RESTRICT"), index=True
+    )
+    epochs_total: Mapped[int] = mapped_column(Integer)
+    current_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    best_epoch: Mapped[int | None] = mapped_column(Integer)
+    best_val_accuracy: Mapped[float | None] = mapped_column(Float)
+    test_accuracy: Mapped[float | None] = mapped_column(Float)
+    train_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    # While running, before the first epoch: "preparing data" while a worker downloads
+    # the dataset, with how far it is in phase_detail; None otherwise.
+    phase: Mapped[str | None] = mapped_column(String(32))
+    phase_detail: Mapped[str | None] = mapped_column(String(300))
+    # What the worker trained on and in, from its first epoch: "cpu" or "cuda:0 (NVIDIA
+    # H200)"; "fp32" or "bf16" (the spec's, where the device can).
+    device: Mapped[str | None] = mapped_column(String(120))
+    precision: Mapped[str | None] = mapped_column(String(8))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When a task for this row was last sent, and how many times: the reconciler sends
+    # a queued row again when its last send is older than a delay that doubles each time.
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    enqueues: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Who created it (app.access.policy): None when created with no users (open mode)
+    # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign
+    # key: adding one would rebuild the table on SQLite, and users are never deleted.
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The owner as the read schemas show it: a read-only join on owner_id (no foreign key).
+    owner: Mapped[User | None] = relationship(
+        primaryjoin="foreign(Experiment.owner_id) == User.id", viewonly=True)
+
+
+class EpochMetric(Base):
+    __tablename__ = "epoch_metrics"
+    __table_args__ = (UniqueConstraint("experiment_id", "epoch"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    epoch: Mapped[int] = mapped_column(Integer)
+    train_loss: Mapped[float] = mapped_column(Float)
+    train_accuracy: Mapped[float] = mapped_column(Float)
+    val_accuracy: Mapped[float] = mapped_column(Float)
+    test_accuracy: Mapped[float | None] = mapped_column(Float)
+    is_best: Mapped[bool] = mapped_column(Boolean)
+    seconds: Mapped[float] = mapped_column(Float)
+
+
+class Checkpoint(Base):
+    """``resume``: the latest epoch's full training state; ``best``: the serving checkpoint."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("experiment_id", "kind"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    epoch: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class LatentSpace(Base):
+    """Representations (float32, row-major n x dim) and labels (int64) of one split."""
+
+    __tablename__ = "latent_spaces"
+    __table_args__ = (UniqueConstraint("experiment_id", "split"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    split: Mapped[str] = mapped_column(String(16))
+    n: Mapped[int] = mapped_column(Integer)
+    dim: Mapped[int] = mapped_column(Integer)
+    representations: Mapped[bytes] = mapped_column(LargeBinary)
+    labels: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class RetrievalResult(Base):
+    """Retrieval metrics of a succeeded experiment (its test split against its training
+    split), in one geometry: computed once from the stored latent spaces, then read."""
+
+    __tablename__ = "retrieval_results"
+    __table_args__ = (UniqueConstraint("experiment_id", "geometry"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    geometry: Mapped[Geometry] = mapped_column(String(16))
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ClusteringResult(Base):
+    """A clustering report of one latent space, computed once and then read."""
+
+    __tablename__ = "clustering_results"
+    __table_args__ = (UniqueConstraint("experiment_id", "split", "metric", "algorithm"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    split: Mapped[str] = mapped_column(String(16))
+    metric: Mapped[Geometry] = mapped_column(String(16))
+    algorithm: Mapped[str] = mapped_column(String(16))
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Figure(Base):
+    """A rendered picture (PNG) of an experiment, cached by name."""
+
+    __tablename__ = "figures"
+    __table_args__ = (UniqueConstraint("experiment_id", "name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(64))
+    png: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class LeasedJob:
+    """The columns of a job that a worker runs from a message (a batch embedding job, an
+    index build): its status and error, a cancel flag, the lease (``worker``,
+    ``heartbeat_at``, ``attempts``) and the send record (``enqueued_at``, ``enqueues``),
+    as an experiment has them (see there)."""
+
+    status: Mapped[str] = mapped_column(String(16), index=True, default=Status.QUEUED.value)
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    worker: Mapped[str | None] = mapped_column(String(255))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    enqueues: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Who created the job (app.access.policy): None when created with no users (open mode)
+    # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign
+    # key: adding one would rebuild the table on SQLite, and users are never deleted.
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
+
+
+class EmbeddingJob(LeasedJob, Base):
+    """Every row of an uploaded dataset embedded by a trained experiment, on a worker."""
+
+    __tablename__ = "embedding_jobs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="RESTRICT"), index=True)
+    n_total: Mapped[int] = mapped_column(Integer, default=0)
+    n_done: Mapped[int] = mapped_column(Integer, default=0)
+    dim: Mapped[int | None] = mapped_column(Integer)
+
+
+class EmbeddingResult(Base):
+    """A finished job's representations (float32, row-major n x dim) and labels (int64)."""
+
+    __tablename__ = "embedding_results"
+
+    job_id: Mapped[int] = mapped_column(
+        ForeignKey("embedding_jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    representations: Mapped[bytes] = mapped_column(LargeBinary)
+    labels: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class NeighborIndex(LeasedJob, Base):
+    """A nearest-neighbour index over an experiment's training split or a batch
+    embedding job's rows, built on a worker with the same lease as a training run, and
+    kept in the database (``neighbor_index_chunks``) so that any API process can load it."""
+
+    __tablename__ = "neighbor_indexes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    source: Mapped[str] = mapped_column(String(16))  # "train" | "embedding_job"
+    embedding_job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("embedding_jobs.id", ondelete="CASCADE"), index=True
+    )
+    requested_kind: Mapped[str] = mapped_column(String(8))  # "auto" | "exact" | "hnsw"
+    kind: Mapped[str | None] = mapped_column(String(8))  # decided when built
+    geometry: Mapped[Geometry] = mapped_column(String(16))
+    n_total: Mapped[int] = mapped_column(Integer, default=0)
+    n_done: Mapped[int] = mapped_column(Integer, default=0)
+    dim: Mapped[int | None] = mapped_column(Integer)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    build_seconds: Mapped[float | None] = mapped_column(Float)
+    ef_search: Mapped[int | None] = mapped_column(Integer)
+    recall: Mapped[float | None] = mapped_column(Float)
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class NeighborIndexChunk(Base):
+    """A built index's bytes (``corel.index.VectorIndex.to_bytes``), in pieces, in order.
+    Written in the same transaction that marks the index succeeded."""
+
+    __tablename__ = "neighbor_index_chunks"
+
+    index_id: Mapped[int] = mapped_column(
+        ForeignKey("neighbor_indexes.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+# --- users, their tokens, sharing, and the audit log (app/access/tokens.py, app/access/policy.py) ---
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiToken(Base):
+    """A user's bearer token, stored only as the SHA-256 of the token (tokens are 256
+    random bits: no salt or slow hash needed). Checked on every request, so revoking or
+    expiring one takes effect on the next request in every API process."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    scope: Mapped[str] = mapped_column(String(8))  # "read" | "write" | "admin"
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    name: Mapped[str | None] = mapped_column(String(64))
+    # Written at most once a minute per token (app.access.tokens.lookup_token), not on every request.
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Share(Base):
+    """One user's access ("read" or "write") to an experiment, a sweep, an upload or an
+    uploaded encoder: one of the four ids is set. Foreign keys with cascades, so that a deleted resource's
+    shares go with it and never grant access to a later row with the same id."""
+
+    __tablename__ = "shares"
+    __table_args__ = (UniqueConstraint("experiment_id", "user_id"),
+                      UniqueConstraint("sweep_id", "user_id"),
+                      UniqueConstraint("dataset_id", "user_id"),
+                      UniqueConstraint("encoder_id", "user_id"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    experiment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"))
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    encoder_id: Mapped[int | None] = mapped_column(ForeignKey("encoders.id", ondelete="CASCADE"))
+    access: Mapped[str] = mapped_column(String(8))  # "read" | "write"
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AuditEntry(Base):
+    """One write through the API: who, when, what, which row, and how it ended. A write
+    that succeeded is recorded in the write's own transaction, one that failed in a
+    transaction of its own (app/access/audit.py)."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    user_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), index=True)
+    token_id: Mapped[int | None] = mapped_column(Integer)
+    client: Mapped[str | None] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(160), index=True)  # "POST /experiments/{id}/cancel"
+    resource: Mapped[str | None] = mapped_column(String(32), index=True)
+    resource_id: Mapped[int | None] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(16))  # "ok" | "failed"
+    status: Mapped[int | None] = mapped_column(Integer)
+    detail: Mapped[str | None] = mapped_column(String(500))
+
+
+class WorkerPresence(Base):
+    """A live worker process, and the host it runs on (``host``: the kernel's boot id,
+    the same in every container of one machine), written by the worker every few seconds
+    (worker/tasks.py): the workers of one host divide its cores by counting each other
+    here (app/jobs/workers.py). A row not written for a while is a worker gone."""
+
+    __tablename__ = "worker_presence"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(64), index=True)
+    cpus: Mapped[int] = mapped_column(Integer)
+    threads: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

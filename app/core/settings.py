@@ -1,0 +1,285 @@
+"""One settings object, read from ``COREL_*`` environment variables (or a .env file)."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from corel.spec import MAX_GROUP
+
+if TYPE_CHECKING:
+    from corel.train import EngineOptions
+
+SUPPORTED_DB = ("sqlite", "postgresql")
+SUPPORTED_BROKERS = ("redis", "rediss", "sqla+sqlite", "sqla+postgresql", "filesystem", "amqp", "memory")
+
+
+class Settings(BaseSettings):
+    """Service configuration. The defaults are the embedded default: everything in ./var."""
+
+    model_config = SettingsConfigDict(env_prefix="COREL_", env_file=".env", extra="ignore")
+
+    var_dir: Path = Field(default=Path("var"), description="Where the embedded default keeps its files.")
+    database_url: str = Field(
+        default="", description="SQLAlchemy URL; default: a SQLite file in var_dir."
+    )
+    broker_url: str = Field(
+        default="", description="Celery broker URL; default: a SQLite-backed broker in var_dir."
+    )
+    data_dir: str = Field(
+        default="",
+        description="Folders holding the built-in datasets' files (MNIST's IDX files, ag_news/, "
+        "...), separated by ':'; looked in before var_dir/datasets (and system locations such "
+        "as Debian's /usr/share/datasets/fashion-mnist). `make serve` and the tests add "
+        "../shared/datasets when it exists.",
+    )
+    download: bool = Field(
+        default=True,
+        description="Whether a worker may download a built-in dataset (MNIST, Fashion-MNIST, "
+        "AG News) that is in no data folder, once, into var_dir/datasets, checksums verified. "
+        "Off: such a dataset is unavailable, and a spec naming it is refused.",
+    )
+    download_mirror: str = Field(
+        default="",
+        description="A base URL serving <dataset>/<file name> (for example an internal mirror "
+        "of the public releases) to download from instead of the public sources.",
+    )
+    download_probe_seconds: float = Field(
+        default=3.0, gt=0,
+        description="How long the service waits for a built-in dataset's download source (the "
+        "public release or COREL_DOWNLOAD_MIRROR) to answer before it counts the dataset as "
+        "unavailable: asked once at start for each dataset that is not here, and again at "
+        "most every COREL_DOWNLOAD_RECHECK_SECONDS.",
+    )
+    download_recheck_seconds: float = Field(
+        default=300.0, gt=0,
+        description="How old an answer about a download source may be before it is asked again "
+        "(in the background: a request meanwhile gets the last answer).",
+    )
+    api_token: SecretStr | None = Field(
+        default=None, description="When set, mutating endpoints need 'Authorization: Bearer <token>'."
+    )
+    api_token_reads: bool = Field(
+        default=True,
+        description="When a token is set, reads (GET) need it too: embed/predict, metrics, "
+        "clustering, figures, datasets, sweeps. Health, readiness and the OpenAPI document "
+        "stay open. Set COREL_API_TOKEN_READS=false to leave reads open.",
+    )
+    chance_epochs: int = Field(
+        default=5, ge=0,
+        description="A run ends `failed`, saying why, when its loss is not finite; when its "
+        "validation accuracy stays at chance for a third of its epochs (at least this many), or "
+        "to its end; or, for Gaussian-COREL below lam 0.5, when it is at chance or its loss is "
+        "negative and falling for this many epochs. 0 turns the check off.")
+    max_upload_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    max_encoder_bytes: int = Field(
+        default=512 * 1024 * 1024, gt=0,
+        description="Limit of POST /encoders (a zipped sentence-transformers folder or a weights "
+        "file); a zip may unpack to four times as much.")
+    max_json_bytes: int = Field(
+        default=1024 * 1024, gt=0, description="Body limit of the JSON routes (specs, sweeps).")
+    max_inference_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, description="Body limit of POST /embed and /predict.")
+    max_embed_batch: int = Field(default=4096, gt=0)
+    max_sweep_size: int = Field(default=2000, gt=0, description="Most experiments in one sweep.")
+    max_group_size: int = Field(
+        default=MAX_GROUP, gt=0,
+        description="Most members of one stacked group of a sweep (members that differ only in "
+        "lam, gamma, alpha and seed train as one model); a larger set is split.")
+    model_cache_size: int = Field(default=4, gt=0)
+    exact_search_max_rows: int = Field(
+        default=1_000_000, gt=0,
+        description="The most training rows /neighbors searches exactly (their float32 "
+        "representations are held in the API process: 512 MB for 1M x 128).")
+    index_exact_below_rows: int = Field(
+        default=100_000, gt=0,
+        description="An index of kind auto is exact below this many rows, HNSW (faiss) from there.")
+    index_target_recall: float = Field(
+        default=0.96, gt=0.0, le=1.0,
+        description="An HNSW index's efSearch is the smallest whose recall@10, measured at build "
+        "time on held-out rows, reaches this.")
+    hnsw_m: int = Field(default=16, ge=4, le=128, description="HNSW graph degree (faiss M).")
+    hnsw_ef_construction: int = Field(
+        default=100, ge=8, le=2048, description="HNSW construction breadth (faiss efConstruction).")
+    index_chunk_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024,
+        description="A built index is stored in the database in pieces of at most this size.")
+    index_cache_size: int = Field(
+        default=2, gt=0, description="Indexes (and training splits searched exactly) kept in "
+        "memory per API process.")
+    page_size_limit: int = Field(default=200, gt=0)
+    # A running experiment whose worker has not reported for this long is taken over
+    # by the next worker that starts (the worker died without acknowledging).
+    lease_seconds: float = Field(default=120.0, gt=0)
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    # The database is the source of truth for what must run; the broker only wakes
+    # workers up. A queued row not claimed this long after its task was sent is sent
+    # again (then after twice as long, ... up to requeue_max_seconds). Both default to
+    # the lease (one lease, then at most two), so that once the broker and the database
+    # are back a lost run waits no longer than a dead worker's run does.
+    requeue_after_seconds: float = Field(
+        default=0.0, ge=0, description="Default (0): COREL_LEASE_SECONDS.")
+    requeue_max_seconds: float = Field(
+        default=0.0, ge=0, description="Default (0): twice COREL_LEASE_SECONDS.")
+    # A task that meets a database or broker error waits and tries again (pauses
+    # doubling up to retry_max_pause) for this long before it gives the run back.
+    transient_retry_seconds: float = Field(default=900.0, ge=0)
+    retry_max_pause: float = Field(default=10.0, gt=0)
+    # The API gives up on a database that does not accept a connection within this
+    # many seconds, or whose connection pool has none free for as long, with a 503.
+    db_timeout_seconds: float = Field(default=2.0, gt=0)
+    # ... and on one that does not answer a ping within db_answer_seconds, or a statement
+    # within db_statement_seconds (frozen, or a network that drops packets).
+    db_answer_seconds: float = Field(default=1.0, gt=0)
+    db_statement_seconds: float = Field(default=10.0, gt=0)
+    db_peer_timeout_seconds: float = Field(
+        default=15.0, ge=0,
+        description="On PostgreSQL, both ends of every connection (the API's, a worker's) give "
+        "up on the other after it has been silent this long (host lost, network cut): a "
+        "worker cut off mid-transaction does not hold its rows' locks for TCP's hours, and a "
+        "worker that is cut off notices and tries again. 0: TCP's own timeouts. Behind "
+        "pgbouncer, set 0 or add `options` to its ignore_startup_parameters.",
+    )
+    # Longer than any training run: a slow run must never be delivered twice.
+    visibility_timeout: int = Field(default=7 * 24 * 3600, gt=0)
+    queue: str = Field(default="corel")
+    device: str | None = Field(default=None, description="Torch device for workers; default auto.")
+    cuda_graphs: str | None = Field(
+        default=None,
+        description="Training steps on a CUDA device replayed from a CUDA graph: 1 (or unset, "
+        "the default), 0 (off) or eager (corel/train/graphs.py; checked here so that a process "
+        "refuses to start on any other value). Reaches the library as engine_options().",
+    )
+    native: bool = Field(
+        default=True,
+        description="corel's compiled fused nodes (corel/native) where they are built; false: "
+        "their Python twins, the same numbers, slower. Reaches the library as engine_options().",
+    )
+    native_dir: str = Field(
+        default="",
+        description="Where corel/native's builds live (default: <virtual environment>/corel-native). "
+        "Reaches the library as engine_options().",
+    )
+    api_torch_threads: int = Field(
+        default=1, gt=0,
+        description="Torch threads of the API process (`corel serve`). Small requests run on "
+        "its event loop, those arriving together in one forward pass; one thread keeps them "
+        "from fighting over the cores (bench/embed_throughput.py).",
+    )
+    api_batch_threads: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, gt=0,
+        description="Threads that share a request of 256 inputs or more, one slice each, "
+        "off the event loop (default: all cores).",
+    )
+    worker_torch_threads: int = Field(
+        default=0, ge=0,
+        description="Torch threads of each worker process; 0 (the default): its share of the "
+        "host, the CPUs it may use divided by the workers on its host, which count each other "
+        "through the database (app/jobs/workers.py), at least 1. Two workers on two "
+        "cores that each used both trained an epoch up to 50x slower than with one thread "
+        "each (bench/host_contention.py).",
+    )
+    worker_metrics_port: int = Field(
+        default=0, ge=0, le=65535,
+        description="Port on which a worker serves its Prometheus metrics (all interfaces); "
+        "0: none.",
+    )
+    log_level: str = Field(default="INFO")
+    auto_migrate: bool = Field(
+        default=False, description="Apply migrations when the API starts (the embedded default)."
+    )
+
+    @model_validator(mode="after")
+    def _requeue_from_lease(self) -> Settings:
+        if not self.requeue_after_seconds:
+            self.requeue_after_seconds = self.lease_seconds
+        if not self.requeue_max_seconds:
+            self.requeue_max_seconds = max(2 * self.lease_seconds, self.requeue_after_seconds)
+        if self.requeue_max_seconds < self.requeue_after_seconds:
+            raise ValueError(
+                f"COREL_REQUEUE_MAX_SECONDS ({self.requeue_max_seconds:g}) must be at least "
+                f"COREL_REQUEUE_AFTER_SECONDS ({self.requeue_after_seconds:g})")
+        return self
+
+    @field_validator("cuda_graphs")
+    @classmethod
+    def _check_cuda_graphs(cls, v: str | None) -> str | None:
+        if v is not None:
+            from corel.train.options import parse_cuda_graphs  # (imports torch: only where set)
+
+            parse_cuda_graphs(v)
+        return v
+
+    @field_validator("native", mode="before")
+    @classmethod
+    def _empty_native_is_the_default(cls, v: object) -> object:
+        # COREL_NATIVE= (empty) is the library's default, on: a process must not refuse it.
+        return True if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_db(cls, v: str) -> str:
+        if v and v.split(":", 1)[0].split("+", 1)[0] not in SUPPORTED_DB:
+            raise ValueError(
+                f"COREL_DATABASE_URL must be a sqlite:// or postgresql:// URL; got {v.split(':', 1)[0]}://..."
+            )
+        return v
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker(cls, v: str) -> str:
+        if v and v.split("://", 1)[0] not in SUPPORTED_BROKERS:
+            raise ValueError(
+                f"COREL_BROKER_URL scheme must be one of {', '.join(SUPPORTED_BROKERS)}; got {v!r}"
+            )
+        return v
+
+    @property
+    def db_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            # A bare postgresql:// URL means the psycopg 3 driver installed with the project.
+            if url.startswith("postgresql://"):
+                url = "postgresql+psycopg://" + url[len("postgresql://") :]
+            return url
+        return f"sqlite:///{(self.var_dir / 'corel.sqlite3').resolve()}"
+
+    @property
+    def data_dirs(self) -> list[Path]:
+        """Where the built-in datasets are looked for, in order."""
+        # Normalised (../shared/datasets from `make serve` reads as the folder it names).
+        given = [Path(os.path.normpath(Path(p).expanduser())) for p in self.data_dir.split(os.pathsep)
+                 if p.strip()]
+        return [*given, self.var_dir / "datasets"]
+
+    @property
+    def celery_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{(self.var_dir / 'broker.sqlite3').resolve()}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.db_url.startswith("sqlite")
+
+
+def engine_options(settings: Settings) -> EngineOptions:
+    """What the training engine takes of the settings (CUDA graphs, corel.native and its
+    build directory, where frozen encoders' features are kept: ``var_dir/features``), for ``fit``/``fit_group``'s ``options``: the library reads no
+    environment, so settings built in code (a test's, ``create_app(settings)``'s) reach it
+    as they are."""
+    from corel.train import EngineOptions
+    from corel.train.options import parse_cuda_graphs
+
+    return EngineOptions(cuda_graphs=parse_cuda_graphs(settings.cuda_graphs or ""), native=settings.native,
+                         native_dir=settings.native_dir or None,
+                         features_dir=str(settings.var_dir.resolve() / "features"))
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """This process's settings, read once."""
+    return Settings()
