@@ -9,7 +9,7 @@ from alembic.config import Config
 
 from app.core.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def alembic_config(settings: Settings) -> Config:
