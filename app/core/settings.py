@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +25,35 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="COREL_", env_file=".env", extra="ignore")
 
     var_dir: Path = Field(default=Path("var"), description="Where the embedded default keeps its files.")
+    artifacts: Literal["local", "s3"] = Field(
+        default="local",
+        description="Where artifacts (checkpoints, uploads, encoders, latent spaces, ...) are "
+        "kept: 'local', a folder (COREL_ARTIFACTS_DIR), or 's3', a bucket of any S3 endpoint "
+        "(COREL_S3_*), which every host of a cluster reaches. The database keeps their "
+        "digests, never their bytes.",
+    )
+    artifacts_dir: Path | None = Field(
+        default=None, description="The local artifact folder; default: var_dir/artifacts.")
+    s3_endpoint: str = Field(
+        default="", description="The S3 endpoint's URL (http://host:8333 for SeaweedFS); "
+        "empty: AWS's own.")
+    s3_bucket: str = Field(default="", description="The S3 bucket of the artifacts.")
+    s3_prefix: str = Field(default="artifacts/", description="The key prefix in the bucket.")
+    s3_region: str = Field(default="us-east-1")
+    s3_access_key: SecretStr = Field(default=SecretStr(""))
+    s3_secret_key: SecretStr = Field(default=SecretStr(""))
+    s3_wait_seconds: float = Field(
+        default=60.0, gt=0,
+        description="How long a request to S3 is tried again while the endpoint does not "
+        "answer (a restart is waited out) before the store counts as unavailable.")
+    artifact_gc_grace_seconds: float = Field(
+        default=3600.0, ge=0,
+        description="corel gc (and the periodic sweep) removes an artifact no row references "
+        "only once it is older than this: one being written, whose row is not committed yet, "
+        "is spared.")
+    artifact_gc_interval_seconds: float = Field(
+        default=3600.0, ge=0,
+        description="How often the API sweeps the store for orphans; 0: never (corel gc only).")
     database_url: str = Field(
         default="", description="SQLAlchemy URL; default: a SQLite file in var_dir."
     )
@@ -221,6 +250,13 @@ class Settings(BaseSettings):
         # COREL_NATIVE= (empty) is the library's default, on: a process must not refuse it.
         return True if isinstance(v, str) and not v.strip() else v
 
+    @model_validator(mode="after")
+    def _s3_needs_a_bucket(self) -> Settings:
+        if self.artifacts == "s3" and not self.s3_bucket:
+            raise ValueError("COREL_ARTIFACTS=s3 needs COREL_S3_BUCKET (and COREL_S3_ENDPOINT "
+                             "for a server other than AWS's)")
+        return self
+
     @field_validator("database_url")
     @classmethod
     def _check_db(cls, v: str) -> str:
@@ -248,6 +284,12 @@ class Settings(BaseSettings):
                 url = "postgresql+psycopg://" + url[len("postgresql://") :]
             return url
         return f"sqlite:///{(self.var_dir / 'corel.sqlite3').resolve()}"
+
+    @property
+    def artifact_dir(self) -> Path:
+        """The local artifact folder (COREL_ARTIFACTS_DIR, or var_dir/artifacts); with S3,
+        the local cache of what this host has read."""
+        return (self.artifacts_dir or self.var_dir / "artifacts").resolve()
 
     @property
     def data_dirs(self) -> list[Path]:
