@@ -42,6 +42,8 @@ from app.jobs.queue import TaskQueue
 from app.services import builtin
 from app.serving.inference import InferenceRunner
 from app.serving.model_cache import LoadOnceCache, ModelCache
+from app.storage import attach, make_store
+from app.storage.refs import collect_in_background
 from app.web import router as web_router
 from corel.index import VectorIndex
 
@@ -65,7 +67,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                              statement_timeout=settings.db_statement_seconds,
                              peer_timeout=settings.db_peer_timeout_seconds)
         app.state.engine = engine
-        app.state.sessionmaker = make_sessionmaker(engine)
+        # The artifact store, checked now: a wrong bucket, credentials or folder stops
+        # the start with a message that names the setting.
+        store = make_store(settings)
+        store.check()
+        app.state.sessionmaker = attach(make_sessionmaker(engine), store)
+        # Orphans (artifacts written by a process that died before its row committed).
+        gc_stop = collect_in_background(app.state.sessionmaker, store,
+                                        settings.artifact_gc_interval_seconds,
+                                        settings.artifact_gc_grace_seconds)
         app.state.queue = TaskQueue(make_celery(settings, publisher=True))
         # Runs the broker lost while nothing was watching (every worker also does this).
         reconcile_in_background(app.state.sessionmaker, settings, app.state.queue.send,
@@ -89,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            gc_stop.set()
             await app.state.events.stop()
             app.state.inference.close()
             app.state.probes.shutdown(wait=False, cancel_futures=True)

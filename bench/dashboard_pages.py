@@ -46,15 +46,16 @@ TARGET_MS = 200.0
 LOSSES = LOSS_NAMES
 
 
-def fill(url: str, n: int) -> dict[str, int]:
+def fill(settings: Settings, n: int) -> dict[str, int]:
     """n experiments (a tenth of them in one sweep), 30 epochs each, and one stored
     latent space with its checkpoint, written by the ORM as a worker would."""
     import torch
 
+    from app.storage import make_store
     from corel.train import checkpoint_to_bytes
 
     rng = np.random.default_rng(0)
-    engine = create_engine(url)
+    engine = create_engine(settings.db_url)
     with Session(engine) as s:
         sweep = Sweep(base={"dataset": "digits", "epochs": 30}, grid={"loss": list(LOSSES)}, size=40)
         s.add(sweep)
@@ -81,7 +82,8 @@ def fill(url: str, n: int) -> dict[str, int]:
         # What the scatter reads of a checkpoint: the class vectors and the class names.
         blob = checkpoint_to_bytes({"model": {"head.W": torch.randn(10, 128)},
                                     "class_names": [str(c) for c in range(10)]})
-        s.add(Checkpoint(experiment_id=shown, kind="best", epoch=28, size=len(blob), sha256="0" * 64, data=blob))
+        art = make_store(settings).put_bytes(blob)
+        s.add(Checkpoint(experiment_id=shown, kind="best", epoch=28, size=art.size, sha256=art.sha256))
         reps = rng.normal(size=(360, 128)).astype(np.float32)
         s.add(LatentSpace(experiment_id=shown, split="test", n=360, dim=128,
                           representations=reps.tobytes(), labels=rng.integers(0, 10, 360).astype(np.int64).tobytes()))
@@ -123,7 +125,7 @@ def main() -> None:
                             queue=f"corel-bench-{name}", log_level="WARNING")
         upgrade(settings)
         t0 = time.perf_counter()
-        ids = fill(settings.db_url, args.experiments)
+        ids = fill(settings, args.experiments)
         print(f"filled {args.experiments} experiments x 30 epochs in {time.perf_counter() - t0:.1f} s")
         server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=0,
                                                log_config=None, log_level="warning"))

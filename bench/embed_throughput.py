@@ -85,12 +85,15 @@ def train(base: str, train_subset: int | None = None) -> int:
 def checkpoint_of(var: Path, eid: int) -> dict:
     from sqlalchemy import create_engine, text
 
+    from app.core.settings import Settings
+    from app.storage import make_store
+
     engine = create_engine(f"sqlite:///{var / 'corel.sqlite3'}")
     with engine.connect() as conn:
-        blob = conn.execute(text("SELECT data FROM checkpoints WHERE experiment_id = :e AND kind = 'best'"),
-                            {"e": eid}).scalar_one()
+        digest = conn.execute(text("SELECT sha256 FROM checkpoints WHERE experiment_id = :e "
+                                   "AND kind = 'best'"), {"e": eid}).scalar_one()
     engine.dispose()
-    return checkpoint_from_bytes(blob)
+    return checkpoint_from_bytes(make_store(Settings(var_dir=var)).read_bytes(digest))
 
 
 def binary(images: np.ndarray) -> dict:

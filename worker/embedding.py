@@ -17,6 +17,8 @@ from app.core.settings import Settings
 from app.jobs import lifecycle
 from app.jobs.lifecycle import LostLease
 from app.services.encoders import files_for_model
+from app.storage import ensure as ensure_store
+from app.storage import read as read_artifact
 from corel.serving import BATCH, ServedModel
 from corel.train import checkpoint_from_bytes
 from worker.runner import materialise_upload
@@ -44,6 +46,7 @@ def _labels(y: np.ndarray) -> np.ndarray:
 def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
     """Claim the job (as a training run is claimed: one conditional UPDATE, with a lease
     kept fresh between batches), embed every row, store the result; returns the status."""
+    factory = ensure_store(factory, settings)
     with session_scope(factory) as session:
         job = session.get(EmbeddingJob, job_id)
         if job is None:
@@ -55,8 +58,9 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
         if job.cancel_requested:
             lifecycle.end(session, job_id, Status.CANCELLED, EmbeddingJob)
             return Status.CANCELLED
-        blob = session.scalar(select(Checkpoint.data).where(
+        digest = session.scalar(select(Checkpoint.sha256).where(
             Checkpoint.experiment_id == job.experiment_id, Checkpoint.kind == "best"))
+        blob = read_artifact(session, digest) if digest is not None else None
         kind = session.scalar(select(DatasetUpload.kind).where(DatasetUpload.id == job.dataset_id))
         path = materialise_upload(session, job.dataset_id, settings)
         checkpoint = checkpoint_from_bytes(blob) if blob is not None else None

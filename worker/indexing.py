@@ -47,8 +47,9 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
     """Claim, build, store; returns the status."""
     # Imported here: a worker that starts (after a crash, while runs wait) does not pay
     # for scikit-learn and the index's modules before it can train.
-    from app.core.lookup import class_names, load_latent
+    from app.core.lookup import load_latent
     from app.services.embedding_jobs import load_result
+    from app.storage.checkpoints import class_names
     from corel.index import BuildCancelled, HnswParams, VectorIndex
 
     with session_scope(factory) as session:

@@ -9,7 +9,6 @@ that checkpoint and ends exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -23,7 +22,7 @@ import kombu.exceptions
 import numpy as np
 import redis.exceptions
 import sqlalchemy.exc
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.db import DATABASE_UNAVAILABLE, session_scope
@@ -43,6 +42,9 @@ from app.jobs import lifecycle
 from app.jobs.lifecycle import WORKER_ID, LostLease
 from app.services import builtin
 from app.services.encoders import local_files
+from app.storage import Artifact, StoreUnavailable, release_after_commit, store_of
+from app.storage import ensure as ensure_store
+from app.storage import read as read_artifact
 from corel.device import device_name
 from corel.spec import ExperimentSpec
 from corel.train import (
@@ -58,7 +60,6 @@ from corel.train import (
     fit,
     fit_group,
     group_key,
-    represent,
 )
 from worker import host_share
 from worker.metrics import METRICS
@@ -77,6 +78,7 @@ _TRANSIENT = (
     redis.exceptions.TimeoutError,
     ConnectionError,
     TimeoutError,
+    StoreUnavailable,  # an S3 endpoint that did not answer within COREL_S3_WAIT_SECONDS
 )
 
 
@@ -109,15 +111,26 @@ def with_retries(attempt: Callable[[], T], settings: Settings, what: str) -> T:
             pause = min(pause * 2, settings.retry_max_pause)
 
 
-def _upsert_checkpoint(session: Session, experiment_id: int, kind: str, epoch: int, blob: bytes) -> None:
+def store_checkpoint(factory: sessionmaker[Session], blob: bytes) -> Artifact:
+    """A checkpoint's bytes into the artifact store, before any row names them; an
+    unreachable store is waited out there (``COREL_S3_WAIT_SECONDS``)."""
+    with factory() as session:
+        return store_of(session).put_bytes(blob)
+
+
+def _upsert_checkpoint(session: Session, experiment_id: int, kind: str, epoch: int,
+                       art: Artifact) -> None:
+    """Point the experiment's ``kind`` checkpoint at the stored artifact ``art``; the one
+    it pointed at before is freed once this commits, if nothing else references it."""
     row = session.scalar(
         select(Checkpoint).where(Checkpoint.experiment_id == experiment_id, Checkpoint.kind == kind)
     )
     if row is None:
         row = Checkpoint(experiment_id=experiment_id, kind=kind)
         session.add(row)
-    row.epoch, row.data, row.size = epoch, blob, len(blob)
-    row.sha256, row.created_at = hashlib.sha256(blob).hexdigest(), utcnow()
+    elif row.sha256 != art.sha256:
+        release_after_commit(session, [row.sha256])
+    row.epoch, row.size, row.sha256, row.created_at = epoch, art.size, art.sha256, utcnow()
 
 
 class LeaseKeeper:
@@ -191,7 +204,7 @@ class DatabaseRecorder(Callback):
         return self.cancelled
 
     def on_epoch_end(self, metrics: EpochMetrics, run: RunView) -> bool:
-        blob = checkpoint_to_bytes(run.checkpoint())
+        art = store_checkpoint(self.factory, checkpoint_to_bytes(run.checkpoint()))
         with session_scope(self.factory) as session:
             self._beat(
                 session,
@@ -204,7 +217,7 @@ class DatabaseRecorder(Callback):
                 train_seconds=Experiment.train_seconds + metrics.seconds,
             )
             session.add(EpochMetric(experiment_id=self.experiment_id, **metrics.to_dict()))
-            _upsert_checkpoint(session, self.experiment_id, "resume", metrics.epoch, blob)
+            _upsert_checkpoint(session, self.experiment_id, "resume", metrics.epoch, art)
         METRICS.epoch_done(metrics.seconds, len(run.data.y_train))
         log.info("epoch done", extra={"experiment": self.experiment_id, **metrics.to_dict()})
         return self.cancelled
@@ -231,8 +244,8 @@ def _finish(factory: sessionmaker[Session], experiment_id: int, status: Status, 
         METRICS.experiment_finished(status)
 
 
-def _latent(model: Any, x: Any, y: Any, experiment_id: int, split: str) -> LatentSpace:
-    reps = represent(model, x).cpu().numpy().astype(np.float32)
+def _latent(result: FitResult, y: Any, experiment_id: int, split: str) -> LatentSpace:
+    reps = result.latent(split).cpu().numpy().astype(np.float32)
     return LatentSpace(
         experiment_id=experiment_id, split=split, n=int(reps.shape[0]), dim=int(reps.shape[1]),
         representations=np.ascontiguousarray(reps).tobytes(),
@@ -274,12 +287,12 @@ def _claim_and_prepare(
             raise ValueError(f"encoder {encoder_id} no longer exists")
         spec_data["encoder_path"] = str(local_files(session, settings, row))
     resume = session.scalar(
-        select(Checkpoint.data).where(
+        select(Checkpoint.sha256).where(
             Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "resume"
         )
     )
     return Claimed(experiment_id, ExperimentSpec.model_validate(spec_data),
-                   checkpoint_from_bytes(resume) if resume else None)
+                   checkpoint_from_bytes(read_artifact(session, resume)) if resume else None)
 
 
 def _fail(factory: sessionmaker[Session], experiment_id: int, exc: Exception) -> str:
@@ -293,22 +306,47 @@ def _fail(factory: sessionmaker[Session], experiment_id: int, exc: Exception) ->
     return Status.FAILED
 
 
-def _store_results(factory: sessionmaker[Session], experiment_id: int, result: FitResult) -> str:
-    """Best checkpoint, test and validation latent spaces, and `succeeded`, in one transaction."""
-    best = checkpoint_to_bytes(result.run.best_checkpoint())
+def show_phase(factory: sessionmaker[Session], ids: list[int], phase: str | None,
+               detail: str | None = None) -> None:
+    """The runs' ``phase`` (and how far it is), with a heartbeat, published."""
+    with session_scope(factory) as session:
+        lifecycle.heartbeat_many(session, ids, phase=phase, phase_detail=detail)
+        lifecycle.announce(session, Experiment, ids)
+
+
+def _store_results(factory: sessionmaker[Session], experiment_id: int, result: FitResult,
+                   settings: Settings) -> str:
+    """Best checkpoint (into the artifact store first), test and validation latent spaces,
+    and `succeeded`, in one transaction. The run shows ``storing results`` meanwhile, and
+    its lease is kept (a slow store, a large model's latent spaces): no other worker takes
+    it over while it finishes."""
+    keeper = LeaseKeeper([experiment_id], factory, settings).start()
+    try:
+        show_phase(factory, [experiment_id], "storing results", "the best checkpoint")
+        return _store_results_leased(factory, experiment_id, result)
+    finally:
+        keeper.stop()
+
+
+def _store_results_leased(factory: sessionmaker[Session], experiment_id: int,
+                          result: FitResult) -> str:
+    # Everything computed and stored before the transaction, which then only writes rows:
+    # on SQLite a transaction that writes holds the file's one write lock, and one held
+    # through the latent spaces' computation (minutes over a large encoder) stopped every
+    # other writer (heartbeats, the API's submissions, the reconciler) meanwhile.
+    best = store_checkpoint(factory, checkpoint_to_bytes(result.run.best_checkpoint()))
     data = result.run.data
+    # The training split too: the reference rows of retrieval and nearest-neighbour search.
+    latents = []
+    for split, y in (("test", data.y_test), ("validation", data.y_val), ("train", data.y_train)):
+        show_phase(factory, [experiment_id], "storing results", f"the {split} split's latent space")
+        latents.append(_latent(result, y, experiment_id, split))
     with session_scope(factory) as session:
         _upsert_checkpoint(session, experiment_id, "best", result.best_epoch, best)
-        # The training split too: the reference rows of retrieval and nearest-neighbour search.
-        for split, x, y in (("test", data.x_test, data.y_test), ("validation", data.x_val, data.y_val),
-                            ("train", data.x_train, data.y_train)):
-            old = session.scalar(select(LatentSpace).where(
-                LatentSpace.experiment_id == experiment_id, LatentSpace.split == split))
-            if old is not None:
-                session.delete(old)
-                session.flush()
-            session.add(_latent(result.model, x, y, experiment_id, split))
-        if not lifecycle.end(session, experiment_id, Status.SUCCEEDED, best_epoch=result.best_epoch,
+        session.execute(delete(LatentSpace).where(LatentSpace.experiment_id == experiment_id))
+        session.add_all(latents)
+        if not lifecycle.end(session, experiment_id, Status.SUCCEEDED, phase=None, phase_detail=None,
+                             best_epoch=result.best_epoch,
                              best_val_accuracy=result.best_val_accuracy,
                              test_accuracy=result.test_accuracy):
             raise LostLease(f"experiment {experiment_id} was taken over before it could finish")
@@ -327,9 +365,7 @@ def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
         return
 
     def show(phase: str | None, detail: str | None) -> None:
-        with session_scope(factory) as session:
-            lifecycle.heartbeat_many(session, ids, phase=phase, phase_detail=detail)
-            lifecycle.announce(session, Experiment, ids)
+        show_phase(factory, ids, phase, detail)
 
     last = 0.0
 
@@ -364,7 +400,7 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
         if result.stopped:
             _finish(factory, experiment_id, status=Status.CANCELLED)
             return Status.CANCELLED
-        return _store_results(factory, experiment_id, result)
+        return _store_results(factory, experiment_id, result, settings)
     except LostLease:
         log.warning("lost the lease; another worker continues", extra={"experiment": experiment_id})
         return "lost"
@@ -378,6 +414,7 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
 
 def train_experiment(experiment_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
     """Train (or resume) one experiment; returns the status it ended in."""
+    factory = ensure_store(factory, settings)
     try:
         with session_scope(factory) as session:
             job = _claim_and_prepare(session, experiment_id, settings)
@@ -424,6 +461,11 @@ class GroupRecorder(GroupCallback):
     def on_epoch_end(self, metrics: list[EpochMetrics], group: GroupView) -> bool:
         recorded = 0
         ended: list[str] = []
+        # Every active member's checkpoint into the store first, outside the transaction
+        # (one cancelled meanwhile leaves an orphan, which gc removes).
+        stored = {experiment_id: store_checkpoint(self.factory, checkpoint_to_bytes(
+                      group.member_run(i).checkpoint()))
+                  for i, experiment_id in enumerate(self.ids) if experiment_id in self.active}
         with session_scope(self.factory) as session:
             cancelled = self._cancelled(session)
             lifecycle.announce(session, Experiment, self.active)  # every member this epoch may touch
@@ -445,8 +487,7 @@ class GroupRecorder(GroupCallback):
                     self.active.discard(experiment_id)  # taken over elsewhere
                     continue
                 session.add(EpochMetric(experiment_id=experiment_id, **m.to_dict()))
-                _upsert_checkpoint(session, experiment_id, "resume", m.epoch,
-                                   checkpoint_to_bytes(run.checkpoint()))
+                _upsert_checkpoint(session, experiment_id, "resume", m.epoch, stored[experiment_id])
                 recorded += 1
                 verdict = group.failed.get(i)
                 if verdict is not None:  # this member has failed; the others go on
@@ -466,6 +507,7 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
     """Train a group of experiments that share dataset, model, batch size and data order
     as one stacked model (corel.train.stacked). Members that cannot go together (one is
     already further along than the others) are trained one after another instead."""
+    factory = ensure_store(factory, settings)
     outcome: dict[int, str] = {}
     jobs: list[Claimed] = []
     for experiment_id in ids:
@@ -513,7 +555,7 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
             outcome[experiment_id] = Status.CANCELLED
             continue
         try:
-            outcome[experiment_id] = _store_results(factory, experiment_id, result)
+            outcome[experiment_id] = _store_results(factory, experiment_id, result, settings)
         except LostLease:
             outcome[experiment_id] = "lost"
     return outcome

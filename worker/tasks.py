@@ -23,6 +23,7 @@ from app.core.logging import configure_logging
 from app.core.settings import Settings
 from app.jobs.broker import EMBED_TASK, INDEX_TASK, broker_memory_since
 from app.jobs.lifecycle import next_lease_expiry, reconcile
+from app.storage import attach, make_store
 from worker import embedding, host_share, indexing, runner
 from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery
 from worker.metrics import METRICS
@@ -40,7 +41,10 @@ def _settings() -> Settings:
 def _factory() -> sessionmaker[Session]:
     # Created lazily in the process that runs tasks (after any fork).
     settings = _settings()
-    return make_sessionmaker(make_engine(settings.db_url, peer_timeout=settings.db_peer_timeout_seconds))
+    store = make_store(settings)
+    store.check()
+    return attach(make_sessionmaker(make_engine(settings.db_url,
+                                                peer_timeout=settings.db_peer_timeout_seconds)), store)
 
 
 @celery.task(name=TRAIN_TASK, acks_late=True, reject_on_worker_lost=True)

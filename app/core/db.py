@@ -222,6 +222,10 @@ def make_engine(
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
+            # Deleted rows' pages go back to the file system (PRAGMA incremental_vacuum,
+            # app/storage/refs.py): takes effect on a new file; app.core.migrate converts
+            # an older one once.
+            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.close()
 
         return engine

@@ -42,21 +42,13 @@ def succeeded_experiment(session: Session, experiment_id: int, needs: str) -> Ex
 
 
 def best_checkpoint(session: Session, experiment_id: int, column: Any = None) -> Any:
-    """A column (default: the bytes; ``Checkpoint``: the row) of the experiment's best
-    checkpoint, or Conflict."""
-    value = session.scalar(select(Checkpoint.data if column is None else column).where(
+    """A column (default: the digest of its artifact; ``Checkpoint``: the row) of the
+    experiment's best checkpoint, or Conflict."""
+    value = session.scalar(select(Checkpoint.sha256 if column is None else column).where(
         Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best"))
     if value is None:
         raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
     return value
-
-
-def class_names(session: Session, experiment_id: int) -> list[str]:
-    """The class names the experiment was trained with (its best checkpoint's)."""
-    from corel.train import checkpoint_from_bytes  # torch: not for the CLI's users commands
-
-    ckpt = checkpoint_from_bytes(best_checkpoint(session, experiment_id))
-    return [str(c) for c in ckpt["class_names"]]
 
 
 def load_latent(session: Session, experiment_id: int, split: str) -> tuple[np.ndarray, np.ndarray]:

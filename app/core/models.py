@@ -215,7 +215,9 @@ class EpochMetric(Base):
 
 
 class Checkpoint(Base):
-    """``resume``: the latest epoch's full training state; ``best``: the serving checkpoint."""
+    """``resume``: the latest epoch's full training state; ``best``: the serving checkpoint.
+    Its bytes are the artifact ``sha256`` in the artifact store (app/storage), written
+    before this row is committed."""
 
     __tablename__ = "checkpoints"
     __table_args__ = (UniqueConstraint("experiment_id", "kind"),)
@@ -226,9 +228,8 @@ class Checkpoint(Base):
     )
     kind: Mapped[str] = mapped_column(String(16))
     epoch: Mapped[int] = mapped_column(Integer)
-    size: Mapped[int] = mapped_column(Integer)
-    sha256: Mapped[str] = mapped_column(String(64))
-    data: Mapped[bytes] = mapped_column(LargeBinary)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -206,9 +206,10 @@ class ExperimentRead(BaseModel):
     test_accuracy: float | None
     train_seconds: float
     error: str | None
-    phase: Literal["preparing data"] | None = Field(
-        description="While running, before the first epoch: 'preparing data' while a worker "
-        "downloads the dataset; null otherwise.")
+    phase: Literal["preparing data", "storing results"] | None = Field(
+        description="While running, a step outside the epochs: 'preparing data' (before the "
+        "first epoch) while a worker downloads the dataset; 'storing results' after the last "
+        "epoch, while it writes the best checkpoint and the latent spaces; null otherwise.")
     phase_detail: str | None = Field(
         description="How far the phase is, e.g. 'MNIST: train-images-idx3-ubyte.gz (file 1 "
         "of 4): 4.2 of 9.9 MB'.")

@@ -4,16 +4,19 @@ checkpoint, and the trained model exported as one file."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
 from app.core.errors import InvalidInput
-from app.core.lookup import best_checkpoint, class_names, load_latent, succeeded_experiment
+from app.core.lookup import best_checkpoint, load_latent, succeeded_experiment
 from app.core.models import DatasetUpload
 from app.core.settings import Settings
 from app.services.encoders import files_for_model
 from app.services.figures import latent_file
+from app.storage import store_of
+from app.storage.checkpoints import best_checkpoint_bytes, class_names
 
 if TYPE_CHECKING:
     from corel.export import Exported
@@ -27,18 +30,19 @@ def latent_space_file(session: Session, experiment_id: int, fmt: str) -> bytes:
     return latent_file(reps, labels, fmt, names)
 
 
-def checkpoint(session: Session, experiment_id: int) -> bytes:
-    """The best-validation checkpoint's bytes."""
+def checkpoint(session: Session, experiment_id: int) -> tuple[Path, str]:
+    """The best-validation checkpoint as a local file to stream from (verified against its
+    digest), and that digest."""
     succeeded_experiment(session, experiment_id, "the checkpoint download")
-    data: bytes = best_checkpoint(session, experiment_id)
-    return data
+    digest: str = best_checkpoint(session, experiment_id)
+    return store_of(session).local_path(digest), digest
 
 
 def exported_model(session: Session, experiment_id: int, fmt: str, settings: Settings) -> Exported:
     """The encoder and head as one ONNX or TorchScript file, saying what it was trained on
     (for a run on a text encoder, a zip of that file and the tokenizer's files)."""
     exp = succeeded_experiment(session, experiment_id, "an export")
-    blob = best_checkpoint(session, experiment_id)
+    blob = best_checkpoint_bytes(session, experiment_id)
     from corel.export import export_file
     from corel.train import checkpoint_from_bytes
 

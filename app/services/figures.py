@@ -25,8 +25,8 @@ from app.core.errors import Conflict
 from app.core.lookup import best_checkpoint, load_latent, store_once, succeeded_experiment
 from app.core.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
 from app.services.experiments import get_experiment
+from app.storage.checkpoints import best_checkpoint_dict
 from corel.loss_catalog import DECLARATIONS, declaration
-from corel.train import checkpoint_from_bytes
 
 DPI = 100
 LATENT_SIZE = (800, 600)  # pixels
@@ -78,7 +78,7 @@ def latent_png(session: Session, experiment_id: int) -> bytes:
     if cached is not None:
         return cached
     reps, labels = load_latent(session, experiment_id, "test")
-    ckpt = checkpoint_from_bytes(best_checkpoint(session, experiment_id))
+    ckpt = best_checkpoint_dict(session, experiment_id)
     W = ckpt["model"]["head.W"].detach().cpu().double().numpy()
     class_names = [str(c) for c in ckpt["class_names"]]
     png = draw_latent(
@@ -334,7 +334,7 @@ def latent_scatter(session: Session, experiment_id: int, max_points: int) -> dic
             _SCATTERS.move_to_end(key)
             return _SCATTERS[key]
     reps, labels = load_latent(session, experiment_id, "test")
-    ckpt = checkpoint_from_bytes(best_checkpoint(session, experiment_id))
+    ckpt = best_checkpoint_dict(session, experiment_id)
     W = ckpt["model"]["head.W"].detach().cpu().double().numpy()
     similarity = declaration(exp.loss).similarity
     # One BLAS thread: the API serves many requests at once on few cores, and a

@@ -17,6 +17,7 @@ from app.core.lookup import best_checkpoint, get_or_404
 from app.core.models import Checkpoint, DatasetUpload, Experiment, Status
 from app.core.settings import Settings, get_settings
 from app.services.encoders import files_for_model
+from app.storage import read as read_artifact
 from corel.models import Classifier
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
@@ -78,7 +79,7 @@ def load_from_database(session: Session, experiment_id: int, device: str | None,
             "embed or predict"
         )
     row = best_checkpoint(session, experiment_id, Checkpoint)
-    checkpoint = checkpoint_from_bytes(row.data)
+    checkpoint = checkpoint_from_bytes(read_artifact(session, row.sha256))
     # A model on the user's own encoder: its files on this machine first (corel.pretrained
     # keeps one copy of each encoder for every model that uses it).
     files_for_model(session, settings or get_settings(), json.loads(checkpoint["preprocessing"]))

@@ -19,11 +19,11 @@ from fastapi.concurrency import run_in_threadpool
 
 from app.core.db import session_scope
 from app.core.errors import Conflict, InvalidInput
-from app.core.lookup import class_names
 from app.core.schemas import NeighborsRequest
 from app.services.indexes import index_to_search, load_index
 from app.services.retrieval import training_rows
 from app.serving import inference
+from app.storage.checkpoints import class_names
 from corel.clustering import default_metric
 from corel.device import pick_device
 from corel.index import VectorIndex

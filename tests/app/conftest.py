@@ -129,7 +129,7 @@ if _XDIST.startswith("gw") and _XDIST[2:].isdigit():
     REDIS_URL = f"{REDIS_URL.rsplit('/', 1)[0]}/{int(REDIS_URL.rsplit('/', 1)[1]) + 1 + int(_XDIST[2:])}"
 
 
-def _pg_available() -> bool:
+def pg_available() -> bool:
     try:
         with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
             return True
@@ -146,7 +146,7 @@ def _redis_available() -> bool:
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    require(_pg_available(), f"PostgreSQL at {PG_ADMIN_URL}")
+    require(pg_available(), f"PostgreSQL at {PG_ADMIN_URL}")
     name = f"corel_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -206,6 +206,20 @@ def settings(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFacto
     if AS_USER and not AS_USER_TOKEN:
         add_session_user(s)
     return s
+
+
+def stored_checkpoint(settings: Settings, session: Any, experiment_id: int, kind: str = "best") -> bytes:
+    """An experiment's checkpoint as the worker stored it: the row's digest, read (and
+    verified) from the settings' artifact store."""
+    from sqlalchemy import select
+
+    from app.core.models import Checkpoint
+    from app.storage import make_store
+
+    digest = session.scalar(select(Checkpoint.sha256).where(
+        Checkpoint.experiment_id == experiment_id, Checkpoint.kind == kind))
+    assert digest is not None, f"experiment {experiment_id} has no {kind} checkpoint"
+    return make_store(settings).read_bytes(digest)
 
 
 def settings_env(s: Settings) -> dict[str, str]:

@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from app.core.models import Checkpoint, LatentSpace
+from app.core.models import LatentSpace
 from corel.train import checkpoint_from_bytes, model_from_checkpoint
-from tests.app.conftest import finished, wait_for
+from tests.app.conftest import finished, stored_checkpoint, wait_for
 
 SPEC = {"dataset": "digits", "model": "ffnn", "lr": 0.003, "batch_size": 64, "epochs": 3}
 
@@ -38,8 +38,7 @@ def stored(settings, runs) -> dict[str, tuple[np.ndarray, np.ndarray, bytes]]:
         for loss, run in runs.items():
             row = s.scalar(select(LatentSpace).where(LatentSpace.experiment_id == run["id"],
                                                      LatentSpace.split == "test"))
-            blob = s.scalar(select(Checkpoint.data).where(Checkpoint.experiment_id == run["id"],
-                                                          Checkpoint.kind == "best"))
+            blob = stored_checkpoint(settings, s, run["id"])
             out[loss] = (np.frombuffer(row.representations, np.float32).reshape(row.n, row.dim),
                          np.frombuffer(row.labels, np.int64), blob)
     engine.dispose()

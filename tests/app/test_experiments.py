@@ -7,11 +7,11 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from app.core.models import Checkpoint, LatentSpace
+from app.core.models import LatentSpace
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
 from corel.train import checkpoint_from_bytes, fit, model_from_checkpoint, represent
-from tests.app.conftest import finished, wait_for
+from tests.app.conftest import finished, stored_checkpoint, wait_for
 from tests.conftest import FASHION_DIR, assert_rows_close
 
 FASHION = {"dataset": "fashion-mnist", "model": "ffnn", "loss": "gaussian", "lam": 0.85,
@@ -26,7 +26,7 @@ def db(settings):
     engine.dispose()
 
 
-def test_fashion_gaussian_experiment_runs_to_the_end(client, worker, workers, db):
+def test_fashion_gaussian_experiment_runs_to_the_end(client, worker, workers, db, settings):
     r = client.post("/experiments", json={**FASHION, "epochs": 2})
     assert r.status_code == 202, r.text
     assert r.json()["status"] == "queued"
@@ -45,8 +45,7 @@ def test_fashion_gaussian_experiment_runs_to_the_end(client, worker, workers, db
 
     # The stored serving checkpoint rebuilds the model, and the stored latent space is
     # exactly that model's representation of the test set.
-    blob = db.scalar(select(Checkpoint.data).where(Checkpoint.experiment_id == eid,
-                                                   Checkpoint.kind == "best"))
+    blob = stored_checkpoint(settings, db, eid)
     spec, model = model_from_checkpoint(checkpoint_from_bytes(blob))
     latent = db.scalar(select(LatentSpace).where(LatentSpace.experiment_id == eid,
                                                  LatentSpace.split == "test"))

@@ -132,7 +132,7 @@ def test_compose_file_is_valid():
     assert 'CMD ["corel", "serve"' in (REPO / "Dockerfile").read_text()
 
 
-HOST_FILES = {"database.yml": ("postgres", "redis"), "api.yml": ("migrate", "api"),
+HOST_FILES = {"database.yml": ("postgres", "redis", "s3"), "api.yml": ("migrate", "api"),
               "worker.yml": ("worker",)}
 
 
@@ -146,7 +146,9 @@ def test_compose_files_per_host_are_valid():
         pytest.skip("no compose client")
     given = {"POSTGRES_PASSWORD": "p", "REDIS_PASSWORD": "r", "COREL_GPU": "1",
              "COREL_DATABASE_URL": "postgresql://corel:p@db-host:5432/corel",
-             "COREL_BROKER_URL": "redis://:r@db-host:6379/0"}
+             "COREL_BROKER_URL": "redis://:r@db-host:6379/0",
+             "COREL_S3_ENDPOINT": "http://db-host:8333", "COREL_S3_ACCESS_KEY": "k",
+             "COREL_S3_SECRET_KEY": "s"}
     base = {k: v for k, v in os.environ.items() if k not in given}
     for name, services in HOST_FILES.items():
         compose = [*cmd, "-f", str(REPO / "deploy" / "hosts" / name)]

@@ -31,7 +31,7 @@ from app.core.migrate import upgrade
 from app.core.models import ApiToken, Experiment, utcnow
 from app.core.settings import Settings
 from app.main import create_app
-from tests.app.conftest import PG_ADMIN_URL, _pg_available, npz_bytes, settings_env
+from tests.app.conftest import PG_ADMIN_URL, npz_bytes, pg_available, settings_env
 from tests.conftest import REPO, require
 from tests.encoder_files import timm_weights
 
@@ -47,7 +47,7 @@ def own_settings(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Sett
     if request.param == "sqlite":
         url, name = f"sqlite:///{tmp_path / 'corel.sqlite3'}", None
     else:
-        require(_pg_available(), f"PostgreSQL at {PG_ADMIN_URL}")
+        require(pg_available(), f"PostgreSQL at {PG_ADMIN_URL}")
         name = f"corel_users_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')

@@ -128,6 +128,30 @@ def test_test_accuracy_is_taken_at_best_validation_epoch(digits):
     assert float((preds == digits.y_test).float().mean()) == pytest.approx(result.test_accuracy)
 
 
+def test_the_final_latent_spaces_are_the_best_epoch_s_kept_or_computed_alike(digits):
+    """The best epoch's evaluation keeps its validation and test representations; they are
+    the best model's representations of those splits, bit for bit, and the training split's
+    (never evaluated) is computed. A run resumed past its best epoch computes all three."""
+    spec = ExperimentSpec(dataset="digits", loss="cosine", lam=0.85, epochs=6, lr=3e-3)
+    result = fit(spec, data=digits)
+    for split, x in (("validation", digits.x_val), ("test", digits.x_test), ("train", digits.x_train)):
+        assert torch.equal(result.latent(split), represent(result.model, x)), split
+    assert set(result.run.best_latents) == {"validation", "test"}
+    assert result.latent("test") is result.run.best_latents["test"]
+
+    class StopAfterTwo(Callback):
+        def on_epoch_end(self, metrics, run):
+            return metrics.epoch == 2
+
+    stopped = fit(spec, [StopAfterTwo()], data=digits)
+    resumed = fit(spec, data=digits, checkpoint=stopped.run.checkpoint())
+    if resumed.best_epoch <= 2:  # the best epoch came before the resume: nothing kept
+        assert resumed.run.best_latents == {}
+    else:
+        assert set(resumed.run.best_latents) == {"validation", "test"}
+    assert torch.equal(resumed.latent("test"), represent(resumed.model, digits.x_test))
+
+
 def test_callback_can_stop_between_batches(digits):
     class Cancel(Callback):
         def __init__(self):

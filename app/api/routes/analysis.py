@@ -6,10 +6,10 @@ This router is included before the experiments router, so that
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
+from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
 import app.services.clustering as clustering_service
@@ -177,11 +177,12 @@ def latent_download(
     summary="Download the best-validation checkpoint (load with corel.train.checkpoint_from_bytes)",
 )
 def checkpoint_download(experiment_id: int, session: SessionDep) -> Response:
-    data = downloads_service.checkpoint(session, experiment_id)
-    name = f"experiment-{experiment_id}-best.pt"
-    return Response(data, media_type="application/octet-stream",
-                    headers={"content-disposition": f'attachment; filename="{name}"',
-                             "x-checkpoint-sha256": hashlib.sha256(data).hexdigest()})
+    # Streamed from the artifact store's file, never whole in memory; answers Range, and
+    # its ETag is the content's digest.
+    path, digest = downloads_service.checkpoint(session, experiment_id)
+    return FileResponse(path, media_type="application/octet-stream",
+                        filename=f"experiment-{experiment_id}-best.pt",
+                        headers={"etag": f'"{digest}"', "x-checkpoint-sha256": digest})
 
 
 EXPORT_MEDIA = {"onnx": "application/onnx", "pt": "application/octet-stream", "zip": "application/zip"}

@@ -1,0 +1,152 @@
+"""Checkpoints live in the artifact store: the rows keep digests; a run frees the resume
+checkpoints it replaced; deleting runs frees what they added; a worker killed between
+writing an artifact and committing its row leaves an orphan, never a row that points at
+nothing, and gc removes it; the download streams from the store with Range and ETag."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from app.core.db import make_engine, make_sessionmaker, session_scope
+from app.core.migrate import upgrade
+from app.core.models import Checkpoint
+from app.core.schemas import ExperimentCreate
+from app.core.settings import Settings
+from app.main import create_app
+from app.services.experiments import create_experiment, delete_experiment
+from app.storage import ensure, make_store
+from app.storage.refs import referenced
+from tests.conftest import REPO
+from worker.runner import train_experiment
+
+pytestmark = pytest.mark.no_user
+
+SPEC = {"dataset": "digits", "epochs": 3, "batch_size": 64, "lr": 0.003}
+
+
+def folder_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    s = Settings(var_dir=tmp_path / "var", broker_url="memory://", artifact_gc_interval_seconds=0,
+                 lease_seconds=1.0, heartbeat_seconds=0.25)
+    upgrade(s)
+    return s
+
+
+def test_a_run_keeps_what_its_rows_reference_and_deleting_frees_it(settings):
+    factory = ensure(make_sessionmaker(make_engine(settings.db_url)), settings)
+    store = make_store(settings)
+    before = folder_size(settings.var_dir)
+    with session_scope(factory) as session:
+        ids = [create_experiment(session, ExperimentCreate(**SPEC, loss=loss)).id
+               for loss in ("gaussian", "cosine", "cce")]
+    for eid in ids:
+        assert train_experiment(eid, factory, settings) == "succeeded"
+    with factory() as session:
+        digests = set(session.scalars(select(Checkpoint.sha256)))
+        assert len(digests) == 6  # best and resume of each run; earlier epochs' freed
+        assert referenced(session) == digests
+    assert {d for d, _, _ in store.listing()} == digests
+    added = folder_size(settings.var_dir) - before
+    assert added > 0
+
+    with session_scope(factory) as session:
+        for eid in ids:
+            delete_experiment(session, eid)
+    assert list(store.listing()) == []
+    freed = (before + added - folder_size(settings.var_dir)) / added
+    assert freed >= 0.9, f"deleting freed {freed:.0%} of the {added:,} bytes the runs added"
+
+
+CRASH = """
+import os, sys
+from app.core.db import make_engine, make_sessionmaker
+from app.core.settings import Settings
+from worker import runner
+
+def crash(*args, **kwargs):  # the artifact is written; the process dies before the row
+    os._exit(17)
+
+runner._upsert_checkpoint = crash
+settings = Settings()
+runner.train_experiment(int(sys.argv[1]), make_sessionmaker(make_engine(settings.db_url)), settings)
+"""
+
+
+def env_of(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
+    env.update(COREL_VAR_DIR=str(settings.var_dir), COREL_BROKER_URL="memory://",
+               PYTHONPATH=str(REPO))
+    return env
+
+
+def test_a_worker_killed_between_artifact_and_row_leaves_an_orphan_gc_removes(settings):
+    factory = ensure(make_sessionmaker(make_engine(settings.db_url)), settings)
+    store = make_store(settings)
+    with session_scope(factory) as session:
+        kept, crashed = (create_experiment(session, ExperimentCreate(**SPEC, loss="cosine")).id
+                         for _ in range(2))
+    assert train_experiment(kept, factory, settings) == "succeeded"
+    done = subprocess.run([sys.executable, "-c", CRASH, str(crashed)], env=env_of(settings),
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 17, done.stderr[-2000:]
+
+    with factory() as session:
+        rows = set(session.scalars(select(Checkpoint.sha256)))
+        crashed_rows = session.scalars(select(Checkpoint).where(
+            Checkpoint.experiment_id == crashed)).all()
+    assert crashed_rows == []  # no row at all, let alone one that points at nothing
+    stored = {d for d, _, _ in store.listing()}
+    assert rows <= stored and len(stored - rows) == 1  # the orphan
+
+    gc = [sys.executable, "-m", "corel.cli", "gc"]
+    spared = subprocess.run(gc, env=env_of(settings), cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert spared.returncode == 0, spared.stderr
+    assert "removed 0 artifacts" in spared.stdout and "1 younger than 3600 s" in spared.stdout
+    removed = subprocess.run([*gc, "--grace", "0"], env=env_of(settings), cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert removed.returncode == 0, removed.stderr
+    assert "removed 1 artifacts" in removed.stdout, removed.stdout
+    assert {d for d, _, _ in store.listing()} == rows
+    # Once its lease has run out, the killed run is trained again, from the start.
+    time.sleep(1.5)
+    assert train_experiment(crashed, factory, settings) == "succeeded"
+
+
+def test_the_checkpoint_download_streams_with_range_and_etag(settings):
+    factory = ensure(make_sessionmaker(make_engine(settings.db_url)), settings)
+    with session_scope(factory) as session:
+        eid = create_experiment(session, ExperimentCreate(**SPEC, loss="gaussian")).id
+    assert train_experiment(eid, factory, settings) == "succeeded"
+    with TestClient(create_app(settings)) as client:
+        whole = client.get(f"/experiments/{eid}/checkpoint")
+        assert whole.status_code == 200
+        digest = hashlib.sha256(whole.content).hexdigest()
+        assert whole.headers["etag"] == f'"{digest}"'
+        assert whole.headers["x-checkpoint-sha256"] == digest
+        assert whole.headers["accept-ranges"] == "bytes"
+        part = client.get(f"/experiments/{eid}/checkpoint", headers={"Range": "bytes=100-199"})
+        assert part.status_code == 206
+        assert part.content == whole.content[100:200]
+        assert part.headers["content-range"] == f"bytes 100-199/{len(whole.content)}"
+        # A corrupt artifact is refused, never served.
+        path = make_store(settings).local_path(digest)
+        path.write_bytes(b"x" + whole.content[1:])
+        os.utime(path, ns=(1, 1))
+        refused = client.get(f"/experiments/{eid}/checkpoint")
+        assert refused.status_code == 500
+        assert refused.json()["error"] == "artifact_corrupt", refused.text
+        assert "not served" in refused.json()["detail"]
