@@ -13,7 +13,7 @@ COPY corel ./corel
 COPY app ./app
 COPY worker ./worker
 COPY migrations ./migrations
-RUN pip install "torch==2.14.1" "torchvision==0.29.1" && pip install ".[service]" \
+RUN pip install "torch==2.14.1" "torchvision==0.29.1" && pip install ".[service,s3-server]" \
     && python -m corel.native build --optional
 
 RUN useradd --create-home corel && mkdir -p /srv/corel/var && chown corel /srv/corel/var
@@ -21,5 +21,6 @@ USER corel
 ENV COREL_VAR_DIR=/srv/corel/var
 EXPOSE 8000
 
-# api: `corel serve --no-worker --host 0.0.0.0`; worker: `corel worker`; migrate: `corel db upgrade`
+# api: `corel serve --no-worker --host 0.0.0.0`; worker: `corel worker`; migrate: `corel db upgrade`;
+# s3 (the artifact store of docker-compose.yml): `weed mini`
 CMD ["corel", "serve", "--no-worker", "--host", "0.0.0.0", "--port", "8000"]

