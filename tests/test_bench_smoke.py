@@ -36,6 +36,7 @@ FASHION, SHARED, SERVICES, PRIVATE, NATIVE, MINILM = (
 # Each benchmark's key line (a regular expression its output must match) and what it needs.
 SMOKE: dict[str, tuple[str, set[str]]] = {
     "ag_news_grid.py": (r"\| gaussian \| 0\.5 \| 0 \| ", {SHARED}),
+    "artifacts.py": (r"tail after last epoch seconds: [\d.]+\nfreed after delete: [\d.]+", {SHARED, MINILM}),
     "ann_choice.py": (r"faiss IndexHNSWFlat: build .* recall@10 ", set()),
     "cnn_rows.py": (r"\| digits/cnn \| Cosine-COREL \| 0\.5 \| [\d.]+ \+- [\d.]+ \| 2 \| 5 of 5 \|", set()),
     "cosine_repulsion.py": (r"difference \(corel - authors'\): [+-][\d.]+ points", {SHARED}),
