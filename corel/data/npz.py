@@ -30,8 +30,46 @@ def _looks_like_text(head: bytes) -> bool:
     return all(c.isprintable() or c in "\r\n\t" for c in text)
 
 
-def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Validated (x, y as 0..K-1, class names) from an .npz file."""
+class _StreamedX:
+    """What the checks read of an .npz's ``x`` (its dtype, shape and non-finite count),
+    found by reading the array through once in pieces: a large upload is checked without
+    being held in memory."""
+
+    PIECE = 16 << 20
+
+    def __init__(self, path: Path, member: str) -> None:
+        with zipfile.ZipFile(path) as archive, archive.open(member) as f:
+            version = np.lib.format.read_magic(f)
+            header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                      else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = header(f)
+            if dtype.hasobject:
+                raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+            self.shape, self.dtype, self.ndim = tuple(shape), dtype, len(shape)
+            self.nonfinite = 0
+            expected = math.prod(shape) * dtype.itemsize
+            read = 0
+            step = max(dtype.itemsize, self.PIECE // dtype.itemsize * dtype.itemsize)
+            while piece := f.read(min(step, expected - read)):
+                read += len(piece)
+                if dtype.kind == "f":
+                    values = np.frombuffer(piece, dtype=dtype)
+                    self.nonfinite += int(np.count_nonzero(~np.isfinite(values)))
+            if read != expected:
+                raise EOFError(f"x holds {read} bytes of the {expected} its header announces")
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 0
+
+
+def _nonfinite(x: np.ndarray | _StreamedX) -> int:
+    return x.nonfinite if isinstance(x, _StreamedX) else int(np.count_nonzero(~np.isfinite(x)))
+
+
+def _read_npz(path: Path, stream_x: bool = False) -> tuple[Any, np.ndarray, list[str]]:
+    """Validated (x, y as 0..K-1, class names) from an .npz file; with ``stream_x``, x is
+    checked in pieces and comes back as its description (:class:`_StreamedX`), not its
+    values."""
     if not path.is_file():
         raise DatasetNotFoundError(
             f"npz file {path} does not exist; dataset_path must name an .npz file with arrays "
@@ -62,12 +100,15 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
                 f"{path} lacks array(s) {', '.join(missing)} (it has: "
                 f"{', '.join(loaded.files) or 'none'}); write it with numpy.savez(path, x=x, y=y)"
             )
-        arrays = {}
+        arrays: dict[str, Any] = {}
         for key in ("x", "y", "class_names"):
             if key not in loaded.files:
                 continue
             try:
-                arrays[key] = loaded[key]
+                if key == "x" and stream_x:
+                    arrays[key] = _StreamedX(path, _member(loaded, key))
+                else:
+                    arrays[key] = loaded[key]
             except ValueError as exc:  # object arrays need pickle, which we refuse
                 if "allow_pickle" not in str(exc):
                     raise ValueError(f"array {key!r} in {path} is not readable ({exc})") from exc
@@ -91,7 +132,7 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     if len(x) != len(y):
         raise ValueError(f"{path}: x has {len(x)} samples but y has {len(y)}; they must match")
     if x.dtype.kind == "f":
-        bad = int(np.count_nonzero(~np.isfinite(x)))
+        bad = _nonfinite(x)
         if bad:
             raise ValueError(
                 f"array 'x' in {path} holds {bad} NaN or infinite values; fix or drop them"
@@ -123,6 +164,11 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return x, y_idx, names
 
 
+def _member(loaded: Any, key: str) -> str:
+    """The archive's member that holds array ``key`` (``x.npy``)."""
+    return next(name for name in loaded.zip.namelist() if name == f"{key}.npy" or name == key)
+
+
 def _as_name(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
@@ -137,10 +183,10 @@ def validate_npz(path: PathLike) -> dict[str, Any]:
     """Check an uploaded .npz the way :func:`load_dataset` would; return a summary.
 
     Raises DatasetNotFoundError if the file is missing and ValueError naming the problem
-    otherwise. Summary: ``n``, ``shape`` (of one sample), ``num_features``, ``num_classes``,
+    otherwise. ``x`` is read through in pieces, never held whole. Summary: ``n``, ``shape`` (of one sample), ``num_features``, ``num_classes``,
     ``class_names``, ``class_counts``.
     """
-    x, y, names = _read_npz(Path(path).expanduser())
+    x, y, names = _read_npz(Path(path).expanduser(), stream_x=True)
     return {
         "n": len(x),
         "shape": list(x.shape[1:]),

@@ -334,6 +334,28 @@ def test_npz_rejects_bad_files(tmp_path, case):
         data.validate_npz(path)
 
 
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_npz_x_is_checked_in_pieces_to_its_last_value(tmp_path, monkeypatch, save):
+    """validate_npz reads x through in pieces (a large upload is never held whole): the
+    pieces cover all of it, compressed or not, and a truncated x is refused."""
+    from corel.data import npz
+
+    monkeypatch.setattr(npz._StreamedX, "PIECE", 64)  # 8 float64 values a piece
+    x = np.random.default_rng(0).normal(size=(60, 3))
+    y = np.repeat(np.arange(3), 20)
+    save(tmp_path / "ok.npz", x=x, y=y)
+    assert data.validate_npz(tmp_path / "ok.npz")["n"] == 60
+    x[-1, -1] = np.nan  # in the very last piece
+    save(tmp_path / "nan.npz", x=x, y=y)
+    with pytest.raises(ValueError, match="holds 1 NaN"):
+        data.validate_npz(tmp_path / "nan.npz")
+    blob = (tmp_path / "ok.npz").read_bytes()
+    if save is np.savez:  # x's data cut short inside the archive
+        (tmp_path / "cut.npz").write_bytes(blob[:200] + blob[400:])
+        with pytest.raises(ValueError):
+            data.validate_npz(tmp_path / "cut.npz")
+
+
 def test_npz_rejects_unreadable_and_missing_files(tmp_path):
     (tmp_path / "text.npz").write_text("not a zip")
     with pytest.raises(ValueError, match=r"text\.npz is not an \.npz file.*looks like text"):
