@@ -16,6 +16,9 @@ killed last), two runs submitted before each fault, which waits until both worke
 so that every fault, the last one included, meets work in training on a machine of any
 speed.
 
+``--s3``: the artifacts (checkpoints) in an S3 server of the soak's own (SeaweedFS), and a
+seventh kind of fault, that server stopped for an outage's length.
+
 Run from the repository's root: ``.venv/bin/python bench/fault_soak.py --seeds 7 11 23``.
 Exit status 1 when a seed fails.
 """
@@ -68,11 +71,20 @@ def main() -> int:
     parser.add_argument("--worker-threads", type=int, default=0,
                         help="COREL_WORKER_TORCH_THREADS of each worker (0, the product's "
                         "default: the workers of the host divide its cores among themselves)")
+    parser.add_argument("--s3", action="store_true",
+                        help="artifacts in an S3 server of the soak's own (SeaweedFS); the deck "
+                        "deals the S3 server stopped too")
+    parser.add_argument("--deck", nargs="+", metavar="KIND",
+                        help="with --smoke: only these faults, in this order")
     parser.add_argument("--smoke", action="store_true",
                         help="the short soak of make test: one seed, 14 runs of 12 epochs, each "
                         "kind of fault once (about a minute)")
     args = parser.parse_args()
-    smoke = SMOKE if args.smoke else {}
+    smoke = dict(SMOKE) if args.smoke else {}
+    if args.smoke and args.s3:  # the S3 server stopped in the middle of the deck
+        smoke["deck"] = (*SMOKE_DECK[:3], "s3-stop", *SMOKE_DECK[3:])
+    if args.smoke and args.deck:
+        smoke["deck"] = tuple(args.deck)
     if args.smoke:
         args.seeds, args.runs, args.epochs, args.submit_seconds, args.fault_seconds = [3], 2, 12, 1.0, 400.0
         args.wait = 90.0
@@ -83,7 +95,7 @@ def main() -> int:
             config = SoakConfig(seed=seed, runs=args.runs, epochs=args.epochs,
                                 fault_seconds=args.fault_seconds, submit_seconds=args.submit_seconds,
                                 deadline=args.deadline, wait=args.wait, logdir=logdir,
-                                worker_threads=args.worker_threads or None, **smoke)
+                                worker_threads=args.worker_threads or None, s3=args.s3, **smoke)
             print(f"seed {seed}: {config.total_runs} runs x {config.epochs} epochs, faults for "
                   f"{config.fault_seconds:.0f} s", flush=True)
             started = time.monotonic()

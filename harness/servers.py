@@ -213,6 +213,10 @@ class PrivateSeaweed:
                 "COREL_S3_BUCKET": self.BUCKET, "COREL_S3_ACCESS_KEY": self.ACCESS_KEY,
                 "COREL_S3_SECRET_KEY": self.SECRET_KEY}
 
+    def settings_kwargs(self) -> dict[str, Any]:
+        """The same, as ``Settings(**...)`` takes them."""
+        return {k.removeprefix("COREL_").lower(): v for k, v in self.settings().items()}
+
     def argv(self) -> list[str]:
         p = self.ports
         return [str(self.bin), "mini", f"-dir={self.root}", f"-ip={self.ip}", f"-ip.bind={self.ip}",

@@ -9,7 +9,7 @@ never the shared ones), the API as ``corel serve --no-worker`` and the workers a
 whole process as a crash would. A killed API or worker is started again after a pause, as a
 supervisor (compose's ``restart:``, systemd, Kubernetes) would.
 
-The six kinds of fault are dealt from a shuffled deck, one every ``fault_gap`` seconds, for
+The six kinds of fault (seven with the artifacts on S3: the S3 server stopped) are dealt from a shuffled deck, one every ``fault_gap`` seconds, for
 ``fault_seconds``; then the soak waits for every accepted run to finish and checks:
 
 * every accepted run ended ``succeeded`` within ``deadline`` seconds of the last fault,
@@ -45,12 +45,19 @@ import redis
 
 from app.core.migrate import upgrade
 from app.core.settings import Settings
-from harness.servers import PrivatePostgres, PrivateRedis, free_port, terminate
+from harness.servers import PrivatePostgres, PrivateRedis, PrivateSeaweed, free_port, terminate
 from harness.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 FAULTS = ("worker-kill", "api-kill", "postgres-stop", "postgres-freeze", "redis-restart",
           "redis-flush")
+# With its artifacts on S3 (SoakConfig.s3), the deck holds a seventh kind: the S3 server
+# stopped for an outage's length (a checkpoint written meanwhile waits it out).
+S3_FAULTS = ("s3-stop",)
+
+
+def faults_of(config: SoakConfig) -> tuple[str, ...]:
+    return FAULTS + S3_FAULTS if config.s3 else FAULTS
 LOSSES = ("cce", "center", "cosine", "gaussian")
 
 
@@ -87,6 +94,9 @@ class SoakConfig:
     # every run before the deck's last card was dealt.) 0: off.
     feed: int = 0
     logdir: Path | None = None
+    # Artifacts (checkpoints) in an S3 server of the soak's own (SeaweedFS), not a local
+    # folder; its deck then deals S3_FAULTS too.
+    s3: bool = False
 
     @property
     def total_runs(self) -> int:
@@ -177,10 +187,12 @@ class Cluster:
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.pg = PrivatePostgres()
         self.redis = PrivateRedis(appendonly=config.redis_aof)
+        self.s3 = PrivateSeaweed() if config.s3 else None
+        s3 = self.s3.settings_kwargs() if self.s3 else {}
         self.settings = Settings(
             database_url=self.pg.url(), broker_url=self.redis.url, var_dir=root / "var",
             queue=f"corel-soak-{uuid.uuid4().hex[:8]}", lease_seconds=config.lease_seconds,
-            heartbeat_seconds=config.heartbeat_seconds, log_level="INFO")
+            heartbeat_seconds=config.heartbeat_seconds, log_level="INFO", **s3)
         upgrade(self.settings)
         self.port = free_port()
         self.api: subprocess.Popen[bytes] | None = None
@@ -200,6 +212,8 @@ class Cluster:
         })
         if self.config.worker_threads:
             env["COREL_WORKER_TORCH_THREADS"] = str(self.config.worker_threads)
+        if self.s3 is not None:
+            env.update(self.s3.settings())
         return env
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
@@ -239,6 +253,8 @@ class Cluster:
             self.terminate(proc)
         self.pg.close()
         self.redis.close()
+        if self.s3 is not None:
+            self.s3.close()
 
 
 def _fault(cluster: Cluster, kind: str, rng: random.Random) -> None:
@@ -268,6 +284,10 @@ def _fault(cluster: Cluster, kind: str, rng: random.Random) -> None:
         cluster.redis.start()
     elif kind == "redis-flush":
         cluster.redis.flush()
+    elif kind == "s3-stop" and cluster.s3 is not None:
+        cluster.s3.stop()
+        time.sleep(pause)
+        cluster.s3.start()
     else:
         raise ValueError(f"unknown fault {kind!r}")
 
@@ -398,7 +418,7 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
             if not deck:
                 if config.deck is not None:
                     break
-                deck = list(FAULTS)
+                deck = list(faults_of(config))
                 rng.shuffle(deck)
             if config.feed and config.deck is not None:
                 _feed(cluster, report, began + config.fault_seconds)

