@@ -96,8 +96,7 @@ def throughput(mb: int, repeats: int, seaweed: PrivateSeaweed, tmp: Path, pg_url
     blobs = [os.urandom(mb << 20) for _ in range(2)]  # two contents: no write finds it there
     stores = {
         "local store": make_store(Settings(var_dir=tmp / "local")),
-        "S3 (SeaweedFS)": make_store(Settings(var_dir=tmp / "s3", **{  # type: ignore[arg-type]
-            k.removeprefix("COREL_").lower(): v for k, v in seaweed.settings().items()})),
+        "S3 (SeaweedFS)": make_store(Settings(var_dir=tmp / "s3", **seaweed.settings_kwargs())),
     }
     rows = {"SQLite row (before)": row_store(f"sqlite:///{tmp / 'rows.sqlite3'}"),
             "PostgreSQL row (before)": row_store(pg_url)}
@@ -144,7 +143,7 @@ def finetune_tail(settings: Settings, spec: ExperimentCreate) -> tuple[float, fl
     with factory() as session:
         exp = session.get(Experiment, eid)
         assert exp is not None and exp.finished_at is not None
-        from app.storage.checkpoints import best_checkpoint_bytes
+        from app.storage.artifacts import best_checkpoint_bytes
 
         blob = best_checkpoint_bytes(session, eid)
     tail = exp.finished_at.timestamp() - EPOCH_ENDS[eid]

@@ -82,11 +82,13 @@ def fill(settings: Settings, n: int) -> dict[str, int]:
         # What the scatter reads of a checkpoint: the class vectors and the class names.
         blob = checkpoint_to_bytes({"model": {"head.W": torch.randn(10, 128)},
                                     "class_names": [str(c) for c in range(10)]})
-        art = make_store(settings).put_bytes(blob)
+        store = make_store(settings)
+        art = store.put_bytes(blob)
         s.add(Checkpoint(experiment_id=shown, kind="best", epoch=28, size=art.size, sha256=art.sha256))
-        reps = rng.normal(size=(360, 128)).astype(np.float32)
+        reps = store.put_bytes(rng.normal(size=(360, 128)).astype(np.float32).tobytes())
+        labels = store.put_bytes(rng.integers(0, 10, 360).astype(np.int64).tobytes())
         s.add(LatentSpace(experiment_id=shown, split="test", n=360, dim=128,
-                          representations=reps.tobytes(), labels=rng.integers(0, 10, 360).astype(np.int64).tobytes()))
+                          representations_sha256=reps.sha256, labels_sha256=labels.sha256))
         s.commit()
         return {"experiment": shown, "sweep": sweep.id}
 

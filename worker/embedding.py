@@ -19,6 +19,7 @@ from app.jobs.lifecycle import LostLease
 from app.services.encoders import files_for_model
 from app.storage import ensure as ensure_store
 from app.storage import read as read_artifact
+from app.storage import store_of
 from corel.serving import BATCH, ServedModel
 from corel.train import checkpoint_from_bytes
 from worker.runner import materialise_upload
@@ -91,12 +92,17 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
         log.warning("embedding job failed", extra={"job": job_id, "error": str(exc)})
         lifecycle.finish(factory, job_id, Status.FAILED, EmbeddingJob, error=str(exc))
         return Status.FAILED
+    # The arrays into the artifact store first, then the row that names them.
+    with factory() as session:
+        store = store_of(session)
+    stored = store.put_bytes(np.ascontiguousarray(reps, np.float32).tobytes())
+    labels = store.put_bytes(_labels(y).tobytes())
     with session_scope(factory) as session:
         if not lifecycle.end(session, job_id, Status.SUCCEEDED, EmbeddingJob,
                              n_total=n, n_done=n, dim=int(reps.shape[1])):
             log.warning("lost the lease before storing; another worker continues", extra={"job": job_id})
             return "lost"
-        session.merge(EmbeddingResult(job_id=job_id, representations=reps.astype(np.float32).tobytes(),
-                                      labels=_labels(y).tobytes()))
+        session.merge(EmbeddingResult(job_id=job_id, representations_sha256=stored.sha256,
+                                      labels_sha256=labels.sha256))
     log.info("embedding job done", extra={"job": job_id, "rows": n})
     return Status.SUCCEEDED

@@ -13,15 +13,16 @@ import logging
 import threading
 import time
 
-from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.db import session_scope
 from app.core.errors import DomainError
-from app.core.models import NeighborIndex, NeighborIndexChunk, Status
+from app.core.models import NeighborIndex, Status
 from app.core.settings import Settings
 from app.jobs import lifecycle
 from app.jobs.lifecycle import LostLease
+from app.storage import ensure as ensure_store
+from app.storage import store_of
 
 log = logging.getLogger("corel.worker")
 
@@ -47,11 +48,11 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
     """Claim, build, store; returns the status."""
     # Imported here: a worker that starts (after a crash, while runs wait) does not pay
     # for scikit-learn and the index's modules before it can train.
-    from app.core.lookup import load_latent
     from app.services.embedding_jobs import load_result
-    from app.storage.checkpoints import class_names
+    from app.storage.artifacts import class_names, load_latent
     from corel.index import BuildCancelled, HnswParams, VectorIndex
 
+    factory = ensure_store(factory, settings)
     with session_scope(factory) as session:
         row = session.get(NeighborIndex, index_id)
         if row is None:
@@ -96,16 +97,15 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
         del reps
         seconds = time.perf_counter() - started
         blob = index.to_bytes()
-        size = settings.index_chunk_bytes
+        with factory() as session:  # the file into the artifact store, then the row
+            art = store_of(session).put_bytes(blob)
         with session_scope(factory) as session:
             if not lifecycle.end(
                     session, index_id, Status.SUCCEEDED, NeighborIndex, kind=kind, n_total=n, n_done=n, dim=index.dim, size_bytes=len(blob),
                     build_seconds=seconds, ef_search=index.ef_search, recall=index.recall,
-                    params=None if kind == "exact" else {"m": params.m, "ef_construction": params.ef_construction}):
+                    params=None if kind == "exact" else {"m": params.m, "ef_construction": params.ef_construction},
+                    sha256=art.sha256):
                 raise LostLease(f"index {index_id} is no longer ours")
-            session.execute(delete(NeighborIndexChunk).where(NeighborIndexChunk.index_id == index_id))
-            for seq, start in enumerate(range(0, len(blob), size)):
-                session.add(NeighborIndexChunk(index_id=index_id, seq=seq, data=blob[start:start + size]))
     except LostLease:
         log.warning("lost the lease; another worker continues", extra={"index": index_id})
         return "lost"

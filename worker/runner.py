@@ -10,6 +10,8 @@ that checkpoint and ends exactly as an uninterrupted one would.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
 import time
 import uuid
@@ -28,7 +30,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.db import DATABASE_UNAVAILABLE, session_scope
 from app.core.models import (
     Checkpoint,
-    DatasetBlob,
     DatasetUpload,
     EncoderUpload,
     EpochMetric,
@@ -224,17 +225,21 @@ class DatabaseRecorder(Callback):
 
 
 def materialise_upload(session: Session, dataset_id: int, settings: Settings) -> Path:
-    """Uploads live in the database; a worker keeps a local copy to read from."""
+    """Uploads live in the artifact store; a worker reads a local copy named for the loader
+    (``.csv`` or ``.npz``): a link to the store's file where it can, else a copy."""
     upload = session.get(DatasetUpload, dataset_id)
     if upload is None:
         raise ValueError(f"dataset {dataset_id} no longer exists")
     suffix = ".csv" if upload.kind == "ag-news" else ".npz"  # tables are stored as .npz
     path = settings.var_dir.resolve() / "cache" / f"dataset-{dataset_id}-{upload.sha256[:16]}{suffix}"
     if not path.exists():
-        data = session.scalar(select(DatasetBlob.data).where(DatasetBlob.dataset_id == dataset_id))
+        source = store_of(session).local_path(upload.blob_sha256)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data or b"")
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
         tmp.replace(path)
     return path
 
@@ -244,13 +249,17 @@ def _finish(factory: sessionmaker[Session], experiment_id: int, status: Status, 
         METRICS.experiment_finished(status)
 
 
-def _latent(result: FitResult, y: Any, experiment_id: int, split: str) -> LatentSpace:
+def _latent(factory: sessionmaker[Session], result: FitResult, y: Any, experiment_id: int,
+            split: str) -> LatentSpace:
+    """A split's latent space: its two arrays into the artifact store, the row naming them."""
     reps = result.latent(split).cpu().numpy().astype(np.float32)
+    with factory() as session:
+        store = store_of(session)
+    stored = store.put_bytes(np.ascontiguousarray(reps).tobytes())
+    labels = store.put_bytes(y.cpu().numpy().astype(np.int64).tobytes())
     return LatentSpace(
         experiment_id=experiment_id, split=split, n=int(reps.shape[0]), dim=int(reps.shape[1]),
-        representations=np.ascontiguousarray(reps).tobytes(),
-        labels=y.cpu().numpy().astype(np.int64).tobytes(),
-    )
+        representations_sha256=stored.sha256, labels_sha256=labels.sha256)
 
 
 @dataclass
@@ -340,9 +349,12 @@ def _store_results_leased(factory: sessionmaker[Session], experiment_id: int,
     latents = []
     for split, y in (("test", data.y_test), ("validation", data.y_val), ("train", data.y_train)):
         show_phase(factory, [experiment_id], "storing results", f"the {split} split's latent space")
-        latents.append(_latent(result, y, experiment_id, split))
+        latents.append(_latent(factory, result, y, experiment_id, split))
     with session_scope(factory) as session:
         _upsert_checkpoint(session, experiment_id, "best", result.best_epoch, best)
+        replaced = session.scalars(select(LatentSpace).where(LatentSpace.experiment_id == experiment_id)).all()
+        release_after_commit(session, [d for row in replaced
+                                       for d in (row.representations_sha256, row.labels_sha256)])
         session.execute(delete(LatentSpace).where(LatentSpace.experiment_id == experiment_id))
         session.add_all(latents)
         if not lifecycle.end(session, experiment_id, Status.SUCCEEDED, phase=None, phase_detail=None,

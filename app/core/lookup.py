@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-import numpy as np
 from sqlalchemy import Select, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -51,16 +50,14 @@ def best_checkpoint(session: Session, experiment_id: int, column: Any = None) ->
     return value
 
 
-def load_latent(session: Session, experiment_id: int, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """(representations n x dim float32, labels int64) of one stored split."""
+def latent_row(session: Session, experiment_id: int, split: str) -> LatentSpace:
+    """The stored latent space of one split (its artifacts' digests), or Conflict."""
     latent = session.scalars(
         select(LatentSpace).where(LatentSpace.experiment_id == experiment_id, LatentSpace.split == split)
     ).one_or_none()
     if latent is None:
         raise Conflict(f"experiment {experiment_id} has no stored {split} latent space")
-    reps = np.frombuffer(latent.representations, dtype=np.float32).reshape(latent.n, latent.dim)
-    labels = np.frombuffer(latent.labels, dtype=np.int64)
-    return reps, labels
+    return latent
 
 
 def store_once(session: Session, row: RowT, stored: Select[RowT]) -> RowT:

@@ -15,7 +15,6 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
-    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -72,22 +71,15 @@ class DatasetUpload(Base):
     # The owner as the read schemas show it: a read-only join on owner_id (no foreign key).
     owner: Mapped[User | None] = relationship(
         primaryjoin="foreign(DatasetUpload.owner_id) == User.id", viewonly=True)
-    blob: Mapped[DatasetBlob] = relationship(cascade="all, delete-orphan", lazy="raise")
-
-
-class DatasetBlob(Base):
-    __tablename__ = "dataset_blobs"
-
-    dataset_id: Mapped[int] = mapped_column(
-        ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True
-    )
-    data: Mapped[bytes] = mapped_column(LargeBinary)
+    # The stored file (an artifact: app/storage): the upload as sent, or the .npz a table
+    # or an image folder became. ``sha256`` above is the file the user sent.
+    blob_sha256: Mapped[str] = mapped_column(String(64), index=True)
 
 
 class EncoderUpload(Base):
     """A user's own encoder (POST /encoders): a sentence-transformers folder (zipped) or a
-    weights file for a timm architecture, checked on arrival. Its files are stored once per
-    content (:class:`EncoderBlob`, by sha256), however many uploads name them."""
+    weights file for a timm architecture, checked on arrival. Its file is an artifact
+    (app/storage), its ``sha256``: stored once however many uploads name it."""
 
     __tablename__ = "encoders"
 
@@ -99,7 +91,7 @@ class EncoderUpload(Base):
     features: Mapped[int] = mapped_column(Integer)
     filename: Mapped[str] = mapped_column(String(255))
     size: Mapped[int] = mapped_column(BigInteger)
-    sha256: Mapped[str] = mapped_column(ForeignKey("encoder_blobs.sha256"), index=True)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
     # The encoder's content digest as runs record it (corel.pretrained): the weights file's
     # sha256, or that of the sentence-transformers folder's files.
     digest: Mapped[str] = mapped_column(String(64), index=True)
@@ -114,15 +106,6 @@ class EncoderUpload(Base):
     def spec_name(self) -> str:
         """How a spec names it: ``sentence-transformers`` or ``timm:<architecture>``."""
         return f"timm:{self.architecture}" if self.kind == "timm" else self.kind
-
-
-class EncoderBlob(Base):
-    """An uploaded encoder's files as sent (a weights file or a .zip), once per content."""
-
-    __tablename__ = "encoder_blobs"
-
-    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
-    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Sweep(Base):
@@ -234,7 +217,8 @@ class Checkpoint(Base):
 
 
 class LatentSpace(Base):
-    """Representations (float32, row-major n x dim) and labels (int64) of one split."""
+    """Representations (float32, row-major n x dim) and labels (int64) of one split: two
+    artifacts (app/storage), their raw bytes."""
 
     __tablename__ = "latent_spaces"
     __table_args__ = (UniqueConstraint("experiment_id", "split"),)
@@ -246,8 +230,8 @@ class LatentSpace(Base):
     split: Mapped[str] = mapped_column(String(16))
     n: Mapped[int] = mapped_column(Integer)
     dim: Mapped[int] = mapped_column(Integer)
-    representations: Mapped[bytes] = mapped_column(LargeBinary)
-    labels: Mapped[bytes] = mapped_column(LargeBinary)
+    representations_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    labels_sha256: Mapped[str] = mapped_column(String(64), index=True)
 
 
 class RetrievalResult(Base):
@@ -296,7 +280,7 @@ class Figure(Base):
         ForeignKey("experiments.id", ondelete="CASCADE"), index=True
     )
     name: Mapped[str] = mapped_column(String(64))
-    png: Mapped[bytes] = mapped_column(LargeBinary)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)  # the PNG, an artifact
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -339,21 +323,23 @@ class EmbeddingJob(LeasedJob, Base):
 
 
 class EmbeddingResult(Base):
-    """A finished job's representations (float32, row-major n x dim) and labels (int64)."""
+    """A finished job's representations (float32, row-major n x dim) and labels (int64):
+    two artifacts (app/storage)."""
 
     __tablename__ = "embedding_results"
 
     job_id: Mapped[int] = mapped_column(
         ForeignKey("embedding_jobs.id", ondelete="CASCADE"), primary_key=True
     )
-    representations: Mapped[bytes] = mapped_column(LargeBinary)
-    labels: Mapped[bytes] = mapped_column(LargeBinary)
+    representations_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    labels_sha256: Mapped[str] = mapped_column(String(64), index=True)
 
 
 class NeighborIndex(LeasedJob, Base):
     """A nearest-neighbour index over an experiment's training split or a batch
-    embedding job's rows, built on a worker with the same lease as a training run, and
-    kept in the database (``neighbor_index_chunks``) so that any API process can load it."""
+    embedding job's rows, built on a worker with the same lease as a training run; its file
+    (``corel.index.VectorIndex.to_bytes``) is the artifact ``sha256`` (app/storage), which
+    any API process can load."""
 
     __tablename__ = "neighbor_indexes"
 
@@ -376,19 +362,7 @@ class NeighborIndex(LeasedJob, Base):
     ef_search: Mapped[int | None] = mapped_column(Integer)
     recall: Mapped[float | None] = mapped_column(Float)
     params: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-
-
-class NeighborIndexChunk(Base):
-    """A built index's bytes (``corel.index.VectorIndex.to_bytes``), in pieces, in order.
-    Written in the same transaction that marks the index succeeded."""
-
-    __tablename__ = "neighbor_index_chunks"
-
-    index_id: Mapped[int] = mapped_column(
-        ForeignKey("neighbor_indexes.id", ondelete="CASCADE"), primary_key=True
-    )
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
-    data: Mapped[bytes] = mapped_column(LargeBinary)
+    sha256: Mapped[str | None] = mapped_column(String(64), index=True)  # set when built
 
 
 # --- users, their tokens, sharing, and the audit log (app/access/tokens.py, app/access/policy.py) ---

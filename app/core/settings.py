@@ -135,9 +135,6 @@ class Settings(BaseSettings):
     hnsw_m: int = Field(default=16, ge=4, le=128, description="HNSW graph degree (faiss M).")
     hnsw_ef_construction: int = Field(
         default=100, ge=8, le=2048, description="HNSW construction breadth (faiss efConstruction).")
-    index_chunk_bytes: int = Field(
-        default=64 * 1024 * 1024, ge=1024,
-        description="A built index is stored in the database in pieces of at most this size.")
     index_cache_size: int = Field(
         default=2, gt=0, description="Indexes (and training splits searched exactly) kept in "
         "memory per API process.")

@@ -17,9 +17,10 @@ import numpy as np
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from app.core.lookup import load_latent, store_once, succeeded_experiment
+from app.core.lookup import store_once, succeeded_experiment
 from app.core.models import ClusteringResult, Experiment
 from app.core.schemas import Geometry, Split
+from app.storage.artifacts import load_latent
 from corel.clustering import ALGORITHMS, cluster, default_metric
 
 

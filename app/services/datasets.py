@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 from app.access import policy
 from app.core.errors import MAX_ID, InvalidInput, NotFound
 from app.core.lookup import get_or_404
-from app.core.models import DatasetBlob, DatasetUpload, utcnow
+from app.core.models import DatasetUpload, utcnow
+from app.storage import store_of
 from corel.data import tables, validate_ag_news_csv, validate_npz
 from corel.data.image_folders import read_image_folder
 
@@ -139,10 +140,11 @@ def create_upload(session: Session, filename: str, kind: str, path: Path,
         raise InvalidInput("the uploaded file is empty")
     if kind == "table" and path.suffix == ".csv" and _looks_like_ag_news(path):
         kind = "ag-news"
+    data: bytes | None
     try:
         if kind in ("npz", "ag-news"):
             summary = validate_npz(path) if kind == "npz" else validate_ag_news_csv(path)
-            stored, data = kind, path.read_bytes()
+            stored, data = kind, None  # stored as sent: streamed from the file
         elif kind == "images":
             stored, data, summary = _images(path)
         else:
@@ -156,15 +158,19 @@ def create_upload(session: Session, filename: str, kind: str, path: Path,
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
+    # The file into the artifact store before the row exists (an unreachable store: a 503,
+    # and no row).
+    store = store_of(session)
+    art = store.put_file(path) if data is None else store.put_bytes(data)
     upload = DatasetUpload(
         kind=stored,
+        blob_sha256=art.sha256,
         filename=Path(filename).name[:255] or f"upload{SUFFIXES.get(stored, '.npz')}",
         size=path.stat().st_size,
         sha256=digest.hexdigest(),
         summary=summary,
         created_at=utcnow(),
     )
-    upload.blob = DatasetBlob(data=data)
     session.add(upload)
     session.flush()
     return upload
@@ -198,3 +204,14 @@ def list_uploads(session: Session, limit: int, offset: int) -> tuple[list[Datase
 
 def get_upload(session: Session, dataset_id: int) -> DatasetUpload:
     return get_or_404(session, DatasetUpload, dataset_id, "dataset")
+
+
+def stored_file(session: Session, dataset_id: int) -> tuple[Path, str, str]:
+    """The upload's stored file as a local file to stream from (verified against its
+    digest), its digest, and the name to give it: the file as sent, or (a table, an image
+    folder) the .npz it became."""
+    upload = get_upload(session, dataset_id)
+    name = upload.filename
+    if upload.blob_sha256 != upload.sha256:  # stored converted
+        name = f"{Path(upload.filename).stem or 'upload'}.npz"
+    return store_of(session).local_path(upload.blob_sha256), upload.blob_sha256, name

@@ -12,6 +12,7 @@ from app.core.lookup import get_or_404, succeeded_experiment
 from app.core.models import DatasetUpload, EmbeddingJob, EmbeddingResult, Status, utcnow
 from app.jobs.lifecycle import cancel
 from app.services.datasets import referenced_upload
+from app.storage.artifacts import read_array
 from corel.spec import MODALITY
 
 # Upload kinds whose rows a job can read, and the modality each feeds.
@@ -54,7 +55,8 @@ def load_result(session: Session, job_id: int) -> tuple[np.ndarray, np.ndarray, 
         raise Conflict(f"embedding job {job_id} is {job.status}; its result needs a succeeded job",
                        status=job.status)
     row = session.scalars(select(EmbeddingResult).where(EmbeddingResult.job_id == job_id)).one()
-    reps = np.frombuffer(row.representations, dtype=np.float32).reshape(job.n_total, -1)
+    reps = read_array(session, row.representations_sha256, np.float32).reshape(job.n_total, -1)
     upload = session.get(DatasetUpload, job.dataset_id)
     names = upload.summary.get("class_names") if upload is not None else None
-    return reps, np.frombuffer(row.labels, dtype=np.int64), [str(n) for n in names] if names else None
+    labels = read_array(session, row.labels_sha256, np.int64)
+    return reps, labels, [str(n) for n in names] if names else None

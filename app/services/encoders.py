@@ -10,8 +10,8 @@ Two kinds:
   architecture. Its keys and shapes must fit the architecture (the classifier's may be left
   out or given), and a forward pass must give finite features.
 
-An accepted encoder is one row (:class:`app.core.models.EncoderUpload`) and its files one blob
-(:class:`app.core.models.EncoderBlob`, keyed by sha256: the same file uploaded twice is stored
+An accepted encoder is one row (:class:`app.core.models.EncoderUpload`) and its file one
+artifact (app/storage, keyed by sha256: the same file uploaded twice is stored
 once). A spec names it by ``encoder_id``; the runs trained on it record its content digest,
 by which any process finds the files again (:func:`local_files`).
 """
@@ -32,8 +32,9 @@ from sqlalchemy.orm import Session
 from app.access import policy
 from app.core.errors import MAX_ID, InvalidInput, NotFound
 from app.core.lookup import get_or_404
-from app.core.models import EncoderBlob, EncoderUpload, utcnow
+from app.core.models import EncoderUpload, utcnow
 from app.core.settings import Settings
+from app.storage import ArtifactMissing, store_of
 from corel.encoder_catalog import TIMM, family
 
 KINDS = ("sentence-transformers", "timm")
@@ -169,8 +170,8 @@ def create_encoder(session: Session, settings: Settings, filename: str, kind: st
         raise PayloadTooLarge(str(exc)) from exc
     except (ValueError, OSError) as exc:
         raise InvalidInput(f"the uploaded {kind} encoder is not usable: {exc}") from exc
-    if session.get(EncoderBlob, sha) is None:
-        session.add(EncoderBlob(sha256=sha, data=path.read_bytes()))
+    # The file into the artifact store (streamed; stored once per content) before the row.
+    store_of(session).put_file(path)
     row = EncoderUpload(
         name=(name or Path(filename).stem or kind)[:64], kind=kind, modality=modality,
         architecture=architecture if kind == "timm" else None, features=summary["features"],
@@ -233,25 +234,26 @@ def get_encoder(session: Session, encoder_id: int) -> EncoderUpload:
 
 def local_files(session: Session, settings: Settings, row: EncoderUpload) -> Path:
     """The encoder's files on this machine (its weights file, or its unpacked folder), written
-    once from the database into ``var_dir/cache/encoders`` and registered with corel.pretrained,
+    once from the artifact store into ``var_dir/cache/encoders`` and registered with corel.pretrained,
     so that the runs trained on it find it by its digest."""
     from corel.pretrained import register_local
 
     base = settings.var_dir.resolve() / "cache" / "encoders"
     target = base / (f"{row.digest[:32]}.weights" if row.kind == "timm" else row.digest[:32])
     if not target.exists():
-        data = session.scalar(select(EncoderBlob.data).where(EncoderBlob.sha256 == row.sha256))
-        if data is None:
-            raise ValueError(f"encoder {row.id}'s files are missing from the database")
+        try:
+            source = store_of(session).local_path(row.sha256)
+        except ArtifactMissing as exc:
+            raise ValueError(f"encoder {row.id}'s files are missing from the artifact store") from exc
         base.mkdir(parents=True, exist_ok=True)
         tmp = base / f".{uuid.uuid4().hex}.tmp"
         try:
-            tmp.write_bytes(data)
+            shutil.copyfile(source, tmp)
             if row.kind == "timm":
                 tmp.replace(target)
             else:
                 unpacked = base / f".{uuid.uuid4().hex}.dir"
-                folder = unpack_folder(tmp, unpacked, max(len(data), 1) * 1000)
+                folder = unpack_folder(tmp, unpacked, max(tmp.stat().st_size, 1) * 1000)
                 try:
                     folder.rename(target)  # whole, or not at all (another process may have won)
                 except OSError:

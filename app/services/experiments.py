@@ -10,12 +10,13 @@ from sqlalchemy.orm import Session
 from app.access import policy
 from app.core.errors import Conflict, InvalidInput
 from app.core.lookup import get_or_404
-from app.core.models import Checkpoint, EpochMetric, Experiment, Status, utcnow
+from app.core.models import EpochMetric, Experiment, Status, utcnow
 from app.core.schemas import ExperimentCreate
 from app.jobs import lifecycle
 from app.services.datasets import referenced_upload
 from app.services.encoders import check_spec_encoder, referenced_encoder
 from app.storage import release_after_commit
+from app.storage.refs import of_experiment
 from corel.spec import ExperimentSpec
 
 
@@ -131,7 +132,6 @@ def delete_experiment(session: Session, experiment_id: int) -> None:
             f"/experiments/{experiment_id}/cancel), then delete it"
         )
     # Its artifacts go once the delete has committed, those nothing else references.
-    release_after_commit(session, session.scalars(
-        select(Checkpoint.sha256).where(Checkpoint.experiment_id == experiment_id)))
+    release_after_commit(session, of_experiment(session, experiment_id))
     session.execute(delete(Experiment).where(Experiment.id == experiment_id))
     session.flush()

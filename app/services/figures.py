@@ -22,10 +22,11 @@ from sqlalchemy.orm import Session
 from threadpoolctl import threadpool_limits
 
 from app.core.errors import Conflict
-from app.core.lookup import best_checkpoint, load_latent, store_once, succeeded_experiment
+from app.core.lookup import best_checkpoint, store_once, succeeded_experiment
 from app.core.models import FINISHED, Checkpoint, EpochMetric, Experiment, Figure
 from app.services.experiments import get_experiment
-from app.storage.checkpoints import best_checkpoint_dict
+from app.storage import read, release_after_commit, store_of
+from app.storage.artifacts import best_checkpoint_dict, load_latent
 from corel.loss_catalog import DECLARATIONS, declaration
 
 DPI = 100
@@ -41,13 +42,18 @@ def _stored(experiment_id: int, name: str) -> Select[Figure]:
 
 def _cached(session: Session, experiment_id: int, name: str) -> bytes | None:
     row = session.scalars(_stored(experiment_id, name)).one_or_none()
-    return None if row is None else row.png
+    return None if row is None else read(session, row.sha256)
 
 
 def _keep(session: Session, experiment_id: int, name: str, png: bytes) -> bytes:
-    return store_once(
-        session, Figure(experiment_id=experiment_id, name=name, png=png), _stored(experiment_id, name)
-    ).png
+    """Keep a rendered figure: the PNG into the artifact store, then its row (once: a
+    concurrent first request's row wins, and this one's artifact is released)."""
+    art = store_of(session).put_bytes(png)
+    kept = store_once(session, Figure(experiment_id=experiment_id, name=name, sha256=art.sha256),
+                      _stored(experiment_id, name))
+    if kept.sha256 != art.sha256:
+        release_after_commit(session, [art.sha256])
+    return png
 
 
 def _new_figure(size: tuple[int, int]) -> MplFigure:

@@ -1,25 +1,26 @@
 """Nearest-neighbour indexes: requested here, built on a worker (worker/indexing.py), read
-back by any API process from the database and kept in memory once per process.
+back by any API process from the artifact store and kept in memory once per process.
 
 An index covers an experiment's training split or the rows of one of its finished batch
-embedding jobs, in the loss's own geometry (the clustering report's). Its bytes
-(``corel.index.VectorIndex``) are stored in ``neighbor_index_chunks``, written in the
-transaction that marks it succeeded: an index that is not succeeded has no bytes, and
-nothing half-built is ever served.
+embedding jobs, in the loss's own geometry (the clustering report's). Its file
+(``corel.index.VectorIndex``) is an artifact, written before the transaction that marks it
+succeeded names it: an index that is not succeeded has no file, and nothing half-built is
+ever served.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.access import policy
 from app.core.errors import Conflict, InvalidInput
 from app.core.lookup import get_or_404, succeeded_experiment
-from app.core.models import LatentSpace, NeighborIndex, NeighborIndexChunk, Status, utcnow
+from app.core.models import LatentSpace, NeighborIndex, Status, utcnow
 from app.core.schemas import IndexCreate
 from app.core.settings import Settings
 from app.jobs.lifecycle import cancel
+from app.storage import read
 from corel.clustering import default_metric
 from corel.index import VectorIndex
 
@@ -96,17 +97,9 @@ def index_to_search(session: Session, experiment_id: int, index_id: int | None) 
 
 
 def load_index(session: Session, index_id: int) -> VectorIndex:
-    """A succeeded index's bytes, read back in order, as a searchable index: one piece
-    per statement (each well within the API's statement timeout), into one buffer."""
-    where = NeighborIndexChunk.index_id == index_id
-    sizes = session.execute(select(NeighborIndexChunk.seq, func.length(NeighborIndexChunk.data))
-                            .where(where).order_by(NeighborIndexChunk.seq)).all()
-    if not sizes:
-        raise Conflict(f"index {index_id} has no stored bytes")
-    blob = bytearray(sum(int(size) for _, size in sizes))
-    at = 0
-    for seq, size in sizes:
-        blob[at:at + size] = session.scalars(select(NeighborIndexChunk.data).where(
-            where, NeighborIndexChunk.seq == seq)).one()
-        at += size
-    return VectorIndex.from_bytes(blob)
+    """A succeeded index's file, read from the artifact store (verified), as a searchable
+    index."""
+    row = session.get(NeighborIndex, index_id)
+    if row is None or row.sha256 is None:
+        raise Conflict(f"index {index_id} has no stored file")
+    return VectorIndex.from_bytes(read(session, row.sha256))

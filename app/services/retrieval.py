@@ -11,9 +11,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.errors import Conflict
-from app.core.lookup import load_latent, store_once, succeeded_experiment
+from app.core.lookup import store_once, succeeded_experiment
 from app.core.models import RetrievalResult
 from app.core.schemas import Geometry
+from app.storage.artifacts import load_latent
 from corel.clustering import default_metric
 from corel.retrieval import retrieval_metrics
 

@@ -23,7 +23,7 @@ from app.core.schemas import NeighborsRequest
 from app.services.indexes import index_to_search, load_index
 from app.services.retrieval import training_rows
 from app.serving import inference
-from app.storage.checkpoints import class_names
+from app.storage.artifacts import class_names
 from corel.clustering import default_metric
 from corel.device import pick_device
 from corel.index import VectorIndex

@@ -19,17 +19,47 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
-from app.core.models import Checkpoint
+from app.core.models import (
+    Checkpoint,
+    DatasetUpload,
+    EmbeddingJob,
+    EmbeddingResult,
+    EncoderUpload,
+    Figure,
+    LatentSpace,
+    NeighborIndex,
+)
 from app.storage.store import ArtifactStore
 
 log = logging.getLogger("corel.storage")
 
 # Every column that holds an artifact's digest. A new kind of artifact adds its column here.
-REFERENCES: tuple[InstrumentedAttribute[str], ...] = (Checkpoint.sha256,)
+REFERENCES: tuple[InstrumentedAttribute[Any], ...] = (
+    Checkpoint.sha256, DatasetUpload.blob_sha256, EncoderUpload.sha256,
+    LatentSpace.representations_sha256, LatentSpace.labels_sha256, Figure.sha256,
+    EmbeddingResult.representations_sha256, EmbeddingResult.labels_sha256, NeighborIndex.sha256)
+
+
+def of_experiment(session: Session, experiment_id: int) -> set[str]:
+    """The digests of every artifact under an experiment (its checkpoints, latent spaces,
+    figures, batch embedding results and indexes): what deleting it may free."""
+    found: set[str] = set()
+    for column, owner in ((Checkpoint.sha256, Checkpoint.experiment_id),
+                          (LatentSpace.representations_sha256, LatentSpace.experiment_id),
+                          (LatentSpace.labels_sha256, LatentSpace.experiment_id),
+                          (Figure.sha256, Figure.experiment_id),
+                          (NeighborIndex.sha256, NeighborIndex.experiment_id)):
+        found.update(d for d in session.scalars(select(column).where(owner == experiment_id)) if d)
+    for column in (EmbeddingResult.representations_sha256, EmbeddingResult.labels_sha256):
+        found.update(session.scalars(select(column).join(
+            EmbeddingJob, EmbeddingJob.id == EmbeddingResult.job_id).where(
+            EmbeddingJob.experiment_id == experiment_id)))
+    return found
 
 
 def referenced(session: Session, digests: Iterable[str] | None = None) -> set[str]:

@@ -197,8 +197,6 @@ def settings(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFacto
         lease_seconds=4.0,
         heartbeat_seconds=0.5,
         log_level="INFO",
-        # Indexes stored in many pieces, as a large one is.
-        index_chunk_bytes=64 * 1024,
         # As `make serve` does: MNIST and AG News's test split from ../shared/datasets.
         data_dir=str(SHARED_DATASETS) if SHARED_DATASETS.is_dir() else "",
     )
@@ -234,7 +232,6 @@ def settings_env(s: Settings) -> dict[str, str]:
         "COREL_QUEUE": s.queue,
         "COREL_LEASE_SECONDS": str(s.lease_seconds),
         "COREL_HEARTBEAT_SECONDS": str(s.heartbeat_seconds),
-        "COREL_INDEX_CHUNK_BYTES": str(s.index_chunk_bytes),
         "COREL_REQUEUE_AFTER_SECONDS": str(s.requeue_after_seconds),
         "COREL_REQUEUE_MAX_SECONDS": str(s.requeue_max_seconds),
         "COREL_TRANSIENT_RETRY_SECONDS": str(s.transient_retry_seconds),
@@ -395,17 +392,21 @@ def digits_runs(client: TestClient, worker: subprocess.Popen[bytes]) -> dict[str
 
 
 def stored_latent(settings: Settings, experiment_id: int, split: str) -> tuple[Any, Any]:
-    """The (representations, labels) a worker stored for a split, read from the database."""
+    """The (representations, labels) a worker stored for a split: the row's digests, read
+    from the settings' artifact store."""
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
 
     from app.core.models import LatentSpace
+    from app.storage import make_store
 
     engine = create_engine(settings.database_url)
     with Session(engine) as session:
         row = session.scalars(select(LatentSpace).where(
             LatentSpace.experiment_id == experiment_id, LatentSpace.split == split)).one()
-        out = (np.frombuffer(row.representations, np.float32).reshape(row.n, row.dim).copy(),
-               np.frombuffer(row.labels, np.int64).copy())
+        store = make_store(settings)
+        out = (np.frombuffer(store.read_bytes(row.representations_sha256), np.float32)
+               .reshape(row.n, row.dim).copy(),
+               np.frombuffer(store.read_bytes(row.labels_sha256), np.int64).copy())
     engine.dispose()
     return out

@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, select
 
 from app.core.models import ClusteringResult, Figure
 from app.main import create_app
+from app.storage import make_store
 from tests.app.conftest import finished, wait_for
 
 # Measured with corel.train.fit + corel.clustering.cluster on this spec (test
@@ -192,7 +193,7 @@ def test_unfinished_experiment_is_409(client, settings):
     ("cce", "latent", (800, 600)),
     ("cosine", "curves", (1000, 400)),
 ])
-def test_pictures_have_the_size_and_are_kept(client, trained, engine, loss, name, size):
+def test_pictures_have_the_size_and_are_kept(client, settings, trained, engine, loss, name, size):
     eid = trained[loss]
     r = client.get(f"/experiments/{eid}/{name}.png")
     assert r.status_code == 200, r.text
@@ -203,8 +204,8 @@ def test_pictures_have_the_size_and_are_kept(client, trained, engine, loss, name
     again = client.get(f"/experiments/{eid}/{name}.png")
     assert again.content == r.content
     with engine.connect() as conn:
-        kept = conn.scalar(select(Figure.png).where(Figure.experiment_id == eid, Figure.name == name))
-    assert kept == r.content
+        kept = conn.scalar(select(Figure.sha256).where(Figure.experiment_id == eid, Figure.name == name))
+    assert make_store(settings).read_bytes(kept) == r.content
 
 
 # --------------------------------------------------------------------------- compare

@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import upgrade
-from app.core.models import Checkpoint
+from app.core.models import Checkpoint, LatentSpace
 from app.core.schemas import ExperimentCreate
 from app.core.settings import Settings
 from app.main import create_app
@@ -55,10 +55,13 @@ def test_a_run_keeps_what_its_rows_reference_and_deleting_frees_it(settings):
     for eid in ids:
         assert train_experiment(eid, factory, settings) == "succeeded"
     with factory() as session:
-        digests = set(session.scalars(select(Checkpoint.sha256)))
-        assert len(digests) == 6  # best and resume of each run; earlier epochs' freed
-        assert referenced(session) == digests
-    assert {d for d, _, _ in store.listing()} == digests
+        checkpoints = set(session.scalars(select(Checkpoint.sha256)))
+        assert len(checkpoints) == 6  # best and resume of each run; earlier epochs' freed
+        latents = set(session.scalars(select(LatentSpace.representations_sha256)))
+        assert len(latents) == 9  # three splits of each run
+        digests = referenced(session)
+        assert checkpoints | latents <= digests
+    assert {d for d, _, _ in store.listing()} == digests  # nothing else: no orphan
     added = folder_size(settings.var_dir) - before
     assert added > 0
 
@@ -104,7 +107,7 @@ def test_a_worker_killed_between_artifact_and_row_leaves_an_orphan_gc_removes(se
     assert done.returncode == 17, done.stderr[-2000:]
 
     with factory() as session:
-        rows = set(session.scalars(select(Checkpoint.sha256)))
+        rows = referenced(session)
         crashed_rows = session.scalars(select(Checkpoint).where(
             Checkpoint.experiment_id == crashed)).all()
     assert crashed_rows == []  # no row at all, let alone one that points at nothing

@@ -11,12 +11,11 @@ import io
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from app.core.models import LatentSpace
 from corel.train import checkpoint_from_bytes, model_from_checkpoint
-from tests.app.conftest import finished, stored_checkpoint, wait_for
+from tests.app.conftest import finished, stored_checkpoint, stored_latent, wait_for
 
 SPEC = {"dataset": "digits", "model": "ffnn", "lr": 0.003, "batch_size": 64, "epochs": 3}
 
@@ -36,11 +35,8 @@ def stored(settings, runs) -> dict[str, tuple[np.ndarray, np.ndarray, bytes]]:
     out = {}
     with Session(engine) as s:
         for loss, run in runs.items():
-            row = s.scalar(select(LatentSpace).where(LatentSpace.experiment_id == run["id"],
-                                                     LatentSpace.split == "test"))
             blob = stored_checkpoint(settings, s, run["id"])
-            out[loss] = (np.frombuffer(row.representations, np.float32).reshape(row.n, row.dim),
-                         np.frombuffer(row.labels, np.int64), blob)
+            out[loss] = (*stored_latent(settings, run["id"], "test"), blob)
     engine.dispose()
     return out
 

@@ -11,7 +11,7 @@ from app.core.models import LatentSpace
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
 from corel.train import checkpoint_from_bytes, fit, model_from_checkpoint, represent
-from tests.app.conftest import finished, stored_checkpoint, wait_for
+from tests.app.conftest import finished, stored_checkpoint, stored_latent, wait_for
 from tests.conftest import FASHION_DIR, assert_rows_close
 
 FASHION = {"dataset": "fashion-mnist", "model": "ffnn", "loss": "gaussian", "lam": 0.85,
@@ -51,8 +51,8 @@ def test_fashion_gaussian_experiment_runs_to_the_end(client, worker, workers, db
                                                  LatentSpace.split == "test"))
     data = load_dataset(spec, FASHION_DIR)
     assert (latent.n, latent.dim) == (10_000, 128)
-    assert np.array_equal(np.frombuffer(latent.labels, np.int64), data.y_test.numpy())
-    stored = np.frombuffer(latent.representations, np.float32).reshape(latent.n, latent.dim)
+    stored, labels = stored_latent(settings, eid, "test")
+    assert np.array_equal(labels, data.y_test.numpy())
     assert_rows_close(stored, represent(model, data.x_test).numpy())
     preds = model.predict(data.x_test).classes
     assert float((preds == data.y_test).float().mean()) == pytest.approx(body["test_accuracy"])

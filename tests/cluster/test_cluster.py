@@ -63,7 +63,7 @@ def experiment_state(cluster: Cluster, experiment_id: int) -> dict[str, Any]:
                               "WHERE experiment_id = %s ORDER BY id", experiment_id),
         "checkpoints": cluster.sql("SELECT kind, epoch, sha256, created_at FROM checkpoints "
                                    "WHERE experiment_id = %s ORDER BY kind", experiment_id),
-        "latent": cluster.sql("SELECT split, md5(representations) FROM latent_spaces "
+        "latent": cluster.sql("SELECT split, representations_sha256, labels_sha256 FROM latent_spaces "
                               "WHERE experiment_id = %s ORDER BY split", experiment_id),
     }
 
@@ -80,7 +80,7 @@ def test_1_a_sweep_is_trained_by_both_worker_hosts(cluster: Cluster, api: httpx.
     assert [m["status"] for m in members] == ["succeeded"] * 8, body
     hosts = {host_of(cluster, "experiments", m["id"]) for m in members}
     assert hosts == {"w1", "w2"}, hosts
-    # Each worker host read the upload from the database into its own var directory.
+    # Each worker host read the upload from the S3 store into its own var directory.
     for host in ("w1", "w2"):
         assert list((cluster.hosts[host].var_dir / "cache").glob(f"dataset-{upload}-*")), host
 
@@ -109,9 +109,37 @@ def test_5_embed_on_the_api_host_serves_a_model_trained_on_a_worker_host(
     np.testing.assert_allclose(np.asarray(served["embeddings"], np.float32), want, rtol=1e-5, atol=1e-6)
     # Nothing of it was on the API host's disk: it came from the S3 store, and the API
     # host keeps the one copy it read, in its cache.
-    on_api = [p.relative_to(cluster.hosts["api"].var_dir)
-              for p in cluster.hosts["api"].var_dir.rglob("*") if p.is_file()]
-    assert [str(p) for p in on_api] == [f"artifacts/s3-cache/{sha[:2]}/{sha}"], (on_api, trained_on)
+    cached = cluster.hosts["api"].var_dir / "artifacts" / "s3-cache" / sha[:2] / sha
+    assert cached.read_bytes() == blob, trained_on
+
+
+def test_6_an_encoder_uploaded_to_the_api_host_is_trained_on_by_a_worker_host_and_served(
+        cluster: Cluster, api: httpx.Client, tmp_path) -> None:
+    """An uploaded encoder's file goes from the API host to the S3 store; the worker host that
+    trains on it fetches it from there, and the API host serves the trained model, fetching it
+    again: no host reads another's disk."""
+    from tests.encoder_files import timm_weights
+
+    weights = timm_weights(tmp_path / "convnext.safetensors", arch="test_convnext").read_bytes()
+    r = api.post("/encoders", files={"file": ("convnext.safetensors", weights)},
+                 data={"architecture": "test_convnext"})
+    assert r.status_code == 201, r.text
+    enc = r.json()
+    digest = hashlib.sha256(weights).hexdigest()
+    stored = cluster.s3.client().get_object(Bucket=cluster.s3.BUCKET, Key=f"artifacts/{digest}")
+    assert stored["Body"].read() == weights
+    spec = {"dataset": "digits", "encoder_id": enc["id"], "loss": "gaussian", "lam": 0.8, "epochs": 3,
+            "lr": 0.01, "train_subset": 300, "hidden": 16, "batch_size": 16}
+    r = api.post("/experiments", json=spec)
+    assert r.status_code == 202, r.text
+    body = wait(api, f"/experiments/{r.json()['id']}")
+    assert body["status"] == "succeeded", body.get("error")
+    trained_on = host_of(cluster, "experiments", body["id"])
+    got = api.post("/embed", json={"experiment_id": body["id"], "arrays": [[[0.0] * 8] * 8]})
+    assert got.status_code == 200, got.text
+    for host in (trained_on, "api"):  # each fetched it from the store into its own cache
+        cached = cluster.hosts[host].var_dir / "artifacts" / "s3-cache" / digest[:2] / digest
+        assert cached.read_bytes() == weights, host
 
 
 def test_2_a_lost_worker_host_s_run_resumes_on_the_other(

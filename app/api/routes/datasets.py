@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, Query, UploadFile, status
+from fastapi.responses import FileResponse
 
 import app.services.datasets as datasets_service
 from app.api.deps import AuthDep, SessionDep, SettingsDep
@@ -92,3 +93,16 @@ def builtin(settings: SettingsDep):
 @router.get("/{dataset_id:int}", response_model=DatasetRead, summary="One uploaded dataset")
 def get(dataset_id: int, session: SessionDep):
     return datasets_service.get_upload(session, dataset_id)
+
+
+@router.get(
+    "/{dataset_id:int}/file", response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}},
+                     "description": "the stored file: the upload as sent, or the .npz a table or "
+                                    "an image folder became"}},
+    summary="Download an upload's stored file (streamed; answers Range, ETag: its sha256)",
+)
+def file(dataset_id: int, session: SessionDep) -> FileResponse:
+    path, digest, name = datasets_service.stored_file(session, dataset_id)
+    return FileResponse(path, media_type="application/octet-stream", filename=name,
+                        headers={"etag": f'"{digest}"'})
