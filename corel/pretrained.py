@@ -22,7 +22,9 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,10 +33,29 @@ import torch
 
 from corel.encoder_catalog import TIMM, pretrained
 
-__all__ = ["BATCH", "IMAGE_ARCHITECTURES", "TEXT_BATCH", "TEXT_ENCODERS", "efficientnet_keys", "encoder_digest",
-           "encoder_path", "file_digest", "fit_timm_weights", "image_features", "image_preprocessing",
-           "load_image_encoder", "load_text_encoder", "local_path", "read_weights", "register_local",
-           "text_features", "text_preprocessing", "timm_architecture"]
+__all__ = [
+    "BATCH",
+    "IMAGE_ARCHITECTURES",
+    "TEXT_BATCH",
+    "TEXT_ENCODERS",
+    "FeaturesProgress",
+    "efficientnet_keys",
+    "encoder_digest",
+    "encoder_path",
+    "features_progress",
+    "file_digest",
+    "fit_timm_weights",
+    "image_features",
+    "image_preprocessing",
+    "load_image_encoder",
+    "load_text_encoder",
+    "local_path",
+    "read_weights",
+    "register_local",
+    "text_features",
+    "text_preprocessing",
+    "timm_architecture",
+]
 
 BATCH = 64
 """Images per forward pass of a frozen encoder."""
@@ -178,12 +199,39 @@ def _texts_key(texts: Sequence[str]) -> str:
     return key.hexdigest()
 
 
-def _encode(path: Path, texts: Sequence[str]) -> torch.Tensor:
+FeaturesProgress = Callable[[str, int, int], None]
+"""``(encoder name, rows done, rows in all)``, called as a frozen encoder's features are
+computed (not when they come from a cache)."""
+_PROGRESS: ContextVar[FeaturesProgress | None] = ContextVar("corel_features_progress", default=None)
+PROGRESS_TEXTS = 1024
+"""Texts a piece: the features of a long list are computed (and reported) in pieces."""
+
+
+@contextmanager
+def features_progress(callback: FeaturesProgress | None) -> Iterator[None]:
+    """Within the block (this thread's context), features computed report their progress
+    to ``callback`` (the engine's ``EngineOptions.on_features``: a worker shows it as the
+    run's phase)."""
+    token = _PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def _encode(path: Path, texts: Sequence[str], name: str = "") -> torch.Tensor:
     model = load_text_encoder(path)
+    progress = _PROGRESS.get()
+    texts = list(texts)
+    parts = []
     with torch.inference_mode():
-        out = model.encode(list(texts), batch_size=TEXT_BATCH, convert_to_numpy=True,
-                           show_progress_bar=False)
+        for start in range(0, len(texts), PROGRESS_TEXTS):
+            parts.append(model.encode(texts[start:start + PROGRESS_TEXTS], batch_size=TEXT_BATCH,
+                                      convert_to_numpy=True, show_progress_bar=False))
+            if progress is not None:
+                progress(name, min(start + PROGRESS_TEXTS, len(texts)), len(texts))
     COMPUTED["texts"] += len(texts)
+    out = np.concatenate(parts) if parts else np.zeros((0, model.get_sentence_embedding_dimension() or 0))
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
 
 
@@ -206,9 +254,9 @@ def text_features(
         raise ValueError(f"encoder {meta['name']!r} here ({digest[:12]}) is not the one this model "
                          f"was trained on ({meta['digest'][:12]}); install that version")
     if not keep:
-        return _encode(path, texts)
+        return _encode(path, texts, meta["name"])
     key = (digest, _texts_key(texts))
-    return _cached(key, cache_dir, lambda: _encode(path, texts))
+    return _cached(key, cache_dir, lambda: _encode(path, texts, meta["name"]))
 
 
 def _cached(key: tuple[str, str], cache_dir: str | os.PathLike[str] | None,
@@ -473,14 +521,19 @@ def _encode_images(name: str, x: torch.Tensor, meta: dict[str, Any], file: Path)
     mean = torch.tensor(meta["mean"]).view(1, 3, 1, 1)
     std = torch.tensor(meta["std"]).view(1, 3, 1, 1)
     out = []
+    progress = _PROGRESS.get()
     with torch.inference_mode():
         for start in range(0, len(x), BATCH):
+            if progress is not None and start:
+                progress(name, start, len(x))  # the batches before this one
             xb = x[start:start + BATCH].float()
             if xb.shape[1] == 1:
                 xb = xb.expand(-1, 3, -1, -1)
             xb = torch.nn.functional.interpolate(xb, size=(size, size), mode="bilinear", align_corners=False,
                                                  antialias=xb.shape[-1] > size)
             out.append(model((xb - mean) / std))
+    if progress is not None and len(x):
+        progress(name, len(x), len(x))
     COMPUTED["images"] += len(x)
     return torch.cat(out) if out else torch.empty(0, int(meta["features"]))
 

@@ -9,6 +9,7 @@ that checkpoint and ends exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -50,6 +51,7 @@ from corel.device import device_name
 from corel.spec import ExperimentSpec
 from corel.train import (
     Callback,
+    EngineOptions,
     EpochMetrics,
     FitResult,
     GroupCallback,
@@ -144,6 +146,7 @@ class LeaseKeeper:
 
     def __init__(self, ids: Iterable[int], factory: sessionmaker[Session], settings: Settings):
         self.ids, self.factory, self.every = list(ids), factory, settings.heartbeat_seconds
+        self.phase_shown = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="corel-lease", daemon=True)
 
@@ -155,6 +158,35 @@ class LeaseKeeper:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
+
+    def options(self, settings: Settings) -> EngineOptions:
+        """The engine's options for these runs, with their frozen encoder's features pass
+        shown as the runs' phase (``computing features``, how many rows of how many),
+        at most twice a second; :meth:`stop` (at the first batch) clears it."""
+        last = 0.0
+
+        def on_features(name: str, done: int, total: int) -> None:
+            nonlocal last
+            if time.monotonic() - last < 0.5 and done != total:
+                return
+            last = time.monotonic()
+            self.phase_shown = True
+            detail = f"{name} features of {done:,} of {total:,} rows"
+            with_retries(lambda: show_phase(self.factory, self.ids, "computing features", detail),
+                         settings, "features progress")
+
+        return dataclasses.replace(engine_options(settings), on_features=on_features)
+
+    def first_batch(self) -> None:
+        """Stop keeping the lease (the loop's beats hold it now), and clear a phase shown
+        while the data was prepared."""
+        self.stop()
+        if self.phase_shown:
+            self.phase_shown = False
+            try:
+                show_phase(self.factory, self.ids, None)
+            except Exception as exc:  # shown until the epoch's own beat; not worth the batch
+                log.warning("phase not cleared", extra={"error": type(exc).__name__})
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -188,7 +220,7 @@ class DatabaseRecorder(Callback):
 
     def on_batch_end(self, step: int) -> bool:
         if self.setup is not None:
-            self.setup.stop()
+            self.setup.first_batch()
             self.setup = None
         host_share.apply()  # a worker that joined the host takes its share from the next batch
         if time.monotonic() - self.last_beat >= self.heartbeat_every:
@@ -408,7 +440,7 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
                                     "resume_epoch": job.checkpoint["epoch"] if job.checkpoint else 0})
         result = fit(job.spec, [recorder], checkpoint=job.checkpoint, device=settings.device,
                      data_dir=builtin.data_dir_for(settings, job.spec.dataset),
-                     chance_epochs=settings.chance_epochs, options=engine_options(settings))
+                     chance_epochs=settings.chance_epochs, options=setup.options(settings))
         if result.stopped:
             _finish(factory, experiment_id, status=Status.CANCELLED)
             return Status.CANCELLED
@@ -459,7 +491,7 @@ class GroupRecorder(GroupCallback):
 
     def on_batch_end(self, step: int) -> bool:
         if self.setup is not None:
-            self.setup.stop()
+            self.setup.first_batch()
             self.setup = None
         host_share.apply()  # a worker that joined the host takes its share from the next batch
         if time.monotonic() - self.last_beat < self.heartbeat_every:
@@ -549,7 +581,7 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
         results = fit_group([job.spec for job in jobs], [recorder], checkpoints=checkpoints,
                             device=settings.device, chance_epochs=settings.chance_epochs,
                             data_dir=builtin.data_dir_for(settings, jobs[0].spec.dataset),
-                            options=engine_options(settings))
+                            options=setup.options(settings))
     except Exception as exc:
         if is_transient(exc):
             raise

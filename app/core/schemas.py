@@ -206,13 +206,14 @@ class ExperimentRead(BaseModel):
     test_accuracy: float | None
     train_seconds: float
     error: str | None
-    phase: Literal["preparing data", "storing results"] | None = Field(
-        description="While running, a step outside the epochs: 'preparing data' (before the "
-        "first epoch) while a worker downloads the dataset; 'storing results' after the last "
-        "epoch, while it writes the best checkpoint and the latent spaces; null otherwise.")
+    phase: Literal["preparing data", "computing features", "storing results"] | None = Field(
+        description="While running, a step outside the epochs: before the first, 'preparing "
+        "data' while a worker downloads the dataset and 'computing features' while a frozen "
+        "encoder's features of it are computed; after the last, 'storing results' while it "
+        "writes the best checkpoint and the latent spaces; null otherwise.")
     phase_detail: str | None = Field(
         description="How far the phase is, e.g. 'MNIST: train-images-idx3-ubyte.gz (file 1 "
-        "of 4): 4.2 of 9.9 MB'.")
+        "of 4): 4.2 of 9.9 MB', or 'minilm features of 3,072 of 5,320 rows'.")
     device: str | None = Field(
         default=None, description="The device it trained on, from its first epoch: 'cpu', or "
         "'cuda:0 (NVIDIA H200)'.")

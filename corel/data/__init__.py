@@ -148,14 +148,21 @@ def locate(dataset: str, data_dir: PathLike | None = None) -> Path | None:
 def load_dataset(
     spec: ExperimentSpec, data_dir: PathLike | None = None, *, download: bool = False,
     features_dir: PathLike | None = None,
+    on_features: Callable[[str, int, int], None] | None = None,
 ) -> Dataset:
     """Load ``spec.dataset`` with its fixed split; keep the first ``spec.train_subset`` of train.
 
     ``data_dir`` is where to look first (and where ``download=True`` puts MNIST,
     Fashion-MNIST or AG News when they are not found: see :mod:`corel.data.download`). Raises DatasetNotFoundError naming every place
     looked, ValueError for malformed data. With a frozen pretrained encoder (``spec.encoder``)
-    the inputs are its features, kept in ``features_dir`` (when given) for later processes.
+    the inputs are its features, kept in ``features_dir`` (when given) for later processes;
+    ``on_features(encoder, done, total)`` hears how far their computation is.
     """
+    if on_features is not None:
+        from corel.pretrained import features_progress
+
+        with features_progress(on_features):
+            return load_dataset(spec, data_dir, download=download, features_dir=features_dir)
     if not isinstance(spec, ExperimentSpec):
         raise ValueError(f"load_dataset needs an ExperimentSpec, got {type(spec).__name__}")
     loader = LOADERS.get(spec.dataset)

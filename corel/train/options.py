@@ -13,14 +13,17 @@ the environment itself.
   (default: none; each process computes them once, :mod:`corel.pretrained`).
 * ``keep_frozen_outputs``: a fine-tuned encoder's frozen lower part computes each row's
   output once and keeps it (:mod:`corel.finetune`; default on); off, every step runs it.
+* ``on_features``: called ``(encoder, done, total)`` while a frozen encoder's features of
+  the data are computed (:func:`corel.pretrained.features_progress`; not when they come from
+  a cache): the worker shows it as the run's phase.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from corel import native
@@ -67,6 +70,7 @@ class EngineOptions:
     native_dir: str | os.PathLike[str] | None = None
     features_dir: str | os.PathLike[str] | None = None
     keep_frozen_outputs: bool = True
+    on_features: Callable[[str, int, int], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.cuda_graphs not in GRAPH_MODES:

@@ -361,7 +361,8 @@ def start_run(
     dev = pick_device(device)
     options = options or EngineOptions()
     if data is None:
-        data = load_dataset(spec, data_dir, features_dir=options.features_dir)
+        data = load_dataset(spec, data_dir, features_dir=options.features_dir,
+                            on_features=options.on_features)
     if spec.encoder_mode == "finetune" and len(data.y_train) < spec.batch_size:
         raise ValueError(f"fine-tuning needs at least one full batch of training rows: this dataset gives "
                          f"{len(data.y_train)}, batch_size is {spec.batch_size}; lower batch_size to at most "

@@ -595,7 +595,8 @@ def fit_group(
     checked = [as_spec(s) for s in specs]
     check_group(checked)
     if data is None:
-        data = load_dataset(checked[0], data_dir, features_dir=options.features_dir)
+        data = load_dataset(checked[0], data_dir, features_dir=options.features_dir,
+                            on_features=options.on_features)
     group = StackedRun.start(checked, data, device=device, checkpoints=checkpoints, options=options)
     y_val = group.data.y_val
     guard = GroupChanceGuard(chance_accuracy(y_val), chance_epochs, len(y_val))

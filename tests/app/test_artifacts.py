@@ -153,3 +153,45 @@ def test_the_checkpoint_download_streams_with_range_and_etag(settings):
         assert refused.status_code == 500
         assert refused.json()["error"] == "artifact_corrupt", refused.text
         assert "not served" in refused.json()["detail"]
+
+
+def test_a_frozen_encoder_s_features_pass_shows_its_phase_and_the_tail_its_own(settings, tmp_path,
+                                                                              monkeypatch):
+    """A run over a frozen encoder shows 'computing features' (how many rows of how many)
+    while its features are computed, clears it at the first batch, shows 'storing results'
+    after its last epoch, and ends with no phase."""
+    from app.core.models import Experiment
+    from app.services import encoders
+    from tests.encoder_files import timm_weights
+    from worker import runner
+
+    shown: list[tuple[str | None, str | None]] = []
+    real = runner.show_phase
+
+    def record(factory, ids, phase, detail=None):
+        shown.append((phase, detail))
+        real(factory, ids, phase, detail)
+
+    monkeypatch.setattr(runner, "show_phase", record)
+    factory = ensure(make_sessionmaker(make_engine(settings.db_url)), settings)
+    weights = timm_weights(tmp_path / "w.safetensors", arch="test_convnext")
+    with session_scope(factory) as session:
+        enc = encoders.create_encoder(session, settings, "w.safetensors", "timm", weights,
+                                      "test_convnext", None).id
+        eid = create_experiment(session, ExperimentCreate(
+            dataset="digits", encoder_id=enc, epochs=2, batch_size=64, lr=0.01, hidden=16)).id
+    assert train_experiment(eid, factory, settings) == "succeeded"
+    phases = [p for p, _ in shown]
+    first = phases.index(None)
+    assert set(phases[:first]) == {"computing features"}, shown
+    counts = []  # (done, total) of each report: "<encoder> features of D of T rows"
+    for _, detail in shown[:first]:
+        done, _, total, _ = detail.split(" features of ")[1].replace(",", "").split()
+        counts.append((int(done), int(total)))
+    assert all(0 < done <= total for done, total in counts), counts
+    assert sum(done == total for done, total in counts) == 3, counts  # the three splits, each to its end
+    assert sum(total for done, total in counts if done == total) == 1797  # digits, every row
+    assert set(phases[first + 1:]) == {"storing results"}, shown
+    with factory() as session:
+        row = session.get(Experiment, eid)
+        assert row.phase is None and row.phase_detail is None

@@ -183,10 +183,12 @@ corel.pages.experiment = async function () {
 
   header(); spec(); curves(); metricsTable();
   if (FINISHED.includes(exp.status)) { await results(); return; }
-  // Before the first epoch a worker may be preparing the data (downloading the dataset):
-  // the events carry epochs and statuses, so its progress is read from the row meanwhile.
+  // Before the first epoch a worker may be preparing the data (downloading the dataset,
+  // computing a frozen encoder's features), and after the last one storing its results:
+  // the events carry epochs and statuses, so the phase is read from the row meanwhile.
   const phases = setInterval(async () => {
-    if (FINISHED.includes(exp.status) || exp.current_epoch > 0) { clearInterval(phases); return; }
+    if (FINISHED.includes(exp.status)) { clearInterval(phases); return; }
+    if (exp.current_epoch > 0 && exp.current_epoch < exp.epochs_total) return;
     try {
       const now = await api("/experiments/" + id);
       if (now.current_epoch >= exp.current_epoch) { exp.phase = now.phase; exp.phase_detail = now.phase_detail; exp.status = now.status; header(); }
