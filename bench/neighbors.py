@@ -52,10 +52,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.core.db import make_engine, make_sessionmaker, session_scope  # noqa: E402
-from app.core.lookup import best_checkpoint  # noqa: E402
 from app.core.migrate import upgrade  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
 from app.services.indexes import load_index  # noqa: E402
+from app.storage import ensure  # noqa: E402
+from app.storage.artifacts import best_checkpoint_bytes  # noqa: E402
 from corel.index import VectorIndex, recall_at_k  # noqa: E402
 from corel.serving import ServedModel  # noqa: E402
 from harness.servers import free_port  # noqa: E402
@@ -106,7 +107,8 @@ class Stack:
             "COREL_QUEUE": f"corel-bench-{uuid.uuid4().hex[:8]}", "COREL_VAR_DIR": str(root / "var"),
             "COREL_LOG_LEVEL": "WARNING", "COREL_MAX_UPLOAD_BYTES": str(400 * 1024 * 1024),
             "PYTHONPATH": str(REPO)})
-        upgrade(Settings(database_url=self.url, var_dir=root / "var"))  # as `corel db upgrade`
+        self.settings = Settings(database_url=self.url, var_dir=root / "var")
+        upgrade(self.settings)  # as `corel db upgrade`
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs = root
         self.api = self._start(["serve", "--port", str(self.port)], "api.log")
@@ -240,9 +242,9 @@ def run(stack: Stack, args: argparse.Namespace) -> None:
 
     # The queries: new rows of the same distribution; their representations for in-process search.
     x_q, _ = data(args.queries, seed=3)
-    factory = make_sessionmaker(make_engine(stack.url))
+    factory = ensure(make_sessionmaker(make_engine(stack.url)), stack.settings)  # the API's store
     with session_scope(factory) as session:
-        served = ServedModel.from_bytes(best_checkpoint(session, eid), "cpu")
+        served = ServedModel.from_bytes(best_checkpoint_bytes(session, eid), "cpu")
     h = served.embed(served.prepare(x_q)).numpy()
     loaded: dict[str, VectorIndex] = {}
     for kind in ("exact", "hnsw"):

@@ -262,9 +262,10 @@ def test_concurrent_small_requests_share_a_forward_pass_and_get_their_own_rows(s
     from app.core.schemas import InferenceRequest
     from app.serving.inference import InferenceRunner, forward, model_inputs
     from app.serving.model_cache import load_from_database
+    from app.storage import ensure
 
     engine = make_engine(settings.db_url)
-    with session_scope(make_sessionmaker(engine)) as session:
+    with session_scope(ensure(make_sessionmaker(engine), settings)) as session:
         loaded = load_from_database(session, trained["id"], "cpu")
     engine.dispose()
     requests = [InferenceRequest.model_validate({"experiment_id": trained["id"],
