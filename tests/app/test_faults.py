@@ -321,7 +321,7 @@ def test_an_embedding_job_survives_a_database_blink_mid_transaction(private, ser
     body = wait_job(client, job, timeout=90)
     assert body["status"] == "succeeded", body
     with psycopg.connect(pg.url()) as conn:
-        rows = conn.execute("SELECT j.id, j.attempts, md5(r.representations) FROM embedding_jobs j "
+        rows = conn.execute("SELECT j.id, j.attempts, r.representations_sha256 FROM embedding_jobs j "
                             "JOIN embedding_results r ON r.job_id = j.id WHERE j.id IN (%s, %s) "
                             "ORDER BY j.id", (clean, job)).fetchall()
     assert [r[0] for r in rows] == [clean, job]

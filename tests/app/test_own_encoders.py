@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import func, select
 
 from app.core.db import make_engine
-from app.core.models import EncoderBlob, EncoderUpload
+from app.core.models import EncoderUpload
+from app.storage import ensure, make_store
 from tests.app.conftest import finished, wait_for
 from tests.encoder_files import TOPICS, timm_weights, tiny_sentence_transformer, zipped
 
@@ -32,13 +33,17 @@ def weights(tmp_path_factory) -> bytes:
 
 
 def _counts(settings) -> tuple[int, int]:
+    """(encoder rows, distinct files they name), each file checked to be in the store."""
     engine = make_engine(settings.db_url)
     try:
         with engine.connect() as conn:
-            return (conn.execute(select(func.count()).select_from(EncoderUpload)).scalar_one(),
-                    conn.execute(select(func.count()).select_from(EncoderBlob)).scalar_one())
+            rows = conn.execute(select(func.count()).select_from(EncoderUpload)).scalar_one()
+            files = set(conn.execute(select(EncoderUpload.sha256)).scalars())
     finally:
         engine.dispose()
+    store = make_store(settings)
+    assert all(store.exists(sha) for sha in files)
+    return rows, len(files)
 
 
 def _text_table(client) -> int:
@@ -234,7 +239,8 @@ def test_the_encoder_files_are_written_once_per_machine(client, settings, weight
     assert r.status_code == 201, r.text
     engine = make_engine(settings.db_url)
     try:
-        with make_sessionmaker(engine)() as session:
+        # Another machine's cache (its own var_dir) over the service's store.
+        with ensure(make_sessionmaker(engine), settings)() as session:
             row = session.get(EncoderUpload, r.json()["id"])
             assert row is not None
             own = settings.model_copy(update={"var_dir": tmp_path})

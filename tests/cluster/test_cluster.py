@@ -189,7 +189,7 @@ def embedding_job(api: httpx.Client, experiment_id: int, dataset_id: int) -> int
 
 
 def job_state(cluster: Cluster, job_id: int) -> list[tuple[object, ...]]:
-    return cluster.sql("SELECT j.status, j.worker, j.attempts, j.finished_at, md5(r.representations) "
+    return cluster.sql("SELECT j.status, j.worker, j.attempts, j.finished_at, r.representations_sha256 "
                        "FROM embedding_jobs j JOIN embedding_results r ON r.job_id = j.id WHERE j.id = %s",
                        job_id)
 
