@@ -65,6 +65,25 @@ def test_a_checkpoint_holds_the_fine_tuned_weights_and_serves_raw_texts(files):
     assert served.embed(x, "encoder").shape == (2, 32)
 
 
+def test_an_evaluation_groups_texts_by_length_and_gives_each_row_its_own(files):
+    """In eval mode a large batch of texts runs in groups of like length (not padded to its
+    longest text): every row gets what it gets alone, in its own place."""
+    from tests.conftest import assert_rows_close
+
+    result = fit(spec(files, epochs=1), chance_epochs=0)
+    model = result.model.eval()
+    rng = np.random.default_rng(0)
+    words = " ".join(s for sentences in TOPICS.values() for s in sentences).split()
+    texts = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 40, size=150)]
+    served = ServedModel.from_checkpoint(result.run.best_checkpoint())
+    x = served.prepare(texts)
+    assert len(x) > model.encoder.tower.EVAL_ROWS
+    with torch.no_grad():
+        together = model.encoder(x)
+        alone = torch.cat([model.encoder(x[i:i + 1]) for i in range(len(x))])
+    assert_rows_close(together.numpy(), alone.numpy())
+
+
 def test_a_fine_tuned_run_resumed_from_its_checkpoint_ends_bit_for_bit_in_float64(files):
     data = load_dataset(spec(files)).astype(torch.float64)
     whole = fit(spec(files, epochs=4), data=data, chance_epochs=0)
