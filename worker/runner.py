@@ -121,6 +121,18 @@ def store_checkpoint(factory: sessionmaker[Session], blob: bytes) -> Artifact:
         return store_of(session).put_bytes(blob)
 
 
+def store_leased(factory: sessionmaker[Session], settings: Settings, ids: list[int],
+                 blobs: list[bytes]) -> list[Artifact]:
+    """:func:`store_checkpoint` for each of ``blobs`` while a :class:`LeaseKeeper` beats for
+    the runs ``ids``: a slow write (a large checkpoint, an S3 outage waited out) does not
+    let the lease run out and another worker take the runs over."""
+    keeper = LeaseKeeper(ids, factory, settings).start()
+    try:
+        return [store_checkpoint(factory, blob) for blob in blobs]
+    finally:
+        keeper.stop()
+
+
 def _upsert_checkpoint(session: Session, experiment_id: int, kind: str, epoch: int,
                        art: Artifact) -> None:
     """Point the experiment's ``kind`` checkpoint at the stored artifact ``art``; the one
@@ -206,6 +218,7 @@ class DatabaseRecorder(Callback):
                  setup: LeaseKeeper | None = None):
         self.experiment_id = experiment_id
         self.factory = factory
+        self.settings = settings
         self.heartbeat_every = settings.heartbeat_seconds
         self.last_beat = time.monotonic()
         self.cancelled = False
@@ -237,7 +250,8 @@ class DatabaseRecorder(Callback):
         return self.cancelled
 
     def on_epoch_end(self, metrics: EpochMetrics, run: RunView) -> bool:
-        art = store_checkpoint(self.factory, checkpoint_to_bytes(run.checkpoint()))
+        art, = store_leased(self.factory, self.settings, [self.experiment_id],
+                            [checkpoint_to_bytes(run.checkpoint())])
         with session_scope(self.factory) as session:
             self._beat(
                 session,
@@ -481,6 +495,7 @@ class GroupRecorder(GroupCallback):
         self.ids = ids
         self.active = set(ids)
         self.factory = factory
+        self.settings = settings
         self.heartbeat_every = settings.heartbeat_seconds
         self.last_beat = time.monotonic()
         self.setup = setup
@@ -507,9 +522,10 @@ class GroupRecorder(GroupCallback):
         ended: list[str] = []
         # Every active member's checkpoint into the store first, outside the transaction
         # (one cancelled meanwhile leaves an orphan, which gc removes).
-        stored = {experiment_id: store_checkpoint(self.factory, checkpoint_to_bytes(
-                      group.member_run(i).checkpoint()))
-                  for i, experiment_id in enumerate(self.ids) if experiment_id in self.active}
+        members = [(i, eid) for i, eid in enumerate(self.ids) if eid in self.active]
+        arts = store_leased(self.factory, self.settings, [eid for _, eid in members],
+                            [checkpoint_to_bytes(group.member_run(i).checkpoint()) for i, _ in members])
+        stored = {eid: art for (_, eid), art in zip(members, arts, strict=True)}
         with session_scope(self.factory) as session:
             cancelled = self._cancelled(session)
             lifecycle.announce(session, Experiment, self.active)  # every member this epoch may touch

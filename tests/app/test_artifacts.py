@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import upgrade
-from app.core.models import Checkpoint, LatentSpace
+from app.core.models import Checkpoint, LatentSpace, utcnow
 from app.core.schemas import ExperimentCreate
 from app.core.settings import Settings
 from app.main import create_app
@@ -195,3 +195,28 @@ def test_a_frozen_encoder_s_features_pass_shows_its_phase_and_the_tail_its_own(s
     with factory() as session:
         row = session.get(Experiment, eid)
         assert row.phase is None and row.phase_detail is None
+
+
+def test_a_slow_checkpoint_write_keeps_the_run_s_lease(settings, monkeypatch):
+    """Writing a checkpoint that takes longer than the lease (a large model, an S3 outage
+    waited out): the run's heartbeat stays fresh meanwhile, so no other worker may take it
+    over, and the run ends as it would have."""
+    from app.core.models import Experiment
+    from app.storage import LocalStore
+
+    factory = ensure(make_sessionmaker(make_engine(settings.db_url)), settings)
+    with session_scope(factory) as session:
+        eid = create_experiment(session, ExperimentCreate(**{**SPEC, "epochs": 2}, loss="cosine")).id
+    ages: list[float] = []
+    real = LocalStore.put_bytes
+
+    def slow(self, data):
+        time.sleep(2.5 * settings.lease_seconds)
+        with factory() as session:
+            beat = session.get(Experiment, eid).heartbeat_at
+        ages.append((utcnow() - beat.replace(tzinfo=utcnow().tzinfo)).total_seconds())
+        return real(self, data)
+
+    monkeypatch.setattr(LocalStore, "put_bytes", slow)
+    assert train_experiment(eid, factory, settings) == "succeeded"
+    assert ages and max(ages) < settings.lease_seconds, ages
