@@ -19,7 +19,7 @@ from app.jobs.lifecycle import LostLease
 from app.services.encoders import files_for_model
 from app.storage import ensure as ensure_store
 from app.storage import read as read_artifact
-from app.storage import store_of
+from app.storage.artifacts import put_array
 from corel.serving import BATCH, ServedModel
 from corel.train import checkpoint_from_bytes
 from worker.runner import materialise_upload
@@ -94,9 +94,8 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
         return Status.FAILED
     # The arrays into the artifact store first, then the row that names them.
     with factory() as session:
-        store = store_of(session)
-    stored = store.put_bytes(np.ascontiguousarray(reps, np.float32).tobytes())
-    labels = store.put_bytes(_labels(y).tobytes())
+        stored = put_array(session, reps.astype(np.float32, copy=False))
+        labels = put_array(session, _labels(y))
     with session_scope(factory) as session:
         if not lifecycle.end(session, job_id, Status.SUCCEEDED, EmbeddingJob,
                              n_total=n, n_done=n, dim=int(reps.shape[1])):

@@ -47,6 +47,7 @@ from app.services.encoders import local_files
 from app.storage import Artifact, StoreUnavailable, release_after_commit, store_of
 from app.storage import ensure as ensure_store
 from app.storage import read as read_artifact
+from app.storage.artifacts import put_array
 from corel.device import device_name
 from corel.spec import ExperimentSpec
 from corel.train import (
@@ -300,9 +301,8 @@ def _latent(factory: sessionmaker[Session], result: FitResult, y: Any, experimen
     """A split's latent space: its two arrays into the artifact store, the row naming them."""
     reps = result.latent(split).cpu().numpy().astype(np.float32)
     with factory() as session:
-        store = store_of(session)
-    stored = store.put_bytes(np.ascontiguousarray(reps).tobytes())
-    labels = store.put_bytes(y.cpu().numpy().astype(np.int64).tobytes())
+        stored = put_array(session, reps)
+        labels = put_array(session, y.cpu().numpy().astype(np.int64))
     return LatentSpace(
         experiment_id=experiment_id, split=split, n=int(reps.shape[0]), dim=int(reps.shape[1]),
         representations_sha256=stored.sha256, labels_sha256=labels.sha256)
