@@ -46,9 +46,9 @@ import torch
 from scipy import stats
 from sklearn.linear_model import LogisticRegression
 
-from corel import pretrained
 from corel.clustering import cluster
 from corel.data import load_dataset
+from corel.encoders import features, files, text_transformers
 from corel.loss_catalog import LOSS_NAMES, declaration
 from corel.retrieval import retrieval_metrics
 from corel.spec import ExperimentSpec
@@ -59,7 +59,7 @@ REFERENCES = ("cosine", "gaussian")
 
 def forget_features() -> None:
     """This process's feature memory emptied: the next load embeds again."""
-    pretrained._MEMO.clear()
+    features.clear()
 
 
 def smoke_table(data_dir: Path, rows: int) -> Path:
@@ -206,20 +206,20 @@ def main() -> None:
     if args.smoke:  # two epochs on 22 validation rows: no verdict on learning
         args.seeds, args.epochs, args.baseline, chance_epochs, args.images = 1, 2, 1, 0, 40
         base = {**base, "dataset": "text", "dataset_path": str(smoke_table(data_dir, 150)), "epochs": 2}
-    pretrained.load_text_encoder(pretrained.encoder_path("minilm"))  # its load is not the sweep's
+    text_transformers.load(files.installed("minilm", "text"))  # its load is not the sweep's
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.seeds} seeds, {args.epochs} "
           f"epochs, lr {args.lr:g}, batch 128, lam {args.lam:g} (the AR losses)")
 
     # The sweep: one embedding pass, then every loss's heads.
     forget_features()
-    computed = pretrained.COMPUTED["texts"]
+    computed = features.COMPUTED["texts"]
     started = time.perf_counter()
     data = load_dataset(ExperimentSpec(**base), data_dir)
     embedded = time.perf_counter() - started
     specs = sweep_specs(base, args.seeds, args.lam)
     results = train(specs, data, chance_epochs)
     sweep_seconds = time.perf_counter() - started
-    texts = pretrained.COMPUTED["texts"] - computed
+    texts = features.COMPUTED["texts"] - computed
     print(f"AG News, frozen all-MiniLM-L6-v2: {len(data.y_train)} training, {len(data.y_val)} validation, "
           f"{len(data.y_test)} test rows; {texts} texts embedded once in {embedded:.1f} s "
           f"({texts / embedded:.0f} texts/s)")

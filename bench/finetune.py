@@ -7,7 +7,7 @@ run and on the same data.
 
    * corel, Cosine-COREL and Gaussian-COREL, the whole encoder trained; then Cosine-COREL
      with only its last ``--blocks`` transformer layers trained (the rest frozen, their
-     outputs computed once per row and kept: corel.finetune);
+     outputs computed once per row and kept: corel.encoders.finetune);
    * sentence-transformers' ``SentenceTransformerTrainer`` with its losses for labelled
      data, ``BatchHardTripletLoss`` and ``BatchAllTripletLoss`` (its defaults, the
      ``GROUP_BY_LABEL`` batch sampler its documentation advises for them), the whole
@@ -58,7 +58,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from corel.data import ag_news_texts, load_dataset
-from corel.finetune import FROZEN_OUTPUTS, frozen_outputs_kept, warmed_up_lr
+from corel.encoders.finetune import FROZEN_OUTPUTS, frozen_outputs_kept, warmed_up_lr
 from corel.loss_catalog import declaration
 from corel.retrieval import retrieval_metrics
 from corel.spec import ExperimentSpec
@@ -153,9 +153,9 @@ def st_run(loss_name: str, texts: list[str], labels: np.ndarray, args: argparse.
     from sentence_transformers.training_args import BatchSamplers
     from transformers import TrainerCallback
 
-    from corel import pretrained
+    from corel.encoders.files import installed
 
-    model = SentenceTransformer(str(pretrained.encoder_path("minilm")), device=args.device, local_files_only=True)
+    model = SentenceTransformer(str(installed("minilm", "text")), device=args.device, local_files_only=True)
     if frozen_layers:
         transformer: Any = model[0].auto_model
         for module in [transformer.embeddings, *transformer.encoder.layer[:frozen_layers]]:
@@ -214,9 +214,9 @@ def text(args: argparse.Namespace) -> tuple[float, float, float, float]:
 
     from sentence_transformers import SentenceTransformer
 
-    from corel import pretrained
+    from corel.encoders.files import installed
 
-    frozen = SentenceTransformer(str(pretrained.encoder_path("minilm")), device=args.device, local_files_only=True)
+    frozen = SentenceTransformer(str(installed("minilm", "text")), device=args.device, local_files_only=True)
     print(row("all-MiniLM-L6-v2 frozen, alone", scores(st_vectors(frozen, split.test[0]), y_test,
                                                         st_vectors(frozen, split.train[0]), y_train, "cosine"), None),
           flush=True)

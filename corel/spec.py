@@ -314,6 +314,12 @@ class ExperimentSpec(BaseModel):
         return MODALITY[self.dataset]
 
     @property
+    def fine_tunes(self) -> bool:
+        """Whether its pretrained encoder trains with the head (``encoder_mode`` finetune);
+        False for a frozen one and for the paper's models."""
+        return self.encoder is not None and self.encoder_mode == "finetune"
+
+    @property
     def warnings(self) -> list[str]:
         """What is allowed but will most likely not train (recorded with the run)."""
         return spec_warnings(self.loss, self.lam)

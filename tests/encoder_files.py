@@ -29,13 +29,13 @@ def tiny_sentence_transformer(folder: Path, seed: int = 0) -> Path:
     from sentence_transformers import SentenceTransformer, models
     from transformers import BertConfig, BertModel
 
-    from corel.pretrained import encoder_path
+    from corel.encoders.files import installed
 
     bert = folder.parent / f"{folder.name}-bert"
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128)
-    minilm = encoder_path("minilm")
+    minilm = installed("minilm", "text")
     model = BertModel(config)
     # Its word vectors: MiniLM's, projected to 32 dimensions (a fixed random projection), so
     # that texts on one topic come out near each other as with a real encoder.

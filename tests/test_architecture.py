@@ -137,6 +137,87 @@ def test_the_private_check_sees_one(tmp_path):
 
 
 
+# --- corel/ has no import cycles ------------------------------------------------------------
+
+
+def corel_modules() -> dict[str, Path]:
+    """Every module of corel/ by its dotted name (a package by its own)."""
+    found = {}
+    for path in sorted((REPO / "corel").rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def corel_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of corel a module imports, those inside functions included: ``from
+    corel.encoders import files`` is ``corel.encoders.files`` where that is a module, else
+    ``corel.encoders``. Imports for the type checker alone (``if TYPE_CHECKING:``) do not
+    run, and do not count."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only = {id(inner) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for statement in node.body for inner in ast.walk(statement)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found |= subs if len(subs) == len(node.names) else subs | {node.module}
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles of a graph of imports: each strongly connected set of more than one module
+    (or one that imports itself), in order of its first module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            part = []
+            while True:
+                top = stack.pop()
+                part.append(top)
+                if top == node:
+                    break
+            if len(part) > 1 or node in graph.get(node, ()):
+                cycles.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
+def test_corel_has_no_import_cycle():
+    """A package's __init__ that imports its own modules is not a cycle unless one of them
+    imports the package back (corel.models once imported corel.finetune, which imported the
+    FFNN back from corel.models)."""
+    modules = corel_modules()
+    graph = {name: corel_imports(path, set(modules)) - {name} for name, path in modules.items()}
+    cycles = import_cycles(graph)
+    assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_one():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
 SESSION_QUERIES = {"execute", "scalar", "scalars", "get", "query"}
 
 

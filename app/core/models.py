@@ -92,7 +92,7 @@ class EncoderUpload(Base):
     filename: Mapped[str] = mapped_column(String(255))
     size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64), index=True)
-    # The encoder's content digest as runs record it (corel.pretrained): the weights file's
+    # The encoder's content digest as runs record it (corel.encoders.files): the weights file's
     # sha256, or that of the sentence-transformers folder's files.
     digest: Mapped[str] = mapped_column(String(64), index=True)
     summary: Mapped[dict[str, Any]] = mapped_column(JSON)

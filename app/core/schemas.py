@@ -160,7 +160,7 @@ def _encoder_reference(data: dict[str, Any]) -> dict[str, Any]:
     """A spec naming ``encoder_id``: the worker fetches the files (``encoder_path`` says
     which upload), and the encoder is the upload's family until the service names it."""
     from corel.encoder_catalog import DECLARATIONS as ENCODERS
-    from corel.encoder_catalog import family
+    from corel.encoder_catalog import declared_name
 
     if data.get("encoder_id") is None:
         named = data.get("encoder")
@@ -172,7 +172,7 @@ def _encoder_reference(data: dict[str, Any]) -> dict[str, Any]:
     modality = MODALITY.get(str(data.get("dataset")))
     if named is None:
         named = UPLOADED_ENCODER.get(modality or "", "sentence-transformers")
-    elif not any(d.custom and d.name == family(str(named)) for d in ENCODERS.values()):
+    elif not any(d.custom and d.name == declared_name(str(named)) for d in ENCODERS.values()):
         raise ValueError(f"encoder_id names your own encoder, and encoder {named!r} is installed with "
                          "corel: give one of them")
     return {**data, "encoder": named, "encoder_path": f"upload:{data['encoder_id']}"}

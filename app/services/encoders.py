@@ -35,13 +35,12 @@ from app.core.lookup import get_or_404
 from app.core.models import EncoderUpload, utcnow
 from app.core.settings import Settings
 from app.storage import ArtifactMissing, store_of
-from corel.encoder_catalog import TIMM, family
+from corel.encoder_catalog import declared_name
 
 KINDS = ("sentence-transformers", "timm")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 MAX_UNZIPPED_RATIO = 4
 """A zipped folder may unpack to at most this many times the encoder limit (a zip bomb is a 413)."""
-PROBE = ["corel checks that this encoder embeds a sentence."]
 
 
 def guess_kind(filename: str, kind: str | None) -> str:
@@ -96,55 +95,11 @@ def unpack_folder(archive: Path, into: Path, limit: int) -> Path:
                      "folder that SentenceTransformer.save wrote")
 
 
-def _check_sentence_transformer(folder: Path) -> dict[str, Any]:
-    from sentence_transformers import SentenceTransformer
-
-    try:
-        model = SentenceTransformer(str(folder), device="cpu", local_files_only=True,
-                                    trust_remote_code=False)
-        out = model.encode(PROBE, convert_to_numpy=True, show_progress_bar=False)
-    except Exception as exc:  # whatever the folder makes the library raise, said as it was
-        raise ValueError(f"sentence-transformers could not load it and embed a sentence "
-                         f"({type(exc).__name__}: {str(exc)[:300]})") from exc
-    if out.ndim != 2 or out.shape[0] != 1 or not (abs(out) < float("inf")).all():
-        raise ValueError(f"embedding a sentence gave {tuple(out.shape)}, not one finite vector")
-    from corel.finetune import text_layers
-
-    modules = [type(m).__name__ for m in model]
-    return {"features": int(out.shape[1]), "modules": modules,
-            "max_seq_length": int(getattr(model, "max_seq_length", 0) or 0),
-            "blocks": len(text_layers(model)) or None}
-
-
-def _check_timm(path: Path, architecture: str) -> dict[str, Any]:
-    import timm
-    import torch
-
-    from corel.pretrained import fit_timm_weights, read_weights, timm_architecture
-
-    arch = timm_architecture(TIMM + architecture)
-    state = read_weights(path)
-    model = timm.create_model(arch, pretrained=False, num_classes=0)
-    model.load_state_dict(fit_timm_weights(model, state))
-    model.eval()
-    cfg: Any = timm.models.get_pretrained_cfg(arch)
-    size = int(cfg.input_size[-1]) if cfg is not None else 224
-    with torch.inference_mode():
-        out = model(torch.zeros(1, 3, size, size))
-    if out.ndim != 2 or not torch.isfinite(out).all():
-        raise ValueError(f"a forward pass gave {tuple(out.shape)}, not one finite feature vector")
-    from corel.finetune import image_stages
-
-    return {"features": int(out.shape[1]), "image_size": size,
-            "parameters": int(sum(p.numel() for p in model.parameters())),
-            "blocks": len(image_stages(model)) or None}
-
-
 def create_encoder(session: Session, settings: Settings, filename: str, kind: str, path: Path,
                    architecture: str | None, name: str | None) -> EncoderUpload:
     """Check the uploaded encoder where it lies, then store it; a 422 says what is wrong
     (a 413 for an archive that unpacks too large). Nothing is stored unless all is well."""
-    from corel.pretrained import encoder_digest
+    from corel.encoders import files, upload_summary
 
     if path.stat().st_size == 0:
         raise InvalidInput("the uploaded file is empty")
@@ -157,13 +112,13 @@ def create_encoder(session: Session, settings: Settings, filename: str, kind: st
     sha = _sha256(path)
     try:
         if kind == "timm":
-            summary = _check_timm(path, str(architecture))
+            summary = upload_summary(kind, path, architecture)
             digest, modality = sha, "image"
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 folder = unpack_folder(path, Path(tmp), settings.max_encoder_bytes * MAX_UNZIPPED_RATIO)
-                summary = _check_sentence_transformer(folder)
-                digest, modality = encoder_digest(folder), "text"
+                summary = upload_summary(kind, folder)
+                digest, modality = files.digest(folder), "text"
     except OverflowError as exc:
         from app.core.errors import PayloadTooLarge
 
@@ -213,7 +168,7 @@ def check_spec_encoder(row: EncoderUpload, modality: str, dataset: str, named: s
     if row.modality != modality:
         raise InvalidInput(f"encoder_id {row.id} is an {row.modality} encoder ({row.spec_name}), and "
                            f"dataset {dataset!r} holds {modality} inputs")
-    if named is not None and family(named) == family(row.spec_name) and named != row.spec_name \
+    if named is not None and declared_name(named) == declared_name(row.spec_name) and named != row.spec_name \
             and not named.endswith(":uploaded"):
         raise InvalidInput(f"encoder {named!r} is not encoder_id {row.id}'s ({row.spec_name}); "
                            "leave encoder out with encoder_id")
@@ -234,9 +189,9 @@ def get_encoder(session: Session, encoder_id: int) -> EncoderUpload:
 
 def local_files(session: Session, settings: Settings, row: EncoderUpload) -> Path:
     """The encoder's files on this machine (its weights file, or its unpacked folder), written
-    once from the artifact store into ``var_dir/cache/encoders`` and registered with corel.pretrained,
-    so that the runs trained on it find it by its digest."""
-    from corel.pretrained import register_local
+    once from the artifact store into ``var_dir/cache/encoders`` and registered with
+    corel.encoders.files, so that the runs trained on it find it by its digest."""
+    from corel.encoders.files import register_local
 
     base = settings.var_dir.resolve() / "cache" / "encoders"
     target = base / (f"{row.digest[:32]}.weights" if row.kind == "timm" else row.digest[:32])
@@ -270,7 +225,7 @@ def files_for_model(session: Session, settings: Settings, preprocessing: dict[st
     """Before a model trained on a user's own encoder is served here: its files, by the
     digest its checkpoint records (whoever may read the model may run its encoder)."""
     meta = preprocessing.get("encoder")
-    if not meta or family(str(meta.get("name", ""))) not in KINDS:
+    if not meta or declared_name(str(meta.get("name", ""))) not in KINDS:
         return
     row = session.scalar(select(EncoderUpload).where(EncoderUpload.digest == meta["digest"]).limit(1))
     if row is None:

@@ -80,7 +80,7 @@ def load_from_database(session: Session, experiment_id: int, device: str | None,
         )
     row = best_checkpoint(session, experiment_id, Checkpoint)
     checkpoint = checkpoint_from_bytes(read_artifact(session, row.sha256))
-    # A model on the user's own encoder: its files on this machine first (corel.pretrained
+    # A model on the user's own encoder: its files on this machine first (corel.encoders.files
     # keeps one copy of each encoder for every model that uses it).
     files_for_model(session, settings or get_settings(), json.loads(checkpoint["preprocessing"]))
     upload = session.get(DatasetUpload, exp.dataset_id) if exp.dataset_id is not None else None

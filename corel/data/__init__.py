@@ -20,6 +20,8 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 # The loaders, and the public names importable from corel.data as before it was split.
 from corel.data.ag_news import (
     AgNewsTexts,
@@ -65,6 +67,7 @@ from corel.data.text import (
     text_warnings,
     tokenize,
 )
+from corel.encoders import features_progress, model_inputs, run_preprocessing
 from corel.spec import ExperimentSpec
 
 __all__ = [
@@ -159,8 +162,6 @@ def load_dataset(
     ``on_features(encoder, done, total)`` hears how far their computation is.
     """
     if on_features is not None:
-        from corel.pretrained import features_progress
-
         with features_progress(on_features):
             return load_dataset(spec, data_dir, download=download, features_dir=features_dir)
     if not isinstance(spec, ExperimentSpec):
@@ -177,12 +178,9 @@ def load_dataset(
     if spec.encoder is not None and spec.modality == "text":  # the text loaders embed with it
         return loader(spec, root, download, features)  # type: ignore[call-arg]
     data = loader(spec, root, download)
-    if spec.encoder is not None and spec.encoder_mode == "finetune":  # pixels in, the encoder trains
-        from corel.pretrained import image_preprocessing
-
-        pre = image_preprocessing(spec.encoder, data.preprocessing, spec.encoder_path)
-        pre = {**pre, "input_shape": list(data.input_shape), "encoder": {**pre["encoder"], "mode": "finetune"}}
-        return dataclasses.replace(data, preprocessing=pre)
+    if spec.encoder is not None and spec.fine_tunes:  # pixels in, the encoder trains
+        return dataclasses.replace(data, preprocessing=run_preprocessing(
+            spec.encoder, "image", "finetune", spec.encoder_path, data.preprocessing))
     if spec.encoder is not None:  # images: the loader's pixels, then the frozen encoder
         data = with_image_features(data, spec.encoder, features, spec.encoder_path)
     return data
@@ -191,13 +189,14 @@ def load_dataset(
 def with_image_features(data: Dataset, name: str, features_dir: PathLike | None = None,
                         encoder_path: PathLike | None = None) -> Dataset:
     """An image dataset's splits as frozen pretrained encoder ``name``'s features (computed
-    once: corel.pretrained), with the preprocessing a checkpoint records (the pixels' own,
-    then the encoder). ``encoder_path``: the weights of a user's own (``timm:<arch>``)."""
-    from corel.pretrained import image_features, image_preprocessing
+    once: corel.encoders.features), with the preprocessing a checkpoint records (the pixels'
+    own, then the encoder). ``encoder_path``: the weights of a user's own (``timm:<arch>``)."""
+    preprocessing = run_preprocessing(name, "image", "frozen", encoder_path, data.preprocessing)
 
-    preprocessing = image_preprocessing(name, data.preprocessing, encoder_path)
+    def features(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = model_inputs(x, preprocessing, features_dir, keep=True)
+        return out
+
     return dataclasses.replace(
-        data, x_train=image_features(data.x_train, preprocessing, features_dir),
-        x_val=image_features(data.x_val, preprocessing, features_dir),
-        x_test=image_features(data.x_test, preprocessing, features_dir),
+        data, x_train=features(data.x_train), x_val=features(data.x_val), x_test=features(data.x_test),
         input_shape=(int(preprocessing["input_shape"][0]),), preprocessing=preprocessing)

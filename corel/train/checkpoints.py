@@ -12,6 +12,7 @@ epoch's weights and no optimizer or RNG state.
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 import torch
@@ -93,7 +94,8 @@ def model_from_checkpoint(
     The model has the precision it was trained in (the checkpoint's ``head.W``).
     """
     spec = ExperimentSpec.model_validate_json(checkpoint["spec"])
-    model = build_classifier(spec, tuple(checkpoint["input_shape"]), int(checkpoint["num_classes"]))
+    model = build_classifier(spec, tuple(checkpoint["input_shape"]), int(checkpoint["num_classes"]),
+                             checkpoint.get("preprocessing") and json.loads(checkpoint["preprocessing"]))
     dtype = checkpoint["model"]["head.W"].dtype
     if dtype != torch.float32:
         model = model.to(dtype)

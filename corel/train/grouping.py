@@ -31,7 +31,7 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     """
     # Text models use dropout, except the FFNN over a frozen encoder's features.
     if (spec.modality == "text" and spec.encoder is None) or not declaration(spec.loss).stackable \
-            or spec.encoder_mode == "finetune":
+            or spec.fine_tunes:
         return None
     exclude = set(MAY_DIFFER) | set(LOCATIONS)
     if spec.dataset in UPLOADED:

@@ -29,9 +29,10 @@ import torch
 from torch.nn.modules import module as torch_module
 
 from corel import native as _native
+from corel.encoders.paper import FFNN
 from corel.fused import plain_autograd
 from corel.losses import GaussianCOREL, LossHead, check_labels
-from corel.models import FFNN, Classifier
+from corel.models import Classifier
 from corel.train.optim import FusedAdam
 
 __all__ = ["gaussian_mlp_step", "stacked_gaussian_mlp_step", "stacked_layers"]

@@ -10,11 +10,11 @@ the environment itself.
   (default on); off, the Python nodes run (the same numbers, slower).
 * ``native_dir``: where the builds live (default ``<sys.prefix>/corel-native``).
 * ``features_dir``: where frozen pretrained encoders' features are kept between processes
-  (default: none; each process computes them once, :mod:`corel.pretrained`).
+  (default: none; each process computes them once, :mod:`corel.encoders.features`).
 * ``keep_frozen_outputs``: a fine-tuned encoder's frozen lower part computes each row's
-  output once and keeps it (:mod:`corel.finetune`; default on); off, every step runs it.
+  output once and keeps it (:mod:`corel.encoders.finetune`; default on); off, every step runs it.
 * ``on_features``: called ``(encoder, done, total)`` while a frozen encoder's features of
-  the data are computed (:func:`corel.pretrained.features_progress`; not when they come from
+  the data are computed (:func:`corel.encoders.features_progress`; not when they come from
   a cache): the worker shows it as the run's phase.
 """
 

@@ -38,7 +38,12 @@ from corel.device import (
     pick_device,
     to_device,
 )
-from corel.finetune import FROZEN_OUTPUTS, frozen_outputs_kept, warmed_up_lr
+from corel.encoders.finetune import (
+    FROZEN_OUTPUTS,
+    frozen_outputs_kept,
+    optimizer_groups,
+    warmed_up_lr,
+)
 from corel.losses import check_labels
 from corel.models import Classifier, build_classifier
 from corel.spec import ExperimentSpec
@@ -279,7 +284,7 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
                 yield start, loss.clone(), sim
         else:
             for start, xb, yb in batches:
-                if tower_group is not None:  # a fine-tuned encoder's warm-up (corel.finetune)
+                if tower_group is not None:  # a fine-tuned encoder's warm-up (corel.encoders.finetune)
                     tower_group["lr"] = warmed_up_lr(run.spec, first_step + start // batch, per_epoch)
                 yield start, *solo_step(model, run.optimizer, xb, yb, check=False,
                                         precision=run.precision)
@@ -363,7 +368,7 @@ def start_run(
     if data is None:
         data = load_dataset(spec, data_dir, features_dir=options.features_dir,
                             on_features=options.on_features)
-    if spec.encoder_mode == "finetune" and len(data.y_train) < spec.batch_size:
+    if spec.fine_tunes and len(data.y_train) < spec.batch_size:
         raise ValueError(f"fine-tuning needs at least one full batch of training rows: this dataset gives "
                          f"{len(data.y_train)}, batch_size is {spec.batch_size}; lower batch_size to at most "
                          f"{len(data.y_train)}")
@@ -384,7 +389,7 @@ def build_model(spec: ExperimentSpec, data: Dataset, device: torch.device) -> Cl
     Initialised from the global RNG (seed it first) in float32 and then cast, so that a
     float64 model starts from exactly the float32 model's initial weights.
     """
-    model = build_classifier(spec, data.input_shape, data.num_classes)
+    model = build_classifier(spec, data.input_shape, data.num_classes, data.preprocessing)
     if data.dtype != torch.float32:
         model = model.to(data.dtype)
     return model.to(device)
@@ -392,15 +397,12 @@ def build_model(spec: ExperimentSpec, data: Dataset, device: torch.device) -> Cl
 
 def make_optimizer(model: Classifier, lr: float, encoder_lr: float | None = None) -> torch.optim.Adam:
     """The run's optimiser: :func:`adam` over the model's parameters; with a fine-tuned
-    pretrained encoder (corel.finetune), Adam with two groups: its trainable parameters at
-    ``encoder_lr``, the rest at ``lr``."""
-    tower = getattr(model.encoder, "tower", None)
-    if tower is None:
+    pretrained encoder, Adam over its groups (:func:`corel.encoders.finetune.optimizer_groups`:
+    its tower's trainable parameters at ``encoder_lr``, the rest at ``lr``)."""
+    groups = optimizer_groups(model, lr, encoder_lr)
+    if groups is None:
         return adam(model.parameters(), lr)
-    own = {id(p) for p in tower.parameters()}
-    return torch.optim.Adam([
-        {"params": [p for p in tower.parameters() if p.requires_grad], "lr": encoder_lr or lr / 10},
-        {"params": [p for p in model.parameters() if id(p) not in own], "lr": lr}], lr=lr)
+    return torch.optim.Adam(groups, lr=lr)
 
 
 def _restore(run: Run, ckpt: dict[str, Any]) -> None:

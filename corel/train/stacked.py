@@ -61,10 +61,11 @@ from corel.device import (
     pick_device,
     to_device,
 )
+from corel.encoders.paper import FFNN
 from corel.fused import gaussian_ar, shared_linear
 from corel.loss_catalog import declaration
 from corel.losses import check_labels, class_counts
-from corel.models import FFNN, Classifier
+from corel.models import Classifier
 from corel.spec import ExperimentSpec
 from corel.train.callbacks import EpochMetrics, GroupCallback
 from corel.train.checkpoints import check_resumable, cpu_state, optimizer_state, restore_rng

@@ -72,7 +72,7 @@ def _embed(client, eid: int, **body) -> dict:
 def test_embed_returns_the_head_s_representation_or_the_encoder_s_own(client, minilm):
     from sentence_transformers import SentenceTransformer
 
-    from corel.pretrained import encoder_path
+    from corel.encoders.files import installed
 
     eid = minilm["id"]
     default = _embed(client, eid, texts=SENTENCES)
@@ -82,7 +82,7 @@ def test_embed_returns_the_head_s_representation_or_the_encoder_s_own(client, mi
     assert default["dim"] == 64 and encoder["dim"] == 384
     np.testing.assert_array_equal(head["embeddings"], default["embeddings"])
     # The encoder's own output: sentence-transformers' encode, by a copy loaded here.
-    own = SentenceTransformer(str(encoder_path("minilm")), device="cpu", local_files_only=True)
+    own = SentenceTransformer(str(installed("minilm", "text")), device="cpu", local_files_only=True)
     assert_rows_close(encoder["embeddings"], own.encode(SENTENCES))
     # and h is the trained layers over it.
     served = ServedModel.from_bytes(client.get(f"/experiments/{eid}/checkpoint").content)

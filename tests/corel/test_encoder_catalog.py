@@ -8,7 +8,7 @@ import torch
 from pydantic import ValidationError
 
 from corel.encoder_catalog import DECLARATIONS, MODALITIES, encoder, models_for
-from corel.models import build_encoder
+from corel.encoders import build_encoder
 from corel.spec import DATASETS, MODALITY, MODELS, ExperimentSpec
 
 # A prepared input of each declared kind (the data loaders' shapes).

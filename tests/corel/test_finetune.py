@@ -1,4 +1,4 @@
-"""Pretrained encoders fine-tuned with the head (corel.finetune), on a small sentence-
+"""Pretrained encoders fine-tuned with the head (corel.encoders.finetune), on a small sentence-
 transformers model (tests.encoder_files): the tower trains at its own learning rate, only
 its last blocks when asked, a checkpoint holds the fine-tuned weights, a run resumes bit for
 bit in float64, and a served run embeds raw texts as the trained model does."""
@@ -150,7 +150,7 @@ def test_an_image_encoder_fine_tunes_from_pixels_and_serves_raw_images(tmp_path)
 
 
 def test_a_frozen_lower_part_is_computed_once_per_row_and_shared_by_later_runs(files):
-    from corel.finetune import FROZEN_OUTPUTS
+    from corel.encoders.finetune import FROZEN_OUTPUTS
     from corel.train import EngineOptions
 
     FROZEN_OUTPUTS.clear()
@@ -169,7 +169,7 @@ def test_a_frozen_lower_part_is_computed_once_per_row_and_shared_by_later_runs(f
 
 
 def test_a_run_keeping_its_frozen_outputs_resumes_bit_for_bit_in_float64(files):
-    from corel.finetune import FROZEN_OUTPUTS
+    from corel.encoders.finetune import FROZEN_OUTPUTS
 
     data = load_dataset(spec(files)).astype(torch.float64)
     whole = fit(spec(files, trainable_blocks=1, epochs=3), data=data, chance_epochs=0)
@@ -190,16 +190,16 @@ def test_a_run_keeping_its_frozen_outputs_resumes_bit_for_bit_in_float64(files):
 
 @pytest.mark.parametrize("arch", ["test_efficientnet", "test_convnext"])
 def test_an_image_encoder_s_frozen_stages_are_kept_and_give_what_the_whole_network_gives(tmp_path, arch):
-    from corel.finetune import FrozenOutputs, frozen_outputs_kept
+    from corel.encoders.finetune import FrozenOutputs, frozen_outputs_kept
     from tests.encoder_files import timm_weights
 
     file = timm_weights(tmp_path / "w.safetensors", arch=f"{arch}")
     image = ExperimentSpec(dataset="digits", encoder=f"timm:{arch}", encoder_path=str(file),
                            encoder_mode="finetune", trainable_blocks=1, loss="cosine", lam=0.8, epochs=1,
                            lr=0.01, train_subset=16, batch_size=8, hidden=16)
-    from corel.finetune import build
+    from corel.encoders import build_encoder
 
-    model = build(image, (1, 8, 8)).double()
+    model = build_encoder(image, (1, 8, 8)).double()
     tower = model.tower
     assert tower.lower == tower.blocks - 1  # the network walks as its children, in order
     x = load_dataset(image).x_train[:8].double()

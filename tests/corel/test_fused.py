@@ -16,10 +16,10 @@ from torch.optim.optimizer import (
 )
 
 from corel import native, similarity
+from corel.encoders.paper import FFNN
 from corel.fused import GaussianAR, LeakyMLP, fusable, gaussian_ar
 from corel.losses import GaussianCOREL
 from corel.losses.ar import _attractive_repulsive_core
-from corel.models import FFNN
 from corel.train.optim import FusedAdam
 
 

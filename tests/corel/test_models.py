@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from corel.models import FFNN, Classifier, ImageCNN, TextCNN, build_classifier
+from corel.encoders.paper import FFNN, ImageCNN, TextCNN
+from corel.models import Classifier, build_classifier
 from corel.spec import ExperimentSpec
 
 

@@ -1,16 +1,20 @@
-"""Frozen pretrained encoders (corel.pretrained): all-MiniLM-L6-v2 loads offline and gives
+"""Frozen pretrained encoders (corel.encoders): all-MiniLM-L6-v2 loads offline and gives
 its reference features, features are computed once for every run on the same data, a run's
 checkpoint holds its head and the encoder's digest, never the encoder's weights, and a
 served model embeds raw texts as training did."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 import torch
 
-from corel import pretrained
 from corel.data import load_dataset
+from corel.encoders import features as cache
+from corel.encoders import files, model_inputs, run_preprocessing
+from corel.encoders import timm_images as images
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
 from corel.train import (
@@ -48,9 +52,9 @@ def test_minilm_loads_offline_and_gives_its_reference_features():
     the attention mask keeps, then L2 normalisation (the model card's recipe)."""
     from transformers import AutoModel, AutoTokenizer
 
-    path = pretrained.encoder_path("minilm")
+    path = files.installed("minilm", "text")
     texts = ["The cat sat on the mat.", "Stocks rallied after the rate cut.", "short"]
-    got = pretrained.text_features(texts, pretrained.text_preprocessing("minilm"), keep=False)
+    got = model_inputs(texts, run_preprocessing("minilm", "text"))
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
     batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
@@ -65,19 +69,19 @@ def test_minilm_loads_offline_and_gives_its_reference_features():
 def test_features_are_computed_once_for_every_run_on_the_same_data(table, tmp_path, monkeypatch):
     features_dir = tmp_path / "features"
     options = EngineOptions(features_dir=features_dir)
-    monkeypatch.setattr(pretrained, "_MEMO", pretrained.OrderedDict())
-    before = pretrained.COMPUTED["texts"]
+    monkeypatch.setattr(cache, "_MEMO", OrderedDict())
+    before = cache.COMPUTED["texts"]
     first = fit(spec(table), options=options, chance_epochs=0)
-    assert pretrained.COMPUTED["texts"] - before == 36  # every row once: train, val, test
+    assert cache.COMPUTED["texts"] - before == 36  # every row once: train, val, test
     fit(spec(table, loss="gaussian", seed=1), options=options, chance_epochs=0)
     group = fit_group([spec(table, lam=lam) for lam in (0.6, 0.8, 0.95)], options=options,
                       chance_epochs=0)
-    assert pretrained.COMPUTED["texts"] - before == 36  # the runs and the group reused them
+    assert cache.COMPUTED["texts"] - before == 36  # the runs and the group reused them
     assert all(len(r.history) == 3 for r in group) and len(first.history) == 3
     # A new process (an empty memory) reads them from features_dir.
-    monkeypatch.setattr(pretrained, "_MEMO", pretrained.OrderedDict())
+    monkeypatch.setattr(cache, "_MEMO", OrderedDict())
     load_dataset(spec(table), features_dir=features_dir)
-    assert pretrained.COMPUTED["texts"] - before == 36
+    assert cache.COMPUTED["texts"] - before == 36
     assert len(list(features_dir.glob("*.npy"))) == 3  # one file per split
 
 
@@ -88,7 +92,7 @@ def test_a_frozen_run_s_checkpoint_holds_its_head_and_the_encoder_s_digest(table
     assert all(k.startswith(("encoder.net.", "head.")) for k in weights), sorted(weights)
     assert sum(t.numel() for t in weights.values()) < 20_000  # MiniLM alone holds 22.7 M
     meta = ckpt["preprocessing"]
-    assert '"digest"' in meta and pretrained.encoder_digest(pretrained.encoder_path("minilm")) in meta
+    assert '"digest"' in meta and files.digest(files.installed("minilm", "text")) in meta
 
 
 def test_a_served_frozen_run_embeds_raw_texts_as_training_did(table):
@@ -96,7 +100,7 @@ def test_a_served_frozen_run_embeds_raw_texts_as_training_did(table):
     served = ServedModel.from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
     texts = ["the goalkeeper saved a penalty", "bond yields rose again"]
     got = served.embed(served.prepare(texts))
-    features = pretrained.text_features(texts, result.run.data.preprocessing, keep=False)
+    features = model_inputs(texts, result.run.data.preprocessing)
     with torch.no_grad():
         result.model.eval()
         want = result.model.encoder(features)
@@ -123,16 +127,16 @@ def test_efficientnet_lite0_s_weights_map_exactly_onto_timm_s_architecture():
     implementation's own ImageNet logits (efficientnet-lite-pytorch's model) bit for bit."""
     from efficientnet_lite_pytorch import EfficientNet
 
-    ours = pretrained.load_image_encoder("efficientnet-lite0", with_classifier=True)
+    ours = images.load("efficientnet-lite0", files.installed("efficientnet-lite0", "image"), with_classifier=True)
     reference = EfficientNet.from_name("efficientnet-lite0")
-    reference.load_state_dict(torch.load(pretrained.image_weights_path("efficientnet-lite0"),
+    reference.load_state_dict(torch.load(files.installed("efficientnet-lite0", "image"),
                                          map_location="cpu", weights_only=True))
     reference.eval()
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(ours(x), reference(x), rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"not mapped \['_blocks.99.x.weight'\]"):
-        pretrained.efficientnet_keys({"_blocks.99.x.weight": torch.zeros(1)}, ours)
+        images.renamed({"_blocks.99.x.weight": torch.zeros(1)}, ours, "efficientnet-original")
 
 
 def small_digits(rows: int = 40):
@@ -148,13 +152,13 @@ def small_digits(rows: int = 40):
 def test_image_features_are_computed_once_and_a_served_run_embeds_raw_images(tmp_path, monkeypatch):
     from corel.data import with_image_features
 
-    monkeypatch.setattr(pretrained, "_MEMO", pretrained.OrderedDict())
-    before = pretrained.COMPUTED["images"]
+    monkeypatch.setattr(cache, "_MEMO", OrderedDict())
+    before = cache.COMPUTED["images"]
     pixels = small_digits()
     data = with_image_features(pixels, "efficientnet-lite0", tmp_path)
     assert data.x_train.shape == (40, 1280) and data.input_shape == (1280,)
     again = with_image_features(pixels, "efficientnet-lite0", tmp_path)
-    assert pretrained.COMPUTED["images"] - before == 120 and torch.equal(again.x_test, data.x_test)
+    assert cache.COMPUTED["images"] - before == 120 and torch.equal(again.x_test, data.x_test)
     spec = ExperimentSpec(dataset="digits", encoder="efficientnet-lite0", loss="gaussian", lam=0.8,
                           epochs=2, hidden=32, batch_size=16)
     result = fit(spec, data=data, chance_epochs=0)
@@ -209,23 +213,23 @@ def test_a_run_trains_and_serves_on_the_user_s_own_sentence_transformer(table, o
     texts = ["the goalkeeper saved a penalty", "bond yields rose again"]
     want = SentenceTransformer(str(own_text_encoder), device="cpu", local_files_only=True).encode(
         texts, convert_to_tensor=True)
-    features = pretrained.text_features(texts, result.run.data.preprocessing, keep=False)
+    features = model_inputs(texts, result.run.data.preprocessing)
     torch.testing.assert_close(features, want, atol=1e-6, rtol=1e-5)
     ckpt = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
     assert all(k.startswith(("encoder.net.", "head.")) for k in ckpt["model"])
-    assert pretrained.encoder_digest(own_text_encoder) in ckpt["preprocessing"]
+    assert files.digest(own_text_encoder) in ckpt["preprocessing"]
     served = ServedModel.from_checkpoint(ckpt)
     with torch.no_grad():
         result.model.eval()
         torch.testing.assert_close(served.embed(served.prepare(texts)), result.model.encoder(features))
     # Another machine, which has not registered the files: a clear error, not a wrong model.
-    monkey = dict(pretrained._LOCAL)
-    pretrained._LOCAL.clear()
+    monkey = dict(files._LOCAL)
+    files._LOCAL.clear()
     try:
         with pytest.raises(ValueError, match="is not on this machine"):
             served.prepare(texts)
     finally:
-        pretrained._LOCAL.update(monkey)
+        files._LOCAL.update(monkey)
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "torch"])
@@ -269,18 +273,18 @@ def test_weights_that_do_not_fit_their_architecture_are_named(tmp_path):
     other = timm_weights(tmp_path / "resnet.safetensors", arch="test_resnet")
     model = timm.create_model("test_efficientnet", pretrained=False, num_classes=0)
     with pytest.raises(ValueError, match=r"missing keys: blocks.0.0.bn1.bias.*and 75 more; unexpected keys: conv1.0.weight"):
-        pretrained.fit_timm_weights(model, pretrained.read_weights(other))
-    state = pretrained.read_weights(timm_weights(tmp_path / "e.safetensors"))
+        images.fit_timm_weights(model, images.read_weights(other))
+    state = images.read_weights(timm_weights(tmp_path / "e.safetensors"))
     state["conv_stem.weight"] = state["conv_stem.weight"][:1]
     with pytest.raises(ValueError, match=r"other shapes: conv_stem.weight \(1, 3, 3, 3\)"):
-        pretrained.fit_timm_weights(model, state)
+        images.fit_timm_weights(model, state)
     garbage = tmp_path / "garbage.bin"
     garbage.write_bytes(b"\x00not weights at all" * 10)
     with pytest.raises(ValueError, match="neither a safetensors file nor a PyTorch state dict"):
-        pretrained.read_weights(garbage)
+        images.read_weights(garbage)
     torch.save({"just": "a string"}, tmp_path / "dict.pt")
     with pytest.raises(ValueError, match="no state dict"):
-        pretrained.read_weights(tmp_path / "dict.pt")
+        images.read_weights(tmp_path / "dict.pt")
 
 
 @pytest.mark.parametrize(("fields", "words"), [

