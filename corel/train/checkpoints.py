@@ -23,8 +23,10 @@ from corel.spec import ExperimentSpec
 
 CHECKPOINT_FORMAT = 1
 # Where files are, not what they hold: a run resumed on another machine reads the same
-# data from another path.
-LOCATIONS = ("dataset_path", "word_vectors")
+# data, and the same encoder (a worker keeps an uploaded one in its own data directory),
+# from another path. What an encoder's files hold is its content digest, which the
+# checkpoint's preprocessing records (check_same_encoder).
+LOCATIONS = ("dataset_path", "word_vectors", "encoder_path")
 
 
 def optimizer_state(saved: dict[str, Any]) -> dict[str, Any]:
@@ -55,6 +57,17 @@ def check_resumable(checkpoint: dict[str, Any], spec: ExperimentSpec, what: str 
     saved = ExperimentSpec.model_validate_json(checkpoint["spec"])
     if saved.model_dump(exclude=where) != spec.model_dump(exclude=where):
         raise ValueError(f"{what} was made for a different spec; cannot resume from it")
+
+
+def check_same_encoder(checkpoint: dict[str, Any], preprocessing: dict[str, Any],
+                       what: str = "the checkpoint") -> None:
+    """ValueError unless ``checkpoint`` was trained on the pretrained encoder (by its content
+    digest) that the data now goes through (``preprocessing``: the data's), or on none."""
+    saved = (json.loads(checkpoint.get("preprocessing") or "{}").get("encoder") or {}).get("digest")
+    now = (preprocessing.get("encoder") or {}).get("digest")
+    if saved != now:
+        raise ValueError(f"{what} was made on another encoder ({str(saved)[:12]}) than the files given now "
+                         f"hold ({str(now)[:12]}); cannot resume from it")
 
 
 def rng_state(shuffle: torch.Generator, device: torch.device) -> dict[str, Any]:

@@ -24,7 +24,8 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     """Specs with equal keys can be trained as one :class:`StackedRun`; None: train it alone.
 
     The key is every spec field except lam, gamma, alpha and seed (and the file locations
-    dataset_path and word_vectors, except for uploaded data whose path names the data).
+    dataset_path and word_vectors, except for uploaded data whose path names the data; an
+    encoder_path names the encoder: on one machine, other files are another encoder).
     Text specs are not vectorized (their models use dropout; those over a frozen pretrained
     encoder's features are, having none), nor losses whose declaration
     is not ``stackable`` (pytorch-metric-learning's: their parameters are not lambda).
@@ -36,6 +37,7 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     exclude = set(MAY_DIFFER) | set(LOCATIONS)
     if spec.dataset in UPLOADED:
         exclude.discard("dataset_path")
+    exclude.discard("encoder_path")  # on one machine, other files are another encoder
     return tuple(spec.model_dump(exclude=exclude).items())
 
 

@@ -51,6 +51,7 @@ from corel.train.callbacks import Callback, EpochMetrics
 from corel.train.checkpoints import (
     CHECKPOINT_FORMAT,
     check_resumable,
+    check_same_encoder,
     cpu_state,
     optimizer_state,
     restore_rng,
@@ -372,6 +373,8 @@ def start_run(
         raise ValueError(f"fine-tuning needs at least one full batch of training rows: this dataset gives "
                          f"{len(data.y_train)}, batch_size is {spec.batch_size}; lower batch_size to at most "
                          f"{len(data.y_train)}")
+    if checkpoint is not None:
+        check_same_encoder(checkpoint, data.preprocessing)
     data = to_device(data, dev)
     torch.manual_seed(spec.seed)
     model = build_model(spec, data, dev)

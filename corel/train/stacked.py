@@ -68,7 +68,13 @@ from corel.losses import check_labels, class_counts
 from corel.models import Classifier
 from corel.spec import ExperimentSpec
 from corel.train.callbacks import EpochMetrics, GroupCallback
-from corel.train.checkpoints import check_resumable, cpu_state, optimizer_state, restore_rng
+from corel.train.checkpoints import (
+    check_resumable,
+    check_same_encoder,
+    cpu_state,
+    optimizer_state,
+    restore_rng,
+)
 from corel.train.graphs import GraphedSteps
 from corel.train.grouping import as_spec, check_group
 from corel.train.guards import CHANCE_EPOCHS, GroupChanceGuard, chance_accuracy
@@ -237,6 +243,8 @@ class StackedRun:
         check_group(group)
         if checkpoints is not None:
             _check_checkpoints(group, checkpoints)
+            for i, ckpt in enumerate(checkpoints):
+                check_same_encoder(ckpt, data.preprocessing, f"checkpoint {i}")
         dev = pick_device(device)
         data = to_device(data, dev)
         members = []

@@ -239,6 +239,8 @@ def settings_env(s: Settings) -> dict[str, str]:
         "COREL_WORKER_METRICS_PORT": str(s.worker_metrics_port),
         "PYTHONPATH": str(REPO),
     })
+    if s.artifacts_dir is not None:  # a host of its own over a shared artifact folder
+        env["COREL_ARTIFACTS_DIR"] = str(s.artifacts_dir)
     return env
 
 
@@ -283,7 +285,10 @@ class Workers:
         terminate(proc)
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
-        os.killpg(proc.pid, signal.SIGKILL)
+        """SIGKILL the worker's process group (one that has already exited: nothing to do;
+        two tests may each stop the shared worker)."""
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
 
     def stop_all(self) -> None:
@@ -410,3 +415,27 @@ def stored_latent(settings: Settings, experiment_id: int, split: str) -> tuple[A
                np.frombuffer(store.read_bytes(row.labels_sha256), np.int64).copy())
     engine.dispose()
     return out
+
+
+def clothes_upload(client: Any, fashion_dir: Path, classes: dict[int, str], per_class: int = 12) -> tuple[Any, Any, Any]:
+    """Fashion-MNIST's test images and labels, and an image folder upload (class/*.png,
+    28 x 28 grey) of the first ``per_class`` images of each of ``classes`` (label: name)."""
+    import zipfile
+
+    from PIL import Image
+
+    from corel.data.idx import read_idx
+
+    x = read_idx(fashion_dir / "t10k-images-idx3-ubyte.gz")
+    y = read_idx(fashion_dir / "t10k-labels-idx1-ubyte.gz")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for label, name in classes.items():
+            for i in np.flatnonzero(y == label)[:per_class]:
+                png = io.BytesIO()
+                Image.fromarray(x[i], "L").save(png, format="PNG")
+                z.writestr(f"clothes/{name}/{i}.png", png.getvalue())
+    upload = client.post("/datasets", files={"file": ("clothes.zip", buf.getvalue())})
+    assert upload.status_code == 201, upload.text
+    return x, y, upload
+
