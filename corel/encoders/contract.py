@@ -19,13 +19,23 @@ from torch import nn
 
 from corel.encoder_catalog import EncoderDeclaration
 
-__all__ = ["ONNX_OPSET", "TOKENIZER_FOLDER", "ExportPart", "Family"]
+__all__ = ["ONNX_OPSET", "TOKENIZER_FOLDER", "ExportPart", "Family", "texts_of"]
 
 ONNX_OPSET = 17
 """The ONNX opset exports are written in."""
 
 TOKENIZER_FOLDER = "tokenizer"
 """Where an export zips a text encoder's tokenizer's files."""
+
+
+def texts_of(raw: Any) -> list[str]:
+    """Raw inputs as a text family takes them: a list of strings; ValueError otherwise."""
+    if isinstance(raw, str):
+        raise ValueError("texts must be a list of strings, not one string; wrap it: [text]")
+    bad = [type(t).__name__ for t in raw if not isinstance(t, str)]
+    if bad:
+        raise ValueError(f"texts must be strings; got {bad[0]}")
+    return list(raw)
 
 
 @dataclass

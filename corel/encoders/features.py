@@ -20,12 +20,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["COMPUTED", "MEMO_SIZE", "FeaturesProgress", "cached", "features_progress", "progress",
-           "texts_key"]
+__all__ = ["COMPUTED", "MEMO_SIZE", "FeaturesProgress", "cached", "clear", "features_progress", "of_texts",
+           "progress", "texts_key"]
 
 # (digest, sha256 of the inputs) -> features, for this process: the latest MEMO_SIZE.
 MEMO_SIZE = 16
@@ -93,6 +94,16 @@ def cached(key: tuple[str, str], cache_dir: str | os.PathLike[str] | None,
         while len(_MEMO) > MEMO_SIZE:
             _MEMO.popitem(last=False)
     return features
+
+
+def of_texts(texts: Sequence[str], preprocessing: dict[str, Any], cache_dir: str | os.PathLike[str] | None,
+             keep: bool, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A text encoder's features of ``texts`` (the encoder a run's ``preprocessing`` records):
+    from the cache, else ``compute()``d, and kept unless ``keep`` is False (a served
+    request's texts are not a dataset)."""
+    if not keep:
+        return compute()
+    return cached((preprocessing["encoder"]["digest"], texts_key(texts)), cache_dir, compute)
 
 
 def clear() -> None:

@@ -27,6 +27,8 @@ def packaged(decl: EncoderDeclaration) -> Path:
         raise ValueError(f"encoder {decl.name!r} is not installed here: {decl.install}")
     module, _, attribute = decl.files.partition(":")
     found: object = importlib.import_module(module)
+    if not attribute:  # the module's own folder
+        return Path(str(getattr(found, "__file__", ""))).parent
     for part in attribute.split("."):
         found = getattr(found, part)
     return Path(found())  # type: ignore[operator]
@@ -37,11 +39,18 @@ def installed(name: str, modality: str) -> Path:
     return packaged(pretrained(name, modality))
 
 
+def _folder_files(folder: Path) -> list[Path]:
+    """A folder's files in order, without Python's compiled caches (written when its code is
+    first imported: not what the folder holds)."""
+    return [f for f in sorted(folder.rglob("*"))
+            if f.is_file() and "__pycache__" not in f.relative_to(folder).parts]
+
+
 @functools.cache
 def _folder_digest(path: str, stamp: tuple[tuple[str, int, int], ...]) -> str:
     del stamp  # part of the cache key only: a changed file is hashed again
     key = hashlib.sha256()
-    for file in sorted(Path(path).rglob("*")):
+    for file in _folder_files(Path(path)):
         if file.is_file():
             key.update(str(file.relative_to(path)).encode())
             with file.open("rb") as f:
@@ -61,12 +70,11 @@ def _file_digest(path: str, size: int, mtime: int) -> str:
 
 
 def digest(path: str | os.PathLike[str]) -> str:
-    """sha256 of an encoder's files: a folder's every file (names and contents, in order),
-    or one file's content. Hashed once per process while the files do not change."""
+    """sha256 of an encoder's files: a folder's every file (names and contents, in order;
+    compiled Python caches left out), or one file's content. Hashed once per process while the files do not change."""
     where = Path(path)
     if where.is_dir():
-        stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(where.rglob("*"))
-                      if f.is_file())
+        stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in _folder_files(where))
         return _folder_digest(str(where), stamp)
     stat = where.stat()
     return _file_digest(str(where), stat.st_size, stat.st_mtime_ns)

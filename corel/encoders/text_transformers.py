@@ -27,7 +27,7 @@ from torch import nn
 
 from corel.encoder_catalog import EncoderDeclaration
 from corel.encoders import features as cache
-from corel.encoders.contract import TOKENIZER_FOLDER, ExportPart, Family
+from corel.encoders.contract import TOKENIZER_FOLDER, ExportPart, Family, texts_of
 from corel.encoders.finetune import KeepFrozenInEval, freeze
 
 __all__ = ["EVAL_ROWS", "TEXT_BATCH", "SentenceEncoder", "SentenceTransformers", "TextTower", "load",
@@ -68,15 +68,6 @@ def load(path: Path) -> Any:
     every served model of this encoder shares the one copy), in eval mode on the CPU."""
     with _LOAD_LOCK:
         return _load(str(path))
-
-
-def _texts(texts: Sequence[str]) -> list[str]:
-    if isinstance(texts, str):
-        raise ValueError("texts must be a list of strings, not one string; wrap it: [text]")
-    bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
-    if bad:
-        raise ValueError(f"texts must be strings; got {bad[0]}")
-    return list(texts)
 
 
 def _encode(path: Path, texts: list[str], name: str) -> torch.Tensor:
@@ -311,16 +302,13 @@ class SentenceTransformers(Family):
 
     def features(self, raw: Any, preprocessing: dict[str, Any], path: Path,
                  cache_dir: str | Path | None = None, *, keep: bool = True) -> torch.Tensor:
-        texts = _texts(raw)
-        meta = preprocessing["encoder"]
-        if not keep:
-            return _encode(path, texts, meta["name"])
-        return cache.cached((meta["digest"], cache.texts_key(texts)), cache_dir,
-                            lambda: _encode(path, texts, meta["name"]))
+        texts = texts_of(raw)
+        name = preprocessing["encoder"]["name"]
+        return cache.of_texts(texts, preprocessing, cache_dir, keep, lambda: _encode(path, texts, name))
 
     def inputs(self, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
         """Texts as a fine-tuned run takes them: (N, 2, max_length) float32, ids and mask."""
-        texts = _texts(raw)
+        texts = texts_of(raw)
         length = int(preprocessing["encoder"]["max_length"])
         tokenizer = load(path).tokenizer
         out = torch.zeros(len(texts), 2, length)

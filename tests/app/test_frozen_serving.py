@@ -26,10 +26,9 @@ import torch
 from PIL import Image
 
 from corel.data import prepare_images
-from corel.data.idx import read_idx
 from corel.serving import ServedModel
 from corel.train import checkpoint_from_bytes
-from tests.app.conftest import finished, wait_body, wait_for
+from tests.app.conftest import clothes_upload, finished, wait_body, wait_for
 from tests.conftest import assert_rows_close
 
 TOPICS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -197,17 +196,7 @@ CLOTHES = {0: "t-shirt", 1: "trouser", 7: "sneaker"}
 def lite0(client, worker, fashion_dir) -> dict:
     """A Gaussian-COREL head over frozen EfficientNet-Lite0 on 36 Fashion-MNIST images (an
     image folder upload: class/*.png, 28 x 28 grey)."""
-    x = read_idx(fashion_dir / "t10k-images-idx3-ubyte.gz")
-    y = read_idx(fashion_dir / "t10k-labels-idx1-ubyte.gz")
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        for label, name in CLOTHES.items():
-            for i in np.flatnonzero(y == label)[:12]:
-                png = io.BytesIO()
-                Image.fromarray(x[i], "L").save(png, format="PNG")
-                z.writestr(f"clothes/{name}/{i}.png", png.getvalue())
-    upload = client.post("/datasets", files={"file": ("clothes.zip", buf.getvalue())})
-    assert upload.status_code == 201, upload.text
+    x, y, upload = clothes_upload(client, fashion_dir, CLOTHES)
     r = client.post("/experiments", json={"dataset": "images", "dataset_id": upload.json()["id"],
                                           "encoder": "efficientnet-lite0", "loss": "gaussian", "lam": 0.8,
                                           "epochs": 4, "lr": 0.003, "batch_size": 16, "hidden": 32})

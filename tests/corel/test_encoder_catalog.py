@@ -71,3 +71,25 @@ def test_text_inputs_follow_the_encoder_s_declared_input():
         sequence = encoder(name, "text").input == "word-vector-sequence"
         assert prep["input_shape"] == ([40, 50] if sequence else [50])
         assert prep["representation"] == ("sequence" if sequence else "mean")
+
+
+@pytest.mark.parametrize("key", [k for k, d in DECLARATIONS.items() if d.pretrained],
+                         ids=lambda k: f"{k[0]}-{k[1]}")
+def test_every_pretrained_encoder_has_a_family_that_keeps_the_contract(key):
+    """Its family (the catalog's FAMILIES) implements the contract for its modality, and a
+    packaged one's files (the catalog's ``files``) are installed and are what the family reads."""
+    from corel.encoders import family_of, files
+    from corel.encoders.contract import Family
+
+    decl = DECLARATIONS[key]
+    family = family_of(decl)
+    assert isinstance(family, Family) and family.name == decl.family and family.modality == decl.modality
+    if not decl.custom:
+        family.check_files(files.packaged(decl))
+
+
+def test_a_family_without_pretrained_files_says_so():
+    from corel.encoders import family_of
+
+    with pytest.raises(ValueError, match="family 'paper', which trains from scratch"):
+        family_of(DECLARATIONS[("ffnn", "image")])

