@@ -16,12 +16,16 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from corel.encoder_catalog import DECLARATIONS as ENCODERS
 from corel.geometry import GEOMETRIES
 from corel.loss_catalog import OPTION_FIELDS, declaration, loss_names
 from corel.spec import BUDGETS, DATASETS, MODELS, ExperimentSpec
 
 if TYPE_CHECKING:
     from corel.train import EngineOptions
+
+PRETRAINED = tuple(dict.fromkeys(d.name for d in ENCODERS.values() if d.pretrained and not d.custom))
+"""The pretrained encoders installed with corel, as --encoder names them."""
 
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
@@ -41,6 +45,14 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{option.replace('_', '-')}", type=str if option == "miner" else float,
                        help=f"the loss's {option} (default: the loss's own)")
     p.add_argument("--hidden", type=int, default=128, help="width of the hidden layers (default 128)")
+    p.add_argument("--encoder", help=f"{fields['encoder'].description} Installed with corel: "
+                   f"{', '.join(PRETRAINED)}; your own: sentence-transformers or timm:<architecture> "
+                   "with --encoder-path.")
+    p.add_argument("--encoder-mode", choices=("frozen", "finetune"), help=fields["encoder_mode"].description)
+    p.add_argument("--encoder-path", help=fields["encoder_path"].description)
+    p.add_argument("--encoder-lr", type=float, help=fields["encoder_lr"].description)
+    p.add_argument("--trainable-blocks", type=int, help=fields["trainable_blocks"].description)
+    p.add_argument("--warmup", type=float, help=fields["warmup"].description)
     p.add_argument("--budget", choices=tuple(BUDGETS), help=fields["budget"].description)
     p.add_argument("--epochs", type=int, help="epochs (default: the budget's; without one 150, as in the paper)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the budget's; without one 128)")
@@ -116,6 +128,14 @@ def engine_options(environ: Mapping[str, str]) -> EngineOptions:
                          native_dir=environ.get("COREL_NATIVE_DIR") or None)
 
 
+def model_name(spec: ExperimentSpec) -> str:
+    """How a run's model reads in a report: the paper's encoder, or the pretrained one and how
+    it trains (``minilm (frozen) + ffnn``)."""
+    if spec.encoder is None:
+        return spec.model
+    return f"{spec.encoder} ({spec.encoder_mode or 'frozen'}) + {spec.model}"
+
+
 def _train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -156,7 +176,7 @@ def _train(args: argparse.Namespace) -> int:
         with open(args.checkpoint, "wb") as fh:
             fh.write(checkpoint_to_bytes(result.run.best_checkpoint()))
     rows = [
-        ("dataset / model / loss", f"{spec.dataset} / {spec.model} / {spec.loss}"
+        ("dataset / model / loss", f"{spec.dataset} / {model_name(spec)} / {spec.loss}"
          + (f" (lam={spec.lam})" if "lam" in declaration(spec.loss).params else "")),
         ("best epoch", f"{result.best_epoch} of {len(result.history)}"),
         ("validation accuracy", f"{result.best_val_accuracy:.4f}"),

@@ -74,6 +74,8 @@ def _batches(args: argparse.Namespace, path: str, array: np.ndarray, accept: str
         part = array[start:start + args.batch]
         params = {"experiment_id": args.experiment, "dtype": "uint8" if part.dtype == np.uint8 else "float32",
                   "shape": ",".join(map(str, part.shape))}
+        if getattr(args, "layer", None):
+            params["layer"] = args.layer
         yield _request(args, "POST", path, params=params, content=part.tobytes(),
                        headers={"Content-Type": "application/octet-stream", "Accept": accept})
 
@@ -120,8 +122,8 @@ def embed(args: argparse.Namespace) -> int:
         array = np.concatenate(parts)
         (epoch, sha), = checkpoints
     else:
-        body = _call(args, "POST", "/embed",
-                     json={"experiment_id": args.experiment, "output": "binary", **_inputs(args)})
+        body = _call(args, "POST", "/embed", json={"experiment_id": args.experiment, "output": "binary",
+                                                   "layer": args.layer, **_inputs(args)})
         emb = body["embeddings"]
         array = np.frombuffer(base64.b64decode(emb["data"]), "<f4").reshape(emb["shape"])
         epoch, sha = body["checkpoint"]["epoch"], body["checkpoint"]["sha256"]
@@ -225,9 +227,13 @@ def export(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("embed", help="representations of inputs from a running service",
-                       description="POST /embed: the 128-d final hidden layer of each input.")
+                       description="POST /embed: the final hidden layer of each input (the head's h, "
+                       "128-d by default), or a pretrained encoder's own output (--layer encoder).")
     add_client_options(p)
     add_input_options(p)
+    p.add_argument("--layer", choices=("head", "encoder"), default="head",
+                   help="head: the final hidden layer (default); encoder: a run on a pretrained "
+                   "encoder's features, the encoder's own output")
     p.add_argument("--out", help="write the embeddings to this .npy file")
     p.set_defaults(func=embed)
 

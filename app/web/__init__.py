@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.core.errors import NotFound
+from corel.encoder_catalog import DECLARATIONS as ENCODERS
 from corel.loss_catalog import DECLARATIONS, Option
 from corel.spec import DATASETS
 
@@ -85,12 +86,18 @@ def losses_for_pages() -> dict[str, dict[str, object]]:
             for d in DECLARATIONS.values()}
 
 
+def encoders_for_pages() -> dict[str, str]:
+    """Each pretrained encoder's display name by the name a spec gives it (app.js reads it:
+    corel/encoder_catalog.py declares them)."""
+    return {d.name: d.display for d in ENCODERS.values() if d.pretrained and not d.custom}
+
+
 def _page_route(template: str, title: str) -> Callable[[Request], HTMLResponse]:
     def page(request: Request) -> HTMLResponse:
         params = dict(request.path_params)
         return templates.TemplateResponse(request, template, {
             "title": title.format(**params), "nav": NAV, "admin_nav": ADMIN_NAV, "path": request.url.path,
-            "datasets": DATASETS, "losses": losses_for_pages(), **params})
+            "datasets": DATASETS, "losses": losses_for_pages(), "encoders": encoders_for_pages(), **params})
 
     return page
 

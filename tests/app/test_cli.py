@@ -57,6 +57,33 @@ def test_embed_sends_any_number_of_rows_in_batches(live_url, experiment, client,
                           np.frombuffer(r.content, "<f4").reshape(2500, 128))
 
 
+def test_embed_returns_the_layer_asked_for(live_url, client, worker, workers, tmp_path, capsys):
+    """--layer encoder: a run on a pretrained encoder (WordLlama) gives the encoder's own
+    features, as /embed's layer encoder does; the default, the head's h."""
+    from tests.encoder_files import TOPICS
+
+    lines = ["text,topic"] + [f"{text} ({i}),{topic}" for topic, texts in TOPICS.items()
+                              for i, text in enumerate(texts * 8)]
+    upload = client.post("/datasets", files={"file": ("topics.csv", "\n".join(lines).encode())},
+                         data={"kind": "text"})
+    assert upload.status_code == 201, upload.text
+    r = client.post("/experiments", json={"dataset": "text", "dataset_id": upload.json()["id"],
+                                          "encoder": "wordllama", "loss": "cosine", "lam": 0.85,
+                                          "epochs": 2, "lr": 0.003, "batch_size": 8, "hidden": 16})
+    assert r.status_code == 202, r.text
+    body = wait_for(client, r.json()["id"], finished, workers=workers)
+    assert body["status"] == "succeeded", body
+    texts = ["the striker scored in the final", "bond yields rose"]
+    for layer, width in (("encoder", 256), ("head", 16)):
+        out = tmp_path / f"{layer}.npy"
+        assert main(["embed", "--url", live_url, "--experiment", str(body["id"]), "--text", *texts,
+                     "--layer", layer, "--out", str(out)]) == 0
+        api = client.post("/embed", json={"experiment_id": body["id"], "texts": texts, "layer": layer})
+        assert np.load(out).shape == (2, width)
+        assert_rows_close(np.load(out), api.json()["embeddings"])
+    capsys.readouterr()
+
+
 def test_predict_from_npy_in_small_batches(live_url, experiment, client, tmp_path, capsys):
     images = read_idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz")[:5]
     np.save(tmp_path / "x.npy", images)

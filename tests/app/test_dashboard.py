@@ -388,6 +388,15 @@ def test_a_text_upload_trains_on_frozen_minilm_from_the_form_and_serves_sentence
     page.click("#predict-text")
     page.wait_for_selector("#warning", state="hidden")
     assert page.inner_text("#prediction") == "Sports"
+    # The playground's choice and the experiments list name the encoder, not the layers over it.
+    chosen = page.eval_on_selector("#experiment", "s => s.options[s.selectedIndex].textContent")
+    assert chosen.endswith("text (all-MiniLM-L6-v2, frozen)"), chosen
+    page.goto("/?dataset=text&loss=cosine")
+    page.wait_for_selector(f"#experiments tbody tr[data-id='{experiment_id}']")
+    cells = page.eval_on_selector(f"#experiments tbody tr[data-id='{experiment_id}']",
+                                  "r => [...r.cells].map(c => c.textContent)")
+    assert "all-MiniLM-L6-v2, frozen" in cells and "ffnn" not in cells, cells
+    shot(page, "experiments-encoder")
 
 
 def test_the_experiment_page_shows_the_latent_scatter_and_the_clustering_table(page, client, trained):

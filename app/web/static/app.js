@@ -161,6 +161,13 @@ const corel = (() => {
     const name = LOSS_NAMES[spec.loss] || spec.loss;
     return LOSSES[spec.loss] && !LOSSES[spec.loss].lam ? name : name + " λ " + spec.lam;
   }
+  // Pretrained encoders' display names, declared in corel/encoder_catalog.py (base.html).
+  const ENCODERS = window.COREL_ENCODERS || {};
+  function modelLabel(spec) {
+    if (!spec.encoder) return spec.model || "ffnn";
+    const name = ENCODERS[spec.encoder] || spec.encoder;
+    return name + ", " + (spec.encoder_mode || "frozen");
+  }
   function badge(status) { return el("span", { class: "badge " + status, "data-status": status }, status); }
   function progressBar(exp) {
     const done = exp.current_epoch || 0, total = exp.epochs_total || 1;
@@ -266,6 +273,6 @@ const corel = (() => {
       shareControl(box, box.dataset.shareKind, Number(box.dataset.shareId)));
   });
 
-  return { api, stream, el, pct, num, lossLabel, badge, progressBar, flash, query, pages,
+  return { api, stream, el, pct, num, lossLabel, modelLabel, badge, progressBar, flash, query, pages,
            ApiError, COLOURS, LOSSES, LOSS_NAMES, FINISHED, sleep, owner, when, shareControl, pager };
 })();

@@ -35,14 +35,7 @@ corel.pages.experiment = async function () {
   let exp = await api("/experiments/" + id);
   const epochs = (await api("/experiments/" + id + "/metrics")).items;
   const seen = new Set(epochs.map((m) => m.epoch));
-  // A pretrained encoder's name as GET /encoders declares it (corel/encoder_catalog.py).
-  const encoders = exp.spec.encoder ? await api("/encoders").catch(() => []) : [];
-
-  function modelLabel(spec) {
-    if (!spec.encoder) return spec.model || "ffnn";
-    const found = encoders.find((e) => e.pretrained && e.name === spec.encoder);
-    return (found ? found.display : spec.encoder) + ", " + (spec.encoder_mode || "frozen");
-  }
+  const modelLabel = corel.modelLabel;
 
   function header() {
     document.getElementById("status").replaceChildren(badge(exp.status));

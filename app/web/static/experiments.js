@@ -27,7 +27,7 @@ corel.pages.experiments = async function () {
       el("td", {}, el("a", { href: "/ui/experiments/" + e.id }, "#" + e.id)),
       el("td", { class: "status" }, badge(e.status)),
       el("td", { class: "progress-cell" }, progressBar(e)),
-      el("td", {}, spec.dataset), el("td", {}, spec.model || "ffnn"),
+      el("td", {}, spec.dataset), el("td", {}, corel.modelLabel(spec)),
       el("td", {}, LOSS_NAMES[spec.loss] || spec.loss),
       el("td", { class: "num" }, corel.LOSSES[spec.loss] && !corel.LOSSES[spec.loss].lam ? "–" : spec.lam),
       el("td", { class: "num best-val" }, pct(e.best_val_accuracy)),

@@ -10,7 +10,7 @@ corel.pages.playground = async function () {
   const wanted = Number(corel.query().get("experiment_id") || 0);
   if (wanted && !exps.some((e) => e.id === wanted)) { try { exps.unshift(await api("/experiments/" + wanted)); } catch (e) { /* gone */ } }
   for (const e of exps) select.append(el("option", { value: e.id, selected: e.id === wanted },
-    "#" + e.id + " " + lossLabel(e.spec) + ", " + e.spec.dataset + " (" + (e.spec.model || "ffnn") + ")"));
+    "#" + e.id + " " + lossLabel(e.spec) + ", " + e.spec.dataset + " (" + corel.modelLabel(e.spec) + ")"));
   if (!exps.length) { flash("No succeeded experiment yet: train one first."); return; }
   let current = null, scatter = null;
 

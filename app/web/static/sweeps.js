@@ -16,7 +16,7 @@ corel.pages.sweeps = async function () {
     const tbody = document.querySelector("#sweeps tbody");
     tbody.replaceChildren(...page.items.map((s) => el("tr", { "data-id": s.id },
       el("td", {}, el("a", { href: "/ui/sweeps/" + s.id }, "#" + s.id)),
-      el("td", {}, (s.base.dataset || "?") + " / " + (s.base.model || "ffnn")),
+      el("td", {}, (s.base.dataset || "?") + " / " + corel.modelLabel(s.base)),
       el("td", { class: "loss" }, s.losses.map((l) => corel.LOSS_NAMES[l] || l).join(", ")),
       el("td", { class: "muted" }, Object.entries(s.grid).map(([k, v]) => k + ": " + v.join(", ")).join("; ")),
       el("td", {}, doneBar(s)),
@@ -62,7 +62,7 @@ corel.pages.sweep = async function () {
     document.querySelector("#members tbody").replaceChildren(...all.map(memberRow));
     document.getElementById("cancel").hidden = done === all.length;
     const b = sweep.base;
-    document.getElementById("subtitle").textContent = (b.dataset || "?") + " / " + (b.model || "ffnn") + ", " +
+    document.getElementById("subtitle").textContent = (b.dataset || "?") + " / " + corel.modelLabel(b) + ", " +
       sweep.losses.map((l) => LOSS_NAMES[l] || l).join(", ") + ", " + (b.epochs || ({ quick: 10 }[b.budget]) || 150) + " epochs; grid " + Object.entries(sweep.grid).map(([k, v]) => k + " " + v.join(", ")).join("; ") +
       (sweep.lam_by_loss ? "; λ by loss " + JSON.stringify(sweep.lam_by_loss) : "");
   }
