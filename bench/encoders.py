@@ -16,10 +16,15 @@ reference: the training rows).
    of them for real (default: all eleven) and counts any others at the median of those run,
    saying so; the ratio of the two wall times.
 
-4. For images, EfficientNet-Lite0 frozen on a fixed Fashion-MNIST subset (``--images N``
-   training images, a quarter as many validation and test images, at 96 pixels): raw pixels
-   and the encoder alone, then every loss's head, as for the texts (``image frozen head
-   MAP@R``, ``image head sweep seconds``).
+4. For images, each of ``--image-encoders`` (EfficientNet-Lite0 at 96 pixels, -Lite2 at 128)
+   frozen on a fixed Fashion-MNIST subset (``--images N`` training images, a quarter as many
+   validation and test images): raw pixels and the encoder alone, then every loss's head, as
+   for the texts (Lite0's ``image frozen head MAP@R``, ``image head sweep seconds``).
+
+Each of ``--text-encoders`` (MiniLM, then WordLlama: static token embeddings) gets the
+sweep of 2.; the first also the separate experiments of 3. A table then gives each
+encoder's row: features per second, the encoder alone, the best head, the sweep's seconds;
+and ``ratio wordllama / minilm texts/s``.
 
 Its last lines read ``frozen head MAP@R: X`` (the best text head's mean) and ``head sweep
 seconds: S``. ``--smoke``: the first 150 rows as a text table, 40 images, one seed, two
@@ -48,7 +53,7 @@ from sklearn.linear_model import LogisticRegression
 
 from corel.clustering import cluster
 from corel.data import load_dataset
-from corel.encoders import features, files, text_transformers
+from corel.encoders import features, model_inputs, run_preprocessing
 from corel.loss_catalog import LOSS_NAMES, declaration
 from corel.retrieval import retrieval_metrics
 from corel.spec import ExperimentSpec
@@ -156,9 +161,9 @@ def sweep_specs(base: dict[str, Any], seeds: int, lam: float) -> list[Experiment
 
 
 def images(data_dir: Path, rows: int, seeds: int, epochs: int, lr: float, lam: float,
-           chance_epochs: int) -> None:
-    """EfficientNet-Lite0 frozen on a fixed Fashion-MNIST subset: the first ``rows`` training
-    images, a quarter as many validation and test images."""
+           chance_epochs: int, encoder: str = "efficientnet-lite0") -> dict[str, Any]:
+    """An image encoder frozen on a fixed Fashion-MNIST subset: the first ``rows`` training
+    images, a quarter as many validation and test images; its summary row."""
     import dataclasses
 
     from corel.data import with_image_features
@@ -168,23 +173,59 @@ def images(data_dir: Path, rows: int, seeds: int, epochs: int, lr: float, lam: f
     pixels = dataclasses.replace(
         pixels, x_train=pixels.x_train[:rows], y_train=pixels.y_train[:rows], x_val=pixels.x_val[:part],
         y_val=pixels.y_val[:part], x_test=pixels.x_test[:part], y_test=pixels.y_test[:part])
+    one = dataclasses.replace(pixels, x_train=pixels.x_train[:1], y_train=pixels.y_train[:1],
+                              x_val=pixels.x_val[:1], y_val=pixels.y_val[:1], x_test=pixels.x_test[:1],
+                              y_test=pixels.y_test[:1])
+    with_image_features(one, encoder)  # its load is not the sweep's
     forget_features()
     started = time.perf_counter()
-    data = with_image_features(pixels, "efficientnet-lite0")
+    data = with_image_features(pixels, encoder)
     embedded = time.perf_counter() - started
-    base = {"dataset": "fashion-mnist", "encoder": "efficientnet-lite0", "lr": lr, "epochs": epochs}
+    base = {"dataset": "fashion-mnist", "encoder": encoder, "lr": lr, "epochs": epochs}
     specs = sweep_specs(base, seeds, lam)
     results = train(specs, data, chance_epochs)
     seconds = time.perf_counter() - started
     n = len(pixels.y_train) + len(pixels.y_val) + len(pixels.y_test)
-    print(f"Fashion-MNIST subset: {len(data.y_train)} training, {len(data.y_val)} validation, "
-          f"{len(data.y_test)} test images at 96 pixels; {n} embedded once in {embedded:.1f} s "
+    size = data.preprocessing["encoder"]["image_size"]
+    print(f"Fashion-MNIST subset, frozen {encoder}: {len(data.y_train)} training, {len(data.y_val)} validation, "
+          f"{len(data.y_test)} test images at {size} pixels; {n} embedded once in {embedded:.1f} s "
           f"({n / embedded:.0f} images/s)")
     print(f"raw pixels: {alone(pixels)}")
-    print(f"frozen EfficientNet-Lite0 alone: {alone(data)}")
+    by_itself = alone(data)
+    print(f"frozen {encoder} alone: {by_itself}")
     best = report(specs, results, data)
-    print(f"image frozen head MAP@R: {best[0]:.3f}")
-    print(f"image head sweep seconds: {seconds:.1f}")
+    if encoder == "efficientnet-lite0":
+        print(f"image frozen head MAP@R: {best[0]:.3f}")
+        print(f"image head sweep seconds: {seconds:.1f}")
+    return {"encoder": encoder, "rate": f"{n / embedded:.0f} images/s", "alone": by_itself,
+            "best": f"{best[0]:.3f} ({declaration(best[1]).short if best[1] else '-'})", "seconds": seconds}
+
+
+def text_sweep(base: dict[str, Any], data_dir: Path, seeds: int, lam: float,
+               chance_epochs: int) -> tuple[dict[str, Any], list[ExperimentSpec], float, float]:
+    """Every loss's heads over a frozen text encoder, the features computed first (from no
+    cache); its summary row, the specs, the best head's MAP@R and the sweep's seconds."""
+    model_inputs(["loaded first"], run_preprocessing(base["encoder"], "text"))  # its load is not the sweep's
+    forget_features()
+    computed = features.COMPUTED["texts"]
+    started = time.perf_counter()
+    data = load_dataset(ExperimentSpec(**base), data_dir)
+    embedded = time.perf_counter() - started
+    specs = sweep_specs(base, seeds, lam)
+    results = train(specs, data, chance_epochs)
+    seconds = time.perf_counter() - started
+    texts = features.COMPUTED["texts"] - computed
+    print(f"AG News, frozen {base['encoder']}: {len(data.y_train)} training, {len(data.y_val)} validation, "
+          f"{len(data.y_test)} test rows; {texts} texts embedded once in {embedded:.2f} s "
+          f"({texts / embedded:.0f} texts/s)")
+    by_itself = alone(data)
+    print(f"frozen encoder alone: {by_itself}")
+    best = report(specs, results, data)
+    print(f"{base['encoder']} head sweep seconds: {seconds:.1f} ({len(specs)} heads, features included)")
+    row = {"encoder": base["encoder"], "rate": f"{texts / embedded:.0f} texts/s", "texts_per_s": texts / embedded,
+           "alone": by_itself, "best": f"{best[0]:.3f} ({declaration(best[1]).short if best[1] else '-'})",
+           "seconds": seconds}
+    return row, specs, best[0], seconds
 
 
 def main() -> None:
@@ -197,37 +238,40 @@ def main() -> None:
     ap.add_argument("--baseline", type=int, default=len(LOSS_NAMES),
                     help="how many of the eleven separate experiments to run for real")
     ap.add_argument("--images", type=int, default=2000,
-                    help="Fashion-MNIST training images for EfficientNet-Lite0 (0: no image part)")
+                    help="Fashion-MNIST training images for the image encoders (0: no image part)")
+    ap.add_argument("--text-encoders", default="minilm,wordllama",
+                    help="frozen text encoders, each its sweep (the first also against separate experiments)")
+    ap.add_argument("--image-encoders", default="efficientnet-lite0,efficientnet-lite2")
     ap.add_argument("--smoke", action="store_true", help="a few seconds: 150 rows, 1 seed, 2 epochs")
     args = ap.parse_args()
     data_dir = Path(args.data_dir)
-    base: dict[str, Any] = {"dataset": "ag-news", "encoder": "minilm", "lr": args.lr, "epochs": args.epochs}
+    names = [n for n in args.text_encoders.split(",") if n]
+    base: dict[str, Any] = {"dataset": "ag-news", "encoder": names[0], "lr": args.lr, "epochs": args.epochs}
     chance_epochs = 5  # the service's default guard (COREL_CHANCE_EPOCHS)
     if args.smoke:  # two epochs on 22 validation rows: no verdict on learning
         args.seeds, args.epochs, args.baseline, chance_epochs, args.images = 1, 2, 1, 0, 40
         base = {**base, "dataset": "text", "dataset_path": str(smoke_table(data_dir, 150)), "epochs": 2}
-    text_transformers.load(files.installed("minilm", "text"))  # its load is not the sweep's
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.seeds} seeds, {args.epochs} "
           f"epochs, lr {args.lr:g}, batch 128, lam {args.lam:g} (the AR losses)")
 
-    # The sweep: one embedding pass, then every loss's heads.
-    forget_features()
-    computed = features.COMPUTED["texts"]
-    started = time.perf_counter()
-    data = load_dataset(ExperimentSpec(**base), data_dir)
-    embedded = time.perf_counter() - started
-    specs = sweep_specs(base, args.seeds, args.lam)
-    results = train(specs, data, chance_epochs)
-    sweep_seconds = time.perf_counter() - started
-    texts = features.COMPUTED["texts"] - computed
-    print(f"AG News, frozen all-MiniLM-L6-v2: {len(data.y_train)} training, {len(data.y_val)} validation, "
-          f"{len(data.y_test)} test rows; {texts} texts embedded once in {embedded:.1f} s "
-          f"({texts / embedded:.0f} texts/s)")
-    print(f"frozen encoder alone: {alone(data)}")
-    best = report(specs, results, data)
-
+    # Each sweep: one embedding pass, then every loss's heads.
+    rows = []
+    for name in names:
+        row, swept, best_map, seconds = text_sweep({**base, "encoder": name}, data_dir, args.seeds, args.lam,
+                                                   chance_epochs)
+        rows.append(row)
+        if name == names[0]:
+            specs, best, sweep_seconds = swept, best_map, seconds
     if args.images:
-        images(data_dir, args.images, args.seeds, args.epochs, args.lr, args.lam, chance_epochs)
+        for name in (n for n in args.image_encoders.split(",") if n):
+            rows.append(images(data_dir, args.images, args.seeds, args.epochs, args.lr, args.lam, chance_epochs,
+                               name))
+    print(f"{'encoder':<20}{'features':>16}  {'the encoder alone':<66}{'best head MAP@R':>26}{'sweep s':>9}")
+    for row in rows:
+        print(f"{row['encoder']:<20}{row['rate']:>16}  {row['alone']:<66}{row['best']:>26}{row['seconds']:>9.1f}")
+    rates = {row["encoder"]: row.get("texts_per_s") for row in rows}
+    if rates.get("minilm") and rates.get("wordllama"):
+        print(f"ratio wordllama / minilm texts/s: {rates['wordllama'] / rates['minilm']:.1f}")
 
     # The same sweep as separate experiments, each embedding again, seeds one after another.
     walls = []
@@ -247,7 +291,7 @@ def main() -> None:
         f"{len(LOSS_NAMES) - run} counted at that median)")
     print(f"separate experiments without the feature cache: {separate:.1f} s{note}")
     print(f"ratio separate / sweep wall time: {separate / sweep_seconds:.2f}")
-    print(f"frozen head MAP@R: {best[0]:.3f}")
+    print(f"frozen head MAP@R: {best:.3f}")
     print(f"head sweep seconds: {sweep_seconds:.1f}")
 
 

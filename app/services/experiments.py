@@ -38,7 +38,7 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
                 f"{upload.summary['split_column']!r}); leave val_fraction and test_fraction unset"
             )
     spec = body.to_spec()
-    if body.dataset_id is not None and spec.encoder_mode == "finetune":
+    if body.dataset_id is not None and spec.fine_tunes:
         _check_one_batch(upload.summary, spec)
     stored = spec.model_dump(mode="json", exclude={"dataset_path", "word_vectors", "encoder_path"})
     if body.encoder_id is not None:
