@@ -291,6 +291,12 @@ class Workers:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
 
+    def kill_all(self) -> None:
+        """SIGKILL every worker this session started that still runs (a test that needs the
+        queue to itself: no other worker may take its run, nor a reconciler hand it on)."""
+        for proc in self.procs:
+            self.kill(proc)
+
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:

@@ -76,8 +76,9 @@ def test_killed_worker_resumes_with_the_same_result(client, workers, worker):
     """SIGKILL the worker mid-run; a new worker resumes from the last checkpoint and
     ends exactly where an uninterrupted run with the same seed ends."""
     spec = {**FASHION, "train_subset": 20_000, "epochs": 6, "seed": 7, "loss": "center", "lam": 0.1}
-    # The shared worker must not take this one: stop it, use a private one.
-    workers.kill(worker)
+    # No other worker must take this one: stop them all (the shared one, and any another test
+    # left), use a private one.
+    workers.kill_all()
     mine = workers.start()
     eid = client.post("/experiments", json=spec).json()["id"]
     wait_for(client, eid, lambda b: b["current_epoch"] >= 2, workers=workers)

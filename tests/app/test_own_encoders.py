@@ -266,7 +266,7 @@ def test_a_run_on_an_uploaded_encoder_resumes_on_a_worker_with_another_data_dire
     host = {name: settings.model_copy(update={"var_dir": tmp_path / name,
                                               "artifacts_dir": settings.artifact_dir})
             for name in ("a", "b")}
-    workers.kill(worker)  # the shared worker (the session's data directory) must not take it
+    workers.kill_all()  # no other worker (the session's data directory) may take it
     first = workers.start(host["a"])
     eid = client.post("/experiments", json=spec).json()["id"]
     wait_for(client, eid, lambda b: b["current_epoch"] >= 2, workers=workers, timeout=180)
