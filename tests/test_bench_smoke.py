@@ -41,6 +41,8 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "cnn_rows.py": (r"\| digits/cnn \| Cosine-COREL \| 0\.5 \| [\d.]+ \+- [\d.]+ \| 2 \| 5 of 5 \|", set()),
     "cosine_repulsion.py": (r"difference \(corel - authors'\): [+-][\d.]+ points", {SHARED}),
     "dashboard_pages.py": (r"slowest page median [\d.]+ ms", {SERVICES}),
+    "features.py": (r"features ratio corel / sentence-transformers texts/s: [\d.]+\n"
+                    r"features MAP@R corel / sentence-transformers: [\d.]+ / [\d.]+", {SHARED, MINILM, FASHION}),
     "distance_backward.py": (r"ratio cdist's / corel's \(Python\): [\d.]+x", set()),
     "encoders.py": (r"head sweep seconds: [\d.]+", {SHARED, MINILM}),
     "embed_throughput.py": (r"\(c\) 2 concurrent clients, single images: \d+ requests/s", {FASHION}),
