@@ -19,7 +19,7 @@ Last lines: ``features ratio corel / sentence-transformers texts/s: R`` (the fas
 that passed its gate) and ``features MAP@R corel / sentence-transformers: A / B``.
 
 Run: ``.venv/bin/python bench/features.py [--data-dir ../shared/datasets] [--images 2000]``.
-``--smoke``: 300 texts, 60 images.
+``--smoke``: 80 texts, 50 images.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def cosines(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 
 def timed(encode: Callable[[list[str]], np.ndarray], texts: list[str]) -> tuple[torch.Tensor, float]:
-    encode(texts[:32])  # warm: the first call's one-off work is not the path's speed
+    encode(texts[:8])  # warm: the first call's one-off work is not the path's speed
     started = time.perf_counter()
     out = encode(texts)
     return torch.from_numpy(np.asarray(out, dtype=np.float32)), len(texts) / (time.perf_counter() - started)
@@ -173,14 +173,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
     ap.add_argument("--images", type=int, default=2000, help="Fashion-MNIST training images (0: none)")
-    ap.add_argument("--smoke", action="store_true", help="300 texts and 60 images: seconds")
+    ap.add_argument("--smoke", action="store_true", help="80 texts and 50 images: seconds")
     args = ap.parse_args()
     # torch's dynamic quantization is deprecated in favour of torchao (not installed here).
     warnings.filterwarnings("ignore", message=".*quantiz.*")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU: {cpu_flags()}")
     if args.images:
-        images_part(Path(args.data_dir), 48 if args.smoke else args.images)
-    texts_part(Path(args.data_dir), 240 if args.smoke else None)
+        images_part(Path(args.data_dir), 40 if args.smoke else args.images)
+    texts_part(Path(args.data_dir), 64 if args.smoke else None)
 
 
 if __name__ == "__main__":
