@@ -15,6 +15,7 @@ over an uploaded table's vectors are its entries; one name may cover several mod
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -59,6 +60,19 @@ FAMILIES: dict[str, str] = {
 }
 """The encoder families, each a module of :mod:`corel.encoders`; a pretrained family's
 ``FAMILY`` implements the contract (:class:`corel.encoders.contract.Family`)."""
+
+FEATURE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
+"""What a run may ask its frozen encoder's features to be computed in (the spec's
+``encoder_precision``; corel.encoders.precision chooses for ``auto``)."""
+
+FEATURE_PATHS: dict[str, tuple[str, ...]] = {
+    "sentence-transformers": ("fp32", "bf16", "int8"),
+    "timm": ("fp32", "bf16"),
+    "static": ("fp32",),
+}
+"""The CPU paths each family computes frozen features on: torch in float32 and with its
+weights in bfloat16; int8 through ONNX Runtime (text transformers). WordLlama's features
+are a table lookup and a mean: fp32 only."""
 
 KEY_MAPS: dict[str, dict[str, dict[str, str]]] = {
     "efficientnet-original": {
@@ -271,6 +285,38 @@ _DECLARED = [
 
 DECLARATIONS: dict[tuple[str, Modality], EncoderDeclaration] = {d.key: d for d in _DECLARED}
 """Every declared encoder, by (name, modality)."""
+
+
+@functools.cache
+def cpu_offers() -> dict[str, bool]:
+    """What this CPU computes natively: ``bf16`` (AVX-512 BF16 or AMX-BF16), ``int8`` dot
+    products (AVX-512 VNNI, AVX-VNNI or AMX-INT8), ``amx``; from /proc/cpuinfo (all False
+    where it cannot be read: then only fp32 is offered)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = set(f.read().split())
+    except OSError:
+        flags = set()
+    return {"bf16": bool(flags & {"avx512_bf16", "amx_bf16"}),
+            "int8": bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"}),
+            "amx": "amx_bf16" in flags}
+
+
+def precision_problem(decl: EncoderDeclaration, name: str, precision: str) -> str | None:
+    """Why encoder ``name`` (``decl``) cannot compute its frozen features in ``precision``
+    on this machine's CPU, or None."""
+    if precision not in FEATURE_PRECISIONS:
+        return f"unknown encoder_precision {precision!r}; allowed: {', '.join(FEATURE_PRECISIONS)}"
+    if precision in ("auto", "fp32"):
+        return None
+    offered = FEATURE_PATHS.get(decl.family, ("fp32",))
+    if precision not in offered:
+        return (f"encoder {name!r} does not compute {precision} features (it offers "
+                f"{', '.join(('auto', *offered))})")
+    if not cpu_offers()[precision]:
+        need = "AVX-512 BF16 or AMX" if precision == "bf16" else "AVX-512 VNNI, AVX-VNNI or AMX"
+        return f"this CPU cannot compute {precision} natively (it needs {need}); use auto or fp32"
+    return None
 
 
 def models_for(modality: str) -> tuple[str, ...]:

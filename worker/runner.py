@@ -259,6 +259,7 @@ class DatabaseRecorder(Callback):
                 current_epoch=metrics.epoch,
                 device=device_name(run.device),
                 precision=run.precision,
+                features=features_record(run.data.preprocessing),
                 best_epoch=run.best_epoch,
                 best_val_accuracy=run.best_val_accuracy,
                 test_accuracy=run.test_accuracy,
@@ -269,6 +270,12 @@ class DatabaseRecorder(Callback):
         METRICS.epoch_done(metrics.seconds, len(run.data.y_train))
         log.info("epoch done", extra={"experiment": self.experiment_id, **metrics.to_dict()})
         return self.cancelled
+
+
+def features_record(preprocessing: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a run records of its frozen encoder's features' path (None: none such)."""
+    found = ((preprocessing or {}).get("encoder") or {}).get("features_path")
+    return found if isinstance(found, dict) else None
 
 
 def materialise_upload(session: Session, dataset_id: int, settings: Settings) -> Path:
@@ -540,7 +547,8 @@ class GroupRecorder(GroupCallback):
                     continue
                 mine = lifecycle.heartbeat(
                     session, experiment_id, current_epoch=m.epoch, device=device_name(group.device),
-                    precision=group.precision, best_epoch=run.best_epoch,
+                    precision=group.precision, features=features_record(group.data.preprocessing),
+                    best_epoch=run.best_epoch,
                     best_val_accuracy=run.best_val_accuracy, test_accuracy=run.test_accuracy,
                     train_seconds=Experiment.train_seconds + m.seconds)
                 if not mine:

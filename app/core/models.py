@@ -159,6 +159,9 @@ class Experiment(Base):
     # H200)"; "fp32" or "bf16" (the spec's, where the device can).
     device: Mapped[str | None] = mapped_column(String(120))
     precision: Mapped[str | None] = mapped_column(String(8))
+    # A frozen pretrained encoder's features, from the first epoch: the CPU path they were
+    # computed on, what the spec asked and the parity gate's figures (corel.encoders.precision).
+    features: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(255))

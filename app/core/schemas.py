@@ -220,6 +220,11 @@ class ExperimentRead(BaseModel):
     precision: Literal["fp32", "bf16"] | None = Field(
         default=None, description="The precision it trained in, from its first epoch: the "
         "spec's, where the device can (a GPU without bfloat16 trains a bf16 spec in fp32).")
+    features: dict[str, Any] | None = Field(
+        default=None, description="A frozen pretrained encoder's features, from the first epoch: "
+        "the CPU path they were computed on (precision: fp32, bf16 or int8), what the spec asked "
+        "(asked: encoder_precision), and the parity gate's figures on held-out rows (gate: per "
+        "path rows_per_s, cos_p1, cos_min, map_at_r, passed, why).")
     cancel_requested: bool
     attempts: int
     created_at: Timestamp
@@ -229,7 +234,8 @@ class ExperimentRead(BaseModel):
     warnings: list[str] = Field(
         default_factory=list,
         description="What the spec allows but will most likely not train (Gaussian-COREL "
-        "with lam < 0.5).")
+        "with lam < 0.5), and what the frozen encoder's features' path did not use and why (a "
+        "path that failed the parity gate, an encoder that does not export).")
     prediction: str | None = Field(
         default=None,
         description="How /predict and the test accuracy predict for this loss: 'class vectors' "
@@ -242,6 +248,7 @@ class ExperimentRead(BaseModel):
         defaults = ExperimentSpec.model_fields
         loss = self.spec.get("loss", defaults["loss"].default)
         self.warnings = spec_warnings(loss, self.spec.get("lam", defaults["lam"].default))
+        self.warnings += [str(w) for w in (self.features or {}).get("warnings") or []]
         decl = DECLARATIONS.get(loss)
         self.prediction = decl.prediction if decl else None
         return self

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,7 +68,8 @@ from corel.data.text import (
     text_warnings,
     tokenize,
 )
-from corel.encoders import features_progress, model_inputs, run_preprocessing
+from corel.encoders import choose_features, features_progress, model_inputs, run_preprocessing
+from corel.encoders.precision import fixed_features
 from corel.spec import ExperimentSpec
 
 __all__ = [
@@ -152,6 +154,7 @@ def load_dataset(
     spec: ExperimentSpec, data_dir: PathLike | None = None, *, download: bool = False,
     features_dir: PathLike | None = None,
     on_features: Callable[[str, int, int], None] | None = None,
+    features_path: dict[str, Any] | None = None,
 ) -> Dataset:
     """Load ``spec.dataset`` with its fixed split; keep the first ``spec.train_subset`` of train.
 
@@ -159,10 +162,12 @@ def load_dataset(
     Fashion-MNIST or AG News when they are not found: see :mod:`corel.data.download`). Raises DatasetNotFoundError naming every place
     looked, ValueError for malformed data. With a frozen pretrained encoder (``spec.encoder``)
     the inputs are its features, kept in ``features_dir`` (when given) for later processes;
-    ``on_features(encoder, done, total)`` hears how far their computation is.
+    ``on_features(encoder, done, total)`` hears how far their computation is. The features'
+    CPU path is chosen for ``spec.encoder_precision`` (corel.encoders.precision), unless
+    ``features_path`` (a checkpoint's recorded ``encoder.features_path``: a resumed run's) fixes it.
     """
-    if on_features is not None:
-        with features_progress(on_features):
+    if on_features is not None or features_path is not None:
+        with features_progress(on_features), fixed_features(features_path):
             return load_dataset(spec, data_dir, download=download, features_dir=features_dir)
     if not isinstance(spec, ExperimentSpec):
         raise ValueError(f"load_dataset needs an ExperimentSpec, got {type(spec).__name__}")
@@ -182,16 +187,19 @@ def load_dataset(
         return dataclasses.replace(data, preprocessing=run_preprocessing(
             spec.encoder, "image", "finetune", spec.encoder_path, data.preprocessing))
     if spec.encoder is not None:  # images: the loader's pixels, then the frozen encoder
-        data = with_image_features(data, spec.encoder, features, spec.encoder_path)
+        data = with_image_features(data, spec.encoder, features, spec.encoder_path, spec.encoder_precision)
     return data
 
 
 def with_image_features(data: Dataset, name: str, features_dir: PathLike | None = None,
-                        encoder_path: PathLike | None = None) -> Dataset:
+                        encoder_path: PathLike | None = None, precision: str = "auto") -> Dataset:
     """An image dataset's splits as frozen pretrained encoder ``name``'s features (computed
-    once: corel.encoders.features), with the preprocessing a checkpoint records (the pixels'
-    own, then the encoder). ``encoder_path``: the weights of a user's own (``timm:<arch>``)."""
+    once: corel.encoders.features, on the CPU path corel.encoders.precision chooses on the
+    validation split for ``precision``), with the preprocessing a checkpoint records (the
+    pixels' own, then the encoder). ``encoder_path``: the weights of a user's own
+    (``timm:<arch>``)."""
     preprocessing = run_preprocessing(name, "image", "frozen", encoder_path, data.preprocessing)
+    preprocessing = choose_features(preprocessing, data.x_val, data.y_val, precision, features_dir)
 
     def features(x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = model_inputs(x, preprocessing, features_dir, keep=True)

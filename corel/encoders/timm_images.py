@@ -30,6 +30,7 @@ from corel.encoders import features as cache
 from corel.encoders.contract import ONNX_OPSET as OPSET
 from corel.encoders.contract import ExportPart, Family
 from corel.encoders.finetune import KeepFrozenInEval, freeze
+from corel.encoders.precision import path_of
 
 __all__ = ["BATCH", "KEEP_CHUNK", "ImageEncoder", "ImageTower", "TimmImages", "fit_timm_weights",
            "image_stages", "load", "pixels", "read_weights", "renamed", "timm_architecture"]
@@ -44,6 +45,7 @@ DEFAULT_MEAN, DEFAULT_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 """ImageNet's, for an architecture whose configuration gives none."""
 
 _LOAD_LOCK = threading.Lock()
+_FAST: dict[tuple[str, str, str], nn.Module] = {}
 
 
 def pixels(x: torch.Tensor, size: int, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -329,20 +331,39 @@ def load(name: str, path: str | os.PathLike[str], with_classifier: bool = False)
         return _load(name, str(path))
 
 
-def _encode(model: nn.Module, x: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+def _fast(name: str, path: str, precision: str) -> nn.Module:
+    """The frozen encoder as its features are computed on the CPU: a copy in channels-last
+    memory (measured 1.37x timm's own layout at cosine 1.00000 on EfficientNet-Lite0), its
+    weights in bfloat16 for ``bf16``; made once per process."""
+    with _LOAD_LOCK:
+        key = (name, path, precision)
+        model = _FAST.get(key)
+        if model is None:
+            model = copy.deepcopy(_load(name, path)).to(memory_format=torch.channels_last)
+            if precision == "bf16":
+                model = model.to(torch.bfloat16)
+            _FAST[key] = model
+        return model
+
+
+def _encode(model: nn.Module, x: torch.Tensor, meta: dict[str, Any], precision: str = "fp32",
+            report: bool = True) -> torch.Tensor:
     size = int(meta["image_size"])
     mean = torch.tensor(meta["mean"]).view(1, 3, 1, 1)
     std = torch.tensor(meta["std"]).view(1, 3, 1, 1)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     out = []
-    progress = cache.progress()
+    progress = cache.progress() if report else None
     with torch.inference_mode():
         for start in range(0, len(x), BATCH):
             if progress is not None and start:
                 progress(meta["name"], start, len(x))  # the batches before this one
-            out.append(model(pixels(x[start:start + BATCH].float(), size, mean, std)))
+            batch = pixels(x[start:start + BATCH].float(), size, mean, std)
+            out.append(model(batch.to(dtype).contiguous(memory_format=torch.channels_last)).float())
     if progress is not None and len(x):
         progress(meta["name"], len(x), len(x))
-    cache.COMPUTED["images"] += len(x)
+    if report:
+        cache.COMPUTED["images"] += len(x)
     return torch.cat(out) if out else torch.empty(0, int(meta["features"]))
 
 
@@ -386,14 +407,22 @@ class TimmImages(Family):
     def features(self, raw: Any, preprocessing: dict[str, Any], path: Path,
                  cache_dir: str | Path | None = None, *, keep: bool = True) -> torch.Tensor:
         meta = preprocessing["encoder"]
-        model = load(meta["name"], path)
+        precision = path_of(preprocessing)
+        model = _fast(meta["name"], str(path), precision)
         if not keep:
-            return _encode(model, raw, meta)
+            return _encode(model, raw, meta, precision)
         contiguous = raw.detach().cpu().contiguous()
         data_key = hashlib.sha256(contiguous.numpy().tobytes()).hexdigest()
         settings = f"{meta['image_size']}|{meta['mean']}|{meta['std']}|{tuple(contiguous.shape)}"
-        key = (meta["digest"], hashlib.sha256((data_key + settings).encode()).hexdigest())
-        return cache.cached(key, cache_dir, lambda: _encode(model, contiguous, meta))
+        key = (cache.keyed(preprocessing), hashlib.sha256((data_key + settings).encode()).hexdigest())
+        return cache.cached(key, cache_dir, lambda: _encode(model, contiguous, meta, precision))
+
+    def paths(self) -> tuple[str, ...]:
+        return ("fp32", "bf16")
+
+    def compute(self, precision: str, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
+        meta = preprocessing["encoder"]
+        return _encode(_fast(meta["name"], str(path), precision), raw, meta, precision, report=False)
 
     def inputs(self, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
         return cast(torch.Tensor, raw)  # the dataset's own pixels: the tower prepares them

@@ -70,6 +70,15 @@ def check_same_encoder(checkpoint: dict[str, Any], preprocessing: dict[str, Any]
                          f"hold ({str(now)[:12]}); cannot resume from it")
 
 
+def recorded_features(checkpoint: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The features' CPU path a checkpoint's run computed on (its preprocessing's
+    ``encoder.features_path``; None: none recorded), which a resumed run computes on again."""
+    if checkpoint is None:
+        return None
+    found = (json.loads(checkpoint.get("preprocessing") or "{}").get("encoder") or {}).get("features_path")
+    return found if isinstance(found, dict) else None
+
+
 def rng_state(shuffle: torch.Generator, device: torch.device) -> dict[str, Any]:
     """The random state a checkpoint carries: the global one (dropout), the data order's,
     and the GPU's when the run is on one."""

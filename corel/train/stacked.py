@@ -73,6 +73,7 @@ from corel.train.checkpoints import (
     check_same_encoder,
     cpu_state,
     optimizer_state,
+    recorded_features,
     restore_rng,
 )
 from corel.train.graphs import GraphedSteps
@@ -605,7 +606,8 @@ def fit_group(
     check_group(checked)
     if data is None:
         data = load_dataset(checked[0], data_dir, features_dir=options.features_dir,
-                            on_features=options.on_features)
+                            on_features=options.on_features,
+                            features_path=recorded_features(checkpoints[0] if checkpoints else None))
     group = StackedRun.start(checked, data, device=device, checkpoints=checkpoints, options=options)
     y_val = group.data.y_val
     guard = GroupChanceGuard(chance_accuracy(y_val), chance_epochs, len(y_val))

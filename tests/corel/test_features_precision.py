@@ -1,0 +1,169 @@
+"""A frozen encoder's features on the fastest CPU path that keeps the ranking
+(corel.encoders.precision): the parity gate on held-out rows, a path that fails it never
+used by ``auto``, an asked-for path used with a warning, the recorded path used by a served
+model and by a resumed run, and the spec's ``encoder_precision`` refused where the encoder
+or the CPU cannot."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+
+import corel.encoder_catalog as catalog
+from corel.data import load_dataset
+from corel.encoders import precision, recorded
+from corel.serving import ServedModel
+from corel.spec import ExperimentSpec
+from corel.train import Callback, checkpoint_from_bytes, checkpoint_to_bytes, fit
+from tests.conftest import SHARED_DATASETS, require
+
+
+@pytest.fixture(scope="module")
+def news(tmp_path_factory):
+    """400 AG News rows as a text table: 100 held out for validation (the gate's rows)."""
+    require((SHARED_DATASETS / "ag_news" / "test.csv").exists(), "AG News test split")
+    with open(SHARED_DATASETS / "ag_news" / "test.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))[:400]
+    path = tmp_path_factory.mktemp("news") / "news.npz"
+    np.savez(path, texts=np.array([f"{r[1]} {r[2]}" for r in rows]),
+             y=np.array([int(r[0]) - 1 for r in rows]),
+             class_names=np.array(["World", "Sports", "Business", "Sci/Tech"]))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_verdicts(monkeypatch):
+    """Each test's gate judges anew (no verdict kept from another test's)."""
+    monkeypatch.setattr(precision, "_CHOICES", {})
+
+
+def spec(news, **fields) -> ExperimentSpec:
+    return ExperimentSpec(**{"dataset": "text", "dataset_path": str(news), "encoder": "minilm",
+                             "val_fraction": 0.25, "test_fraction": 0.25, "loss": "cosine", "lam": 0.85,
+                             "epochs": 2, "batch_size": 32, "lr": 1e-3, "hidden": 32, **fields})
+
+
+def split_texts(news, data) -> list[str]:
+    """The test split's texts in the loader's order, found by their features (whatever the
+    path, a row's nearest fp32 vector is its own text's)."""
+    with np.load(news) as table:
+        texts = [str(t) for t in table["texts"]]
+    fp32 = computed(data, "fp32", texts)
+    found = torch.nn.functional.normalize(data.x_test, dim=1) @ torch.nn.functional.normalize(fp32, dim=1).T
+    return [texts[int(i)] for i in found.argmax(1)]
+
+
+def computed(data, path_name: str, texts: list[str]) -> torch.Tensor:
+    _, fam, path = recorded(data.preprocessing)
+    return fam.compute(path_name, texts, data.preprocessing, path)
+
+
+def test_auto_takes_the_fastest_path_that_passes_the_gate_and_computes_the_data_on_it(news):
+    data = load_dataset(spec(news))
+    record = data.preprocessing["encoder"]["features_path"]
+    gate = record["gate"]
+    offers = catalog.cpu_offers()
+    assert set(gate) == {"fp32"} | {p for p in ("bf16", "int8") if offers[p]}
+    assert record["gate_rows"] == len(data.y_val) == 100
+    fast = [p for p, row in gate.items() if p != "fp32" and row["passed"]
+            and row["rows_per_s"] >= precision.FASTER * gate["fp32"]["rows_per_s"]]
+    want = max(fast, key=lambda p: gate[p]["rows_per_s"]) if fast else "fp32"
+    assert record["precision"] == want
+    for row in gate.values():  # the verdicts follow from the figures
+        assert row["passed"] == (row["cos_p1"] >= precision.GATE_COSINE
+                                 and abs(row["map_at_r"] - gate["fp32"]["map_at_r"]) <= precision.GATE_MAP)
+    # The data went through the recorded path: its test rows are that path's features of
+    # the test texts (computed as the loader did, in one list), and no other path's.
+    texts = split_texts(news, data)
+    assert torch.equal(data.x_test, computed(data, want, texts))
+    for other in set(gate) - {want}:
+        assert not torch.equal(data.x_test, computed(data, other, texts))
+
+
+def test_a_path_that_fails_the_gate_is_never_used_and_the_warnings_say_why(news, monkeypatch):
+    monkeypatch.setattr(precision, "GATE_COSINE", 0.9999999)  # stricter than bf16 or int8 can be
+    data = load_dataset(spec(news))
+    record = data.preprocessing["encoder"]["features_path"]
+    assert record["precision"] == "fp32"
+    failed = [p for p in record["gate"] if p != "fp32"]
+    assert failed, "this CPU offers no bf16 or int8 path to judge"
+    for name in failed:
+        assert not record["gate"][name]["passed"]
+        assert "cosine to fp32" in record["gate"][name]["why"]
+        assert any(w.startswith(f"features: {name} failed the parity gate") and w.endswith("not used")
+                   for w in record["warnings"])
+    assert torch.equal(data.x_test, computed(data, "fp32", split_texts(news, data)))
+
+
+def test_an_asked_path_is_used_even_when_it_fails_and_the_warnings_say_so(news, monkeypatch):
+    if not catalog.cpu_offers()["bf16"]:
+        with pytest.raises(ValueError, match="this CPU cannot compute bf16"):
+            spec(news, encoder_precision="bf16")
+        return
+    monkeypatch.setattr(precision, "GATE_COSINE", 0.9999999)
+    data = load_dataset(spec(news, encoder_precision="bf16"))
+    record = data.preprocessing["encoder"]["features_path"]
+    assert (record["asked"], record["precision"]) == ("bf16", "bf16")
+    assert set(record["gate"]) == {"fp32", "bf16"}
+    assert record["warnings"] == [f"features: bf16 failed the parity gate ({record['gate']['bf16']['why']}); "
+                                  "used all the same, as asked"]
+
+
+def test_a_served_model_and_a_resumed_run_compute_on_the_recorded_path(news, monkeypatch):
+    saved: list[bytes] = []
+
+    class StopAfterOne(Callback):
+        def on_epoch_end(self, metrics, run):
+            saved.append(checkpoint_to_bytes(run.checkpoint()))
+            return True
+
+    first = fit(spec(news), [StopAfterOne()], chance_epochs=0)
+    chosen = first.run.data.preprocessing["encoder"]["features_path"]["precision"]
+    served = ServedModel.from_bytes(saved[-1])
+    texts = ["Stocks fell as the central bank raised rates", "The striker scored twice in the final"]
+    want = computed(first.run.data, chosen, texts)
+    assert torch.equal(served.prepare(texts), want)
+    # A gate that would now refuse every faster path: the resumed run keeps the one it began on.
+    monkeypatch.setattr(precision, "GATE_COSINE", 0.9999999)
+    monkeypatch.setattr(precision, "_CHOICES", {})
+    resumed = fit(spec(news), checkpoint=checkpoint_from_bytes(saved[-1]), chance_epochs=0)
+    assert resumed.run.data.preprocessing["encoder"]["features_path"]["precision"] == chosen
+    assert torch.equal(resumed.run.data.x_val, first.run.data.x_val)
+    fresh = load_dataset(spec(news))
+    assert fresh.preprocessing["encoder"]["features_path"]["precision"] == "fp32"
+
+
+def test_too_few_held_out_rows_stay_on_fp32(news):
+    data = load_dataset(spec(news, val_fraction=0.05))  # 20 rows
+    record = data.preprocessing["encoder"]["features_path"]
+    if not any(catalog.cpu_offers()[p] for p in ("bf16", "int8")):
+        assert record["gate"] == {}
+        return
+    assert record["precision"] == "fp32" and record["gate"] == {}
+    assert "too few" in record["note"]
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"dataset": "ag-news", "encoder": "wordllama", "encoder_precision": "int8"},
+     "encoder 'wordllama' does not compute int8 features (it offers auto, fp32)"),
+    ({"dataset": "fashion-mnist", "encoder": "efficientnet-lite0", "encoder_precision": "int8"},
+     "encoder 'efficientnet-lite0' does not compute int8 features (it offers auto, fp32, bf16)"),
+    ({"dataset": "ag-news", "encoder_precision": "bf16"}, "encoder_precision 'bf16' needs a frozen pretrained"),
+    ({"dataset": "ag-news", "encoder": "minilm", "encoder_mode": "finetune", "encoder_precision": "int8"},
+     "applies to a frozen encoder's features"),
+    ({"dataset": "ag-news", "encoder": "minilm", "encoder_precision": "fp16"}, "encoder_precision"),
+])
+def test_a_precision_the_encoder_cannot_compute_is_refused(fields, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        ExperimentSpec(**fields)
+
+
+@pytest.mark.parametrize("asked", ["bf16", "int8"])
+def test_a_precision_this_cpu_cannot_compute_is_refused(asked, monkeypatch):
+    monkeypatch.setattr(catalog, "cpu_offers", lambda: {"bf16": False, "int8": False, "amx": False})
+    with pytest.raises(ValueError, match=f"this CPU cannot compute {asked} natively"):
+        ExperimentSpec(dataset="ag-news", encoder="minilm", encoder_precision=asked)
+    ExperimentSpec(dataset="ag-news", encoder="minilm", encoder_precision="fp32")
