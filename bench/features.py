@@ -4,16 +4,18 @@ In one run on the AG News texts (the shared test split of 7,600, corel's own 70/
 its 5,320 training and 1,140 test rows):
 
 1. sentence-transformers' torch ``encode`` at batch 32 (what a user calls);
-2. corel's paths over the same all-MiniLM-L6-v2: ``fp32`` (corel's frozen path today:
-   ``encode`` at batch 16), ``bf16`` (a copy of the model with its weights in bfloat16),
-   ``autocast`` (fp32 weights, the forward under bfloat16 autocast) and ``int8`` (torch's
-   dynamic quantization of the Linear layers);
+2. corel's paths over the same all-MiniLM-L6-v2, as a run computes its features
+   (corel.encoders.precision): ``fp32`` (sentence-transformers' ``encode`` at batch 16),
+   ``bf16`` (a copy with its weights in bfloat16), ``int8`` (ONNX Runtime, the Linear layers'
+   weights per channel in int8), those this CPU offers; and what corel's ``auto`` picks on
+   the validation split's first 256 rows (the gate a run applies);
 
 each with its texts/s, MAP@R of the test rows against the training rows (cosine), and the
 first percentile and the minimum of each row's cosine to its fp32 vector. The parity gate
 (issue 60): the first percentile at least 0.99 and MAP@R within 0.005 of fp32's; ``auto``
 is the fastest path that passes. The same for EfficientNet-Lite0 on ``--images`` Fashion-MNIST
-images against timm's fp32 forward (``--images 0``: none).
+images against timm's fp32 forward (``--images 0``: none): corel's fp32 there is
+channels-last, its bf16 a bfloat16 copy.
 
 Last lines: ``features ratio corel / sentence-transformers texts/s: R`` (the fastest path
 that passed its gate) and ``features MAP@R corel / sentence-transformers: A / B``.
@@ -25,7 +27,6 @@ Run: ``.venv/bin/python bench/features.py [--data-dir ../shared/datasets] [--ima
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import time
 import warnings
@@ -37,7 +38,8 @@ import numpy as np
 import torch
 
 from corel.data import ag_news_texts, load_dataset
-from corel.encoders import files
+from corel.encoder_catalog import cpu_offers
+from corel.encoders import choose_features, files, run_preprocessing
 from corel.encoders import timm_images as images
 from corel.retrieval import retrieval_metrics
 from corel.spec import ExperimentSpec
@@ -71,19 +73,22 @@ def timed(encode: Callable[[list[str]], np.ndarray], texts: list[str]) -> tuple[
     return torch.from_numpy(np.asarray(out, dtype=np.float32)), len(texts) / (time.perf_counter() - started)
 
 
-def text_paths(model: Any) -> dict[str, Callable[[list[str]], np.ndarray]]:
-    def encode_with(m: Any, batch: int, autocast: bool = False) -> Callable[[list[str]], np.ndarray]:
-        def run(texts: list[str]) -> np.ndarray:
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                out = m.encode(texts, batch_size=batch, convert_to_tensor=True, show_progress_bar=False)
-            return out.float().numpy()
-        return run
+def text_paths(model: Any, path: Path) -> dict[str, Callable[[list[str]], np.ndarray]]:
+    """sentence-transformers' own ``encode`` (what a user calls), then corel's paths as a
+    run computes them (corel.encoders.text_transformers: fp32, bf16 weights, int8 ONNX
+    Runtime), those this CPU offers."""
+    from corel.encoders.text_transformers import FAMILY
 
-    bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    int8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
-    return {"sentence-transformers": encode_with(model, 32), "fp32": encode_with(model, 16),
-            "bf16": encode_with(bf16, 16), "autocast": encode_with(model, 16, autocast=True),
-            "int8": encode_with(int8, 16)}
+    def st(texts: list[str]) -> np.ndarray:
+        with torch.inference_mode():
+            return np.asarray(model.encode(texts, batch_size=32, show_progress_bar=False))
+
+    def corel_path(name: str) -> Callable[[list[str]], np.ndarray]:
+        return lambda texts: FAMILY.compute(name, texts, {"encoder": {"name": "minilm"}}, path).numpy()
+
+    offers = cpu_offers()
+    return {"sentence-transformers": st,
+            **{name: corel_path(name) for name in FAMILY.paths() if name == "fp32" or offers[name]}}
 
 
 def report(rows: dict[str, dict[str, float]], unit: str) -> str:
@@ -111,10 +116,11 @@ def texts_part(data_dir: Path, limit: int | None) -> None:
         train, test = (train[0][:limit], train[1][:limit]), (test[0][: limit // 4], test[1][: limit // 4])
     texts = list(train[0]) + list(test[0])
     y_train, y_test = torch.from_numpy(train[1]), torch.from_numpy(test[1])
-    model = load(files.installed("minilm", "text"))
+    path = files.installed("minilm", "text")
+    model = load(path)
     outs: dict[str, torch.Tensor] = {}
     rows: dict[str, dict[str, float]] = {}
-    for name, encode in text_paths(model).items():
+    for name, encode in text_paths(model, path).items():
         outs[name], rate = timed(encode, texts)
         n = len(train[0])
         rows[name] = {"rate": rate, "map": map_at_r(outs[name][n:], y_test, outs[name][:n], y_train)}
@@ -122,6 +128,12 @@ def texts_part(data_dir: Path, limit: int | None) -> None:
         rows[name]["p1"], rows[name]["min"] = cosines(outs[name], outs["fp32"])
     print(f"AG News, all-MiniLM-L6-v2: {len(texts)} texts ({len(train[0])} training, {len(test[0])} test)")
     best = report(rows, "texts")
+    val = split.val if not limit else (split.val[0][: limit // 2], split.val[1][: limit // 2])
+    auto = choose_features(run_preprocessing("minilm", "text"), list(val[0]), torch.from_numpy(val[1]))
+    record = auto["encoder"]["features_path"]
+    print(f"corel's auto on {record.get('gate_rows', 0)} validation rows picks: {record['precision']} "
+          + " ".join(f"({p}: {g.get('rows_per_s', 0):.1f}/s, cos p1 {g.get('cos_p1', 0):.5f}, "
+                     f"{'pass' if g['passed'] else 'fail'})" for p, g in record["gate"].items()))
     st = rows["sentence-transformers"]
     print(f"features ratio corel / sentence-transformers texts/s: {rows[best]['rate'] / st['rate']:.2f}")
     print(f"features MAP@R corel / sentence-transformers: {rows[best]['map']:.4f} / {st['map']:.4f}")
@@ -135,24 +147,22 @@ def images_part(data_dir: Path, rows_wanted: int) -> None:
     model = images.load("efficientnet-lite0", files.installed("efficientnet-lite0", "image"))
     mean, std = torch.full((1, 3, 1, 1), 0.5), torch.full((1, 3, 1, 1), 0.5)
 
-    def forward_with(m: torch.nn.Module, dtype: torch.dtype | None = None, autocast: bool = False,
-                     channels_last: bool = False) -> Callable[[torch.Tensor], np.ndarray]:
-        def run(batch: torch.Tensor) -> np.ndarray:
-            out = []
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                for start in range(0, len(batch), images.BATCH):
-                    xb = images.pixels(batch[start:start + images.BATCH].float(), 96, mean, std)
-                    if channels_last:
-                        xb = xb.contiguous(memory_format=torch.channels_last)
-                    out.append(m(xb.to(dtype) if dtype is not None else xb).float())
-            return torch.cat(out).numpy()
-        return run
+    def timm_forward(batch: torch.Tensor) -> np.ndarray:  # timm's own layout, in float32
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(batch), images.BATCH):
+                out.append(model(images.pixels(batch[start:start + images.BATCH].float(), 96, mean, std)))
+        return torch.cat(out).numpy()
 
-    last = copy.deepcopy(model).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    paths = {"timm": forward_with(model), "fp32": forward_with(model),
-             "bf16": forward_with(copy.deepcopy(model).to(torch.bfloat16), torch.bfloat16),
-             "autocast": forward_with(model, autocast=True),
-             "channels_last": forward_with(last, channels_last=True)}
+    family, where = images.FAMILY, files.installed("efficientnet-lite0", "image")
+    meta = run_preprocessing("efficientnet-lite0", "image", "frozen", None, pixels.preprocessing)
+    assert meta["encoder"]["mean"] == [0.5] * 3 and meta["encoder"]["image_size"] == 96
+
+    def corel_path(name: str) -> Callable[[torch.Tensor], np.ndarray]:
+        return lambda batch: family.compute(name, batch, meta, where).numpy()
+
+    paths = {"timm": timm_forward,
+             **{name: corel_path(name) for name in family.paths() if name == "fp32" or cpu_offers()[name]}}
     outs: dict[str, torch.Tensor] = {}
     rows: dict[str, dict[str, float]] = {}
     n = len(x_train)

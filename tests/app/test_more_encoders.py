@@ -50,7 +50,8 @@ def _embed(client, eid: int, **body) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def wordllama(client, worker, shared_datasets) -> dict:
+def news(client, shared_datasets) -> dict:
+    """160 AG News rows uploaded as a text table."""
     with open(shared_datasets / "ag_news" / "test.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.reader(fh))[:160]
     texts = [f"{r[1]} {r[2]}" for r in rows]
@@ -59,7 +60,41 @@ def wordllama(client, worker, shared_datasets) -> dict:
     upload = client.post("/datasets", files={"file": ("news.csv", "\n".join(lines).encode())},
                          data={"kind": "text"})
     assert upload.status_code == 201, upload.text
-    return {"id": _train(client, "text", upload.json()["id"], "wordllama"), "texts": texts}
+    return {"id": upload.json()["id"], "texts": texts}
+
+
+@pytest.fixture(scope="module")
+def wordllama(client, worker, news) -> dict:
+    return {"id": _train(client, "text", news["id"], "wordllama"), "texts": news["texts"]}
+
+
+def test_a_frozen_minilm_run_records_its_features_path_and_serves_on_it(client, worker, news):
+    """40 held-out rows: enough for the parity gate, whose verdict the experiment shows and
+    whose path /embed computes the encoder's features on."""
+    from corel.encoders import files
+    from corel.encoders.text_transformers import FAMILY
+
+    eid = _train(client, "text", news["id"], "minilm", val_fraction=0.25)
+    body = client.get(f"/experiments/{eid}").json()
+    record = body["features"]
+    assert record["asked"] == "auto" and record["gate_rows"] == 40
+    assert record["precision"] in record["gate"] and record["gate"][record["precision"]]["passed"]
+    assert set(record["warnings"]) <= set(body["warnings"])
+    got = _embed(client, eid, texts=SENTENCES[:2], layer="encoder")
+    want = FAMILY.compute(record["precision"], SENTENCES[:2], {"encoder": {"name": "minilm"}},
+                          files.installed("minilm", "text"))
+    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"encoder": "wordllama", "encoder_precision": "int8"}, "does not compute int8 features"),
+    ({"encoder_precision": "bf16"}, "needs a frozen pretrained encoder"),
+    ({"encoder": "minilm", "encoder_precision": "fp8"}, "encoder_precision"),
+])
+def test_a_features_precision_that_cannot_be_computed_is_a_422(client, fields, words):
+    r = client.post("/experiments", json={"dataset": "ag-news", **fields})
+    assert r.status_code == 422, r.text
+    assert words in r.text
 
 
 def test_wordllama_trains_and_serves_its_own_features_on_raw_texts(client, wordllama, tmp_path):

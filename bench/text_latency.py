@@ -1,0 +1,142 @@
+"""Serving latency of raw texts: ``POST /embed`` of one sentence on a frozen MiniLM run.
+
+Starts the service on the embedded default (``corel serve`` in a temporary directory),
+trains a frozen all-MiniLM-L6-v2 head on AG News through the API (``--train-subset`` training
+rows, one epoch; its features on the path corel's gate picks), then, in one run:
+
+(a) in-process, sentence-transformers' own ``encode`` of the one sentence (the peer: what a
+    user's own Python would pay for the features alone);
+(b) ``POST /embed`` of one sentence, one client, one keep-alive connection, one request at a
+    time: p50 and p99;
+(c) the same from 16 concurrent clients (each its own connection): p50 and p99, and
+    requests/s.
+
+Target (issue 60): (b)'s p99 under 15 ms on this 2-core machine. The sentences differ per
+request (AG News test headlines), so no cache answers them.
+
+Last lines: ``embed one text p50/p99 ms, 1 client: A / B`` and ``... 16 clients: C / D``.
+Run: ``.venv/bin/python bench/text_latency.py [--requests 300]``; ``--smoke``: seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.embed_throughput import start_service
+from harness.servers import free_port
+from harness.wait import wait_until
+
+
+def headlines(data_dir: Path, n: int) -> list[str]:
+    with open(data_dir / "ag_news" / "test.csv", newline="", encoding="utf-8") as fh:
+        return [f"{r[1]} {r[2]}" for r in list(csv.reader(fh))[:n]]
+
+
+def train(base: str, subset: int) -> int:
+    spec = {"dataset": "ag-news", "encoder": "minilm", "loss": "cosine", "lam": 0.85, "epochs": 1,
+            "lr": 1e-3, "hidden": 128, "train_subset": subset}
+    r = httpx.post(f"{base}/experiments", json=spec, timeout=30)
+    r.raise_for_status()
+    eid = int(r.json()["id"])
+
+    def finished() -> bool:
+        body = httpx.get(f"{base}/experiments/{eid}", timeout=30).json()
+        if body["status"] in ("failed", "cancelled"):
+            raise SystemExit(f"training failed: {body}")
+        return bool(body["status"] == "succeeded")
+
+    wait_until(finished, 3600, f"experiment {eid} to train", interval=0.5)
+    return eid
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values) * 1000, q))
+
+
+def clients(base: str, eid: int, texts: list[str], n_clients: int, per_client: int) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def one(k: int) -> None:
+        mine = []
+        with httpx.Client(base_url=base, timeout=60) as c:
+            c.post("/embed", json={"experiment_id": eid, "texts": [texts[k]]}).raise_for_status()  # warm
+            for i in range(per_client):
+                text = texts[(k * per_client + i) % len(texts)]
+                started = time.perf_counter()
+                r = c.post("/embed", json={"experiment_id": eid, "texts": [text]})
+                mine.append(time.perf_counter() - started)
+                r.raise_for_status()
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(n_clients)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies, len(latencies) / (time.perf_counter() - started)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", default="../shared/datasets")
+    ap.add_argument("--requests", type=int, default=300, help="requests of (a) and (b); (c): 16 x this / 8")
+    ap.add_argument("--train-subset", type=int, default=1000)
+    ap.add_argument("--smoke", action="store_true", help="a few requests: that it runs (figures mean nothing)")
+    args = ap.parse_args()
+    if args.smoke:
+        args.requests, args.train_subset = 16, 64
+    texts = headlines(Path(args.data_dir), 2000)
+    from sentence_transformers import SentenceTransformer
+
+    from corel.encoders import files
+
+    model = SentenceTransformer(str(files.installed("minilm", "text")), device="cpu", local_files_only=True)
+    peer = []
+    with torch.inference_mode():
+        model.encode(texts[:1], show_progress_bar=False)
+        for text in texts[:args.requests]:
+            started = time.perf_counter()
+            model.encode([text], show_progress_bar=False)
+            peer.append(time.perf_counter() - started)
+    with tempfile.TemporaryDirectory() as tmp:
+        var = Path(tmp) / "var"
+        port = free_port()
+        proc = start_service(var, port)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            eid = train(base, args.train_subset)
+            record = httpx.get(f"{base}/experiments/{eid}", timeout=30).json().get("features") or {}
+            print(f"experiment {eid}: frozen MiniLM on AG News, features path {record.get('precision')} "
+                  f"(asked {record.get('asked')}); torch {torch.__version__}, {torch.get_num_threads()} threads")
+            one, _ = clients(base, eid, texts, 1, args.requests)
+            many, rate = clients(base, eid, texts, 16, max(2, args.requests // 8))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    print(f"(a) sentence-transformers encode, in process: p50 {pct(peer, 50):.1f} ms, p99 {pct(peer, 99):.1f} ms")
+    print(f"(b) POST /embed, 1 client:   p50 {pct(one, 50):.1f} ms, p99 {pct(one, 99):.1f} ms "
+          f"({len(one)} requests; median {statistics.median(one) * 1000:.1f} ms)")
+    print(f"(c) POST /embed, 16 clients: p50 {pct(many, 50):.1f} ms, p99 {pct(many, 99):.1f} ms, "
+          f"{rate:.1f} requests/s ({len(many)} requests)")
+    print(f"embed one text p50/p99 ms, 1 client: {pct(one, 50):.1f} / {pct(one, 99):.1f}")
+    print(f"embed one text p50/p99 ms, 16 clients: {pct(many, 50):.1f} / {pct(many, 99):.1f}")
+
+
+if __name__ == "__main__":
+    main()
