@@ -54,8 +54,10 @@ from harness.wait import wait_until
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 
-def start_service(var: Path, port: int) -> subprocess.Popen[bytes]:
+def start_service(var: Path, port: int, **settings: str) -> subprocess.Popen[bytes]:
+    """``corel serve`` on the embedded default in ``var``; ``settings``: COREL_* beside it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
+    env.update(settings)
     env["COREL_VAR_DIR"] = str(var)
     env["COREL_LOG_LEVEL"] = "WARNING"
     log = open(var.parent / "serve.log", "wb")  # noqa: SIM115

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import sys
 import tempfile
@@ -94,7 +95,7 @@ def clients(base: str, eid: int, texts: list[str], n_clients: int, per_client: i
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", default="../shared/datasets")
+    ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
     ap.add_argument("--requests", type=int, default=300, help="requests of (a) and (b); (c): 16 x this / 8")
     ap.add_argument("--train-subset", type=int, default=1000)
     ap.add_argument("--smoke", action="store_true", help="a few requests: that it runs (figures mean nothing)")
@@ -117,7 +118,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         var = Path(tmp) / "var"
         port = free_port()
-        proc = start_service(var, port)
+        proc = start_service(var, port, COREL_DATA_DIR=str(Path(args.data_dir).resolve()))
         base = f"http://127.0.0.1:{port}"
         try:
             eid = train(base, args.train_subset)

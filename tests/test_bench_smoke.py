@@ -56,6 +56,7 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "precision.py": (r"bf16 - fp32 test accuracy: mean [+-][\d.]+ points", {FASHION}),
     "profile_step.py": (r"stacked step \(2 members\):", {FASHION}),
     "sweep_throughput.py": (r"ratio stacked / sequential: [\d.]+x", {FASHION}),
+    "text_latency.py": (r"embed one text p50/p99 ms, 1 client: [\d.]+ / [\d.]+", {SHARED, MINILM}),
     "train_throughput.py": (r"ratio corel / DataLoader: [\d.]+", {FASHION}),
 }
 
