@@ -48,7 +48,7 @@ def headlines(data_dir: Path, n: int) -> list[str]:
 
 def train(base: str, subset: int) -> int:
     spec = {"dataset": "ag-news", "encoder": "minilm", "loss": "cosine", "lam": 0.85, "epochs": 1,
-            "lr": 1e-3, "hidden": 128, "train_subset": subset}
+            "lr": 1e-3, "hidden": 128, "batch_size": 32, "train_subset": subset}
     r = httpx.post(f"{base}/experiments", json=spec, timeout=30)
     r.raise_for_status()
     eid = int(r.json()["id"])
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a few requests: that it runs (figures mean nothing)")
     args = ap.parse_args()
     if args.smoke:
-        args.requests, args.train_subset = 16, 64
+        args.requests, args.train_subset = 16, 256
     texts = headlines(Path(args.data_dir), 2000)
     from sentence_transformers import SentenceTransformer
 

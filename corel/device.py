@@ -123,8 +123,10 @@ class Batches:
 
 def effective_precision(device: torch.device, precision: str) -> str:
     """The precision a run asking for ``precision`` trains in on ``device``: bf16 where the
-    device can (every CPU, through autocast; a GPU that supports bfloat16), else fp32."""
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    device can (every CPU, through autocast; a GPU that supports bfloat16), else fp32
+    (``auto`` and ``int8`` too: they choose a frozen encoder's features' path, and the head
+    trains in fp32)."""
+    if precision != "bf16" or (device.type == "cuda" and not torch.cuda.is_bf16_supported()):
         return "fp32"
     return precision
 

@@ -63,7 +63,7 @@ FAMILIES: dict[str, str] = {
 
 FEATURE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 """What a run may ask its frozen encoder's features to be computed in (the spec's
-``encoder_precision``; corel.encoders.precision chooses for ``auto``)."""
+``precision``; corel.encoders.precision chooses for ``auto``)."""
 
 FEATURE_PATHS: dict[str, tuple[str, ...]] = {
     "sentence-transformers": ("fp32", "bf16", "int8"),
@@ -306,7 +306,7 @@ def precision_problem(decl: EncoderDeclaration, name: str, precision: str) -> st
     """Why encoder ``name`` (``decl``) cannot compute its frozen features in ``precision``
     on this machine's CPU, or None."""
     if precision not in FEATURE_PRECISIONS:
-        return f"unknown encoder_precision {precision!r}; allowed: {', '.join(FEATURE_PRECISIONS)}"
+        return f"unknown precision {precision!r}; allowed: {', '.join(FEATURE_PRECISIONS)}"
     if precision in ("auto", "fp32"):
         return None
     offered = FEATURE_PATHS.get(decl.family, ("fp32",))

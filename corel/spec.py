@@ -15,11 +15,10 @@ from corel.encoder_catalog import DECLARATIONS as ENCODERS
 from corel.encoder_catalog import MODALITIES, models_for, precision_problem, pretrained
 from corel.loss_catalog import DECLARATIONS, LOSS_NAMES, MINERS, OPTION_FIELDS, declaration
 
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["auto", "fp32", "bf16", "int8"]
 DatasetName = Literal["fashion-mnist", "mnist", "ag-news", "digits", "npz", "text", "images"]
 ModelName = Literal["ffnn", "cnn"]
 EncoderMode = Literal["frozen", "finetune"]
-FeaturePrecision = Literal["auto", "fp32", "bf16", "int8"]
 Budget = Literal["quick", "paper"]
 
 BUDGETS: dict[str, dict[str, float | int]] = {
@@ -183,18 +182,17 @@ class ExperimentSpec(BaseModel):
     lr: float = Field(default=1e-4, gt=0.0, le=1.0)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     precision: Precision = Field(
-        default="fp32",
-        description="fp32, or bf16: the forward pass and the similarities under bfloat16 "
-        "autocast (on the CPU too), the loss's reductions, the weights and Adam's state in "
-        "float32. Evaluation and serving use the float32 weights.",
-    )
-    encoder_precision: FeaturePrecision = Field(
         default="auto",
-        description="A frozen pretrained encoder's features on the CPU: auto (the default: the "
-        "fastest of fp32, bf16 and int8 this CPU and encoder offer that passes the parity gate on "
-        "held-out rows: the first percentile of the cosine to fp32 at least 0.99, MAP@R within "
-        "0.005), or fp32, bf16, int8 to insist (used even if it fails the gate; the warnings say "
-        "so). The chosen path and the gate's figures are recorded on the run (features).",
+        description="How the run computes. Training: fp32, or bf16 (the forward pass and the "
+        "similarities under bfloat16 autocast, on the CPU too; the loss's reductions, the weights "
+        "and Adam's state in float32; evaluation and serving use the float32 weights); auto and "
+        "int8 train in fp32. A frozen pretrained encoder's features on the CPU: auto (the "
+        "default) takes the fastest of fp32, bf16 and int8 that this CPU and encoder offer and "
+        "that passes the parity gate on held-out rows (the first percentile of the cosine to "
+        "fp32 at least 0.99, MAP@R within 0.005); fp32, bf16 or int8 insist (used even if the "
+        "gate fails, and the warnings say so; bf16 where the encoder or CPU cannot: fp32, with "
+        "a warning). int8 applies to a frozen sentence-transformers encoder's features only. "
+        "The path and the gate's figures are recorded on the run (features).",
     )
     val_fraction: float | None = Field(
         default=None, gt=0.0, lt=1.0,
@@ -240,7 +238,7 @@ class ExperimentSpec(BaseModel):
     @classmethod
     def _frozen_by_default(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("encoder") is not None and data.get("encoder_mode") is None:
-            return {**data, "encoder_mode": "frozen"}
+            data = {**data, "encoder_mode": "frozen"}
         return data
 
     @model_validator(mode="before")
@@ -285,9 +283,9 @@ class ExperimentSpec(BaseModel):
             if self.encoder_path is not None:
                 raise ValueError("encoder_path needs an encoder: sentence-transformers or "
                                  "timm:<architecture>")
-            if self.encoder_precision != "auto":
-                raise ValueError(f"encoder_precision {self.encoder_precision!r} needs a frozen pretrained "
-                                 "encoder (GET /encoders); the paper's models compute in the spec's precision")
+            if self.precision == "int8":
+                raise ValueError("precision 'int8' applies to a frozen pretrained encoder's features (GET "
+                                 "/encoders); the paper's models train in fp32 or bf16 (or auto: fp32)")
             if self.encoder_mode is not None:
                 raise ValueError(f"encoder_mode {self.encoder_mode!r} needs an encoder (GET /encoders: "
                                  "the pretrained ones); the paper's models train from scratch")
@@ -320,10 +318,10 @@ class ExperimentSpec(BaseModel):
                              "(the paper's two hidden layers over the encoder's output)")
         if not decl.available():
             raise ValueError(f"encoder {self.encoder!r} is not installed here: {decl.install}")
-        if self.encoder_precision != "auto" and mode == "finetune":
-            raise ValueError(f"encoder_precision {self.encoder_precision!r} applies to a frozen encoder's "
-                             "features; a fine-tuned one trains in the spec's precision (fp32 or bf16)")
-        problem = precision_problem(decl, self.encoder, self.encoder_precision)
+        if self.precision == "int8" and mode == "finetune":
+            raise ValueError("precision 'int8' applies to a frozen encoder's features; a fine-tuned one "
+                             "trains in fp32 or bf16 (or auto: fp32)")
+        problem = precision_problem(decl, self.encoder, self.precision) if self.precision == "int8" else None
         if problem:
             raise ValueError(problem)
 

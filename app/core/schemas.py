@@ -223,7 +223,7 @@ class ExperimentRead(BaseModel):
     features: dict[str, Any] | None = Field(
         default=None, description="A frozen pretrained encoder's features, from the first epoch: "
         "the CPU path they were computed on (precision: fp32, bf16 or int8), what the spec asked "
-        "(asked: encoder_precision), and the parity gate's figures on held-out rows (gate: per "
+        "(asked: the spec's precision), and the parity gate's figures on held-out rows (gate: per "
         "path rows_per_s, cos_p1, cos_min, map_at_r, passed, why).")
     cancel_requested: bool
     attempts: int

@@ -163,7 +163,7 @@ def load_dataset(
     looked, ValueError for malformed data. With a frozen pretrained encoder (``spec.encoder``)
     the inputs are its features, kept in ``features_dir`` (when given) for later processes;
     ``on_features(encoder, done, total)`` hears how far their computation is. The features'
-    CPU path is chosen for ``spec.encoder_precision`` (corel.encoders.precision), unless
+    CPU path is chosen for ``spec.precision`` (corel.encoders.precision), unless
     ``features_path`` (a checkpoint's recorded ``encoder.features_path``: a resumed run's) fixes it.
     """
     if on_features is not None or features_path is not None:
@@ -187,7 +187,8 @@ def load_dataset(
         return dataclasses.replace(data, preprocessing=run_preprocessing(
             spec.encoder, "image", "finetune", spec.encoder_path, data.preprocessing))
     if spec.encoder is not None:  # images: the loader's pixels, then the frozen encoder
-        data = with_image_features(data, spec.encoder, features, spec.encoder_path, spec.encoder_precision)
+        data = with_image_features(data, spec.encoder, features, spec.encoder_path,
+                                   spec.precision)
     return data
 
 

@@ -204,7 +204,7 @@ def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool,
                   features_dir: Path | None = None) -> Dataset:
     split = ag_news_texts(spec, data_dir, download)
     prepare = text_inputs(spec, data_dir, features_dir)
-    prepare.choose(split.val[0], split.val[1], spec.encoder_precision)
+    prepare.choose(split.val[0], split.val[1], spec.precision)
     preprocessing = prepare.preprocessing
     return Dataset(
         name="ag-news",

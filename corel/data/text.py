@@ -423,7 +423,7 @@ def _load_text(spec: ExperimentSpec, data_dir: Path | None, download: bool,
     prepare = text_inputs(spec, data_dir, features_dir)
     train_idx, val_idx, test_idx = split_rows(y, names, stored_split(path), spec.val_fraction,
                                               spec.test_fraction)
-    prepare.choose([texts[i] for i in val_idx], y[val_idx], spec.encoder_precision)
+    prepare.choose([texts[i] for i in val_idx], y[val_idx], spec.precision)
     preprocessing = prepare.preprocessing
     train_idx = _subset(train_idx, spec.train_subset)
 

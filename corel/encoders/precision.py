@@ -3,7 +3,7 @@
 A family offers its paths (:meth:`corel.encoders.contract.Family.paths`): ``fp32`` always,
 ``bf16`` where this CPU computes bfloat16 natively (AVX-512 BF16 or AMX), ``int8`` where
 the family can run an int8 model (sentence-transformers through ONNX Runtime). A run asks
-for one (the spec's ``encoder_precision``) or for ``auto``; either way the candidates go
+for one (the spec's ``precision``) or for ``auto``; either way the candidates go
 through the parity gate on held-out rows of the run's own data (its validation split):
 
 * the first percentile of the cosine between each row and its fp32 vector at least
@@ -114,6 +114,10 @@ def choose(digest: str, offered: tuple[str, ...], asked: str, held_out: Any,
     if fixed is not None:
         return dict(fixed)
     candidates = [p for p in offered if p != "fp32" and cpu_offers().get(p)]
+    if asked not in ("auto", "fp32") and asked not in candidates:
+        why = "this encoder does not offer it" if asked not in offered else "this CPU cannot compute it natively"
+        return {"asked": asked, "precision": "fp32", "gate": {}, "warnings": [
+            f"features: {asked} is not used ({why}); computed in fp32"]}
     if asked == "fp32" or not candidates:
         return {"asked": asked, "precision": "fp32", "gate": {}, "warnings": []}
     if asked == "auto" and len(labels) < GATE_MIN_ROWS:

@@ -87,9 +87,9 @@ def test_a_frozen_minilm_run_records_its_features_path_and_serves_on_it(client, 
 
 
 @pytest.mark.parametrize(("fields", "words"), [
-    ({"encoder": "wordllama", "encoder_precision": "int8"}, "does not compute int8 features"),
-    ({"encoder_precision": "bf16"}, "needs a frozen pretrained encoder"),
-    ({"encoder": "minilm", "encoder_precision": "fp8"}, "encoder_precision"),
+    ({"encoder": "wordllama", "precision": "int8"}, "does not compute int8 features"),
+    ({"precision": "int8"}, "applies to a frozen pretrained encoder"),
+    ({"encoder": "minilm", "precision": "fp8"}, "precision"),
 ])
 def test_a_features_precision_that_cannot_be_computed_is_a_422(client, fields, words):
     r = client.post("/experiments", json={"dataset": "ag-news", **fields})

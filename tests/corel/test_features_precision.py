@@ -1,8 +1,8 @@
 """A frozen encoder's features on the fastest CPU path that keeps the ranking
 (corel.encoders.precision): the parity gate on held-out rows, a path that fails it never
 used by ``auto``, an asked-for path used with a warning, the recorded path used by a served
-model and by a resumed run, and the spec's ``encoder_precision`` refused where the encoder
-or the CPU cannot."""
+model and by a resumed run, and the spec's ``precision: int8`` refused where the encoder or
+the CPU cannot."""
 
 from __future__ import annotations
 
@@ -100,11 +100,12 @@ def test_a_path_that_fails_the_gate_is_never_used_and_the_warnings_say_why(news,
 
 def test_an_asked_path_is_used_even_when_it_fails_and_the_warnings_say_so(news, monkeypatch):
     if not catalog.cpu_offers()["bf16"]:
-        with pytest.raises(ValueError, match="this CPU cannot compute bf16"):
-            spec(news, encoder_precision="bf16")
+        data = load_dataset(spec(news, precision="bf16"))  # the head's training precision all the same
+        record = data.preprocessing["encoder"]["features_path"]
+        assert record["precision"] == "fp32" and "this CPU cannot compute it natively" in record["warnings"][0]
         return
     monkeypatch.setattr(precision, "GATE_COSINE", 0.9999999)
-    data = load_dataset(spec(news, encoder_precision="bf16"))
+    data = load_dataset(spec(news, precision="bf16"))
     record = data.preprocessing["encoder"]["features_path"]
     assert (record["asked"], record["precision"]) == ("bf16", "bf16")
     assert set(record["gate"]) == {"fp32", "bf16"}
@@ -146,24 +147,35 @@ def test_too_few_held_out_rows_stay_on_fp32(news):
     assert "too few" in record["note"]
 
 
+def test_bf16_asked_for_image_features_is_used_where_the_cpu_computes_it():
+    from corel.data import Dataset
+
+    data = load_dataset(ExperimentSpec(dataset="digits", encoder="efficientnet-lite0", precision="bf16",
+                                       train_subset=40))
+    assert isinstance(data, Dataset)
+    record = data.preprocessing["encoder"]["features_path"]
+    assert record["asked"] == "bf16"
+    assert record["precision"] == ("bf16" if catalog.cpu_offers()["bf16"] else "fp32")
+
+
 @pytest.mark.parametrize(("fields", "words"), [
-    ({"dataset": "ag-news", "encoder": "wordllama", "encoder_precision": "int8"},
+    ({"dataset": "ag-news", "encoder": "wordllama", "precision": "int8"},
      "encoder 'wordllama' does not compute int8 features (it offers auto, fp32)"),
-    ({"dataset": "fashion-mnist", "encoder": "efficientnet-lite0", "encoder_precision": "int8"},
+    ({"dataset": "fashion-mnist", "encoder": "efficientnet-lite0", "precision": "int8"},
      "encoder 'efficientnet-lite0' does not compute int8 features (it offers auto, fp32, bf16)"),
-    ({"dataset": "ag-news", "encoder_precision": "bf16"}, "encoder_precision 'bf16' needs a frozen pretrained"),
-    ({"dataset": "ag-news", "encoder": "minilm", "encoder_mode": "finetune", "encoder_precision": "int8"},
+    ({"dataset": "ag-news", "precision": "int8"}, "precision 'int8' applies to a frozen pretrained"),
+    ({"dataset": "ag-news", "encoder": "minilm", "encoder_mode": "finetune", "precision": "int8"},
      "applies to a frozen encoder's features"),
-    ({"dataset": "ag-news", "encoder": "minilm", "encoder_precision": "fp16"}, "encoder_precision"),
+    ({"dataset": "ag-news", "encoder": "minilm", "precision": "fp16"}, "precision"),
 ])
 def test_a_precision_the_encoder_cannot_compute_is_refused(fields, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
         ExperimentSpec(**fields)
 
 
-@pytest.mark.parametrize("asked", ["bf16", "int8"])
-def test_a_precision_this_cpu_cannot_compute_is_refused(asked, monkeypatch):
+def test_int8_on_a_cpu_without_int8_is_refused_and_bf16_still_trains(monkeypatch):
     monkeypatch.setattr(catalog, "cpu_offers", lambda: {"bf16": False, "int8": False, "amx": False})
-    with pytest.raises(ValueError, match=f"this CPU cannot compute {asked} natively"):
-        ExperimentSpec(dataset="ag-news", encoder="minilm", encoder_precision=asked)
-    ExperimentSpec(dataset="ag-news", encoder="minilm", encoder_precision="fp32")
+    with pytest.raises(ValueError, match="this CPU cannot compute int8 natively"):
+        ExperimentSpec(dataset="ag-news", encoder="minilm", precision="int8")
+    assert ExperimentSpec(dataset="ag-news", encoder="minilm", precision="bf16").precision == "bf16"
+    assert ExperimentSpec(dataset="digits").precision == "auto"

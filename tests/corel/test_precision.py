@@ -23,8 +23,10 @@ def digits():
     return load_dataset(ExperimentSpec(dataset="digits"))
 
 
-def test_precision_is_fp32_or_bf16():
-    assert ExperimentSpec(**BASE).precision == "fp32"
+def test_precision_is_auto_fp32_bf16_or_int8_and_auto_trains_in_fp32():
+    spec = ExperimentSpec(**BASE)
+    assert spec.precision == "auto"
+    assert start_run(spec, device="cpu").precision == "fp32"  # auto chooses features' paths; heads: fp32
     with pytest.raises(ValidationError, match="fp32"):
         ExperimentSpec(**BASE, precision="fp16")
 
