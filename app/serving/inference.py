@@ -205,7 +205,9 @@ class InferenceRunner:
     Small requests run on the event loop, on the API's one torch thread (setting
     ``api_torch_threads``), and those that arrive together share one forward pass:
     a request waits for the end of the loop's current round, never for a timer, so a
-    lone request is not delayed. A large batch (``LARGE_BATCH`` inputs or more) is
+    lone request is not delayed. Raw texts for a frozen pretrained encoder are batched the
+    same way, but computed off the loop, one batch at a time: the texts that arrive while a
+    batch is computed make the next one (the encoder costs far more than the head). A large batch (``LARGE_BATCH`` inputs or more) is
     prepared and computed on a team of ``threads`` threads, split into one slice per
     thread, while the event loop goes on reading the next requests. Rows come out
     the same up to float32 rounding whatever they were batched with.
@@ -219,6 +221,10 @@ class InferenceRunner:
         # Requests waiting for the flush at the end of this loop round (scheduled by the first).
         self._pending: dict[tuple[int, tuple[int, ...]], list[_Pending]] = {}
         self.forward_passes = 0  # for tests and curiosity: small requests share them
+        # Texts waiting for a frozen encoder, and whether a drain of them is under way.
+        self._texts: list[_PendingTexts] = []
+        self._draining = False
+        self._drain: asyncio.Future[None] | None = None
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -248,6 +254,15 @@ class InferenceRunner:
                 raise
             self.forward_passes += 1
             return torch.from_numpy(h), None if sims is None else torch.from_numpy(sims)
+        if loaded.modality == "text" and _frozen_encoder(loaded):
+            texts = decode(req, loaded)
+            assert isinstance(texts, list)  # a text model's inputs decode to strings
+            waiting = _PendingTexts(loaded, texts, similarities, layer, loop.create_future())
+            self._texts.append(waiting)
+            if not self._draining:
+                self._draining = True
+                self._drain = asyncio.ensure_future(self._drain_texts())
+            return await waiting.result
         x = model_inputs(req, loaded)
         if layer == "encoder":  # a frozen encoder's features are the head's prepared input
             return loaded.served.embed(x, "encoder"), None
@@ -256,6 +271,35 @@ class InferenceRunner:
             loop.call_soon(self._flush)
         self._pending.setdefault((id(loaded), tuple(x.shape[1:])), []).append(pending)
         return await pending.result
+
+    async def _drain_texts(self) -> None:
+        """Compute the waiting texts, a batch per model and layer at a time, until none wait."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._texts:
+                await asyncio.sleep(0)  # the end of this round: the texts that arrived together
+                waiting, self._texts = self._texts, []
+                groups: dict[tuple[int, str], list[_PendingTexts]] = {}
+                for w in waiting:
+                    groups.setdefault((id(w.loaded), w.layer), []).append(w)
+                for group in groups.values():
+                    self.forward_passes += 1
+                    try:
+                        h, sims = await loop.run_in_executor(self._pool, _texts_batch, group)
+                    except Exception as exc:  # every waiting request gets the error
+                        for w in group:
+                            if not w.result.done():
+                                w.result.set_exception(exc)
+                        continue
+                    start = 0
+                    for w in group:
+                        stop = start + len(w.texts)
+                        if not w.result.done():  # its client may have gone
+                            w.result.set_result((h[start:stop], None if sims is None or not w.similarities
+                                                 else sims[start:stop]))
+                        start = stop
+        finally:
+            self._draining = False
 
     def _flush(self) -> None:
         groups, self._pending = self._pending, {}
@@ -275,6 +319,32 @@ class InferenceRunner:
                 if not p.result.done():  # its client may have gone
                     p.result.set_result((h[start:stop], sims[start:stop] if p.similarities else None))
                 start = stop
+
+
+@dataclass
+class _PendingTexts:
+    loaded: LoadedModel
+    texts: list[str]
+    similarities: bool
+    layer: Layer
+    result: asyncio.Future[tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def _frozen_encoder(loaded: LoadedModel) -> bool:
+    """Whether the model's inputs go through a frozen pretrained encoder first."""
+    encoder = loaded.preprocessing.get("encoder") or {}
+    return bool(encoder) and encoder.get("mode") != "finetune"
+
+
+def _texts_batch(group: list[_PendingTexts]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One batch of waiting texts (one model, one layer): the frozen encoder's features
+    (on the run's recorded path), then the head's h and similarities where asked."""
+    loaded = group[0].loaded
+    x = prepare([t for w in group for t in w.texts], loaded)
+    if group[0].layer == "encoder":
+        return loaded.served.embed(x, "encoder"), None
+    h, sims = forward(loaded, x, any(w.similarities for w in group))
+    return h, sims if any(w.similarities for w in group) else None
 
 
 @dataclass

@@ -94,6 +94,49 @@ def test_embed_returns_the_head_s_representation_or_the_encoder_s_own(client, mi
     assert_rows_close(r.json()["embeddings"], np.asarray(encoder["embeddings"])[:1])
 
 
+def test_concurrent_text_requests_share_the_encoder_s_pass_and_get_their_own_rows(settings, minilm):
+    """Twelve small requests of raw texts arriving together, for the head and for the
+    encoder's own layer: one encoder pass per layer, computed off the event loop, and each
+    request gets the rows of its own texts, in order."""
+    import asyncio
+
+    from app.core.db import make_engine, make_sessionmaker, session_scope
+    from app.core.schemas import InferenceRequest
+    from app.serving.inference import InferenceRunner
+    from app.serving.model_cache import load_from_database
+    from app.storage import ensure
+
+    engine = make_engine(settings.db_url)
+    with session_scope(ensure(make_sessionmaker(engine), settings)) as session:
+        loaded = load_from_database(session, minilm["id"], "cpu")
+    engine.dispose()
+    texts = minilm["texts"]
+    requests = [(InferenceRequest.model_validate({"experiment_id": minilm["id"],
+                                                  "texts": texts[i:i + 1 + i % 2]}),
+                 "encoder" if i % 3 == 0 else "head", i % 2 == 1) for i in range(12)]
+    runner = InferenceRunner(threads=2)
+
+    async def together():
+        return await asyncio.gather(*(runner.run(r, loaded, similarities=sims, layer=layer)
+                                      for r, layer, sims in requests))
+
+    try:
+        results = asyncio.run(together())
+    finally:
+        runner.close()
+    assert runner.forward_passes == 2  # one per layer
+    served = loaded.served
+    for i, ((req, layer, sims), (h, got_sims)) in enumerate(zip(requests, results, strict=True)):
+        x = served.prepare(req.texts)
+        want = served.embed(x, "encoder") if layer == "encoder" else served.embed(x)
+        assert h.shape == (1 + i % 2, 384 if layer == "encoder" else 64)
+        assert_rows_close(h.numpy(), want.numpy())
+        if sims and layer == "head":
+            assert_rows_close(got_sims.numpy(), served.forward(x, True)[1].numpy())
+        else:
+            assert got_sims is None
+
+
 def test_a_layer_that_is_not_there_is_refused_with_what_is_allowed(client, digits_runs):
     eid = digits_runs["cosine"]  # the paper's FFNN on the pixels: no pretrained encoder
     pixels = np.zeros((1, 8, 8)).tolist()
