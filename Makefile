@@ -97,6 +97,7 @@ SHARED_DATA := $(wildcard $(CURDIR)/../shared/datasets)
 # between them died of it, "Error 143", and left the service running); a SIGINT to make
 # alone, which make does not pass on, `corel serve` notices itself (app/cli/service.py).
 serve: $(SERVICE_STAMP) $(NATIVE)
+	@echo "corel is installed in $(VENV): '. $(VENV)/bin/activate' puts the corel command on your PATH"
 	exec env COREL_DATA_DIR="$${COREL_DATA_DIR:-$(SHARED_DATA)}" $(BIN)/corel serve
 
 clean:

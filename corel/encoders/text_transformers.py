@@ -421,6 +421,20 @@ class SentenceTransformers(Family):
     def compute(self, precision: str, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
         return _encode(path, texts_of(raw), preprocessing["encoder"]["name"], precision, report=False)
 
+    def cut(self, texts: list[str], path: Path) -> list[str | None]:
+        model = load(path)
+        limit = int(model.max_seq_length)
+        out: list[str | None] = []
+        for text in texts:
+            # A token holds at least one character: a text this short (with the two special
+            # tokens) fits without tokenizing it.
+            n = len(model.tokenizer(text, truncation=False)["input_ids"]) if len(text) > limit - 2 else 0
+            out.append(None if n <= limit else
+                       f"the text is {n:,} tokens long and the encoder reads its first {limit}: the answer "
+                       f"is of those alone (about the first {limit * len(text) // n:,} of its "
+                       f"{len(text):,} characters)")
+        return out
+
     def inputs(self, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
         """Texts as a fine-tuned run takes them: (N, 2, max_length) float32, ids and mask."""
         texts = texts_of(raw)

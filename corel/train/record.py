@@ -30,8 +30,11 @@ class Record:
     best_state: Tensors | None = None
 
     def improves(self, val_accuracy: float) -> bool:
-        """Whether an epoch of this validation accuracy is a new best (ties are not)."""
-        return val_accuracy > self.best_val_accuracy
+        """Whether an epoch of this validation accuracy is the new best: above the best so
+        far, or tied with it (the later of tied epochs is the best: it has trained longer, and
+        on a small validation split ties are common, where the earliest would serve a model
+        of its first epoch)."""
+        return val_accuracy >= self.best_val_accuracy
 
     def observe(
         self, epoch: int, *, train_loss: float, train_accuracy: float, val_accuracy: float,

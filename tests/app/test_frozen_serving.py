@@ -137,6 +137,18 @@ def test_concurrent_text_requests_share_the_encoder_s_pass_and_get_their_own_row
             assert got_sims is None
 
 
+def test_a_text_longer_than_the_encoder_reads_is_answered_with_a_warning(client, minilm):
+    """SENTENCES[3] is some 500 tokens: MiniLM reads 256. Cut silently before."""
+    eid = minilm["id"]
+    predicted = client.post("/predict", json={"experiment_id": eid, "texts": SENTENCES}).json()["predictions"]
+    assert [("warning" in p) for p in predicted] == [False, False, False, True]
+    assert "tokens long and the encoder reads its first 256" in predicted[3]["warning"]
+    embedded = _embed(client, eid, texts=SENTENCES)
+    assert embedded["warnings"][:3] == [None, None, None]
+    assert embedded["warnings"][3] == predicted[3]["warning"]
+    assert "warnings" not in _embed(client, eid, texts=SENTENCES[:2])
+
+
 def test_a_layer_that_is_not_there_is_refused_with_what_is_allowed(client, digits_runs):
     eid = digits_runs["cosine"]  # the paper's FFNN on the pixels: no pretrained encoder
     pixels = np.zeros((1, 8, 8)).tolist()

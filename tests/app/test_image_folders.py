@@ -117,6 +117,10 @@ def test_a_grey_tar_gz_has_one_channel(client, worker):
      "every class needs at least 3 images (one for each split), but these have fewer: 'empty' (0)"),
     ({"loose.png": _png(Image.new("L", (8, 8)))}, "loose.png: images must lie in one folder per class"),
     ({"notes/readme.txt": b"x"}, "the archive holds no .png or .jpg image"),
+    # Accepted before, with the climbing member dropped or read as a class named '..'.
+    ({**_members(False, 4), "../escape/0.png": _png(Image.new("L", (8, 8)))},
+     "the archive's member '../escape/0.png' lies outside its folder"),
+    ({**_members(False, 4), "shapes/../../x.png": _png(Image.new("L", (8, 8)))}, "lies outside its folder"),
 ])
 def test_bad_archives_are_refused_naming_the_problem(client, members, words):
     r = _upload(client, "bad.zip", _zip(members))

@@ -115,11 +115,29 @@ def test_checkpoint_must_match_spec(digits):
             checkpoint=checkpoint_from_bytes(stopper.saved))
 
 
+def test_among_epochs_tied_on_validation_accuracy_the_later_is_the_best(digits):
+    """Twelve validation rows: their accuracy moves in twelfths, and epochs tie. The run
+    serves (and reports the test accuracy of) the last epoch of the best accuracy, not its
+    first: on a small upload the first can be epoch 1's barely trained model."""
+    import dataclasses
+
+    small = dataclasses.replace(digits, x_val=digits.x_val[:12], y_val=digits.y_val[:12])
+    spec = ExperimentSpec(dataset="digits", loss="cosine", lam=0.85, epochs=8, lr=3e-3)
+    result = fit(spec, data=small, chance_epochs=0)
+    vals = [m.val_accuracy for m in result.history]
+    tied = [i + 1 for i, v in enumerate(vals) if v == max(vals)]
+    assert len(tied) > 1, f"no tie to judge in {vals}"
+    assert result.best_epoch == tied[-1]
+    assert [m.is_best for m in result.history][tied[-1] - 1]
+    preds = result.model.predict(small.x_test).classes
+    assert float((preds == small.y_test).float().mean()) == pytest.approx(result.test_accuracy)
+
+
 def test_test_accuracy_is_taken_at_best_validation_epoch(digits):
     spec = ExperimentSpec(dataset="digits", loss="gaussian", lam=0.85, epochs=6, lr=3e-3)
     result = fit(spec, data=digits)
     vals = [m.val_accuracy for m in result.history]
-    best = vals.index(max(vals)) + 1
+    best = len(vals) - vals[::-1].index(max(vals))  # the later of tied epochs
     assert result.best_epoch == best
     assert result.history[best - 1].is_best
     assert result.test_accuracy == result.history[best - 1].test_accuracy

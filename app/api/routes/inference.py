@@ -275,6 +275,9 @@ async def embed(request: Request) -> Response:
     }
     if req._names is not None:  # multipart: which file (or CSV row) each row is
         out["inputs"] = req._names
+    warned = inference.warnings(req, loaded)
+    if any(w is not None for w in warned):  # one per input, null where there is nothing to say
+        out["warnings"] = warned
     if req.output == "binary":
         out["embeddings"] = inference.encode_binary(h)
     else:
