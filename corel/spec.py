@@ -70,13 +70,26 @@ service's ``max_group_size``): a lambda grid of 10 over 3 seeds. A group's memor
 with its size (every member's weights, Adam state and batch at once)."""
 
 
-def spec_warnings(loss: str, lam: float) -> list[str]:
-    """The warnings of a spec with this loss and lam (see :attr:`ExperimentSpec.warnings`)."""
+def spec_warnings(loss: str, lam: float, fields: dict[str, Any] | None = None) -> list[str]:
+    """The warnings of a spec with this loss and lam (see :attr:`ExperimentSpec.warnings`);
+    ``fields``: the stored spec, whose fields given beside a budget are named too."""
     decl = DECLARATIONS.get(loss)
+    out = []
     if decl is not None and decl.min_lam is not None and lam < decl.min_lam:
-        return [f"{decl.display} needs lam >= {decl.min_lam:g}: at lam {lam:g} its loss has "
-                "no minimum, so training usually diverges and the run ends failed as not learning"]
-    return []
+        out.append(f"{decl.display} needs lam >= {decl.min_lam:g}: at lam {lam:g} its loss has "
+                   "no minimum, so training usually diverges and the run ends failed as not learning")
+    budget = (fields or {}).get("budget")
+    for name, value in (BUDGETS.get(budget) or {}).items() if isinstance(budget, str) else ():
+        given = (fields or {}).get(name)
+        if given is not None and given != value:
+            out.append(f"{name} {given:g} was given with budget {budget!r}, whose {name} is {value:g}: "
+                       f"the field given wins")
+    return out
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field's JSON schema without its default (a budget fills it: see ``budget``)."""
+    schema.pop("default", None)
 
 
 # Which models make sense for which input modality: the declared encoders of each.
@@ -177,9 +190,15 @@ class ExperimentSpec(BaseModel):
         "explicitly win.",
         json_schema_extra={"x-budgets": BUDGETS},  # type: ignore[dict-item]
     )
-    epochs: int = Field(default=150, gt=0, le=10_000)
-    batch_size: int = Field(default=128, gt=0, le=65_536)
-    lr: float = Field(default=1e-4, gt=0.0, le=1.0)
+    # A budget fills these where the spec leaves them out, so the document gives them no
+    # default: a client generated from it would send the default, and the budget lose.
+    epochs: int = Field(default=150, gt=0, le=10_000, json_schema_extra=_no_default,
+                        description="Epochs; left out: the budget's (quick 10), else the paper's 150.")
+    batch_size: int = Field(default=128, gt=0, le=65_536, json_schema_extra=_no_default,
+                            description="Batch size; left out: the budget's (quick 64), else the paper's 128.")
+    lr: float = Field(default=1e-4, gt=0.0, le=1.0, json_schema_extra=_no_default,
+                      description="Adam's learning rate; left out: the budget's (quick 1e-3), else the "
+                      "paper's 1e-4.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     precision: Precision = Field(
         default="auto",
@@ -338,4 +357,4 @@ class ExperimentSpec(BaseModel):
     @property
     def warnings(self) -> list[str]:
         """What is allowed but will most likely not train (recorded with the run)."""
-        return spec_warnings(self.loss, self.lam)
+        return spec_warnings(self.loss, self.lam, self.model_dump())

@@ -52,8 +52,8 @@ OPEN_PATHS = frozenset({"/health", "/ready", "/docs", "/docs/oauth2-redirect", "
 OPEN_PREFIXES = ("/ui/",)
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # POSTs that only read: inference on a trained experiment.
-READ_POSTS = ("/embed", "/predict")
-READ_POST_SUFFIXES = ("/neighbors",)
+READ_POSTS = ("/embed", "/predict", "/embed/files", "/predict/files")
+READ_POST_SUFFIXES = ("/neighbors", "/neighbors/files")
 ADMIN_PREFIXES = ("/users", "/tokens", "/audit")
 QUERY_TOKEN_NAMES = frozenset({"token", "access_token", "api_token", "apikey", "api_key",
                                "authorization", "bearer"})

@@ -158,7 +158,7 @@ class RequestGuard(HttpMiddleware):
         }
 
     def body_limit(self, path: str) -> int:
-        if path in ("/embed", "/predict"):
+        if path in ("/embed", "/predict", "/embed/files", "/predict/files"):
             return self.settings.max_inference_bytes
         if path == "/datasets":
             return self.settings.max_upload_bytes + MULTIPART_OVERHEAD

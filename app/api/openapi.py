@@ -120,13 +120,14 @@ def _error_codes(path: str, method: str) -> set[str]:
     if method in ("post", "put", "patch"):
         codes |= {"400", "413"}
     # An id in the path, the query or the body (experiment_id, dataset_id) that names nothing.
-    ids_in_body = method == "post" and path in ("/embed", "/predict", "/experiments", "/sweeps")
+    inference = ("/embed", "/predict", "/embed/files", "/predict/files")
+    ids_in_body = method == "post" and path in (*inference, "/experiments", "/sweeps")
     if "{" in path or ids_in_body or path == "/experiments/compare":
         codes.add("404")
-    if (method == "delete" or path in ("/embed", "/predict", "/experiments/compare", "/users")
+    if (method == "delete" or path in (*inference, "/experiments/compare", "/users")
             or path.endswith(("/cancel", ".png", "/clustering", "/checkpoint", "/export",
                               "/latent", "/latent/scatter", "/embeddings", "/result",
-                              "/retrieval", "/neighbors", "/index", "/indexes"))):
+                              "/retrieval", "/neighbors", "/neighbors/files", "/index", "/indexes"))):
         codes.add("409")
     return codes
 

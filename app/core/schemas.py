@@ -247,7 +247,7 @@ class ExperimentRead(BaseModel):
         # A stored spec's loss and lam (its defaults when absent): no spec built per row.
         defaults = ExperimentSpec.model_fields
         loss = self.spec.get("loss", defaults["loss"].default)
-        self.warnings = spec_warnings(loss, self.spec.get("lam", defaults["lam"].default))
+        self.warnings = spec_warnings(loss, self.spec.get("lam", defaults["lam"].default), self.spec)
         self.warnings += [str(w) for w in (self.features or {}).get("warnings") or []]
         decl = DECLARATIONS.get(loss)
         self.prediction = decl.prediction if decl else None

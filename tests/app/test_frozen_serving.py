@@ -169,9 +169,14 @@ def test_a_layer_that_is_not_there_is_refused_with_what_is_allowed(client, digit
 
 
 def test_embed_documents_its_layers(client):
-    body = client.get("/openapi.json").json()["paths"]["/embed"]["post"]["requestBody"]["content"]
-    for kind in ("application/json", "multipart/form-data"):
-        layer = body[kind]["schema"]["properties"]["layer"]
+    doc = client.get("/openapi.json").json()
+    json_body = doc["paths"]["/embed"]["post"]["requestBody"]["content"]
+    form = doc["paths"]["/embed/files"]["post"]["requestBody"]["content"]
+    assert list(json_body) == ["application/json"] and list(form) == ["multipart/form-data"]
+    kinds = [ref["$ref"].rsplit("/", 1)[1] for ref in json_body["application/json"]["schema"]["oneOf"]]
+    assert kinds == ["EmbedImages", "EmbedTexts", "EmbedArrays", "EmbedRows", "EmbedBinary"]
+    layers = [doc["components"]["schemas"][k]["properties"]["layer"] for k in kinds]
+    for layer in [*layers, form["multipart/form-data"]["schema"]["properties"]["layer"]]:
         assert layer["enum"] == ["head", "encoder"] and layer["default"] == "head", layer
         assert "pretrained encoder" in layer["description"]
 

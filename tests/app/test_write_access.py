@@ -71,6 +71,9 @@ RULES: dict[tuple[str, str], str] = {
     ("POST", "/embed"): "compute",
     ("POST", "/predict"): "compute",
     ("POST", "/experiments/{experiment_id}/neighbors"): "compute",
+    ("POST", "/embed/files"): "compute",
+    ("POST", "/predict/files"): "compute",
+    ("POST", "/experiments/{experiment_id}/neighbors/files"): "compute",
 }
 
 
@@ -219,6 +222,9 @@ def _request(team: Team, method: str, path: str) -> tuple[str, dict[str, Any] | 
         ("POST", "/predict"): {"experiment_id": ids["experiment"], "arrays": rows},
         ("POST", "/experiments/{experiment_id}/neighbors"): {"arrays": rows, "k": 3},
     }
+    # The forms' routes take the JSON bodies too.
+    for route in ("/embed", "/predict", "/experiments/{experiment_id}/neighbors"):
+        bodies[("POST", route + "/files")] = bodies[("POST", route)]
     files = None
     if (method, path) == ("POST", "/datasets"):
         files = {"file": ("mine.npz", npz_bytes(x=np.eye(6, 4, dtype=np.float32),

@@ -18,7 +18,7 @@ from starlette.datastructures import UploadFile
 from app.api.deps import require_access
 from app.api.openapi import without_nulls
 from app.core.errors import MAX_ID, InvalidInput, PayloadTooLarge, check_id, describe_errors
-from app.core.schemas import EmbedRequest, InferenceRequest, NeighborsRequest
+from app.core.schemas import INPUT_KINDS, EmbedRequest, InferenceRequest, NeighborsRequest
 from app.serving import inference
 from app.serving import neighbors as neighbors_service
 from app.serving.model_cache import LoadedModel
@@ -26,12 +26,34 @@ from corel.data.tables import delimiter_of
 from corel.layers import Layer
 
 router = APIRouter(tags=["inference"])
+JSON, FORM = "application/json", "multipart/form-data"
+
+def by_kind(model: type[InferenceRequest], prefix: str, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The JSON body of ``model`` as a oneOf of named object schemas, one per input kind
+    (``<prefix>Texts``, ``<prefix>Images``, ...), each requiring its kind and taking no
+    other: a client generator types each as a model of its own (a bare oneOf of ``required``
+    lists it typed as Any). ``drop``: fields the route takes elsewhere (the path's id)."""
+    full = without_nulls(model.model_json_schema())
+    defs: dict[str, Any] = dict(full.pop("$defs", {}))
+    props = {k: v for k, v in full["properties"].items() if k not in drop}
+    required = [r for r in full.get("required", []) if r not in drop]
+    refs = []
+    for kind in INPUT_KINDS:
+        name = f"{prefix}{kind.capitalize()}"
+        defs[name] = {
+            "type": "object", "title": name, "additionalProperties": False,
+            "description": f"{full.get('description', '')} These inputs: {kind}.".strip(),
+            "properties": {k: v for k, v in props.items() if k == kind or k not in INPUT_KINDS},
+            "required": [*required, kind]}
+        refs.append({"$ref": f"#/$defs/{name}"})
+    return {"oneOf": refs, "$defs": defs}
+
 
 _BODY_DOC: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": without_nulls(InferenceRequest.model_json_schema())},
+            "application/json": {"schema": by_kind(InferenceRequest, "Predict")},
             "multipart/form-data": {
                 "schema": {
                     "type": "object",
@@ -56,13 +78,23 @@ _BODY_DOC: dict[str, Any] = {
 }
 
 
+def only(doc: dict[str, Any], media_type: str) -> dict[str, Any]:
+    """``doc`` with its request body in ``media_type`` alone: one operation, one body (a
+    generated client types an operation of two bodies badly; openapi-python-client 0.29.1
+    writes one that does not import). The JSON form is on the route itself, the files on
+    ``<route>/files``; each route takes either, as it always has."""
+    out = copy.deepcopy(doc)
+    out["requestBody"]["content"] = {media_type: out["requestBody"]["content"][media_type]}
+    return out
+
+
 def _embed_doc() -> dict[str, Any]:
     """/embed takes the bodies of /predict, and which layer to return (in a form or the
     octet-stream query too)."""
     doc = copy.deepcopy(_BODY_DOC)
     content = doc["requestBody"]["content"]
     schema = without_nulls(EmbedRequest.model_json_schema())
-    content["application/json"]["schema"] = schema
+    content["application/json"]["schema"] = by_kind(EmbedRequest, "Embed")
     content["multipart/form-data"]["schema"]["properties"]["layer"] = schema["properties"]["layer"]
     return doc
 
@@ -72,9 +104,7 @@ def _neighbors_doc() -> dict[str, Any]:
     doc = copy.deepcopy(_BODY_DOC)
     content = doc["requestBody"]["content"]
     schema = without_nulls(NeighborsRequest.model_json_schema())
-    schema["properties"].pop("experiment_id")
-    schema["required"] = [r for r in schema.get("required", []) if r != "experiment_id"]
-    content["application/json"]["schema"] = schema
+    content["application/json"]["schema"] = by_kind(NeighborsRequest, "Neighbors", drop=("experiment_id",))
     form = content["multipart/form-data"]["schema"]
     form["properties"].pop("experiment_id")
     form["properties"]["k"] = schema["properties"]["k"]
@@ -221,11 +251,18 @@ def _csv_rows(files: list[UploadFile], contents: list[bytes],
 
 @router.post("/experiments/{experiment_id:int}/neighbors",
              summary="The nearest training rows of new inputs, with their classes",
-             openapi_extra=_neighbors_doc(), tags=["experiments"])
+             openapi_extra=only(_neighbors_doc(), JSON), tags=["experiments"])
 async def neighbors(experiment_id: int, request: Request) -> Response:
     check_id("experiment", experiment_id)
     req = await _read_request(request, NeighborsRequest, path_id=experiment_id)
     return _json(await neighbors_service.search(request.app.state, req))
+
+
+@router.post("/experiments/{experiment_id:int}/neighbors/files",
+             summary="The nearest training rows of uploaded files (images, texts, CSV rows)",
+             openapi_extra=only(_neighbors_doc(), FORM), tags=["experiments"])
+async def neighbors_of_files(experiment_id: int, request: Request) -> Response:
+    return await neighbors(experiment_id, request)
 
 
 def _json(content: dict[str, Any]) -> Response:
@@ -253,7 +290,7 @@ async def _run(
 
 
 @router.post("/embed", summary="Representations of new inputs: the final hidden layer (the head's h), "
-             "or a pretrained encoder's own (layer)", openapi_extra=_embed_doc())
+             "or a pretrained encoder's own (layer)", openapi_extra=only(_embed_doc(), JSON))
 async def embed(request: Request) -> Response:
     req = await _read_request(request, EmbedRequest)
     loaded, h_tensor, _ = await _infer(request, req, similarities=False, layer=req.layer)
@@ -285,8 +322,20 @@ async def embed(request: Request) -> Response:
     return _json(out)
 
 
+@router.post("/embed/files", summary="Representations of uploaded files (images, texts, CSV rows)",
+             openapi_extra=only(_embed_doc(), FORM))
+async def embed_files(request: Request) -> Response:
+    return await embed(request)
+
+
+@router.post("/predict/files", summary="Predicted class of uploaded files (images, texts, CSV rows)",
+             openapi_extra=only(_BODY_DOC, FORM))
+async def predict_files(request: Request) -> Response:
+    return await predict(request)
+
+
 @router.post("/predict", summary="Predicted class and the similarity to every class",
-             openapi_extra=_BODY_DOC)
+             openapi_extra=only(_BODY_DOC, JSON))
 async def predict(request: Request) -> Response:
     req, loaded, _, sims = await _run(request, similarities=True)
     assert sims is not None
