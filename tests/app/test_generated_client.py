@@ -105,6 +105,22 @@ def service(settings: Settings, tmp_path_factory: pytest.TempPathFactory,
             proc.wait(30)
 
 
+def test_the_document_is_valid_openapi_3_1_to_a_second_validator(client):
+    """openapi-spec-validator (independent of schemathesis, which also reads the document)."""
+    import copy
+
+    from openapi_spec_validator import validate
+    from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
+
+    doc = client.get("/openapi.json").json()
+    assert doc["openapi"].startswith("3.1")
+    validate(doc)
+    broken = copy.deepcopy(doc)  # the validator does find what is wrong
+    broken["paths"]["/embed"]["post"]["responses"]["200"] = {"content": {}}
+    with pytest.raises(OpenAPIValidationError):
+        validate(broken)
+
+
 def test_a_generated_client_imports_whole_and_runs_the_quick_start(service, tmp_path):
     url, token = service
     generator = shutil.which("openapi-python-client", path=str(Path(sys.executable).parent))
