@@ -376,6 +376,16 @@ def show_phase(factory: sessionmaker[Session], ids: list[int], phase: str | None
         lifecycle.announce(session, Experiment, ids)
 
 
+def _keep_best(factory: sessionmaker[Session], experiment_id: int, result: FitResult) -> None:
+    """A cancelled run's best checkpoint so far (into the store first, then its row), so
+    that it serves what it learned; nothing where no epoch ended."""
+    if result.best_epoch < 1:
+        return
+    best = store_checkpoint(factory, checkpoint_to_bytes(result.run.best_checkpoint()))
+    with session_scope(factory) as session:
+        _upsert_checkpoint(session, experiment_id, "best", result.best_epoch, best)
+
+
 def _store_results(factory: sessionmaker[Session], experiment_id: int, result: FitResult,
                    settings: Settings) -> str:
     """Best checkpoint (into the artifact store first), test and validation latent spaces,
@@ -463,6 +473,7 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
                      data_dir=builtin.data_dir_for(settings, job.spec.dataset),
                      chance_epochs=settings.chance_epochs, options=setup.options(settings))
         if result.stopped:
+            _keep_best(factory, experiment_id, result)
             _finish(factory, experiment_id, status=Status.CANCELLED)
             return Status.CANCELLED
         return _store_results(factory, experiment_id, result, settings)
@@ -619,6 +630,7 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
             outcome[experiment_id] = "cancelled-or-lost"
             continue
         if result.stopped:  # every member left was cancelled between batches
+            _keep_best(factory, experiment_id, result)
             _finish(factory, experiment_id, status=Status.CANCELLED)
             outcome[experiment_id] = Status.CANCELLED
             continue

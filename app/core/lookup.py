@@ -40,11 +40,16 @@ def succeeded_experiment(session: Session, experiment_id: int, needs: str) -> Ex
     return exp
 
 
-def best_checkpoint(session: Session, experiment_id: int, column: Any = None) -> Any:
+_RAISE = object()
+
+
+def best_checkpoint(session: Session, experiment_id: int, column: Any = None, missing: Any = _RAISE) -> Any:
     """A column (default: the digest of its artifact; ``Checkpoint``: the row) of the
-    experiment's best checkpoint, or Conflict."""
+    experiment's best checkpoint, or Conflict (``missing``, where given, instead)."""
     value = session.scalar(select(Checkpoint.sha256 if column is None else column).where(
         Checkpoint.experiment_id == experiment_id, Checkpoint.kind == "best"))
+    if value is None and missing is not _RAISE:
+        return missing
     if value is None:
         raise Conflict(f"experiment {experiment_id} has no stored best checkpoint")
     return value

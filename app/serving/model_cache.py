@@ -73,11 +73,15 @@ class LoadedModel:
 def load_from_database(session: Session, experiment_id: int, device: str | None,
                        settings: Settings | None = None) -> LoadedModel:
     exp = get_or_404(session, Experiment, experiment_id, "experiment")
-    if exp.status != Status.SUCCEEDED:
+    if exp.status not in (Status.SUCCEEDED, Status.CANCELLED):
         raise Conflict(
-            f"experiment {experiment_id} is {exp.status}; only a succeeded experiment can "
-            "embed or predict"
+            f"experiment {experiment_id} is {exp.status}; only a succeeded experiment (or a "
+            "cancelled one with a best checkpoint) can embed or predict"
         )
+    if exp.status == Status.CANCELLED and best_checkpoint(session, experiment_id, Checkpoint.id,
+                                                          missing=None) is None:
+        raise Conflict(f"experiment {experiment_id} was cancelled before its first epoch ended: it has no "
+                       "checkpoint to embed or predict with")
     row = best_checkpoint(session, experiment_id, Checkpoint)
     checkpoint = checkpoint_from_bytes(read_artifact(session, row.sha256))
     # A model on the user's own encoder: its files on this machine first (corel.encoders.files

@@ -70,6 +70,12 @@ def test_cancel_a_running_experiment(client, worker, workers):
     n = len(client.get(f"/experiments/{eid}/metrics").json()["items"])
     assert n == body["current_epoch"]
     assert client.post(f"/experiments/{eid}/cancel").status_code == 409
+    # It serves the best checkpoint it had (a 409 before: "only a succeeded experiment").
+    image = np.zeros((1, 28, 28), dtype=np.uint8).tolist()
+    r = client.post("/embed", json={"experiment_id": eid, "arrays": image})
+    assert r.status_code == 200, r.text
+    assert r.json()["checkpoint"]["epoch"] == body["best_epoch"] >= 1
+    assert client.post("/predict", json={"experiment_id": eid, "arrays": image}).status_code == 200
 
 
 def test_killed_worker_resumes_with_the_same_result(client, workers, worker):
@@ -114,6 +120,8 @@ def test_queued_experiment_cancels_at_once_and_deletes(client, settings):
         assert c.delete(f"/experiments/{eid}").status_code == 409
         body = c.post(f"/experiments/{eid}/cancel").json()
         assert body["status"] == "cancelled" and body["finished_at"]
+        r = c.post("/embed", json={"experiment_id": eid, "arrays": [[[0.0] * 8] * 8]})
+        assert r.status_code == 409 and "cancelled before its first epoch ended" in r.json()["detail"]
         assert c.delete(f"/experiments/{eid}").status_code == 204
         assert c.get(f"/experiments/{eid}").status_code == 404
 
