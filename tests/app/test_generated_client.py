@@ -121,6 +121,7 @@ def test_the_document_is_valid_openapi_3_1_to_a_second_validator(client):
         validate(broken)
 
 
+@pytest.mark.serial  # a service, a worker and a code generator of its own: alone, not beside the others
 def test_a_generated_client_imports_whole_and_runs_the_quick_start(service, tmp_path):
     url, token = service
     generator = shutil.which("openapi-python-client", path=str(Path(sys.executable).parent))
