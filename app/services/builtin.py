@@ -23,7 +23,7 @@ from pathlib import Path
 from app.core.errors import InvalidInput
 from app.core.settings import Settings
 from corel.data import BUILTIN_DATASETS as BUILTIN
-from corel.data import DatasetNotFoundError, locate
+from corel.data import DatasetNotFoundError, locate, training_split_rows
 from corel.data.download import DOWNLOADABLE, DownloadError, Progress, download, probe, source
 
 
@@ -200,3 +200,16 @@ def require_available(settings: Settings, datasets: set[str]) -> None:
         if known.status == "unavailable":
             raise InvalidInput(f"dataset {dataset!r} is not available on this server: {known.why}; "
                                "GET /datasets/builtin lists what is")
+
+
+def require_rows(settings: Settings, wanted: set[tuple[str, int | None]]) -> None:
+    """422 for a spec whose ``train_subset`` asks a built-in dataset for more training rows
+    than its split holds (``wanted``: (dataset, train_subset) pairs)."""
+    for dataset, subset in sorted(wanted, key=str):
+        if subset is None or dataset not in BUILTIN:
+            continue
+        rows = training_split_rows(dataset, data_dir_for(settings, dataset))
+        if rows is not None and subset > rows:
+            raise InvalidInput(f"train_subset is {subset}, but {dataset}'s training split holds "
+                               f"{rows} rows on this server; ask for at most {rows}, or leave "
+                               "train_subset unset to train on all of them")

@@ -38,8 +38,8 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
                 f"{upload.summary['split_column']!r}); leave val_fraction and test_fraction unset"
             )
     spec = body.to_spec()
-    if body.dataset_id is not None and spec.fine_tunes:
-        _check_one_batch(upload.summary, spec)
+    if body.dataset_id is not None:
+        _check_rows(body.dataset_id, upload.summary, spec)
     stored = spec.model_dump(mode="json", exclude={"dataset_path", "word_vectors", "encoder_path"})
     if body.encoder_id is not None:
         row = referenced_encoder(session, body.encoder_id)
@@ -68,19 +68,31 @@ def create_experiment(session: Session, body: ExperimentCreate) -> Experiment:
     return exp
 
 
-def _check_one_batch(summary: dict[str, Any], spec: ExperimentSpec) -> None:
-    """A 422 when a fine-tuned run on an upload would have fewer training rows than one batch."""
+def _upload_training_rows(summary: dict[str, Any], spec: ExperimentSpec) -> int | None:
+    """How many training rows an upload's split gives a run, before ``train_subset`` (None
+    for a summary that does not say)."""
     from corel.data.splits import training_rows
 
     if summary.get("split_counts"):
-        rows = int(summary["split_counts"].get("train", 0))
-        rows = rows if spec.train_subset is None else min(rows, spec.train_subset)
-    elif "n" in summary and "num_classes" in summary:
-        rows = training_rows(int(summary["n"]), int(summary["num_classes"]), spec.val_fraction,
-                             spec.test_fraction, spec.train_subset)
-    else:
+        return int(summary["split_counts"].get("train", 0))
+    if "n" in summary and "num_classes" in summary:
+        return training_rows(int(summary["n"]), int(summary["num_classes"]), spec.val_fraction,
+                             spec.test_fraction)
+    return None
+
+
+def _check_rows(dataset_id: int, summary: dict[str, Any], spec: ExperimentSpec) -> None:
+    """A 422 when ``train_subset`` asks for more training rows than the upload's split
+    holds, or a fine-tuned run would have fewer training rows than one batch."""
+    rows = _upload_training_rows(summary, spec)
+    if rows is None:
         return
-    if rows < spec.batch_size:
+    if spec.train_subset is not None and spec.train_subset > rows:
+        raise InvalidInput(f"train_subset is {spec.train_subset}, but dataset_id {dataset_id}'s "
+                           f"training split holds {rows} rows; ask for at most {rows}, or leave "
+                           "train_subset unset to train on all of them")
+    rows = rows if spec.train_subset is None else spec.train_subset
+    if spec.fine_tunes and rows < spec.batch_size:
         raise InvalidInput(f"fine-tuning needs at least one full batch of training rows: this dataset "
                            f"gives {rows} training rows, batch_size is {spec.batch_size}; lower batch_size "
                            f"to at most {rows}")

@@ -103,8 +103,14 @@ def member_ids(session: Session, sweep_id: int) -> list[int]:
 
 def builtin_datasets(session: Session, sweep_id: int) -> set[str]:
     """The datasets the sweep's members read from the server's own files (not uploads)."""
-    return set(session.scalars(select(Experiment.dataset).where(
-        Experiment.sweep_id == sweep_id, Experiment.dataset_id.is_(None))))
+    return {dataset for dataset, _ in builtin_subsets(session, sweep_id)}
+
+
+def builtin_subsets(session: Session, sweep_id: int) -> set[tuple[str, int | None]]:
+    """(dataset, train_subset) of the sweep's members that read the server's own files."""
+    rows = session.execute(select(Experiment.dataset, Experiment.spec).where(
+        Experiment.sweep_id == sweep_id, Experiment.dataset_id.is_(None)))
+    return {(dataset, spec.get("train_subset")) for dataset, spec in rows}
 
 
 def members(session: Session, sweep_id: int) -> list[Experiment]:

@@ -286,18 +286,10 @@ class InferenceRunner:
                     self.forward_passes += 1
                     try:
                         h, sims = await loop.run_in_executor(self._pool, _texts_batch, group)
-                    except Exception as exc:  # every waiting request gets the error
-                        for w in group:
-                            if not w.result.done():
-                                w.result.set_exception(exc)
+                    except Exception as exc:
+                        _hand_out(group, [len(w.texts) for w in group], exc)
                         continue
-                    start = 0
-                    for w in group:
-                        stop = start + len(w.texts)
-                        if not w.result.done():  # its client may have gone
-                            w.result.set_result((h[start:stop], None if sims is None or not w.similarities
-                                                 else sims[start:stop]))
-                        start = stop
+                    _hand_out(group, [len(w.texts) for w in group], (h, sims))
         finally:
             self._draining = False
 
@@ -308,17 +300,27 @@ class InferenceRunner:
             try:
                 x = group[0].x if len(group) == 1 else torch.cat([p.x for p in group])
                 h, sims = forward(group[0].loaded, x, any(p.similarities for p in group))
-            except Exception as exc:  # every waiting request gets the error
-                for p in group:
-                    if not p.result.done():
-                        p.result.set_exception(exc)
+            except Exception as exc:
+                _hand_out(group, [len(p.x) for p in group], exc)
                 continue
-            start = 0
-            for p in group:
-                stop = start + len(p.x)
-                if not p.result.done():  # its client may have gone
-                    p.result.set_result((h[start:stop], sims[start:stop] if p.similarities else None))
-                start = stop
+            _hand_out(group, [len(p.x) for p in group], (h, sims))
+
+
+def _hand_out(group: list[_Pending] | list[_PendingTexts], sizes: list[int],
+              outcome: tuple[torch.Tensor, torch.Tensor | None] | Exception) -> None:
+    """Each waiting request of a batch its rows of the batch's answer (``sizes``: its rows,
+    in order), or every one the batch's error; those whose clients have gone are passed by."""
+    start = 0
+    for waiting, size in zip(group, sizes, strict=True):
+        stop = start + size
+        if not waiting.result.done():
+            if isinstance(outcome, Exception):
+                waiting.result.set_exception(outcome)
+            else:
+                h, sims = outcome
+                waiting.result.set_result((h[start:stop], sims[start:stop]
+                                           if sims is not None and waiting.similarities else None))
+        start = stop
 
 
 @dataclass

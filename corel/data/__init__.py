@@ -17,16 +17,19 @@ and the preprocessing in their own; this module holds the registry of loaders.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 # The loaders, and the public names importable from corel.data as before it was split.
 from corel.data.ag_news import (
     AgNewsTexts,
     _load_ag_news,
+    _read_ag_news_csv,
     ag_news_texts,
     locate_ag_news,
     validate_ag_news_csv,
@@ -48,6 +51,7 @@ from corel.data.digits import _load_digits
 from corel.data.idx import (
     FASHION_MNIST_CLASSES,
     IDX_SOURCES,
+    _idx_files_in,
     _load_fashion_mnist,
     _load_mnist,
     locate_idx,
@@ -56,6 +60,7 @@ from corel.data.idx import (
 )
 from corel.data.npz import _load_images, _load_npz, validate_npz
 from corel.data.preprocessing import prepare_images, prepare_vectors
+from corel.data.splits import training_rows as split_training_rows
 from corel.data.text import (
     DEFAULT_WORD_VECTORS,
     TOKEN_PATTERN,
@@ -104,6 +109,7 @@ __all__ = [
     "read_idx",
     "text_warnings",
     "tokenize",
+    "training_split_rows",
     "validate_ag_news_csv",
     "validate_npz",
     "with_image_features",
@@ -148,6 +154,42 @@ def locate(dataset: str, data_dir: PathLike | None = None) -> Path | None:
         return None
     raise ValueError(f"{dataset!r} is not a built-in dataset; built in: "
                      f"{', '.join(BUILTIN_DATASETS)}")
+
+
+RELEASE_TRAINING_ROWS = {"mnist": 60_000 - MNIST_VAL_SIZE, "fashion-mnist": 60_000 - MNIST_VAL_SIZE,
+                         "ag-news": 120_000 - round(AG_NEWS_VAL_FRACTION * 120_000)}
+"""Training rows of the public releases a worker downloads (before ``train_subset``)."""
+
+
+@functools.lru_cache(maxsize=16)
+def _csv_training_rows(path: str, with_test: bool, mtime_ns: int, size: int) -> int:
+    _, labels = _read_ag_news_csv(Path(path))
+    n, k = len(labels), len(np.unique(labels))
+    if with_test:  # the validation split is taken from train.csv alone
+        return n - max(k, round(AG_NEWS_VAL_FRACTION * n))
+    return split_training_rows(n, k)
+
+
+def training_split_rows(dataset: str, data_dir: PathLike | None = None) -> int | None:
+    """How many rows built-in ``dataset``'s training split holds, before ``train_subset``
+    (what a check at submission compares it with): counted in its files under ``data_dir``
+    (or a system location), else the public release's; None for a dataset that is not built in."""
+    root = Path(data_dir).expanduser() if data_dir is not None else None
+    try:
+        if dataset == "digits":
+            return split_training_rows(1797, 10)  # scikit-learn's 8x8 digits: 1,797 images
+        if dataset in IDX_SOURCES:
+            files, _ = _idx_files_in(locate_idx(dataset, root))
+            assert files is not None  # locate_idx found the four
+            return len(read_idx(files["y_train"])) - MNIST_VAL_SIZE
+        if dataset == "ag-news":
+            train = locate_ag_news(root)
+            with_test = train.name == "train.csv" and (train.parent / "test.csv").is_file()
+            stat = train.stat()
+            return _csv_training_rows(str(train), with_test, stat.st_mtime_ns, stat.st_size)
+    except DatasetNotFoundError:
+        return RELEASE_TRAINING_ROWS.get(dataset)
+    return None
 
 
 def load_dataset(

@@ -194,7 +194,7 @@ def ag_news_texts(spec: ExperimentSpec, data_dir: Path | None = None, download: 
         _check_class_sizes(y, 3, names, str(files.train))
         train_idx, val_idx, test_idx = _split_three(y, rng)
         test_texts, y_test = [texts[i] for i in test_idx], y[test_idx]
-    train_idx = _subset(train_idx, spec.train_subset)
+    train_idx = _subset(train_idx, spec.train_subset, spec.dataset)
     return AgNewsTexts(train=([texts[i] for i in train_idx], y[train_idx]),
                        val=([texts[i] for i in val_idx], y[val_idx]),
                        test=(list(test_texts), np.asarray(y_test, dtype=np.int64)), class_names=names)

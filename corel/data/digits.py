@@ -21,7 +21,7 @@ def _load_digits(spec: ExperimentSpec, data_dir: Path | None, download: bool) ->
     y = np.asarray(bunch.target, dtype=np.int64)
     rng = np.random.default_rng(SPLIT_SEED)
     train_idx, val_idx, test_idx = _split_three(y, rng)
-    train_idx = _subset(train_idx, spec.train_subset)
+    train_idx = _subset(train_idx, spec.train_subset, spec.dataset)
     preprocessing = _image_preprocessing("digits", tuple(images.shape[1:]), 16.0)
     return Dataset(
         name="digits",

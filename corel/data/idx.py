@@ -232,7 +232,7 @@ def _load_idx_dataset(
     _check_class_sizes(y_all, 2, list(source.class_names), str(files["y_train"]))
     rng = np.random.default_rng(SPLIT_SEED)
     train_idx, val_idx = _stratified_take(y_all, MNIST_VAL_SIZE, keep=1, rng=rng)
-    train_idx = _subset(train_idx, spec.train_subset)
+    train_idx = _subset(train_idx, spec.train_subset, spec.dataset)
     preprocessing = _image_preprocessing(source.name, tuple(x_all.shape[1:]), 255.0)
     return Dataset(
         name=source.name,

@@ -226,7 +226,7 @@ def _load_npz(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Da
     x, y, names = _read_npz(path)
     train_idx, val_idx, test_idx = split_rows(y, names, stored_split(path), spec.val_fraction,
                                               spec.test_fraction)
-    train_idx = _subset(train_idx, spec.train_subset)
+    train_idx = _subset(train_idx, spec.train_subset, spec.dataset)
     preprocessing = _vector_preprocessing(tuple(x.shape[1:]))
     features = _feature_names(path, int(np.prod(x.shape[1:])))
     if features is not None:  # a table's columns: serving takes inputs by column name
@@ -265,7 +265,7 @@ def _load_images(spec: ExperimentSpec, data_dir: Path | None, download: bool) ->
     preprocessing = _image_preprocessing("images", (height, width), 255.0, channels)
     train_idx, val_idx, test_idx = split_rows(y, names, stored_split(path), spec.val_fraction,
                                               spec.test_fraction)
-    train_idx = _subset(train_idx, spec.train_subset)
+    train_idx = _subset(train_idx, spec.train_subset, spec.dataset)
     return Dataset(
         name="images", modality="image",
         x_train=prepare_images(x[train_idx], preprocessing), y_train=torch.from_numpy(y[train_idx]),

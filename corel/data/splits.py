@@ -84,7 +84,13 @@ def training_rows(n: int, num_classes: int, val_fraction: float | None = None,
     return max(rows, 0) if train_subset is None else min(max(rows, 0), train_subset)
 
 
-def _subset(train_idx: np.ndarray, n: int | None) -> np.ndarray:
+def _subset(train_idx: np.ndarray, n: int | None, dataset: str = "the dataset") -> np.ndarray:
+    """The first ``n`` training rows (``spec.train_subset``); a ValueError when the split
+    holds fewer, instead of training on fewer rows than asked without a word."""
+    if n is not None and n > len(train_idx):
+        raise ValueError(f"train_subset is {n}, but {dataset}'s training split holds "
+                         f"{len(train_idx)} rows; ask for at most {len(train_idx)}, or leave "
+                         "train_subset unset to train on all of them")
     return train_idx if n is None else train_idx[:n]
 
 

@@ -427,7 +427,7 @@ def _load_text(spec: ExperimentSpec, data_dir: Path | None, download: bool,
                                               spec.test_fraction)
     prepare.choose([texts[i] for i in val_idx], y[val_idx], spec.precision)
     preprocessing = prepare.preprocessing
-    train_idx = _subset(train_idx, spec.train_subset)
+    train_idx = _subset(train_idx, spec.train_subset, spec.dataset)
 
     def embed(idx: np.ndarray) -> torch.Tensor:
         return prepare([texts[i] for i in idx])

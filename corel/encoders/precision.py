@@ -37,7 +37,7 @@ import torch
 
 from corel.encoder_catalog import cpu_offers
 
-__all__ = ["FASTER", "GATE_COSINE", "GATE_MAP", "GATE_MIN_ROWS", "GATE_ROWS", "choose", "fixed_features", "gate_warnings",
+__all__ = ["FASTER", "GATE_COSINE", "GATE_MAP", "GATE_MIN_ROWS", "GATE_ROWS", "choose", "fixed_features",
            "path_of"]
 
 GATE_COSINE = 0.99
@@ -69,11 +69,6 @@ def path_of(preprocessing: dict[str, Any]) -> str:
     """The path a run's features are computed on (``fp32`` where none was recorded: runs
     made before the choice existed)."""
     return str(((preprocessing.get("encoder") or {}).get("features_path") or {}).get("precision") or "fp32")
-
-
-def gate_warnings(record: dict[str, Any] | None) -> list[str]:
-    """What the run's warnings say of its features' path."""
-    return list((record or {}).get("warnings") or [])
 
 
 def _map_at_r(h: torch.Tensor, y: torch.Tensor) -> float:

@@ -130,8 +130,7 @@ def _int8(path: Path) -> Any:
             options.intra_op_num_threads = torch.get_num_threads()
             session = ort.InferenceSession(str(int8), options, providers=["CPUExecutionProvider"])
         tok = _load(str(path)).tokenizer
-        session = _FAST[(str(path), "int8")] = (session, tok, int(_load(str(path)).max_seq_length),
-                                                "token_type_ids" in tok.model_input_names)
+        session = _FAST[(str(path), "int8")] = (session, tok, int(_load(str(path)).max_seq_length))
         return session
 
 
@@ -151,7 +150,7 @@ def _buckets(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
 def _run_int8(path: Path, texts: list[str]) -> np.ndarray:
     """``texts`` through the int8 session: tokenised at once, sorted by length, padded per
     batch (:func:`_buckets`) to its longest."""
-    session, tok, max_length, _ = _int8(path)
+    session, tok, max_length = _int8(path)
     encoded = tok(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
     order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
     parts = []

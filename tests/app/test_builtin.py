@@ -196,3 +196,20 @@ def test_a_missing_dataset_is_downloaded_once_by_the_worker_verified_and_shown(
     finally:
         workers.stop(proc)  # its reconciler would take other tests' runs to its own queue
         mirror.close()
+
+
+def test_a_train_subset_above_the_training_split_is_refused_naming_the_limit(client, shared_datasets):
+    """It used to be accepted (train_subset 1e12 trained on the whole split, without a word)."""
+    r = client.post("/experiments", json={"dataset": "digits", "epochs": 1, "train_subset": 10**12})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == ("train_subset is 1000000000000, but digits's training split holds "
+                                  "1257 rows on this server; ask for at most 1257, or leave "
+                                  "train_subset unset to train on all of them")
+    # AG News's rows are counted in the files this server has (the shared test split).
+    r = client.post("/sweeps", json={"base": {"dataset": "ag-news", "epochs": 1, "train_subset": 5321},
+                                     "grid": {"lam": [0.3, 0.6]}})
+    assert r.status_code == 422 and "ag-news's training split holds 5320 rows" in r.json()["detail"]
+    before = client.get("/experiments", params={"limit": 1}).json()["total"]
+    r = client.post("/experiments", json={"dataset": "digits", "epochs": 1, "train_subset": 1257})
+    assert r.status_code == 202, r.text
+    assert client.get("/experiments", params={"limit": 1}).json()["total"] == before + 1

@@ -46,6 +46,20 @@ def digits_table() -> tuple[np.ndarray, np.ndarray, bytes]:
     return x.astype(np.float32), y, _csv(rows, header)
 
 
+def test_a_train_subset_above_an_uploads_training_split_is_a_422(client, digits_table):
+    _, _, data = digits_table
+    ds = _upload(client, "subset.csv", data, label_column="digit").json()
+    rows = 600 - 90 - 90  # 600 rows, 15 % each to validation and test
+    before = client.get("/experiments", params={"limit": 1}).json()["total"]
+    r = client.post("/experiments", json={"dataset": "npz", "dataset_id": ds["id"], **FAST,
+                                          "train_subset": rows + 1})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == (f"train_subset is {rows + 1}, but dataset_id {ds['id']}'s training "
+                                  f"split holds {rows} rows; ask for at most {rows}, or leave "
+                                  "train_subset unset to train on all of them")
+    assert client.get("/experiments", params={"limit": 1}).json()["total"] == before
+
+
 def test_a_feature_table_trains_standardised_and_serves_raw_rows(client, worker, digits_table):
     x, y, data = digits_table
     r = _upload(client, "features.csv", data, label_column="digit", standardize=True)

@@ -311,6 +311,27 @@ def test_npz_class_names_array_and_relative_path(tmp_path):
     assert ds.class_names == ["cat", "dog", "eel"] and len(ds.y_train) == 5
 
 
+def test_a_train_subset_above_the_training_split_is_a_value_error_naming_the_limit(tmp_path):
+    make_npz(tmp_path)
+    rows = len(data.load_dataset(ExperimentSpec(dataset="npz", dataset_path="data.npz"),
+                                 data_dir=tmp_path).y_train)
+    spec = ExperimentSpec(dataset="npz", dataset_path="data.npz", train_subset=rows + 1)
+    with pytest.raises(ValueError, match=f"train_subset is {rows + 1}, but npz's training split "
+                                         f"holds {rows} rows; ask for at most {rows}"):
+        data.load_dataset(spec, data_dir=tmp_path)
+    exact = ExperimentSpec(dataset="npz", dataset_path="data.npz", train_subset=rows)
+    assert len(data.load_dataset(exact, data_dir=tmp_path).y_train) == rows
+
+
+def test_the_training_split_rows_of_built_in_datasets_are_those_the_loaders_give():
+    for spec in (ExperimentSpec(dataset="digits"),):
+        assert data.training_split_rows(spec.dataset) == len(data.load_dataset(spec).y_train)
+    require(SHARED / "ag_news")
+    texts = data.ag_news_texts(ExperimentSpec(dataset="ag-news"), SHARED)
+    assert data.training_split_rows("ag-news", SHARED) == len(texts.train[1])
+    assert data.training_split_rows("npz") is None
+
+
 NPZ_BAD_CASES = {
     "missing x": (dict(x=None), "lacks array"),
     "missing y": (dict(y=None), "lacks array"),

@@ -21,7 +21,7 @@ from app.core.schemas import (
     Status,
 )
 from app.jobs.lifecycle import commit_and_send
-from app.services.builtin import require_available
+from app.services.builtin import require_available, require_rows
 from corel.loss_catalog import DECLARATIONS, declaration
 from corel.spec import DatasetName
 
@@ -36,6 +36,7 @@ router = APIRouter(prefix="/experiments", tags=["experiments"])
 def create(body: ExperimentCreate, session: SessionDep, queue: QueueDep, settings: SettingsDep):
     if body.dataset_id is None:
         require_available(settings, {body.dataset})
+        require_rows(settings, {(body.dataset, body.train_subset)})
     exp = experiments_service.create_experiment(session, body)
     # The task carries only the id, sent once the row is committed; this is the one
     # route that commits before returning, because whether sending works decides the

@@ -13,7 +13,7 @@ from app.core.models import Experiment
 from app.core.schemas import Page, SweepCreate, SweepQueued, SweepRead, SweepSummary
 from app.jobs.lifecycle import commit_and_send
 from app.services import sweep_render
-from app.services.builtin import require_available
+from app.services.builtin import require_available, require_rows
 from corel.report import PAPER_TABLE1
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
@@ -25,6 +25,7 @@ def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: Se
     sweep, groups = sweeps_service.create_sweep(session, body, settings.max_sweep_size,
                                                 settings.max_group_size)
     require_available(settings, sweeps_service.builtin_datasets(session, sweep.id))
+    require_rows(settings, sweeps_service.builtin_subsets(session, sweep.id))
     # Committed before sending, as for a single experiment: workers must find the rows.
     answer = SweepQueued(id=sweep.id, size=sweep.size, groups=len(groups))
     commit_and_send(session, Experiment, [i for ids in groups for i in ids],
