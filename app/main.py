@@ -42,10 +42,10 @@ from app.jobs.queue import TaskQueue
 from app.services import builtin
 from app.serving.inference import InferenceRunner
 from app.serving.model_cache import LoadOnceCache, ModelCache
+from app.serving.neighbors import Reference
 from app.storage import attach, make_store
 from app.storage.refs import collect_in_background
 from app.web import router as web_router
-from corel.index import VectorIndex
 
 log = logging.getLogger("corel.api")
 
@@ -85,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         builtin.probe_sources(settings)
         app.state.model_cache = ModelCache(settings.model_cache_size)
         # What /neighbors searches: built indexes, and training splits searched exactly.
-        app.state.references = LoadOnceCache[VectorIndex](settings.index_cache_size)
+        app.state.references = LoadOnceCache[Reference](settings.index_cache_size)
         app.state.inference = InferenceRunner(settings.api_batch_threads)
         app.state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
         app.state.events = EventHub(app.state.sessionmaker, settings.db_url)

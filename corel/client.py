@@ -281,7 +281,8 @@ class Experiment:
     def neighbors(self, texts: Sequence[str] | None = None, arrays: Any = None,
                   images: Sequence[str | os.PathLike[str]] | None = None, k: int = 10) -> list[dict[str, Any]]:
         """``/experiments/{id}/neighbors``: per input, its ``k`` nearest training rows
-        (``row``, ``label``, ``class_name``, ``distance``), the vote and the prediction."""
+        (``id``: its row in the data trained on, ``label``, ``class_name``, ``distance``,
+        and its ``text`` or ``image_url``), the vote and the prediction."""
         body = self.client.request("POST", f"/experiments/{self.id}/neighbors",
                                    json_body={"k": k, **_inputs(texts, arrays, images)})
         return list(body["results"])

@@ -307,12 +307,15 @@ def _latent(factory: sessionmaker[Session], result: FitResult, y: Any, experimen
             split: str) -> LatentSpace:
     """A split's latent space: its two arrays into the artifact store, the row naming them."""
     reps = result.latent(split).cpu().numpy().astype(np.float32)
+    rows = (result.run.data.rows or {}).get("val" if split == "validation" else split)
     with factory() as session:
         stored = put_array(session, reps)
         labels = put_array(session, y.cpu().numpy().astype(np.int64))
+        positions = None if rows is None else put_array(session, np.asarray(rows, np.int64))
     return LatentSpace(
         experiment_id=experiment_id, split=split, n=int(reps.shape[0]), dim=int(reps.shape[1]),
-        representations_sha256=stored.sha256, labels_sha256=labels.sha256)
+        representations_sha256=stored.sha256, labels_sha256=labels.sha256,
+        rows_sha256=None if positions is None else positions.sha256)
 
 
 @dataclass
@@ -417,7 +420,8 @@ def _store_results_leased(factory: sessionmaker[Session], experiment_id: int,
         _upsert_checkpoint(session, experiment_id, "best", result.best_epoch, best)
         replaced = session.scalars(select(LatentSpace).where(LatentSpace.experiment_id == experiment_id)).all()
         release_after_commit(session, [d for row in replaced
-                                       for d in (row.representations_sha256, row.labels_sha256)])
+                                       for d in (row.representations_sha256, row.labels_sha256,
+                                                 row.rows_sha256) if d])
         session.execute(delete(LatentSpace).where(LatentSpace.experiment_id == experiment_id))
         session.add_all(latents)
         if not lifecycle.end(session, experiment_id, Status.SUCCEEDED, phase=None, phase_detail=None,

@@ -4,6 +4,7 @@ error the API answers as ``{"error": ..., "detail": ...}``."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from http import HTTPStatus
 from typing import Any
@@ -80,14 +81,45 @@ class ServiceUnavailable(DomainError):
     error = "service_unavailable"
 
 
-def describe_error(err: Mapping[str, Any], whole: str = "body") -> str:
-    """One pydantic error as "field: message" (``whole`` names an error of the whole object)."""
+BODY_EXAMPLES: dict[str, str] = {
+    "/experiments": '{"dataset": "digits", "budget": "quick"}',
+    "/sweeps": '{"base": {"dataset": "digits", "budget": "quick"}, "grid": {"lam": [0.3, 0.6]}}',
+    "/embed": '{"experiment_id": 1, "texts": ["a sentence"]} (or arrays, images, rows in place '
+              'of texts)',
+    "/predict": '{"experiment_id": 1, "texts": ["a sentence"]} (or arrays, images, rows in place '
+                'of texts)',
+    "/experiments/{experiment_id}/neighbors": '{"texts": ["a sentence"], "k": 5} (or arrays, '
+                                              'images, rows in place of texts)',
+}
+"""An example body per route, for a message about a body that is no JSON object (the
+routes' templates without their ``:int``)."""
+
+
+def send_hint(route: str | None) -> str:
+    """What a body sent to ``route`` (its template) should be: an example where we have one."""
+    example = BODY_EXAMPLES.get((route or "").replace(":int}", "}"))
+    if example is not None:
+        return f"send a JSON object such as {example}"
+    return "send a JSON object of this route's fields (GET /docs shows them)"
+
+
+def route_of(request: Request) -> str | None:
+    """The template of the route a request matched (``/experiments/{experiment_id:int}``)."""
+    route = request.scope.get("route")
+    return getattr(route, "path", None)
+
+
+def describe_error(err: Mapping[str, Any], whole: str = "body", route: str | None = None) -> str:
+    """One pydantic error as "field: message" (``whole`` names an error of the whole object;
+    ``route``, the template of the route the body was sent to, picks the example a body
+    that is no JSON object is shown)."""
     if err.get("type") == "json_invalid":  # its loc is ("body", <character offset>)
         offset = next((p for p in err.get("loc", ()) if isinstance(p, int)), None)
         why = (err.get("ctx") or {}).get("error", "")
         at = f" at character {offset}" if offset is not None else ""
-        return (f"the body is not valid JSON{at}" + (f" ({why})" if why else "")
-                + "; send a JSON object such as {\"dataset\": \"digits\"}")
+        return f"the body is not valid JSON{at}" + (f" ({why})" if why else "") + f"; {send_hint(route)}"
+    if whole == "body" and tuple(err.get("loc", ())) in ((), ("body",)) and err.get("type") in _NOT_OBJECT:
+        return f"the body must be a JSON object, not {json_kind(err.get('input'))}; {send_hint(route)}"
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
     where = ".".join(loc) or whole
     if err.get("type") in ("literal_error", "enum") and "input" in err:
@@ -96,8 +128,21 @@ def describe_error(err: Mapping[str, Any], whole: str = "body") -> str:
     return f"{where}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}"
 
 
-def describe_errors(errors: Iterable[Mapping[str, Any]], whole: str = "body") -> str:
-    return "; ".join(describe_error(e, whole) for e in errors)
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in the words of JSON (an array, a string, ...)."""
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str | bytes):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "null" if value is None else type(value).__name__
+
+
+def describe_errors(errors: Iterable[Mapping[str, Any]], whole: str = "body", route: str | None = None) -> str:
+    return "; ".join(describe_error(e, whole, route) for e in errors)
 
 
 def _field(err: Mapping[str, Any]) -> str:
@@ -109,10 +154,12 @@ def _field(err: Mapping[str, Any]) -> str:
     return ".".join(str(p) for p in loc)
 
 
+_NOT_OBJECT = ("model_attributes_type", "dict_type", "model_type")
+
+
 def _whole_body(err: Mapping[str, Any]) -> bool:
     """An error of the body as a whole: absent, or not an object."""
-    return tuple(err.get("loc", ())) == ("body",) and err.get("type") in (
-        "missing", "model_attributes_type", "dict_type", "model_type")
+    return tuple(err.get("loc", ())) == ("body",) and err.get("type") in ("missing", *_NOT_OBJECT)
 
 
 def _not_json(content_type: str) -> str | None:
@@ -124,6 +171,27 @@ def _not_json(content_type: str) -> str | None:
         return None
     return (f"the body must be a JSON object sent with Content-Type: application/json; "
             f"this one came as {media}")
+
+
+def no_route(request: Request) -> str:
+    """Why no route took a request: a path parameter that is no integer where a route of the
+    OpenAPI document wants one (``/experiments/abc``), else that the path is none of the API's."""
+    method, path = request.method, request.url.path
+    for template, item in request.app.openapi().get("paths", {}).items():
+        operation = item.get(method.lower())
+        if "{" not in template or operation is None:
+            continue
+        parts = re.split(r"(\{\w+\})", template)
+        found = re.fullmatch("".join(f"(?P<{p[1:-1]}>[^/]+)" if p.startswith("{") else re.escape(p)
+                                     for p in parts), path)
+        if found is None:
+            continue
+        integers = {p["name"] for p in operation.get("parameters", [])
+                    if p.get("in") == "path" and (p.get("schema") or {}).get("type") == "integer"}
+        for name, value in found.groupdict().items():
+            if name in integers and not value.isdigit():
+                return f"{name} must be an integer from 1 to {MAX_ID} in {method} {template}; got {value!r}"
+    return f"there is no route {method} {path}; GET /openapi.json (or /docs) lists the API's routes"
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -139,15 +207,18 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Starlette's own answers (400 unparsable body, 404 no such path, 405, 413) in
         # the shape of every other error.
         try:
             error = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
         except ValueError:
             error = "error"
+        detail = str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":  # the router's: no route matched
+            detail = no_route(request)
         return JSONResponse(status_code=exc.status_code, headers=exc.headers,
-                            content={"error": error, "detail": str(exc.detail)})
+                            content={"error": error, "detail": detail})
 
     async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
         # The request did nothing durable (its transaction rolled back): safe to retry.
@@ -165,7 +236,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         not_json = _not_json(request.headers.get("content-type", ""))
         errors = [
-            {"field": _field(e), "message": not_json if not_json and _whole_body(e) else describe_error(e)}
+            {"field": _field(e), "message": not_json if not_json and _whole_body(e)
+             else describe_error(e, route=route_of(request))}
             for e in exc.errors()
         ]
         return JSONResponse(

@@ -235,6 +235,9 @@ class LatentSpace(Base):
     dim: Mapped[int] = mapped_column(Integer)
     representations_sha256: Mapped[str] = mapped_column(String(64), index=True)
     labels_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    # The rows' positions in the file the split was read from (int64; corel's Dataset.rows):
+    # a nearest neighbour's id. Null for runs stored before they were kept.
+    rows_sha256: Mapped[str | None] = mapped_column(String(64), index=True, nullable=True)
 
 
 class RetrievalResult(Base):

@@ -8,6 +8,7 @@ import io
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -306,7 +307,7 @@ class InferenceRunner:
             _hand_out(group, [len(p.x) for p in group], (h, sims))
 
 
-def _hand_out(group: list[_Pending] | list[_PendingTexts], sizes: list[int],
+def _hand_out(group: Sequence[_Pending | _PendingTexts], sizes: list[int],
               outcome: tuple[torch.Tensor, torch.Tensor | None] | Exception) -> None:
     """Each waiting request of a batch its rows of the batch's answer (``sizes``: its rows,
     in order), or every one the batch's error; those whose clients have gone are passed by."""

@@ -13,15 +13,20 @@ as the models are (LoadOnceCache).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
 from app.core.db import session_scope
 from app.core.errors import Conflict, InvalidInput
+from app.core.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex
 from app.core.schemas import NeighborsRequest
 from app.services.indexes import index_to_search, load_index
 from app.services.retrieval import training_rows
+from app.services.rows import RowSource, training_positions
 from app.serving import inference
 from app.storage.artifacts import class_names
 from corel.clustering import default_metric
@@ -29,21 +34,40 @@ from corel.device import pick_device
 from corel.index import VectorIndex
 
 
-def _exact_over_training(state: Any, experiment_id: int, loss: str) -> VectorIndex:
+@dataclass(frozen=True)
+class Reference:
+    """What /neighbors searches, and what its rows are: their positions in the file they
+    were read from (None for a run stored before they were kept) and that file."""
+
+    index: VectorIndex
+    positions: np.ndarray | None
+    source: RowSource
+
+
+def _experiment_source(session: Session, experiment_id: int) -> RowSource:
+    exp = session.get(Experiment, experiment_id)
+    assert exp is not None
+    return RowSource(exp.dataset, exp.dataset_id)
+
+
+def _exact_over_training(state: Any, experiment_id: int, loss: str) -> Reference:
     with session_scope(state.sessionmaker) as session:
         reps, labels = training_rows(session, experiment_id, "/neighbors")
         names = class_names(session, experiment_id)
+        positions = training_positions(session, experiment_id)
+        source = _experiment_source(session, experiment_id)
     limit = state.settings.exact_search_max_rows
     if len(labels) > limit:
         raise Conflict(f"experiment {experiment_id} has {len(labels)} training rows, more than "
                        f"exact search takes (COREL_EXACT_SEARCH_MAX_ROWS, {limit}), and no index; "
                        f"build one with POST /experiments/{experiment_id}/index, then search again")
     index = VectorIndex.build(reps, labels, default_metric(loss), "exact", class_names=names)
-    return index.to(pick_device(state.settings.device))  # exact search on the GPU, where there is one
+    # exact search on the GPU, where there is one
+    return Reference(index.to(pick_device(state.settings.device)), positions, source)
 
 
-def _reference(state: Any, experiment_id: int, loss: str, index_id: int | None) -> tuple[int | None, VectorIndex]:
-    """(the index's id or None, the index) that this request searches."""
+def _reference(state: Any, experiment_id: int, loss: str, index_id: int | None) -> tuple[int | None, Reference]:
+    """(the index's id or None, what this request searches)."""
     with session_scope(state.sessionmaker) as session:
         row = index_to_search(session, experiment_id, index_id)
         chosen = None if row is None else row.id
@@ -51,10 +75,26 @@ def _reference(state: Any, experiment_id: int, loss: str, index_id: int | None) 
         return None, state.references.get(("train", experiment_id),
                                           lambda: _exact_over_training(state, experiment_id, loss))
 
-    def load() -> VectorIndex:
+    def load() -> Reference:
         with session_scope(state.sessionmaker) as session:
-            return load_index(session, chosen).to(pick_device(state.settings.device))
+            index = load_index(session, chosen).to(pick_device(state.settings.device))
+            built = session.get(NeighborIndex, chosen)
+            assert built is not None
+            if built.embedding_job_id is None:  # the training split's rows
+                return Reference(index, training_positions(session, experiment_id),
+                                 _experiment_source(session, experiment_id))
+            job = session.get(EmbeddingJob, built.embedding_job_id)
+            upload = None if job is None else session.get(DatasetUpload, job.dataset_id)
+            # A job embeds every row of its upload, in order.
+            source = RowSource("npz" if upload is None or upload.kind == "npz" else upload.kind,
+                               None if job is None else job.dataset_id)
+            return Reference(index, np.arange(index.n, dtype=np.int64), source)
     return chosen, state.references.get(("index", chosen), load)
+
+
+def _texts(state: Any, source: RowSource) -> list[str] | None:
+    with session_scope(state.sessionmaker) as session:
+        return source.texts(session, state.settings)
 
 
 def _knn_vote(labels: list[int]) -> int:
@@ -72,13 +112,15 @@ def _name(names: list[str] | None, label: int) -> str:
 async def search(state: Any, req: NeighborsRequest) -> dict[str, Any]:
     loaded, h, sims = await inference.infer(state, req, similarities=True)
     assert sims is not None
-    index_id, index = await run_in_threadpool(_reference, state, loaded.experiment_id,
-                                              loaded.spec.loss, req.index_id)
+    index_id, ref = await run_in_threadpool(_reference, state, loaded.experiment_id,
+                                            loaded.spec.loss, req.index_id)
+    index = ref.index
     n = index.n
     if req.k > n:
         where = f"index {index_id}" if index_id is not None else f"experiment {loaded.experiment_id}'s training split"
         raise InvalidInput(f"k is {req.k}, but {where} has {n} rows to search; k must be at most {n}")
     distances, rows = await run_in_threadpool(index.search, h, req.k)
+    texts = await run_in_threadpool(_texts, state, ref.source) if ref.positions is not None else None
     names = loaded.class_names
     row_names = index.class_names  # the rows' own (an uploaded dataset's, for a batch job's rows)
     predicted = sims.argmax(1).tolist()
@@ -88,7 +130,7 @@ async def search(state: Any, req: NeighborsRequest) -> dict[str, Any]:
                                                  strict=True)):
         vote = _knn_vote(y_row)
         result: dict[str, Any] = {
-            "neighbors": [{"row": r, "label": y, "class_name": _name(row_names, y), "distance": max(d, 0.0)}
+            "neighbors": [_neighbor(ref, texts, r, y, _name(row_names, y), d)
                           for r, y, d in zip(r_row, y_row, d_row, strict=True)],
             "knn_prediction": {"class_index": vote, "class_name": _name(row_names, vote)},
             "prediction": {"class_index": predicted[i], "class_name": names[predicted[i]]},
@@ -96,5 +138,25 @@ async def search(state: Any, req: NeighborsRequest) -> dict[str, Any]:
         if req._names is not None:
             result["input"] = req._names[i]
         results.append(result)
+    source = ({"dataset_id": ref.source.dataset_id} if ref.source.dataset_id is not None
+              else {"dataset": ref.source.dataset})
     return {"experiment_id": loaded.experiment_id, "index_id": index_id, "k": req.k,
-            "geometry": index.geometry, "n_reference": n, "results": results}
+            "geometry": index.geometry, "n_reference": n, "source": source, "results": results}
+
+
+def _neighbor(ref: Reference, texts: list[str] | None, row: int, label: int, name: str,
+              distance: float) -> dict[str, Any]:
+    """One neighbour: its row in the reference, its id (its position in the file it was
+    read from), label and distance, and its text or the link to its image where it has one."""
+    out: dict[str, Any] = {"row": row, "id": None, "label": label, "class_name": name,
+                           "distance": max(distance, 0.0)}
+    if ref.positions is None:  # a run stored before its rows' positions were kept
+        return out
+    position = int(ref.positions[row])
+    out["id"] = position
+    if texts is not None and 0 <= position < len(texts):
+        out["text"] = texts[position]
+    url = ref.source.image_url(position)
+    if url is not None:
+        out["image_url"] = url
+    return out

@@ -41,7 +41,7 @@ log = logging.getLogger("corel.storage")
 # Every column that holds an artifact's digest. A new kind of artifact adds its column here.
 REFERENCES: tuple[InstrumentedAttribute[Any], ...] = (
     Checkpoint.sha256, DatasetUpload.blob_sha256, EncoderUpload.sha256,
-    LatentSpace.representations_sha256, LatentSpace.labels_sha256, Figure.sha256,
+    LatentSpace.representations_sha256, LatentSpace.labels_sha256, LatentSpace.rows_sha256, Figure.sha256,
     EmbeddingResult.representations_sha256, EmbeddingResult.labels_sha256, NeighborIndex.sha256)
 
 
@@ -52,6 +52,7 @@ def of_experiment(session: Session, experiment_id: int) -> set[str]:
     for column, owner in ((Checkpoint.sha256, Checkpoint.experiment_id),
                           (LatentSpace.representations_sha256, LatentSpace.experiment_id),
                           (LatentSpace.labels_sha256, LatentSpace.experiment_id),
+                          (LatentSpace.rows_sha256, LatentSpace.experiment_id),
                           (Figure.sha256, Figure.experiment_id),
                           (NeighborIndex.sha256, NeighborIndex.experiment_id)):
         found.update(d for d in session.scalars(select(column).where(owner == experiment_id)) if d)

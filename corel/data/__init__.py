@@ -67,6 +67,7 @@ from corel.data.text import (
     TOKENIZER_VERSION,
     WordVectors,
     _load_text,
+    _read_text_npz,
     clean_text,
     load_word_vectors,
     prepare_texts,
@@ -107,8 +108,10 @@ __all__ = [
     "prepare_texts",
     "prepare_vectors",
     "read_idx",
+    "read_texts",
     "text_warnings",
     "tokenize",
+    "training_images",
     "training_split_rows",
     "validate_ag_news_csv",
     "validate_npz",
@@ -190,6 +193,35 @@ def training_split_rows(dataset: str, data_dir: PathLike | None = None) -> int |
     except DatasetNotFoundError:
         return RELEASE_TRAINING_ROWS.get(dataset)
     return None
+
+
+def read_texts(path: PathLike, kind: str) -> list[str]:
+    """Every row's text, in order, of a text dataset's file: AG News's CSV (``kind``
+    ``ag-news``: the fields after the class, joined by a space) or a text table's .npz
+    (``text``). Row ``i`` is the text whose position (:attr:`Dataset.rows`) is ``i``."""
+    if kind == "ag-news":
+        return _read_ag_news_csv(Path(path))[0]
+    if kind == "text":
+        return _read_text_npz(Path(path))[0]
+    raise ValueError(f"{kind!r} is no text dataset; read_texts reads ag-news or text")
+
+
+def training_images(dataset: str, data_dir: PathLike | None = None) -> np.ndarray:
+    """The images of built-in ``dataset``'s training file, uint8 (N, H, W): MNIST's or
+    Fashion-MNIST's ``train-images`` under ``data_dir`` (or a system location), or
+    scikit-learn's digits scaled from 0..16 to 0..255. Row ``i`` is the image whose
+    position (:attr:`Dataset.rows`) is ``i``."""
+    if dataset == "digits":
+        from sklearn.datasets import load_digits
+
+        return np.rint(np.asarray(load_digits().images) * (255.0 / 16.0)).astype(np.uint8)
+    if dataset not in IDX_SOURCES:
+        raise ValueError(f"{dataset!r} is no built-in image dataset; built in: digits, "
+                         f"{', '.join(IDX_SOURCES)}")
+    files, _ = _idx_files_in(locate_idx(dataset, Path(data_dir).expanduser() if data_dir else None))
+    assert files is not None  # locate_idx found the four
+    images: np.ndarray = read_idx(files["x_train"])
+    return images
 
 
 def load_dataset(

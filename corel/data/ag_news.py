@@ -172,6 +172,7 @@ class AgNewsTexts:
     val: tuple[list[str], np.ndarray]
     test: tuple[list[str], np.ndarray]
     class_names: list[str]
+    rows: dict[str, np.ndarray] | None = None  # each split's positions in its CSV file (Dataset.rows)
 
 
 def ag_news_texts(spec: ExperimentSpec, data_dir: Path | None = None, download: bool = False) -> AgNewsTexts:
@@ -188,6 +189,7 @@ def ag_news_texts(spec: ExperimentSpec, data_dir: Path | None = None, download: 
         _check_class_sizes(y, 2, names, str(files.train))
         n_val = max(len(names), round(AG_NEWS_VAL_FRACTION * len(y)))
         train_idx, val_idx = _stratified_take(y, n_val, keep=1, rng=rng)
+        test_idx = np.arange(len(test_labels))
     else:
         names = _read_class_names(files.classes, [labels], str(files.train))
         y = labels - 1
@@ -197,7 +199,8 @@ def ag_news_texts(spec: ExperimentSpec, data_dir: Path | None = None, download: 
     train_idx = _subset(train_idx, spec.train_subset, spec.dataset)
     return AgNewsTexts(train=([texts[i] for i in train_idx], y[train_idx]),
                        val=([texts[i] for i in val_idx], y[val_idx]),
-                       test=(list(test_texts), np.asarray(y_test, dtype=np.int64)), class_names=names)
+                       test=(list(test_texts), np.asarray(y_test, dtype=np.int64)), class_names=names,
+                       rows={"train": train_idx, "val": val_idx, "test": test_idx})
 
 
 def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool,
@@ -218,4 +221,5 @@ def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool,
         class_names=split.class_names,
         input_shape=tuple(int(s) for s in preprocessing["input_shape"]),
         preprocessing=preprocessing,
+        rows=split.rows,
     )

@@ -62,6 +62,11 @@ class Dataset:
     class_names: list[str]
     input_shape: tuple[int, ...]
     preprocessing: dict[str, Any] = field(repr=False)
+    rows: dict[str, Any] | None = field(default=None, repr=False)
+    """Each split's rows as positions (int64 arrays, keyed train / val / test) in the file
+    the split was read from: MNIST's training file for train and val, its test file for
+    test; an uploaded dataset's rows; None where the loader does not say. A nearest
+    neighbour's id (the service's /neighbors) is its training row's position."""
 
     def __post_init__(self) -> None:
         for split in ("train", "val", "test"):

@@ -35,4 +35,5 @@ def _load_digits(spec: ExperimentSpec, data_dir: Path | None, download: bool) ->
         class_names=[str(d) for d in range(10)],
         input_shape=(1, *images.shape[1:]),
         preprocessing=preprocessing,
+        rows={"train": train_idx, "val": val_idx, "test": test_idx},
     )

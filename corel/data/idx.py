@@ -246,6 +246,7 @@ def _load_idx_dataset(
         class_names=list(source.class_names),
         input_shape=(1, *x_all.shape[1:]),
         preprocessing=preprocessing,
+        rows={"train": train_idx, "val": val_idx, "test": np.arange(len(arrays["y_test"]))},
     )
 
 

@@ -249,6 +249,7 @@ def _load_npz(spec: ExperimentSpec, data_dir: Path | None, download: bool) -> Da
         class_names=names,
         input_shape=(int(preprocessing["input_shape"][0]),),
         preprocessing=preprocessing,
+        rows={"train": train_idx, "val": val_idx, "test": test_idx},
     )
 
 
@@ -272,4 +273,5 @@ def _load_images(spec: ExperimentSpec, data_dir: Path | None, download: bool) ->
         x_val=prepare_images(x[val_idx], preprocessing), y_val=torch.from_numpy(y[val_idx]),
         x_test=prepare_images(x[test_idx], preprocessing), y_test=torch.from_numpy(y[test_idx]),
         class_names=names, input_shape=(channels, height, width), preprocessing=preprocessing,
+        rows={"train": train_idx, "val": val_idx, "test": test_idx},
     )

@@ -440,4 +440,5 @@ def _load_text(spec: ExperimentSpec, data_dir: Path | None, download: bool,
         class_names=names,
         input_shape=tuple(int(s) for s in preprocessing["input_shape"]),
         preprocessing=preprocessing,
+        rows={"train": train_idx, "val": val_idx, "test": test_idx},
     )

@@ -5,15 +5,20 @@ MNIST and AG News from ../shared/datasets, as `make serve` and the tests set it.
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import shutil
 import socket
 import time
 import uuid
 
+import numpy as np
 from fastapi.testclient import TestClient
+from PIL import Image
 
 from app.main import create_app
+from corel.data import read_idx
 from tests.app.conftest import finished, wait_for
 from tests.conftest import SHARED_DATASETS, require
 from tests.mirror import Mirror
@@ -124,6 +129,19 @@ def test_mnist_and_ag_news_train_from_the_shared_datasets(client, worker, shared
     for experiment_id in ids:
         body = wait_for(client, experiment_id, finished, timeout=300)
         assert body["status"] == "succeeded", body
+    # Their neighbours are named by their rows of the files trained on: MNIST's training
+    # images (an image link), AG News's CSV (the text).
+    mnist = read_idx(shared_datasets / "mnist" / MNIST[0])
+    found = client.post(f"/experiments/{ids[0]}/neighbors", json={"arrays": mnist[:1].tolist(), "k": 3}).json()
+    for n in found["results"][0]["neighbors"]:
+        png = client.get(n["image_url"])
+        assert n["image_url"] == f"/datasets/builtin/mnist/rows/{n['id']}/image" and png.status_code == 200
+        np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(png.content))), mnist[n["id"]])
+    with open(shared_datasets / "ag_news" / "test.csv", newline="", encoding="utf-8") as fh:
+        news = [f"{r[1]} {r[2]}" for r in csv.reader(fh)]
+    found = client.post(f"/experiments/{ids[1]}/neighbors", json={"texts": news[:1], "k": 3}).json()
+    assert found["source"] == {"dataset": "ag-news"}
+    assert all(n["text"] == news[n["id"]] for n in found["results"][0]["neighbors"])
 
 
 def test_a_missing_dataset_is_downloaded_once_by_the_worker_verified_and_shown(

@@ -466,6 +466,12 @@ def test_the_playground_predicts_an_uploaded_image(page, client, trained, tmp_pa
     rows = page.evaluate("[...document.querySelectorAll('#neighbors tbody tr')].map(r => +r.dataset.row)")
     assert rows == [n["row"] for n in nn["results"][0]["neighbors"]]
     assert nn["results"][0]["knn_prediction"]["class_name"] in page.inner_text("#neighbors-note")
+    # Each shown by its id and its image (it showed row numbers alone).
+    ids = page.evaluate("[...document.querySelectorAll('#neighbors tbody tr')].map(r => +r.cells[1].textContent)")
+    assert ids == [n["id"] for n in nn["results"][0]["neighbors"]]
+    page.wait_for_function("[...document.querySelectorAll('#neighbors img.thumb')]"
+                           ".every(i => i.complete && i.naturalWidth > 0)")
+    assert page.evaluate("document.querySelectorAll('#neighbors img.thumb').length") == 10
     shot(page, "playground")
 
 

@@ -221,9 +221,53 @@ def test_unknown_ids_are_404(client, method, path):
     assert "987654" in r.json()["detail"]
 
 
-def test_an_id_that_is_no_number_is_no_path(client):
+def test_an_id_that_is_no_number_is_no_path_and_the_404_says_what_an_id_is(client):
+    """It said "Not Found", as for a path of no route at all."""
     r = client.get("/experiments/abc")
-    assert r.status_code == 404 and r.json() == {"error": "not_found", "detail": "Not Found"}
+    assert r.status_code == 404 and r.json() == {
+        "error": "not_found", "detail": "experiment_id must be an integer from 1 to 2147483647 in "
+        "GET /experiments/{experiment_id}; got 'abc'"}
+    r = client.post("/sweeps/1.5/cancel")
+    assert r.status_code == 404 and r.json()["detail"] == (
+        "sweep_id must be an integer from 1 to 2147483647 in POST /sweeps/{sweep_id}/cancel; got '1.5'")
+    r = client.delete("/no/such/route")
+    assert r.status_code == 404 and r.json()["detail"] == (
+        "there is no route DELETE /no/such/route; GET /openapi.json (or /docs) lists the API's routes")
+
+
+@pytest.mark.parametrize(("path", "example"), [
+    ("/experiments", '{"dataset": "digits", "budget": "quick"}'),
+    ("/sweeps", '{"base": {"dataset": "digits", "budget": "quick"}, "grid": {"lam": [0.3, 0.6]}}'),
+    ("/embed", '{"experiment_id": 1, "texts": ["a sentence"]}'),
+    ("/predict", '{"experiment_id": 1, "texts": ["a sentence"]}'),
+    ("/experiments/1/neighbors", '{"texts": ["a sentence"], "k": 5}'),
+])
+def test_a_body_that_is_no_json_object_is_shown_an_example_of_its_own_route(client, path, example):
+    """Bad JSON sent to /embed was shown {"dataset": "digits"}, /experiments' example."""
+    for body, what in ((b"{bad", "the body is not valid JSON"),
+                       (b"[1, 2]", "the body must be a JSON object, not an array")):
+        r = client.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert detail.startswith(what) and f"; send a JSON object such as {example}" in detail, detail
+    assert ('"dataset"' in detail) == (path in ("/experiments", "/sweeps"))
+
+
+def test_the_inference_routes_say_which_media_type_they_take(client):
+    """A form-encoded body to /embed was told it was no valid JSON; a JSON body to
+    /embed/files was told to send images, texts, arrays, rows or binary (which it had no way to)."""
+    r = client.post("/embed", data={"experiment_id": "1"})
+    assert r.status_code == 422 and r.json()["detail"] == (
+        "POST /embed takes a JSON object (Content-Type: application/json), multipart/form-data at "
+        "POST /embed/files, or an octet-stream array; this body came as application/x-www-form-urlencoded")
+    r = client.post("/embed/files", json={"experiment_id": 1, "texts": ["a"]})
+    assert r.status_code == 422 and r.json()["detail"] == (
+        "POST /embed/files takes multipart/form-data: an experiment_id field and one or more files "
+        "fields; this body came as application/json; send JSON to POST /embed")
+    r = client.post("/experiments/1/neighbors/files", json={"texts": ["a"]})
+    assert r.status_code == 422 and r.json()["detail"].startswith(
+        "POST /experiments/{experiment_id}/neighbors/files takes multipart/form-data: one or more files "
+        "fields; this body came as application/json; send JSON to POST /experiments/{experiment_id}/neighbors")
 
 
 def test_json_types_are_taken_as_the_schema_says(client):
@@ -249,8 +293,9 @@ def test_ids_that_cannot_exist_are_404_on_every_route(client, eid):
     ]:
         r = client.request(method, path)
         assert r.status_code == 404, (method, path, r.status_code, r.text)
-        if eid < 0:  # not even a path of the API
-            assert r.json()["detail"] == "Not Found"
+        if eid < 0:  # not even a path of the API: the 404 says what an id is
+            assert r.json()["detail"].endswith(f"must be an integer from 1 to 2147483647 in {method} "
+                                               f"{path.replace(str(eid), '{' + path.split('/')[1][:-1] + '_id}', 1)}; got '{eid}'")
         else:
             assert "does not exist" in r.json()["detail"]
     r = client.get("/experiments/compare", params={"ids": f"1,{eid}"})

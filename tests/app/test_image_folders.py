@@ -102,6 +102,14 @@ def test_an_image_folder_trains_and_serves_new_images(client, worker, rgb_upload
     assert sum(g == kind for g, (kind, _) in zip(got, fresh, strict=True)) >= 7, got
     embedded = client.post("/embed", json={"experiment_id": eid, "images": images[:2]}).json()
     assert embedded["n"] == 2 and embedded["dim"] == 128
+    # Each neighbour links its image: the upload's row, as stored.
+    stored = np.load(io.BytesIO(client.get(f"/datasets/{rgb_upload['id']}/file").content))
+    found = client.post(f"/experiments/{eid}/neighbors", json={"images": images[:1], "k": 3}).json()
+    for n in found["results"][0]["neighbors"]:
+        assert n["image_url"] == f"/datasets/{rgb_upload['id']}/rows/{n['id']}/image"
+        assert n["label"] == int(stored["y"][n["id"]])
+        png = Image.open(io.BytesIO(client.get(n["image_url"]).content))
+        np.testing.assert_array_equal(np.asarray(png), np.moveaxis(stored["x"][n["id"]], 0, -1))
 
 
 def test_a_grey_tar_gz_has_one_channel(client, worker):

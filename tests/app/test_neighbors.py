@@ -55,6 +55,40 @@ def test_neighbours_are_the_brute_force_nearest_of_the_embed_rows(client, settin
     assert hits >= 9, hits  # a trained representation retrieves by class
 
 
+def test_each_neighbour_is_named_by_its_id_and_links_its_image(client, digits_runs, images):
+    """It answered row numbers of the stored training split alone; a search user wants the
+    neighbours themselves. The id is the neighbour's row in scikit-learn's digits: its pixels
+    there embed at the distance given, and its image link answers those pixels."""
+    eid = digits_runs["gaussian"]
+    body = client.post(f"/experiments/{eid}/neighbors", json={"arrays": images[:3].tolist(), "k": 5}).json()
+    assert body["source"] == {"dataset": "digits"}
+    d = load_digits()
+    h = np.asarray(client.post("/embed", json={"experiment_id": eid, "arrays": images[:3].tolist()})
+                   .json()["embeddings"], np.float64)
+    for i, result in enumerate(body["results"]):
+        ids = [n["id"] for n in result["neighbors"]]
+        assert len(set(ids)) == 5 and all(isinstance(p, int) and 0 <= p < len(d.target) for p in ids)
+        assert [n["label"] for n in result["neighbors"]] == d.target[ids].tolist()
+        theirs = np.asarray(client.post("/embed", json={
+            "experiment_id": eid, "arrays": d.images[ids].astype(np.float32).tolist()}).json()["embeddings"])
+        np.testing.assert_allclose([n["distance"] for n in result["neighbors"]],
+                                   np.linalg.norm(theirs - h[i], axis=1), atol=1e-3)
+        assert all(n["image_url"] == f"/datasets/builtin/digits/rows/{n['id']}/image"
+                   for n in result["neighbors"])
+    first = body["results"][0]["neighbors"][0]
+    png = client.get(first["image_url"])
+    assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+    pixels = np.asarray(Image.open(io.BytesIO(png.content)))
+    np.testing.assert_array_equal(pixels, np.rint(d.images[first["id"]] * 255 / 16).astype(np.uint8))
+    # A training row searched for is found as itself.
+    again = client.post(f"/experiments/{eid}/neighbors", json={
+        "arrays": d.images[[first["id"]]].astype(np.float32).tolist(), "k": 1}).json()
+    assert again["results"][0]["neighbors"][0]["id"] == first["id"]
+    r = client.get(f"/datasets/builtin/digits/rows/{len(d.target)}/image")
+    assert r.status_code == 404 and r.json()["detail"] == (
+        f"row {len(d.target)} does not exist: digits has {len(d.target)} rows (0 to {len(d.target) - 1})")
+
+
 def test_every_input_form_and_the_file_names(client, digits_runs, images):
     eid = digits_runs["gaussian"]
     json_body = client.post(f"/experiments/{eid}/neighbors", json={"arrays": images[:2].tolist(), "k": 3}).json()

@@ -164,6 +164,16 @@ def test_a_parquet_text_table_with_string_labels_trains_and_predicts(client, wor
     # A text model takes texts, not arrays.
     r = client.post("/embed", json={"experiment_id": eid, "arrays": [[1.0, 2.0]]})
     assert r.status_code == 422 and "send texts" in r.json()["detail"]
+    # /neighbors names each neighbour by its row of the upload, and gives its text: the
+    # upload's own text at that row, of that row's class (it answered row numbers alone).
+    asked = [texts[0], "The striker scored twice in the cup final"]
+    r = client.post(f"/experiments/{eid}/neighbors", json={"texts": asked, "k": 5})
+    assert r.status_code == 200, r.text
+    assert r.json()["source"] == {"dataset_id": ds["id"]}
+    for result in r.json()["results"]:
+        for n in result["neighbors"]:
+            assert isinstance(n["id"], int) and n["text"] == texts[n["id"]], n
+            assert n["class_name"] == labels[n["id"]] and "image_url" not in n
 
 
 @pytest.mark.parametrize(("name", "table", "fields", "words"), [

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Query, UploadFile, status
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 
 import app.services.datasets as datasets_service
 from app.api.deps import AuthDep, SessionDep, SettingsDep
-from app.core.errors import MAX_OFFSET, PayloadTooLarge
+from app.core.errors import MAX_OFFSET, PayloadTooLarge, check_id
 from app.core.schemas import BuiltinDatasetRead, BuiltinDatasets, DatasetRead, Page
 from app.services import builtin as builtin_service
+from app.services import rows as rows_service
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
@@ -106,3 +107,21 @@ def file(dataset_id: int, session: SessionDep) -> FileResponse:
     path, digest, name = datasets_service.stored_file(session, dataset_id)
     return FileResponse(path, media_type="application/octet-stream", filename=name,
                         headers={"etag": f'"{digest}"'})
+
+
+_PNG: dict[int | str, dict[str, Any]] = {200: {"content": {"image/png": {}}, "description": "the row's image, as PNG"}}
+
+
+@router.get("/builtin/{dataset}/rows/{row:int}/image", response_class=Response, responses=_PNG,
+            summary="A row of a built-in image dataset's training file, as PNG (a neighbour's image_url)")
+def builtin_row_image(dataset: Literal["digits", "mnist", "fashion-mnist"], row: int,
+                      settings: SettingsDep) -> Response:
+    return Response(rows_service.builtin_image(settings, dataset, row), media_type="image/png",
+                    headers={"cache-control": "max-age=3600"})
+
+
+@router.get("/{dataset_id:int}/rows/{row:int}/image", response_class=Response, responses=_PNG,
+            summary="A row of an uploaded image folder, as PNG (a neighbour's image_url)")
+def row_image(dataset_id: int, row: int, session: SessionDep) -> Response:
+    check_id("dataset", dataset_id)
+    return Response(rows_service.upload_image(session, dataset_id, row), media_type="image/png")

@@ -17,7 +17,16 @@ from starlette.datastructures import UploadFile
 
 from app.api.deps import require_access
 from app.api.openapi import without_nulls
-from app.core.errors import MAX_ID, InvalidInput, PayloadTooLarge, check_id, describe_errors
+from app.core.errors import (
+    MAX_ID,
+    InvalidInput,
+    PayloadTooLarge,
+    check_id,
+    describe_errors,
+    json_kind,
+    route_of,
+    send_hint,
+)
 from app.core.schemas import INPUT_KINDS, EmbedRequest, InferenceRequest, NeighborsRequest
 from app.serving import inference
 from app.serving import neighbors as neighbors_service
@@ -154,6 +163,14 @@ async def _read_request(request: Request, schema: type[Req] = InferenceRequest, 
     whichever way they came: JSON, multipart, or an octet-stream body."""
     settings = request.app.state.settings
     content_type = request.headers.get("content-type", "")
+    route = route_of(request) or ""
+    media = content_type.split(";")[0].strip().lower()
+    if route.endswith("/files") and media != "multipart/form-data":
+        raise InvalidInput(f"POST {route.replace(':int}', '}')} takes multipart/form-data: "
+                           + ("" if path_id is not None else "an experiment_id field and ")
+                           + f"one or more files fields; this body came as {media or 'no content type'}; "
+                           f"send JSON to POST {route.replace(':int}', '}').removesuffix('/files')}")
+    route = route.removesuffix("/files")
     if content_type.startswith("application/octet-stream"):
         return _raw_request(request, await request.body(), schema, path_id)
     if content_type.startswith("multipart/form-data"):
@@ -195,24 +212,30 @@ async def _read_request(request: Request, schema: type[Req] = InferenceRequest, 
             body["images"] = [pybase64.b64encode(c).decode("ascii") for c in contents]
         raw_body: Any = body
     else:
+        if media and media != "application/json" and not media.endswith("+json"):
+            raise InvalidInput(f"POST {route.replace(':int}', '}')} takes a JSON object (Content-Type: "
+                               "application/json), multipart/form-data at "
+                               f"POST {route.replace(':int}', '}')}/files, or an octet-stream array; "
+                               f"this body came as {media}")
         data = await request.body()
         if path_id is None:
             try:
                 return schema.model_validate_json(data)
             except ValidationError as exc:
-                raise InvalidInput(describe_errors(exc.errors())) from exc
+                raise InvalidInput(describe_errors(exc.errors(), route=route)) from exc
         try:
             raw_body = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"the body is not valid JSON ({exc})") from exc
+            raise InvalidInput(f"the body is not valid JSON ({exc}); {send_hint(route)}") from exc
         if not isinstance(raw_body, dict):
-            raise InvalidInput("the body must be a JSON object")
+            raise InvalidInput(f"the body must be a JSON object, not {json_kind(raw_body)}; "
+                               f"{send_hint(route)}")
         _from_path(raw_body, path_id)
         names = None
     try:
         req = schema.model_validate(raw_body)
     except ValidationError as exc:
-        raise InvalidInput(describe_errors(exc.errors())) from exc
+        raise InvalidInput(describe_errors(exc.errors(), route=route)) from exc
     req._names = names
     return req
 

@@ -118,8 +118,12 @@ corel.pages.playground = async function () {
     try {
       const nn = await api("/experiments/" + current.id + "/neighbors", request(input, { k: 10 }));
       const r = nn.results[0];
+      // Each neighbour itself: its id (its row of the data trained on), and its text or image.
+      const what = (n) => n.image_url ? el("img", { src: n.image_url, alt: "row " + n.id, class: "thumb" })
+        : (n.text !== undefined ? (n.text.length > 160 ? n.text.slice(0, 160) + "…" : n.text) : "");
       table.querySelector("tbody").replaceChildren(...r.neighbors.map((n, i) => el("tr", { "data-row": n.row },
-        el("td", { class: "num" }, i + 1), el("td", { class: "num" }, n.row), el("td", {}, n.class_name),
+        el("td", { class: "num" }, i + 1), el("td", { class: "num" }, n.id === null ? n.row : n.id),
+        el("td", {}, what(n)), el("td", {}, n.class_name),
         el("td", { class: "num" }, num(n.distance, 4)))));
       table.hidden = false;
       const searched = nn.index_id === null ? "exact search over the training split" : "index " + nn.index_id;
