@@ -435,6 +435,103 @@ class NeighborsRequest(InferenceRequest):
         "its latest, else exact search over its training split.")
 
 
+class CheckpointRef(BaseModel):
+    """The checkpoint that answered: the run's best (the epoch of best validation accuracy)."""
+
+    id: int
+    epoch: int
+    sha256: str
+
+
+class BinaryEmbeddings(BaseModel):
+    """A float32 array as base64 of its little-endian bytes, row-major (``output: binary``)."""
+
+    dtype: Literal["float32"]
+    shape: list[int]
+    data: str
+
+
+class EmbedRead(BaseModel):
+    """POST /embed's answer."""
+
+    experiment_id: int
+    checkpoint: CheckpointRef
+    layer: Layer
+    dim: int = Field(description="Width of each representation.")
+    n: int = Field(description="How many inputs (rows).")
+    inputs: list[str] | None = Field(default=None, description="multipart: which file (or CSV "
+                                     "row) each row is.")
+    warnings: list[str | None] | None = Field(default=None, description="One per input, null where "
+                                              "there is nothing to say (a text cut to the "
+                                              "encoder's length); absent when none has one.")
+    embeddings: list[list[float]] | BinaryEmbeddings = Field(description="n x dim: nested lists, or "
+                                                        "(output: binary) base64.")
+
+
+class Prediction(BaseModel):
+    class_index: int
+    class_name: str
+    similarities: list[float] = Field(description="To every class vector, in class_names' order.")
+    input: str | None = Field(default=None, description="multipart: the file (or CSV row).")
+    warning: str | None = Field(default=None, description="An answer not to trust, and why.")
+
+
+class PredictRead(BaseModel):
+    """POST /predict's answer."""
+
+    experiment_id: int
+    checkpoint: CheckpointRef
+    similarity: str = Field(description="The head's similarity function.")
+    class_names: list[str]
+    predictions: list[Prediction]
+
+
+class ClassRef(BaseModel):
+    class_index: int
+    class_name: str
+
+
+class Neighbor(BaseModel):
+    """One neighbour, nearest first."""
+
+    row: int = Field(description="Its place in the searched reference (the stored training "
+                     "split, or a batch job's rows).")
+    id: int | None = Field(description="Its row in the file it was read from (source); null "
+                           "for a run trained before its rows' positions were kept.")
+    label: int
+    class_name: str
+    distance: float = Field(description="1 - cosine similarity, or the Euclidean distance.")
+    text: str | None = Field(default=None, description="Text data: its text.")
+    image_url: str | None = Field(default=None, description="Image data: a PNG of it.")
+
+
+class NeighborsResult(BaseModel):
+    neighbors: list[Neighbor]
+    knn_prediction: ClassRef = Field(description="The neighbours' majority class (a tie: the "
+                                     "nearer class).")
+    prediction: ClassRef = Field(description="The head's own.")
+    input: str | None = Field(default=None, description="multipart: the file (or CSV row).")
+
+
+class NeighborsSource(BaseModel):
+    """The file the neighbours' ids count rows of: a built-in dataset's or an upload."""
+
+    dataset: str | None = None
+    dataset_id: int | None = None
+
+
+class NeighborsRead(BaseModel):
+    """POST /experiments/{id}/neighbors's answer."""
+
+    experiment_id: int
+    index_id: int | None
+    k: int
+    geometry: Geometry
+    n_reference: int = Field(description="Rows searched.")
+    source: NeighborsSource
+    results: list[NeighborsResult]
+
+
 IndexKind = Literal["auto", "exact", "hnsw"]
 
 

@@ -42,9 +42,10 @@ QUICK_START = textwrap.dedent('''
     from corel_api.api.inference import embed_embed_post as embed
     from corel_api.api.inference import neighbors_experiments_experiment_id_neighbors_post as neighbors
     from corel_api.api.inference import predict_predict_post as predict
-    from corel_api.models import (ClusteringRead, EmbedArrays, EmbedTexts, ExperimentCreate, ExperimentCreateBudgetType0,
-                                  ExperimentCreateDataset, ExperimentQueued, ExperimentRead, NeighborsArrays,
-                                  PredictArrays)
+    from corel_api.models import (ClusteringRead, EmbedArrays, EmbedRead, EmbedTexts, ExperimentCreate,
+                                  ExperimentCreateBudgetType0, ExperimentCreateDataset, ExperimentQueued,
+                                  ExperimentRead, NeighborsArrays, NeighborsRead, NeighborsTexts, PredictArrays,
+                                  PredictRead)
 
     url, token = sys.argv[1], sys.argv[2]
     client = AuthenticatedClient(base_url=url, token=token, raise_on_unexpected_status=True,
@@ -72,14 +73,22 @@ QUICK_START = textwrap.dedent('''
     news = train(dataset=ExperimentCreateDataset.AG_NEWS, train_subset=500)
 
     arrays = np.random.default_rng(0).integers(0, 17, (3, 8, 8)).tolist()
+    # Typed answers: the generator made models of the document's response schemas.
     h = embed.sync(client=client, body=EmbedArrays(experiment_id=digits, arrays=arrays))
-    assert len(h["embeddings"]) == 3 and h["dim"] == len(h["embeddings"][0]), h
+    assert isinstance(h, EmbedRead), h
+    assert len(h.embeddings) == 3 and h.dim == len(h.embeddings[0]) and h.checkpoint.epoch >= 1, h
     texts = embed.sync(client=client, body=EmbedTexts(experiment_id=news, texts=["Stocks fell", "A goal"]))
-    assert len(texts["embeddings"]) == 2, texts
+    assert isinstance(texts, EmbedRead) and len(texts.embeddings) == 2, texts
     predicted = predict.sync(client=client, body=PredictArrays(experiment_id=digits, arrays=arrays))
-    assert [len(p["similarities"]) for p in predicted["predictions"]] == [10, 10, 10], predicted
+    assert isinstance(predicted, PredictRead), predicted
+    assert [len(p.similarities) for p in predicted.predictions] == [10, 10, 10], predicted
     found = neighbors.sync(client=client, experiment_id=digits, body=NeighborsArrays(arrays=arrays, k=3))
-    assert [len(r["neighbors"]) for r in found["results"]] == [3, 3, 3], found
+    assert isinstance(found, NeighborsRead), found
+    assert [len(r.neighbors) for r in found.results] == [3, 3, 3], found
+    first = found.results[0].neighbors[0]
+    assert first.image_url == f"/datasets/builtin/digits/rows/{first.id}/image", first
+    near = neighbors.sync(client=client, experiment_id=news, body=NeighborsTexts(texts=["Stocks fell"], k=2))
+    assert all(isinstance(n.text, str) and n.text for n in near.results[0].neighbors), near
     report = clustering.sync(client=client, experiment_id=digits)
     assert isinstance(report, ClusteringRead), report
     print("quick start through the generated client: ok")

@@ -27,7 +27,15 @@ from app.core.errors import (
     route_of,
     send_hint,
 )
-from app.core.schemas import INPUT_KINDS, EmbedRequest, InferenceRequest, NeighborsRequest
+from app.core.schemas import (
+    INPUT_KINDS,
+    EmbedRead,
+    EmbedRequest,
+    InferenceRequest,
+    NeighborsRead,
+    NeighborsRequest,
+    PredictRead,
+)
 from app.serving import inference
 from app.serving import neighbors as neighbors_service
 from app.serving.model_cache import LoadedModel
@@ -36,6 +44,12 @@ from corel.layers import Layer
 
 router = APIRouter(tags=["inference"])
 JSON, FORM = "application/json", "multipart/form-data"
+
+# The answers' schemas (the routes build their JSON themselves, with orjson: the models
+# document it, for clients generated from the document, and schemathesis checks it).
+EMBED_READ: dict[int | str, dict[str, Any]] = {200: {"model": EmbedRead, "description": "The representations"}}
+PREDICT_READ: dict[int | str, dict[str, Any]] = {200: {"model": PredictRead, "description": "The predictions"}}
+NEIGHBORS_READ: dict[int | str, dict[str, Any]] = {200: {"model": NeighborsRead, "description": "The neighbours"}}
 
 def by_kind(model: type[InferenceRequest], prefix: str, drop: tuple[str, ...] = ()) -> dict[str, Any]:
     """The JSON body of ``model`` as a oneOf of named object schemas, one per input kind
@@ -274,7 +288,7 @@ def _csv_rows(files: list[UploadFile], contents: list[bytes],
 
 @router.post("/experiments/{experiment_id:int}/neighbors",
              summary="The nearest training rows of new inputs, with their classes",
-             openapi_extra=only(_neighbors_doc(), JSON), tags=["experiments"])
+             openapi_extra=only(_neighbors_doc(), JSON), tags=["experiments"], responses=NEIGHBORS_READ)
 async def neighbors(experiment_id: int, request: Request) -> Response:
     check_id("experiment", experiment_id)
     req = await _read_request(request, NeighborsRequest, path_id=experiment_id)
@@ -283,7 +297,7 @@ async def neighbors(experiment_id: int, request: Request) -> Response:
 
 @router.post("/experiments/{experiment_id:int}/neighbors/files",
              summary="The nearest training rows of uploaded files (images, texts, CSV rows)",
-             openapi_extra=only(_neighbors_doc(), FORM), tags=["experiments"])
+             openapi_extra=only(_neighbors_doc(), FORM), tags=["experiments"], responses=NEIGHBORS_READ)
 async def neighbors_of_files(experiment_id: int, request: Request) -> Response:
     return await neighbors(experiment_id, request)
 
@@ -313,7 +327,8 @@ async def _run(
 
 
 @router.post("/embed", summary="Representations of new inputs: the final hidden layer (the head's h), "
-             "or a pretrained encoder's own (layer)", openapi_extra=only(_embed_doc(), JSON))
+             "or a pretrained encoder's own (layer)", openapi_extra=only(_embed_doc(), JSON),
+             responses=EMBED_READ)
 async def embed(request: Request) -> Response:
     req = await _read_request(request, EmbedRequest)
     loaded, h_tensor, _ = await _infer(request, req, similarities=False, layer=req.layer)
@@ -346,19 +361,19 @@ async def embed(request: Request) -> Response:
 
 
 @router.post("/embed/files", summary="Representations of uploaded files (images, texts, CSV rows)",
-             openapi_extra=only(_embed_doc(), FORM))
+             openapi_extra=only(_embed_doc(), FORM), responses=EMBED_READ)
 async def embed_files(request: Request) -> Response:
     return await embed(request)
 
 
 @router.post("/predict/files", summary="Predicted class of uploaded files (images, texts, CSV rows)",
-             openapi_extra=only(_BODY_DOC, FORM))
+             openapi_extra=only(_BODY_DOC, FORM), responses=PREDICT_READ)
 async def predict_files(request: Request) -> Response:
     return await predict(request)
 
 
 @router.post("/predict", summary="Predicted class and the similarity to every class",
-             openapi_extra=only(_BODY_DOC, JSON))
+             openapi_extra=only(_BODY_DOC, JSON), responses=PREDICT_READ)
 async def predict(request: Request) -> Response:
     req, loaded, _, sims = await _run(request, similarities=True)
     assert sims is not None
