@@ -65,7 +65,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                              pool_timeout=settings.db_timeout_seconds,
                              answer_timeout=settings.db_answer_seconds,
                              statement_timeout=settings.db_statement_seconds,
-                             peer_timeout=settings.db_peer_timeout_seconds)
+                             peer_timeout=settings.db_peer_timeout_seconds,
+                             pool_size=settings.db_pool_size, max_overflow=settings.db_max_overflow)
         app.state.engine = engine
         # The artifact store, checked now: a wrong bucket, credentials or folder stops
         # the start with a message that names the setting.

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from sqlalchemy import ColumnElement, event, func, select, update
+from sqlalchemy import ColumnElement, event, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException
 
@@ -29,6 +29,7 @@ from app.access import policy
 from app.access.tokens import Principal, is_admin_path, is_write
 from app.core.db import session_scope
 from app.core.errors import MAX_ID, DomainError, Forbidden, Unauthorized
+from app.core.lookup import page_of
 from app.core.models import ApiToken, AuditEntry, Share, User
 
 log = logging.getLogger("corel.api")
@@ -202,7 +203,4 @@ def page(session: Session, *, user_id: int | None, action: str | None, resource:
         where.append(AuditEntry.resource == resource)
     if resource_id is not None:
         where.append(AuditEntry.resource_id == resource_id)
-    total = session.scalar(select(func.count()).select_from(AuditEntry).where(*where)) or 0
-    rows = session.scalars(select(AuditEntry).where(*where).order_by(AuditEntry.id.desc())
-                           .limit(limit).offset(offset))
-    return list(rows), int(total)
+    return page_of(session, select(AuditEntry).where(*where).order_by(AuditEntry.id.desc()), limit, offset)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.access import audit, policy
 from app.access.tokens import Principal
-from app.core.db import session_scope
+from app.core.db import read_session, session_scope
 from app.core.errors import DomainError, Forbidden, Unauthorized
 from app.core.settings import Settings
 from app.jobs.queue import TaskQueue
@@ -47,6 +47,17 @@ def get_session(request: Request) -> Iterator[Session]:
         raise
 
 
+def get_read_session(request: Request) -> Iterator[Session]:
+    """A session for a route that only reads (the hot lists and single reads): its statements
+    run without a transaction around them (the connection in autocommit), which saves the
+    BEGIN and COMMIT round trips of :func:`get_session` (a read took four, a list five).
+    Each statement sees what was committed when it ran. It carries the principal, as
+    :func:`get_session`'s does, for the access checks; a write through it is a bug."""
+    with read_session(request.app.state.sessionmaker) as session:
+        session.info["principal"] = getattr(request.state, "principal", None)
+        yield session
+
+
 def get_queue(request: Request) -> TaskQueue:
     queue: TaskQueue = request.app.state.queue
     return queue
@@ -54,6 +65,7 @@ def get_queue(request: Request) -> TaskQueue:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+ReadSessionDep = Annotated[Session, Depends(get_read_session)]
 QueueDep = Annotated[TaskQueue, Depends(get_queue)]
 
 
@@ -90,7 +102,7 @@ async def require_access(request: Request, kind: str, row_id: int, need: policy.
         return
 
     def check() -> None:
-        with request.app.state.sessionmaker() as session:
+        with read_session(request.app.state.sessionmaker) as session:
             policy.check(session, principal, kind, row_id, need)
 
     await anyio.to_thread.run_sync(check)
@@ -110,7 +122,7 @@ async def check_path_access(request: Request) -> None:
         return
 
     def check() -> None:
-        with request.app.state.sessionmaker() as session:
+        with read_session(request.app.state.sessionmaker) as session:
             policy.check_path(session, principal, request.method, request.url.path, params)
 
     try:

@@ -39,7 +39,7 @@ from app.access.tokens import (
 )
 from app.api.metrics import METHODS, METRICS_PATH, ApiMetrics, RouteTemplates
 from app.api.openapi import path_pattern
-from app.core.db import DATABASE_UNAVAILABLE
+from app.core.db import DATABASE_UNAVAILABLE, read_session
 from app.core.errors import RETRY_AFTER
 from app.core.settings import Settings
 
@@ -263,7 +263,7 @@ class RequestGuard(HttpMiddleware):
             return Refused("the bearer token is not valid")
 
         def lookup() -> Principal | Refused:
-            with state.sessionmaker() as session:
+            with read_session(state.sessionmaker) as session:  # its last-use update stands alone
                 return lookup_token(session, token)
 
         return await anyio.to_thread.run_sync(lookup)

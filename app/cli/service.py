@@ -121,8 +121,10 @@ def worker_command(concurrency: int = 1, pool: str = "solo") -> list[str]:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from app.core.settings import get_settings
     from app.jobs.workers import worker_environ
 
+    os.nice(get_settings().worker_nice)  # the API's answers first, where they share the cores
     # OpenMP's wait policy is read when torch loads: in the worker's own environment.
     os.execve(sys.executable, worker_command(args.concurrency, args.pool), worker_environ(os.environ))
     return 0  # not reached
@@ -313,7 +315,9 @@ def _serve(args: argparse.Namespace) -> int:
         # its own SIGINT handler once up; until then this process stops it, with SIGTERM.
         interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            worker = subprocess.Popen(worker_command(), env=worker_environ(os.environ))
+            nice = settings.worker_nice
+            worker = subprocess.Popen(worker_command(), env=worker_environ(os.environ),
+                                      preexec_fn=lambda: os.nice(nice))
         finally:
             signal.signal(signal.SIGINT, interrupt)
     try:
@@ -322,8 +326,13 @@ def _serve(args: argparse.Namespace) -> int:
         # Open event streams would hold a graceful shutdown up for as long as their
         # clients stay; they are cut after a few seconds and resume from Last-Event-ID.
         # No access log: the API logs each request itself (corel.api), once.
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None,
-                    timeout_graceful_shutdown=5, access_log=False)
+        if settings.api_processes > 1:  # uvicorn's workers: each builds the app from the environment
+            uvicorn.run("app.main:create_app", factory=True, workers=settings.api_processes,
+                        host=args.host, port=args.port, log_config=None, timeout_graceful_shutdown=5,
+                        access_log=False)
+        else:
+            uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None,
+                        timeout_graceful_shutdown=5, access_log=False)
     finally:
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)

@@ -122,9 +122,14 @@ def _watch(engine: Engine, ping_timeout: float, statement_timeout: float) -> Non
     def _ping(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
         watchdog.arm(dbapi_connection, ping_timeout)
         try:
+            # Outside any transaction: the ping leaves none open, so that a read session
+            # can put the connection in autocommit (app.api.deps.get_read_session).
+            transactional = not dbapi_connection.autocommit
+            dbapi_connection.autocommit = True
             cursor = dbapi_connection.cursor()
             cursor.execute("SELECT 1")
             cursor.close()
+            dbapi_connection.autocommit = not transactional
         except Exception as exc:
             if watchdog.disarm(dbapi_connection):
                 # Not answering: a new connection would hang in its handshake as long.
@@ -199,7 +204,7 @@ def peer_timeout_args(url: str, seconds: float) -> dict[str, Any]:
 def make_engine(
     url: str, connect_timeout: float = 5.0, pool_timeout: float = 30.0,
     answer_timeout: float | None = None, statement_timeout: float = 10.0,
-    peer_timeout: float = 0.0,
+    peer_timeout: float = 0.0, pool_size: int = 5, max_overflow: int = 10,
 ) -> Engine:
     """An engine for ``url``. On PostgreSQL a connection attempt gives up after
     ``connect_timeout`` seconds and waiting for a pooled connection after ``pool_timeout``,
@@ -207,7 +212,8 @@ def make_engine(
     ``answer_timeout`` (the API's), each checkout pings the database and a
     :class:`Watchdog` cuts a connection that does not answer the ping within
     ``answer_timeout`` or a statement within ``statement_timeout`` seconds (plus 1 s per
-    20 MB it sends). With ``peer_timeout``, see :func:`peer_timeout_args`."""
+    20 MB it sends). With ``peer_timeout``, see :func:`peer_timeout_args`. ``pool_size`` and
+    ``max_overflow``: SQLAlchemy's pool (PostgreSQL; SQLite's is its own)."""
     if url.startswith("sqlite"):
         database = make_url(url).database
         if database and database != ":memory:":
@@ -230,6 +236,7 @@ def make_engine(
 
         return engine
     engine = create_engine(url, pool_pre_ping=answer_timeout is None, pool_timeout=pool_timeout,
+                           pool_size=pool_size, max_overflow=max_overflow,
                            connect_args={"connect_timeout": max(2, round(connect_timeout)),
                                          **peer_timeout_args(url, peer_timeout)})
     if answer_timeout is not None:
@@ -245,6 +252,20 @@ def ping(engine: Engine) -> None:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def read_session(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session whose statements run without a transaction around them (its connection in
+    autocommit): no BEGIN, COMMIT or ROLLBACK round trips. For what only reads (a read
+    route, a token's lookup, an access check) or writes one statement that stands alone.
+    Each statement sees what was committed when it ran."""
+    session = factory()
+    try:
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        yield session
+    finally:
+        session.close()
 
 
 @contextmanager

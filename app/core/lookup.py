@@ -9,14 +9,30 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from app.core.errors import Conflict, NotFound, check_id
 from app.core.models import Base, Checkpoint, Experiment, LatentSpace, Status
 
 RowT = TypeVar("RowT", bound=Base)
+
+
+def page_of(session: Session, query: Select[RowT], limit: int, offset: int) -> tuple[list[RowT], int]:
+    """A page of ``query``'s rows (already ordered) and how many rows it has in all, in one
+    round trip: the total rides along as a window count (``count(*) OVER ()``); only a page
+    past the last row asks for it on its own. Rows with an ``owner`` (the read schemas show
+    it) get their owners in one more statement for the whole page, not one per owner."""
+    entity = query.column_descriptions[0]["entity"]
+    if entity is not None and hasattr(entity, "owner"):
+        query = query.options(selectinload(entity.owner))
+    rows = session.execute(query.add_columns(func.count().over()).limit(limit).offset(offset)).all()
+    if rows:
+        return [row[0] for row in rows], int(rows[0][1])
+    if offset == 0:
+        return [], 0
+    return [], int(session.scalar(select(func.count()).select_from(query.order_by(None).subquery())) or 0)
 
 
 def get_or_404(session: Session, model: type[RowT], row_id: int, what: str) -> RowT:

@@ -162,6 +162,10 @@ class Settings(BaseSettings):
     # ... and on one that does not answer a ping within db_answer_seconds, or a statement
     # within db_statement_seconds (frozen, or a network that drops packets).
     db_answer_seconds: float = Field(default=1.0, gt=0)
+    # The API's connections to PostgreSQL: kept open (a request that finds none free opens
+    # one of the overflow, closed again when returned; past both it waits db_timeout_seconds).
+    db_pool_size: int = Field(default=20, ge=1, le=1000)
+    db_max_overflow: int = Field(default=20, ge=0, le=1000)
     db_statement_seconds: float = Field(default=10.0, gt=0)
     db_peer_timeout_seconds: float = Field(
         default=15.0, ge=0,
@@ -197,10 +201,22 @@ class Settings(BaseSettings):
         "its event loop, those arriving together in one forward pass; one thread keeps them "
         "from fighting over the cores (bench/embed_throughput.py).",
     )
+    api_processes: int = Field(
+        default=1, ge=1, le=64,
+        description="API processes `corel serve` runs on its one port (uvicorn's workers), each "
+        "with its own pool, caches and event loop: Python answers a request on one core at a "
+        "time per process, so more processes answer more at once (bench/api_load.py).",
+    )
     api_batch_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1, gt=0,
         description="Threads that share a request of 256 inputs or more, one slice each, "
         "off the event loop (default: all cores).",
+    )
+    worker_nice: int = Field(
+        default=10, ge=0, le=19,
+        description="The worker process's nice value (`corel worker`, and the one `corel serve` "
+        "starts): beside an API on the same cores, training takes what the API leaves, so a "
+        "training run does not stall the answers (bench/api_load.py); alone, it trains as fast.",
     )
     worker_torch_threads: int = Field(
         default=0, ge=0,

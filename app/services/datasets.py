@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.access import policy
 from app.core.errors import MAX_ID, InvalidInput, NotFound
-from app.core.lookup import get_or_404
+from app.core.lookup import get_or_404, page_of
 from app.core.models import DatasetUpload, utcnow
 from app.storage import store_of
 from corel.data import tables, validate_ag_news_csv, validate_npz
@@ -194,12 +194,8 @@ def referenced_upload(session: Session, dataset_id: int) -> DatasetUpload:
 def list_uploads(session: Session, limit: int, offset: int) -> tuple[list[DatasetUpload], int]:
     """A page of uploads, newest first, and how many there are."""
     visible = policy.readable(policy.principal_of(session), DatasetUpload)
-    rows = session.scalars(
-        select(DatasetUpload).where(visible).order_by(DatasetUpload.id.desc()).limit(limit)
-        .offset(offset)
-    ).all()
-    total = session.scalar(select(func.count()).select_from(DatasetUpload).where(visible)) or 0
-    return list(rows), total
+    return page_of(session, select(DatasetUpload).where(visible).order_by(DatasetUpload.id.desc()),
+                   limit, offset)
 
 
 def get_upload(session: Session, dataset_id: int) -> DatasetUpload:

@@ -26,12 +26,12 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.access import policy
 from app.core.errors import MAX_ID, InvalidInput, NotFound
-from app.core.lookup import get_or_404
+from app.core.lookup import get_or_404, page_of
 from app.core.models import EncoderUpload, utcnow
 from app.core.settings import Settings
 from app.storage import ArtifactMissing, store_of
@@ -177,10 +177,8 @@ def check_spec_encoder(row: EncoderUpload, modality: str, dataset: str, named: s
 
 def list_encoders(session: Session, limit: int, offset: int) -> tuple[list[EncoderUpload], int]:
     visible = policy.readable(policy.principal_of(session), EncoderUpload)
-    rows = session.scalars(select(EncoderUpload).where(visible).order_by(EncoderUpload.id.desc())
-                           .limit(limit).offset(offset)).all()
-    total = session.scalar(select(func.count()).select_from(EncoderUpload).where(visible)) or 0
-    return list(rows), total
+    return page_of(session, select(EncoderUpload).where(visible).order_by(EncoderUpload.id.desc()),
+                   limit, offset)
 
 
 def get_encoder(session: Session, encoder_id: int) -> EncoderUpload:

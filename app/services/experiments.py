@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.access import policy
 from app.core.errors import Conflict, InvalidInput
-from app.core.lookup import get_or_404
+from app.core.lookup import get_or_404, page_of
 from app.core.models import EpochMetric, Experiment, Status, utcnow
 from app.core.schemas import ExperimentCreate
 from app.jobs import lifecycle
@@ -117,9 +117,7 @@ def list_experiments(
         query = query.where(Experiment.dataset == dataset)
     if loss:
         query = query.where(Experiment.loss == loss)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(Experiment.id.desc()).limit(limit).offset(offset)).all()
-    return list(rows), int(total)
+    return page_of(session, query.order_by(Experiment.id.desc()), limit, offset)
 
 
 def get_metrics(session: Session, experiment_id: int) -> list[EpochMetric]:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 import app.services.experiments as experiments_service
 from app.access import policy
 from app.core.errors import Conflict, InvalidInput, describe_errors
-from app.core.lookup import get_or_404
+from app.core.lookup import get_or_404, page_of
 from app.core.models import FINISHED, STATUSES, Experiment, Status, Sweep, utcnow
 from app.core.schemas import ExperimentCreate, SweepCreate
 from app.services.clustering import clustering_report
@@ -140,8 +140,7 @@ def list_sweeps(session: Session, limit: int, offset: int) -> tuple[list[dict[st
     """A page of sweeps, newest first, each with its members' counts by status: two
     queries for the page, whatever its length."""
     visible = policy.readable(policy.principal_of(session), Sweep)
-    total = int(session.scalar(select(func.count()).select_from(Sweep).where(visible)) or 0)
-    sweeps = list(session.scalars(select(Sweep).where(visible).order_by(Sweep.id.desc()).limit(limit).offset(offset)))
+    sweeps, total = page_of(session, select(Sweep).where(visible).order_by(Sweep.id.desc()), limit, offset)
     counts: dict[int, dict[str, int]] = {s.id: dict.fromkeys(STATUSES, 0) for s in sweeps}
     if sweeps:
         for sweep_id, status, n in session.execute(

@@ -10,7 +10,7 @@ from fastapi import APIRouter, File, Form, Query, UploadFile, status
 from fastapi.responses import FileResponse, Response
 
 import app.services.datasets as datasets_service
-from app.api.deps import AuthDep, SessionDep, SettingsDep
+from app.api.deps import AuthDep, ReadSessionDep, SessionDep, SettingsDep
 from app.core.errors import MAX_OFFSET, PayloadTooLarge, check_id
 from app.core.schemas import BuiltinDatasetRead, BuiltinDatasets, DatasetRead, Page
 from app.services import builtin as builtin_service
@@ -74,7 +74,7 @@ async def upload(
 
 @router.get("", response_model=Page[DatasetRead], summary="Uploaded datasets")
 def list_(
-    session: SessionDep,
+    session: ReadSessionDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ):
@@ -92,7 +92,7 @@ def builtin(settings: SettingsDep):
 
 
 @router.get("/{dataset_id:int}", response_model=DatasetRead, summary="One uploaded dataset")
-def get(dataset_id: int, session: SessionDep):
+def get(dataset_id: int, session: ReadSessionDep):
     return datasets_service.get_upload(session, dataset_id)
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, status
 from pydantic import AfterValidator
 
 import app.services.experiments as experiments_service
-from app.api.deps import AuthDep, QueueDep, SessionDep, SettingsDep
+from app.api.deps import AuthDep, QueueDep, ReadSessionDep, SessionDep, SettingsDep
 from app.core.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT
 from app.core.models import Experiment
 from app.core.schemas import (
@@ -59,7 +59,7 @@ def _loss_filter_enum(schema: dict) -> None:
 
 @router.get("", response_model=Page[ExperimentRead], summary="List experiments, newest first")
 def list_(
-    session: SessionDep,
+    session: ReadSessionDep,
     settings: SettingsDep,
     # Empty means any (as a form's "all" option sends it).
     status_: Annotated[Status | Literal[""] | None, Query(alias="status")] = None,
@@ -83,12 +83,12 @@ def list_(
 
 
 @router.get("/{experiment_id:int}", response_model=ExperimentRead, summary="One experiment")
-def get(experiment_id: int, session: SessionDep):
+def get(experiment_id: int, session: ReadSessionDep):
     return experiments_service.get_experiment(session, experiment_id)
 
 
 @router.get("/{experiment_id:int}/metrics", response_model=MetricsRead, summary="Every epoch's figures")
-def metrics(experiment_id: int, session: SessionDep):
+def metrics(experiment_id: int, session: ReadSessionDep):
     rows = experiments_service.get_metrics(session, experiment_id)
     return MetricsRead(
         experiment_id=experiment_id, items=[EpochMetricRead.model_validate(r) for r in rows]

@@ -177,14 +177,8 @@ async def _read_request(request: Request, schema: type[Req] = InferenceRequest, 
     whichever way they came: JSON, multipart, or an octet-stream body."""
     settings = request.app.state.settings
     content_type = request.headers.get("content-type", "")
-    route = route_of(request) or ""
+    route = (route_of(request) or "").removesuffix("/files")  # the files routes take every form too
     media = content_type.split(";")[0].strip().lower()
-    if route.endswith("/files") and media != "multipart/form-data":
-        raise InvalidInput(f"POST {route.replace(':int}', '}')} takes multipart/form-data: "
-                           + ("" if path_id is not None else "an experiment_id field and ")
-                           + f"one or more files fields; this body came as {media or 'no content type'}; "
-                           f"send JSON to POST {route.replace(':int}', '}').removesuffix('/files')}")
-    route = route.removesuffix("/files")
     if content_type.startswith("application/octet-stream"):
         return _raw_request(request, await request.body(), schema, path_id)
     if content_type.startswith("multipart/form-data"):

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Response, status
 
 import app.services.sweeps as sweeps_service
-from app.api.deps import AuthDep, QueueDep, SessionDep, SettingsDep
+from app.api.deps import AuthDep, QueueDep, ReadSessionDep, SessionDep, SettingsDep
 from app.core.errors import MAX_OFFSET, PAGE_LIMIT
 from app.core.models import Experiment
 from app.core.schemas import Page, SweepCreate, SweepQueued, SweepRead, SweepSummary
@@ -35,7 +35,7 @@ def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: Se
 
 @router.get("", response_model=Page[SweepSummary], summary="List sweeps, newest first")
 def list_(
-    session: SessionDep,
+    session: ReadSessionDep,
     settings: SettingsDep,
     limit: Annotated[int, Query(ge=1, description=PAGE_LIMIT)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
@@ -47,7 +47,7 @@ def list_(
 
 
 @router.get("/{sweep_id:int}", response_model=SweepRead, summary="Progress of a sweep")
-def get(sweep_id: int, session: SessionDep):
+def get(sweep_id: int, session: ReadSessionDep):
     return sweeps_service.progress(session, sweeps_service.get_sweep(session, sweep_id))
 
 
