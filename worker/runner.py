@@ -548,6 +548,15 @@ class GroupRecorder(GroupCallback):
         arts = store_leased(self.factory, self.settings, [eid for _, eid in members],
                             [checkpoint_to_bytes(group.member_run(i).checkpoint()) for i, _ in members])
         stored = {eid: art for (_, eid), art in zip(members, arts, strict=True)}
+        # A member cancelled meanwhile leaves now: its best checkpoint so far too, so that
+        # it serves what it learned (as a solo run cancelled between batches does).
+        with session_scope(self.factory) as session:
+            leaving = self._cancelled(session)
+        keep = [(i, eid) for i, eid in members if eid in leaving and group.member_run(i).best_epoch >= 1]
+        best_arts = store_leased(self.factory, self.settings, [eid for _, eid in keep],
+                                 [checkpoint_to_bytes(group.member_run(i).best_checkpoint())
+                                  for i, _ in keep]) if keep else []
+        best = {eid: (group.member_run(i).best_epoch, art) for (i, eid), art in zip(keep, best_arts, strict=True)}
         with session_scope(self.factory) as session:
             cancelled = self._cancelled(session)
             lifecycle.announce(session, Experiment, self.active)  # every member this epoch may touch
@@ -556,6 +565,8 @@ class GroupRecorder(GroupCallback):
                     continue
                 m, run = metrics[i], group.member_run(i)
                 if experiment_id in cancelled:
+                    if experiment_id in best:
+                        _upsert_checkpoint(session, experiment_id, "best", *best[experiment_id])
                     lifecycle.end(session, experiment_id, Status.CANCELLED)
                     ended.append(Status.CANCELLED)
                     self.active.discard(experiment_id)

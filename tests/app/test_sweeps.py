@@ -16,7 +16,7 @@ from app.main import create_app
 from app.services.sweep_render import lambda_png, rows_by_table, to_markdown
 from corel import report as corel_report
 from harness.wait import wait_until
-from tests.app.conftest import wait_body
+from tests.app.conftest import finished, wait_body, wait_for
 from tests.corel.test_report import records as report_records
 
 BASE = {"dataset": "digits", "model": "ffnn", "epochs": 2, "lr": 3e-3, "batch_size": 64}
@@ -213,6 +213,26 @@ def test_cancel_stops_a_running_stacked_group(client, worker, workers):
         assert exp["current_epoch"] < 100
         n = len(client.get(f"/experiments/{eid}/metrics").json()["items"])
         assert n == exp["current_epoch"]
+
+
+def test_a_member_cancelled_alone_leaves_at_an_epoch_end_and_serves_its_best(client, worker, workers):
+    """One member of a running stacked group cancelled: it leaves at the next epoch's end
+    (the others go on) and serves the best checkpoint it had; it kept none before."""
+    base = {"dataset": "fashion-mnist", "model": "ffnn", "epochs": 100, "lr": 1e-3, "train_subset": 3000}
+    sid = client.post("/sweeps", json={"base": base, "grid": {"lam": [0.3, 0.9]}}).json()["id"]
+    first, second = client.get(f"/sweeps/{sid}").json()["experiment_ids"]
+    wait_until(lambda: client.get(f"/experiments/{first}").json()["current_epoch"] >= 1, 120,
+               f"sweep {sid} to train an epoch", interval=0.3)
+    assert client.post(f"/experiments/{first}/cancel").status_code == 200
+    body = wait_for(client, first, finished, timeout=60, workers=workers)
+    assert body["status"] == "cancelled" and body["best_epoch"] >= 1, body
+    assert client.get(f"/experiments/{second}").json()["status"] == "running"
+    image = np.zeros((1, 28, 28), dtype=np.uint8).tolist()
+    r = client.post("/predict", json={"experiment_id": first, "arrays": image})
+    assert r.status_code == 200, r.text
+    assert r.json()["checkpoint"]["epoch"] == body["best_epoch"]
+    client.post(f"/sweeps/{sid}/cancel")
+    wait_sweep(client, sid, timeout=60, workers=workers)
 
 
 def test_a_grid_over_a_peer_loss_option_reports_one_row_per_value(client, worker, workers):
