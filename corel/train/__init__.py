@@ -53,6 +53,7 @@ from corel.train.guards import (
 )
 from corel.train.optim import adam
 from corel.train.options import EngineOptions
+from corel.train.pruning import Prune
 from corel.train.solo import (
     FitResult,
     Run,
@@ -81,6 +82,7 @@ __all__ = [
     "GroupChanceGuard",
     "GroupView",
     "NotLearningError",
+    "Prune",
     "Run",
     "RunView",
     "StackedRun",

@@ -95,6 +95,12 @@ class Callback:
     def on_batch_end(self, step: int) -> bool | None:
         return None
 
+    def on_prune(self, kept: list[int], why: dict[int, str], rung: int) -> None:
+        """The group dropped members at epoch ``rung`` (corel.train.pruning): from now on its
+        member i is the one that was at position ``kept[i]``; ``why[j]``: why the member at
+        position j left."""
+        return None
+
 
 class GroupCallback:
     """Receives a group's progress; return True from a hook to stop the whole group.
@@ -110,4 +116,10 @@ class GroupCallback:
         return None
 
     def on_batch_end(self, step: int) -> bool | None:
+        return None
+
+    def on_prune(self, kept: list[int], why: dict[int, str], rung: int) -> None:
+        """The group dropped members at epoch ``rung`` (corel.train.pruning): from now on its
+        member i is the one that was at position ``kept[i]``; ``why[j]``: why the member at
+        position j left."""
         return None

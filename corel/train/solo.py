@@ -211,6 +211,8 @@ class FitResult:
     run: Run
     # Why a stacked group's member failed to learn (a solo run raises NotLearningError).
     failed: str | None = None
+    # A pruned member (corel.train.pruning): the rung it left at and why.
+    pruned: dict[str, Any] | None = None
 
     def latent(self, split: str) -> torch.Tensor:
         """The best model's representations of a split (``train``, ``validation``, ``test``):
@@ -228,7 +230,8 @@ class FitResult:
             return represent(self.model, x)
 
     @classmethod
-    def from_run(cls, run: Run, stopped: bool, failed: str | None = None) -> FitResult:
+    def from_run(cls, run: Run, stopped: bool, failed: str | None = None,
+                 pruned: dict[str, Any] | None = None) -> FitResult:
         """The result of a finished (or stopped) run, with the best epoch's weights loaded.
         Its CUDA graph goes (training is over): the graph's memory pool is not held for as
         long as the result is (a worker embeds and stores latents after it); a run trained
@@ -246,6 +249,7 @@ class FitResult:
             stopped=stopped,
             run=run,
             failed=failed,
+            pruned=pruned,
         )
 
 

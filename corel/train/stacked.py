@@ -52,6 +52,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 
 from corel import losses, similarity
+from corel.clustering import default_metric
 from corel.data import Dataset, load_dataset
 from corel.device import (
     Batches,
@@ -81,6 +82,7 @@ from corel.train.grouping import as_spec, check_group
 from corel.train.guards import CHANCE_EPOCHS, GroupChanceGuard, chance_accuracy
 from corel.train.optim import adam
 from corel.train.options import EngineOptions
+from corel.train.pruning import Prune, configuration, keep, map_at_r
 from corel.train.record import Record
 from corel.train.solo import EVAL_BATCH, FitResult, Run, build_model, make_optimizer, pass_totals
 from corel.train.steps import graphed_steps, pass_mode, stacked_native_layout, stacked_step
@@ -591,6 +593,7 @@ def fit_group(
     checkpoints: Sequence[dict[str, Any]] | None = None,
     chance_epochs: int = CHANCE_EPOCHS,
     options: EngineOptions | None = None,
+    prune: Prune | dict[str, Any] | None = None,
 ) -> list[FitResult]:
     """:func:`corel.train.fit` for a group: one :class:`FitResult` per spec, in order.
 
@@ -599,7 +602,11 @@ def fit_group(
     judges failed (``chance_epochs=0``: none) is marked in ``group.failed`` before the
     callbacks see the epoch, rides along with the others, and ends with its verdict in
     ``FitResult.failed``; the group stops when every member has failed. ``options``: the
-    engine's switches, as :func:`corel.train.fit` takes them.
+    engine's switches, as :func:`corel.train.fit` takes them. ``prune``
+    (:class:`corel.train.pruning.Prune`, or its fields): successive halving at each rung;
+    a pruned member's result has ``pruned`` (its rung and why) and the history up to it,
+    and the group goes on with the survivors, rebuilt from their checkpoints, each as it
+    would have gone on in the whole group (callbacks hear ``on_prune``).
     """
     options = options or EngineOptions()
     checked = [as_spec(s) for s in specs]
@@ -608,10 +615,14 @@ def fit_group(
         data = load_dataset(checked[0], data_dir, features_dir=options.features_dir,
                             on_features=options.on_features,
                             features_path=recorded_features(checkpoints[0] if checkpoints else None))
+    halving = None if prune is None else Prune.of(prune, checked[0].epochs, len(checked))
     group = StackedRun.start(checked, data, device=device, checkpoints=checkpoints, options=options)
     y_val = group.data.y_val
     guard = GroupChanceGuard(chance_accuracy(y_val), chance_epochs, len(y_val))
     cbs = [guard, *callbacks]
+    rungs = set(halving.rungs(group.epochs)) if halving is not None else set()
+    position = list(range(group.size))  # the group's member i is the caller's spec position[i]
+    results: dict[int, FitResult] = {}
     stopped = False
     with options.applied():
         while group.epoch < group.epochs:
@@ -619,8 +630,49 @@ def fit_group(
             if metrics is None or any([bool(cb.on_epoch_end(metrics, group)) for cb in cbs]):
                 stopped = True
                 break
-    return [FitResult.from_run(group.member_run(i), stopped, group.failed.get(i))
-            for i in range(group.size)]
+            if halving is not None and group.epoch in rungs and group.size > 1:
+                group, position = _prune(group, halving, position, results, cbs, options)
+    for i in range(group.size):
+        results[position[i]] = FitResult.from_run(group.member_run(i), stopped, group.failed.get(i))
+    return [results[i] for i in range(len(checked))]
+
+
+def _prune(group: StackedRun, halving: Prune, position: list[int], results: dict[int, FitResult],
+           callbacks: Sequence[GroupCallback], options: EngineOptions) -> tuple[StackedRun, list[int]]:
+    """One rung: judge the members, end those that go (into ``results``), and rebuild the
+    stack from the survivors' checkpoints; the group and its positions from now on."""
+    scores = _rung_scores(group, halving.metric)
+    kept, why = keep(scores, [configuration(s) for s in group.specs], halving.eta)
+    if len(kept) == group.size:
+        return group, position
+    rung = group.epoch
+    for i in range(group.size):
+        if i not in kept:
+            figures = dict(zip(halving.metric, scores[i], strict=True))
+            results[position[i]] = FitResult.from_run(
+                group.member_run(i), False, group.failed.get(i),
+                pruned={"rung": rung, "reason": why[i], "metrics": figures})
+    for cb in callbacks:
+        cb.on_prune(kept, why, rung)
+    survivors = StackedRun.start([group.specs[i] for i in kept], group.data, device=group.device,
+                                 checkpoints=[group.member_run(i).checkpoint() for i in kept],
+                                 options=options)
+    survivors.failed.update({new: group.failed[old] for new, old in enumerate(kept) if old in group.failed})
+    return survivors, [position[i] for i in kept]
+
+
+def _rung_scores(group: StackedRun, metrics: Sequence[str]) -> list[tuple[float, ...]]:
+    """Each member's figures at this epoch on ``metrics`` (corel.train.pruning.METRICS)."""
+    columns = []
+    for metric in metrics:
+        if metric == "val_accuracy":
+            columns.append([h[-1].val_accuracy for h in group.histories])
+        else:
+            with torch.no_grad():
+                h = group.encode(group.data.x_val)
+            geometry = default_metric(group.loss_name)
+            columns.append([map_at_r(h[i].double(), group.data.y_val, geometry) for i in range(group.size)])
+    return [tuple(row) for row in zip(*columns, strict=True)]
 
 
 def _check_checkpoints(
