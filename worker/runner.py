@@ -37,6 +37,7 @@ from app.core.models import (
     Experiment,
     LatentSpace,
     Status,
+    Sweep,
     utcnow,
 )
 from app.core.settings import Settings, engine_options
@@ -508,7 +509,9 @@ def train_experiment(experiment_id: int, factory: sessionmaker[Session], setting
 class GroupRecorder(GroupCallback):
     """Like DatabaseRecorder, for a stacked group: one transaction per epoch holds every
     member's metrics and resumable checkpoint. A cancelled member is marked cancelled at
-    the next epoch's end (its computation rides along until then), a member that
+    the next epoch's end (its computation rides along until then; that epoch is recorded,
+    and its best checkpoint kept), a member the sweep's pruning drops ends pruned
+    (:meth:`on_prune`), a member that
     ``fit_group``'s guard found not learning (``group.failed``) failed, with its verdict;
     the group stops when no member is left."""
 
@@ -521,6 +524,7 @@ class GroupRecorder(GroupCallback):
         self.heartbeat_every = settings.heartbeat_seconds
         self.last_beat = time.monotonic()
         self.setup = setup
+        self.pruned: set[int] = set()
 
     def _cancelled(self, session: Session) -> set[int]:
         return set(session.scalars(select(Experiment.id).where(
@@ -548,8 +552,9 @@ class GroupRecorder(GroupCallback):
         arts = store_leased(self.factory, self.settings, [eid for _, eid in members],
                             [checkpoint_to_bytes(group.member_run(i).checkpoint()) for i, _ in members])
         stored = {eid: art for (_, eid), art in zip(members, arts, strict=True)}
-        # A member cancelled meanwhile leaves now: its best checkpoint so far too, so that
-        # it serves what it learned (as a solo run cancelled between batches does).
+        # A member cancelled meanwhile leaves now, this epoch recorded: its best checkpoint
+        # so far too, so that it serves what it learned (as a solo run cancelled between
+        # batches does).
         with session_scope(self.factory) as session:
             leaving = self._cancelled(session)
         keep = [(i, eid) for i, eid in members if eid in leaving and group.member_run(i).best_epoch >= 1]
@@ -564,13 +569,6 @@ class GroupRecorder(GroupCallback):
                 if experiment_id not in self.active:
                     continue
                 m, run = metrics[i], group.member_run(i)
-                if experiment_id in cancelled:
-                    if experiment_id in best:
-                        _upsert_checkpoint(session, experiment_id, "best", *best[experiment_id])
-                    lifecycle.end(session, experiment_id, Status.CANCELLED)
-                    ended.append(Status.CANCELLED)
-                    self.active.discard(experiment_id)
-                    continue
                 mine = lifecycle.heartbeat(
                     session, experiment_id, current_epoch=m.epoch, device=device_name(group.device),
                     precision=group.precision, features=features_record(group.data.preprocessing),
@@ -583,6 +581,13 @@ class GroupRecorder(GroupCallback):
                 session.add(EpochMetric(experiment_id=experiment_id, **m.to_dict()))
                 _upsert_checkpoint(session, experiment_id, "resume", m.epoch, stored[experiment_id])
                 recorded += 1
+                if experiment_id in cancelled:  # this epoch recorded, with its best so far
+                    if experiment_id in best:
+                        _upsert_checkpoint(session, experiment_id, "best", *best[experiment_id])
+                    lifecycle.end(session, experiment_id, Status.CANCELLED)
+                    ended.append(Status.CANCELLED)
+                    self.active.discard(experiment_id)
+                    continue
                 verdict = group.failed.get(i)
                 if verdict is not None:  # this member has failed; the others go on
                     lifecycle.end(session, experiment_id, Status.FAILED,
@@ -595,6 +600,35 @@ class GroupRecorder(GroupCallback):
             METRICS.experiment_finished(status)
         self.last_beat = time.monotonic()
         return not self.active
+
+    def on_prune(self, group: GroupView, kept: list[int], why: dict[int, str], rung: int) -> None:
+        """Members the sweep's successive halving drops at this rung: their best checkpoints
+        into the store, then (one transaction, before the stack is rebuilt) each ends
+        ``pruned`` with its rung and reason; a resumed group finds the same survivors."""
+        going = [(j, self.ids[j]) for j in sorted(why) if self.ids[j] in self.active]
+        keep = [(j, eid) for j, eid in going if group.member_run(j).best_epoch >= 1]
+        arts = store_leased(self.factory, self.settings, [eid for _, eid in keep],
+                            [checkpoint_to_bytes(group.member_run(j).best_checkpoint()) for j, _ in keep])
+        best = {eid: (group.member_run(j).best_epoch, art) for (j, eid), art in zip(keep, arts, strict=True)}
+        with session_scope(self.factory) as session:
+            for j, experiment_id in going:
+                if experiment_id in best:
+                    _upsert_checkpoint(session, experiment_id, "best", *best[experiment_id])
+                lifecycle.end(session, experiment_id, Status.PRUNED,
+                              pruned={"rung": rung, "reason": why[j]})
+        for _, experiment_id in going:
+            self.active.discard(experiment_id)
+            self.pruned.add(experiment_id)
+            METRICS.experiment_finished(Status.PRUNED)
+        self.ids = [self.ids[i] for i in kept]
+        log.info("pruned", extra={"experiments": [eid for _, eid in going], "rung": rung})
+
+
+def _sweep_prune(factory: sessionmaker[Session], experiment_id: int) -> dict[str, Any] | None:
+    """The successive halving of the experiment's sweep, if it prunes."""
+    with session_scope(factory) as session:
+        return session.scalar(select(Sweep.prune).join(Experiment, Experiment.sweep_id == Sweep.id)
+                              .where(Experiment.id == experiment_id))
 
 
 def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settings) -> dict[int, str]:
@@ -628,10 +662,11 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
     try:
         prepare_data(members, jobs[0].spec.dataset, factory, settings)
         checkpoints = None if epochs == {0} else [job.checkpoint for job in jobs if job.checkpoint]
+        prune = _sweep_prune(factory, members[0])
         results = fit_group([job.spec for job in jobs], [recorder], checkpoints=checkpoints,
                             device=settings.device, chance_epochs=settings.chance_epochs,
                             data_dir=builtin.data_dir_for(settings, jobs[0].spec.dataset),
-                            options=setup.options(settings))
+                            options=setup.options(settings), prune=prune)
     except Exception as exc:
         if is_transient(exc):
             raise
@@ -641,6 +676,9 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
     finally:
         setup.stop()
     for experiment_id, result in zip(members, results, strict=True):
+        if experiment_id in recorder.pruned:
+            outcome[experiment_id] = Status.PRUNED
+            continue
         if experiment_id not in recorder.active:
             outcome[experiment_id] = "cancelled-or-lost"
             continue

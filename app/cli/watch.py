@@ -14,7 +14,7 @@ import httpx
 
 from app.core.models import Status
 
-FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.PRUNED)
 RECONNECTS = 8  # attempts in a row without an event before giving up
 READ_TIMEOUT = 60.0  # the service sends a keepalive every 15 s; four missed: reconnect
 

@@ -36,10 +36,13 @@ class Status(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # A member of a sweep that pruned it at a rung (corel.train.pruning): it keeps its
+    # history up to the rung and its best checkpoint, which serves.
+    PRUNED = "pruned"
 
 
 STATUSES: tuple[Status, ...] = tuple(Status)
-FINISHED: tuple[Status, ...] = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+FINISHED: tuple[Status, ...] = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.PRUNED)
 ACTIVE: tuple[Status, ...] = (Status.QUEUED, Status.RUNNING)
 
 
@@ -119,6 +122,8 @@ class Sweep(Base):
     lam_by_loss: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
     size: Mapped[int] = mapped_column(Integer)
     vectorize: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Successive halving within each stacked group (corel.train.pruning.Prune's fields), or None.
+    prune: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # Who created it (app.access.policy): None when created with no users (open mode)
     # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign
@@ -162,6 +167,8 @@ class Experiment(Base):
     # A frozen pretrained encoder's features, from the first epoch: the CPU path they were
     # computed on, what the spec asked and the parity gate's figures (corel.encoders.precision).
     features: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # A pruned member (status pruned): {"rung", "reason", "metrics"}.
+    pruned: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(255))

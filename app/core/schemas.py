@@ -17,7 +17,7 @@ from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, Experimen
 
 T = TypeVar("T")
 
-Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled", "pruned"]
 """app.core.models.Status, as the OpenAPI document states it."""
 if set(get_args(Status)) != set(STATUSES):
     raise ImportError("app.core.schemas.Status differs from app.core.models.Status")
@@ -225,6 +225,9 @@ class ExperimentRead(BaseModel):
         "the CPU path they were computed on (precision: fp32, bf16 or int8), what the spec asked "
         "(asked: the spec's precision), and the parity gate's figures on held-out rows (gate: per "
         "path rows_per_s, cos_p1, cos_min, map_at_r, passed, why).")
+    pruned: dict[str, Any] | None = Field(
+        default=None, description="A member its sweep pruned (status pruned): the rung (epoch) it "
+        "left at, why, and its figures there (metrics).")
     cancel_requested: bool
     attempts: int
     created_at: Timestamp
@@ -607,6 +610,22 @@ def _grid_schema(schema: dict[str, Any]) -> None:
         key: {"type": "array", "minItems": 1, "items": item} for key, item in grid_items().items()}})
 
 
+PruneMetric = Literal["val_accuracy", "val_map_at_r"]
+
+
+class PruneCreate(BaseModel):
+    """How a sweep's stacked groups prune (corel.train.pruning)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    metric: PruneMetric | list[PruneMetric] = Field(
+        default="val_accuracy", description="What a rung judges by: validation accuracy, "
+        "validation MAP@R, or both (a list: their Pareto front).")
+    eta: int = Field(default=3, ge=2, le=1000, description="Keep the best 1/eta at each rung.")
+    min_epochs: int = Field(default=2, ge=1, le=100_000, description="The first rung (epoch); "
+                            "below the spec's epochs.")
+
+
 class SweepCreate(BaseModel):
     """A base spec and a grid; every combination of the grid's values is one experiment."""
 
@@ -625,6 +644,13 @@ class SweepCreate(BaseModel):
         description="Train members that share dataset, model, batch size and data order "
         "together as one stacked model (same results, less time).",
     )
+    prune: PruneCreate | None = Field(
+        default=None,
+        description="Successive halving inside each stacked group: at each rung (min_epochs, "
+        "then times eta, below the spec's epochs) the group keeps the best 1/eta of its "
+        "configurations by the metric (seeds of a configuration judged by their mean); the "
+        "others end 'pruned', with their best checkpoint. Needs vectorize and groups of at "
+        "least 2 members.")
     lam_by_loss: dict[str, float] | None = Field(
         default=None,
         description="lambda per loss, in place of the base's and the grid's for that loss: "
@@ -678,6 +704,7 @@ class SweepRead(SweepSummary):
     """One sweep: its progress and its members' ids."""
 
     vectorize: bool
+    prune: dict[str, Any] | None = Field(default=None, description="Its successive halving, if it prunes.")
     experiment_ids: list[int]
 
 

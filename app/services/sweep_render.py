@@ -131,6 +131,16 @@ def to_markdown(rep: dict[str, Any], paper: dict[str, float] | None = None) -> s
             lines += ["", f"Paired two-tailed t-test of MAP@R, {short_name(c['best'])} "
                       f"vs {short_name(c['runner_up'])} over "
                       f"{len(c['paired_seeds'])} seeds: p = {p} ({c['significance']})."]
+    pruning = rep.get("pruning")
+    if pruning:
+        prune = pruning["prune"]
+        lines += ["", f"### Pruned (successive halving on {' and '.join(prune['metric'])}, eta "
+                  f"{prune['eta']}, first rung epoch {prune['min_epochs']})", "",
+                  "| rung (epoch) | members judged | kept |", "|---|---|---|"]
+        lines += [f"| {r['epoch']} | {r['members']} | {r['kept']} |" for r in pruning["rungs"]]
+        lines += ["", "| experiment | loss | lambda | seed | rung | why |", "|---|---|---|---|---|---|"]
+        lines += [f"| {p['experiment_id']} | {short_name(p['loss'])} | {_lam(p['lam'])} | {p['seed']} | "
+                  f"{p['rung']} | {p['reason']} |" for p in pruning["pruned"]]
     return "\n".join(lines) + "\n"
 
 

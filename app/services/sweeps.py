@@ -76,19 +76,44 @@ def create_sweep(session: Session, body: SweepCreate, limit: int,
                  group_limit: int) -> tuple[Sweep, list[list[int]]]:
     """Rows for the sweep and its members; returns the id groups to queue together."""
     members = expand(body, limit)
+    if body.vectorize:
+        groups = group_specs([m.to_spec() for m in members], group_limit)
+    else:
+        groups = [[i] for i in range(len(members))]
+    prune = None if body.prune is None else _check_prune(body, members, groups)
     sweep = Sweep(base=body.base, grid=body.grid, lam_by_loss=body.lam_by_loss, size=len(members),
-                  vectorize=body.vectorize, created_at=utcnow())
+                  vectorize=body.vectorize, prune=prune, created_at=utcnow())
     session.add(sweep)
     session.flush()
     experiments = [experiments_service.create_experiment(session, m) for m in members]
     for exp in experiments:
         exp.sweep_id = sweep.id
     session.flush()
-    if body.vectorize:
-        groups = group_specs([m.to_spec() for m in members], group_limit)
-    else:
-        groups = [[i] for i in range(len(members))]
     return sweep, [[experiments[i].id for i in group] for group in groups]
+
+
+def _check_prune(body: SweepCreate, members: list[ExperimentCreate], groups: list[list[int]]) -> dict[str, Any]:
+    """The sweep's pruning, checked against its groups (a 422 that says what is allowed):
+    it prunes inside stacked groups, so it needs vectorize and groups of 2 or more."""
+    from corel.train import Prune
+
+    assert body.prune is not None
+    if not body.vectorize:
+        raise InvalidInput("prune needs vectorize: true: members are pruned inside a stacked group "
+                           "(pruning across separately trained runs is not offered)")
+    alone = [i for group in groups if len(group) < 2 for i in group]
+    if alone:
+        why = ("the sweep has one member" if len(members) == 1 else
+               f"{len(alone)} of its {len(members)} members train alone (a loss the stacked "
+               "trainer declines, or a grid over fields that cannot stack)")
+        raise InvalidInput(f"prune needs stacked groups of at least 2 members to judge; {why}")
+    fields = body.prune.model_dump()
+    try:
+        for group in groups:
+            checked = Prune.of(fields, members[group[0]].to_spec().epochs, len(group))
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from exc
+    return {"metric": list(checked.metric), "eta": checked.eta, "min_epochs": checked.min_epochs}
 
 
 def get_sweep(session: Session, sweep_id: int) -> Sweep:
@@ -131,7 +156,7 @@ def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
     ids = member_ids(session, sweep.id)
     return {"id": sweep.id, "base": sweep.base, "grid": sweep.grid,
             "losses": losses_of(sweep.base, sweep.grid), "lam_by_loss": sweep.lam_by_loss, "size": sweep.size,
-            "vectorize": sweep.vectorize, "counts": counts, "done": done,
+            "vectorize": sweep.vectorize, "prune": sweep.prune, "counts": counts, "done": done,
             "finished": done == sweep.size, "experiment_ids": ids, "created_at": sweep.created_at,
             "owner": sweep.owner}
 
@@ -223,4 +248,22 @@ def build_report(session: Session, sweep_id: int, *, clustering: bool = True) ->
         "retrieval": report.retrieval_table(records, tuning) if clustering else None,
         # The paper's Table 1 row (test accuracy %, by loss), where the paper has one.
         "paper_table1": report.PAPER_TABLE1.get(setting),
+        "pruning": _pruning(sweep, exps),
     }
+
+
+def _pruning(sweep: Sweep, exps: list[Experiment]) -> dict[str, Any] | None:
+    """A pruned sweep's rungs (members judged, members kept) and each pruned member with its
+    rung and why; None for a sweep that does not prune."""
+    if sweep.prune is None:
+        return None
+    gone = sorted(((e, e.pruned) for e in exps if e.status == Status.PRUNED and e.pruned),
+                  key=lambda pair: (pair[1]["rung"], pair[0].id))
+    rungs = []
+    alive = len(exps)
+    for rung in sorted({why["rung"] for _, why in gone}):
+        left = sum(why["rung"] == rung for _, why in gone)
+        rungs.append({"epoch": rung, "members": alive, "kept": alive - left})
+        alive -= left
+    return {"prune": sweep.prune, "rungs": rungs,
+            "pruned": [{**_record(e), "rung": why["rung"], "reason": why["reason"]} for e, why in gone]}

@@ -73,10 +73,10 @@ class LoadedModel:
 def load_from_database(session: Session, experiment_id: int, device: str | None,
                        settings: Settings | None = None) -> LoadedModel:
     exp = get_or_404(session, Experiment, experiment_id, "experiment")
-    if exp.status not in (Status.SUCCEEDED, Status.CANCELLED):
+    if exp.status not in (Status.SUCCEEDED, Status.CANCELLED, Status.PRUNED):
         raise Conflict(
             f"experiment {experiment_id} is {exp.status}; only a succeeded experiment (or a "
-            "cancelled one with a best checkpoint) can embed or predict"
+            "cancelled or pruned one with a best checkpoint) can embed or predict"
         )
     if exp.status == Status.CANCELLED and best_checkpoint(session, experiment_id, Checkpoint.id,
                                                           missing=None) is None:

@@ -95,12 +95,6 @@ class Callback:
     def on_batch_end(self, step: int) -> bool | None:
         return None
 
-    def on_prune(self, kept: list[int], why: dict[int, str], rung: int) -> None:
-        """The group dropped members at epoch ``rung`` (corel.train.pruning): from now on its
-        member i is the one that was at position ``kept[i]``; ``why[j]``: why the member at
-        position j left."""
-        return None
-
 
 class GroupCallback:
     """Receives a group's progress; return True from a hook to stop the whole group.
@@ -118,8 +112,9 @@ class GroupCallback:
     def on_batch_end(self, step: int) -> bool | None:
         return None
 
-    def on_prune(self, kept: list[int], why: dict[int, str], rung: int) -> None:
-        """The group dropped members at epoch ``rung`` (corel.train.pruning): from now on its
-        member i is the one that was at position ``kept[i]``; ``why[j]``: why the member at
-        position j left."""
+    def on_prune(self, group: GroupView, kept: list[int], why: dict[int, str], rung: int) -> None:
+        """The group drops members at epoch ``rung`` (corel.train.pruning), before it is
+        rebuilt: ``group`` is still the whole group (``group.member_run(j).best_checkpoint()``
+        for a member that goes); from the next epoch its member i is the one at position
+        ``kept[i]``; ``why[j]``: why the member at position j goes."""
         return None

@@ -653,7 +653,7 @@ def _prune(group: StackedRun, halving: Prune, position: list[int], results: dict
                 group.member_run(i), False, group.failed.get(i),
                 pruned={"rung": rung, "reason": why[i], "metrics": figures})
     for cb in callbacks:
-        cb.on_prune(kept, why, rung)
+        cb.on_prune(group, kept, why, rung)
     survivors = StackedRun.start([group.specs[i] for i in kept], group.data, device=group.device,
                                  checkpoints=[group.member_run(i).checkpoint() for i in kept],
                                  options=options)

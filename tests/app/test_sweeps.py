@@ -276,3 +276,62 @@ def test_the_lambda_plot_of_a_sweep_without_results_says_so_without_a_warning():
     # The message is drawn in the middle of the axes, where the empty plot had nothing.
     middle = np.asarray(empty.convert("L"))[230:270, 200:600]
     assert middle.min() < 200
+
+
+def test_a_pruned_sweep_drops_its_losers_inside_the_stack(client, worker, workers):
+    """prune: at each rung the stacked group keeps the best third; the others end 'pruned'
+    with their rung, reason and history up to it, and serve their best checkpoint."""
+    base = {**BASE, "loss": "cosine", "epochs": 4}
+    lams = [0.1, 0.3, 0.5, 0.7, 0.85, 0.95]
+    r = client.post("/sweeps", json={"base": base, "grid": {"lam": lams},
+                                     "prune": {"metric": "val_accuracy", "eta": 3, "min_epochs": 1}})
+    assert r.status_code == 202 and r.json()["groups"] == 1, r.text
+    sid = r.json()["id"]
+    body = wait_sweep(client, sid, workers=workers)
+    assert body["prune"] == {"metric": ["val_accuracy"], "eta": 3, "min_epochs": 1}
+    # Rungs at epochs 1 and 3: 6 -> 2 -> 1.
+    assert body["counts"]["pruned"] == 5 and body["counts"]["succeeded"] == 1, body["counts"]
+    members = [client.get(f"/experiments/{i}").json() for i in body["experiment_ids"]]
+    rungs = sorted(m["pruned"]["rung"] for m in members if m["status"] == "pruned")
+    assert rungs == [1, 1, 1, 1, 3], rungs
+    for m in members:
+        epochs = client.get(f"/experiments/{m['id']}/metrics").json()["items"]
+        if m["status"] == "pruned":
+            assert len(epochs) == m["pruned"]["rung"] and "1/3" in m["pruned"]["reason"], m
+            r = client.post("/predict", json={"experiment_id": m["id"], "arrays": [[[0.0] * 8] * 8]})
+            assert r.status_code == 200 and r.json()["checkpoint"]["epoch"] == m["best_epoch"], r.text
+        else:
+            assert len(epochs) == 4 and m["status"] == "succeeded"
+    # The survivor was the best at the first rung among the six.
+    first = {m["id"]: client.get(f"/experiments/{m['id']}/metrics").json()["items"][0]["val_accuracy"]
+             for m in members}
+    survivor = next(m["id"] for m in members if m["status"] == "succeeded")
+    assert first[survivor] == max(first.values())
+    # The report lists the rungs and each pruned member with its rung and why.
+    rep = client.get(f"/sweeps/{sid}/report", params={"clustering": "false"}).json()
+    assert rep["pruning"]["rungs"] == [{"epoch": 1, "members": 6, "kept": 2},
+                                       {"epoch": 3, "members": 2, "kept": 1}], rep["pruning"]
+    assert sorted(p["experiment_id"] for p in rep["pruning"]["pruned"]) == sorted(
+        m["id"] for m in members if m["status"] == "pruned")
+    md = client.get(f"/sweeps/{sid}/report", params={"format": "markdown", "clustering": "false"}).text
+    assert "### Pruned (successive halving on val_accuracy, eta 3, first rung epoch 1)" in md
+    assert "| 1 | 6 | 2 |" in md and "| 3 | 2 | 1 |" in md
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"grid": {"lam": [0.3, 0.6]}, "prune": {"eta": 1}}, "prune.eta: Input should be greater than or equal to 2"),
+    ({"grid": {"lam": [0.3, 0.6]}, "prune": {"min_epochs": 2}},
+     "prune.min_epochs is 2, but the runs train 2 epochs; the first rung must come before the last epoch: at most 1"),
+    ({"grid": {"lam": [0.3, 0.6]}, "prune": {"metric": "val_loss"}}, "prune.metric"),
+    ({"grid": {"lam": [0.3]}, "prune": {"min_epochs": 1}},
+     "prune needs stacked groups of at least 2 members to judge; the sweep has one member"),
+    ({"grid": {"lam": [0.3, 0.6]}, "vectorize": False, "prune": {"min_epochs": 1}},
+     "prune needs vectorize: true"),
+    ({"grid": {"scale": [8.0, 32.0]}, "base": {**BASE, "loss": "arcface"}, "prune": {"min_epochs": 1}},
+     "2 of its 2 members train alone"),
+])
+def test_bad_pruning_is_a_422_that_says_what_is_allowed(client, body, words):
+    before = client.get("/sweeps", params={"limit": 1}).json()["total"]
+    r = client.post("/sweeps", json={"base": BASE, **body})
+    assert r.status_code == 422 and words in r.json()["detail"], r.text
+    assert client.get("/sweeps", params={"limit": 1}).json()["total"] == before

@@ -31,7 +31,7 @@ class Sizes(GroupCallback):
     def on_epoch_end(self, metrics, group):
         self.sizes.append(group.size)
 
-    def on_prune(self, kept, why, rung):
+    def on_prune(self, group, kept, why, rung):
         self.pruned.append((rung, list(kept), sorted(why)))
 
 

@@ -183,7 +183,7 @@ const corel = (() => {
     f.hidden = !message;
   }
   function query() { return new URLSearchParams(location.search); }
-  const FINISHED = ["succeeded", "failed", "cancelled"];
+  const FINISHED = ["succeeded", "failed", "cancelled", "pruned"];
 
   // The pager under a list: "a–b of n", and Previous / Next calling go(new offset).
   function pager(page, size, offset, go) {
