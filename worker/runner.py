@@ -494,8 +494,13 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
 
 
 def train_experiment(experiment_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
-    """Train (or resume) one experiment; returns the status it ended in."""
+    """Train (or resume) one experiment; returns the status it ended in. A member of a
+    pruned sweep sent on its own (the reconciler's resend after a lost worker) resumes with
+    the members of its group still to finish, as a group: pruning goes on at its rungs."""
     factory = ensure_store(factory, settings)
+    together = _pruned_group_of(factory, experiment_id)
+    if len(together) > 1:
+        return str(train_group(together, factory, settings).get(experiment_id, "skipped"))
     try:
         with session_scope(factory) as session:
             job = _claim_and_prepare(session, experiment_id, settings)
@@ -622,6 +627,38 @@ class GroupRecorder(GroupCallback):
             METRICS.experiment_finished(Status.PRUNED)
         self.ids = [self.ids[i] for i in kept]
         log.info("pruned", extra={"experiments": [eid for _, eid in going], "rung": rung})
+
+
+def _pruned_group_of(factory: sessionmaker[Session], experiment_id: int) -> list[int]:
+    """The members of the experiment's pruned sweep that would stack with it and have not
+    finished (itself included, in id order); empty for a run of no pruned sweep."""
+    with session_scope(factory) as session:
+        exp = session.get(Experiment, experiment_id)
+        if exp is None or exp.sweep_id is None:
+            return []
+        sweep = session.get(Sweep, exp.sweep_id)
+        if sweep is None or sweep.prune is None or not sweep.vectorize:
+            return []
+        try:
+            key = _stored_group_key(exp.spec, exp.dataset_id)
+            rows = session.execute(select(Experiment.id, Experiment.spec, Experiment.dataset_id).where(
+                Experiment.sweep_id == exp.sweep_id,
+                Experiment.status.in_((Status.QUEUED, Status.RUNNING))).order_by(Experiment.id)).all()
+            return [i for i, spec, upload in rows if _stored_group_key(spec, upload) == key]
+        except ValueError:  # a stored spec that no longer validates: trained (and failed) alone
+            return []
+
+
+def _stored_group_key(spec: dict[str, Any], dataset_id: int | None) -> Any:
+    """:func:`corel.train.group_key` of a stored spec, its upload and encoder named by id
+    (what a worker fills in from them is the same for every member)."""
+    data = dict(spec)
+    if dataset_id is not None:
+        data["dataset_path"] = f"dataset-{dataset_id}"
+    encoder_id = data.pop("encoder_id", None)
+    if encoder_id is not None:
+        data["encoder_path"] = f"encoder-{encoder_id}"
+    return group_key(ExperimentSpec.model_validate(data))
 
 
 def _sweep_prune(factory: sessionmaker[Session], experiment_id: int) -> dict[str, Any] | None:
