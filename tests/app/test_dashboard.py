@@ -570,6 +570,30 @@ def test_a_sweep_page_shows_progress_and_the_tables(page, client, worker):
     assert page.inner_text(f"#sweeps tr[data-id='{sweep_id}'] td.loss") == "CCE, Gaussian-COREL"
 
 
+def test_a_pruned_sweep_page_shows_its_rungs_and_the_grid_in_parallel_coordinates(page, client, worker):
+    body = {"base": {**FAST, "loss": "cosine", "epochs": 4}, "grid": {"lam": [0.1, 0.3, 0.5, 0.7, 0.85, 0.95]},
+            "prune": {"metric": "val_accuracy", "eta": 3, "min_epochs": 1}}
+    r = client.post("/sweeps", json=body)
+    assert r.status_code == 202, r.text
+    sweep_id = r.json()["id"]
+    page.goto(f"/ui/sweeps/{sweep_id}")
+    page.wait_for_function("document.querySelectorAll('#members tr[data-status=pruned]').length === 5",
+                           timeout=180_000)
+    report = client.get(f"/sweeps/{sweep_id}/report").json()["pruning"]
+    page.wait_for_function(f"document.querySelectorAll('#rungs tbody tr').length === {len(report['rungs'])}",
+                           timeout=15_000)
+    shown = page.evaluate("[...document.querySelectorAll('#rungs tbody tr')].map(r => [...r.cells].map(c => +c.textContent))")
+    assert shown == [[r["epoch"], r["members"], r["kept"]] for r in report["rungs"]] == [[1, 6, 2], [3, 2, 1]]
+    page.wait_for_function("document.querySelectorAll('#pruned tbody tr').length === 5")
+    assert "pruned" in page.inner_text("#members") and not page.locator("#pruning-box").is_hidden()
+    # The grid as parallel coordinates: lambda, then best val % and test %, one line per member.
+    page.wait_for_function("(document.getElementById('parcoords').data || []).length === 1")
+    dims = page.evaluate("document.getElementById('parcoords').data[0].dimensions.map(d => [d.label, d.values.length])")
+    assert dims == [["λ", 6], ["best val %", 6], ["test %", 6]], dims
+    assert page.evaluate("document.getElementById('parcoords').data[0].type") == "parcoords"
+    shot(page, "sweep-pruned")
+
+
 def test_the_sweeps_list_names_a_sweep_s_loss_given_in_its_base(page, client):
     """The list showed the grid (seed: 0, 1), and not the loss every member trained."""
     r = client.post("/sweeps", json={"base": {**FAST, "epochs": 1, "loss": "triplet", "miner": "hard"},

@@ -80,8 +80,45 @@ corel.pages.sweep = async function () {
       ": the difference is " + (sig ? "significant at the 5% level" + (cmp.p < 0.001 ? " (p < 0.001)" : "") : "not significant") + ".";
   }
 
+  // The grid as parallel coordinates: each member a line across its grid fields and its
+  // best validation and test accuracy, coloured by how it ended (pruned members grey).
+  function parcoords() {
+    const all = [...members.values()];
+    const keys = Object.keys(sweep.grid);
+    const dims = keys.map((k) => {
+      const values = all.map((e) => e.spec[k]);
+      if (values.every((v) => typeof v === "number")) return { label: k === "lam" ? "λ" : k, values };
+      const names = [...new Set(values.map(String))];
+      return { label: k, values: values.map((v) => names.indexOf(String(v))), tickvals: names.map((_, i) => i),
+               ticktext: names.map((n) => LOSS_NAMES[n] || n) };
+    });
+    dims.push({ label: "best val %", values: all.map((e) => e.best_val_accuracy === null ? 0 : 100 * e.best_val_accuracy) });
+    dims.push({ label: "test %", values: all.map((e) => e.test_accuracy === null ? 0 : 100 * e.test_accuracy) });
+    const ended = all.map((e) => (e.status === "pruned" ? 0 : e.status === "succeeded" ? 1 : 0.5));
+    Plotly.react("parcoords", [{ type: "parcoords", dimensions: dims,
+      line: { color: ended, cmin: 0, cmax: 1, colorscale: [[0, "#b8bfcc"], [0.5, "#e0a43a"], [1, "#2f6fdf"]] } }],
+      { margin: { t: 40, r: 40, b: 20, l: 50 } }, { responsive: true, displaylogo: false });
+  }
+
+  function pruning(p) {
+    const box = document.getElementById("pruning-box");
+    box.hidden = !p;
+    if (!p) return;
+    document.getElementById("pruning-note").textContent = "Successive halving inside each stacked group on " +
+      p.prune.metric.join(" and ") + ": at each rung (epoch " + p.prune.min_epochs + ", then times " + p.prune.eta +
+      ") the best 1/" + p.prune.eta + " of the configurations stay; the others end pruned, with their best checkpoint.";
+    document.querySelector("#rungs tbody").replaceChildren(...p.rungs.map((r) => el("tr", {},
+      el("td", { class: "num" }, r.epoch), el("td", { class: "num" }, r.members), el("td", { class: "num" }, r.kept))));
+    document.querySelector("#pruned tbody").replaceChildren(...p.pruned.map((r) => el("tr", { "data-id": r.experiment_id },
+      el("td", {}, el("a", { href: "/ui/experiments/" + r.experiment_id }, "#" + r.experiment_id)),
+      el("td", {}, LOSS_NAMES[r.loss] || r.loss), el("td", { class: "num" }, r.lam === null ? "–" : r.lam),
+      el("td", { class: "num" }, r.seed), el("td", { class: "num" }, r.rung), el("td", {}, r.reason))));
+  }
+
   async function report() {
     const rep = await api("/sweeps/" + id + "/report");
+    pruning(rep.pruning);
+    parcoords();
     const paper = rep.paper_table1 || {};
     document.querySelector("#table1 tbody").replaceChildren(...rep.test_accuracy.rows.map((r) => el("tr", { "data-loss": r.loss },
       el("td", {}, LOSS_NAMES[r.loss] || r.loss), el("td", { class: "num" }, r.lam === null ? "–" : r.lam),
