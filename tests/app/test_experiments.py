@@ -135,7 +135,7 @@ def test_list_filters_and_pages(client):
     everything = client.get("/experiments", params={"dataset": "digits", "limit": 200}).json()
     assert set(ids) <= {item["id"] for item in everything["items"]}
     r = client.get("/experiments", params={"status": "sleeping"})
-    assert r.status_code == 422 and "'queued', 'running', 'succeeded', 'failed' or 'cancelled'; got 'sleeping'" in r.text
+    assert r.status_code == 422 and "'queued', 'running', 'succeeded', 'failed', 'cancelled' or 'pruned'; got 'sleeping'" in r.text
     # An empty filter means any (it was a 422, though the schema allowed it).
     assert client.get("/experiments", params={"dataset": "", "loss": "", "limit": 1}).json()["total"] >= 2
     r = client.get("/experiments", params={"loss": "sphereface"})
