@@ -561,14 +561,13 @@ class GroupRecorder(GroupCallback):
         # so far too, so that it serves what it learned (as a solo run cancelled between
         # batches does).
         with session_scope(self.factory) as session:
-            leaving = self._cancelled(session)
-        keep = [(i, eid) for i, eid in members if eid in leaving and group.member_run(i).best_epoch >= 1]
+            cancelled = self._cancelled(session)  # one cancelled after this read leaves next epoch
+        keep = [(i, eid) for i, eid in members if eid in cancelled and group.member_run(i).best_epoch >= 1]
         best_arts = store_leased(self.factory, self.settings, [eid for _, eid in keep],
                                  [checkpoint_to_bytes(group.member_run(i).best_checkpoint())
                                   for i, _ in keep]) if keep else []
         best = {eid: (group.member_run(i).best_epoch, art) for (i, eid), art in zip(keep, best_arts, strict=True)}
         with session_scope(self.factory) as session:
-            cancelled = self._cancelled(session)
             lifecycle.announce(session, Experiment, self.active)  # every member this epoch may touch
             for i, experiment_id in enumerate(self.ids):
                 if experiment_id not in self.active:

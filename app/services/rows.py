@@ -125,6 +125,13 @@ def upload_image(session: Session, dataset_id: int, row: int) -> bytes:
         raise InvalidInput(f"dataset {dataset_id} is a {upload.kind!r} upload; only image folders "
                            "(kind images) have rows to show as images")
     path, _, _ = stored_file(session, dataset_id)
+    return _png(_row(_upload_images(str(path), path.stat().st_mtime_ns), row, f"dataset {dataset_id}"))
+
+
+@functools.lru_cache(maxsize=2)
+def _upload_images(path: str, mtime_ns: int) -> np.ndarray:
+    """An image folder's images (uint8, N x C x H x W), read once per process and file: a
+    page of neighbours asks for ten of them at once."""
     with np.load(path, allow_pickle=False) as loaded:
-        x = loaded["x"]
-        return _png(_row(x, row, f"dataset {dataset_id}"))
+        images: np.ndarray = loaded["x"]
+        return images

@@ -42,6 +42,7 @@ class Reference:
     index: VectorIndex
     positions: np.ndarray | None
     source: RowSource
+    texts: list[str] | None  # every row's text of a text source, read once with the reference
 
 
 def _experiment_source(session: Session, experiment_id: int) -> RowSource:
@@ -56,6 +57,7 @@ def _exact_over_training(state: Any, experiment_id: int, loss: str) -> Reference
         names = class_names(session, experiment_id)
         positions = training_positions(session, experiment_id)
         source = _experiment_source(session, experiment_id)
+        texts = _texts(session, state.settings, source, positions)
     limit = state.settings.exact_search_max_rows
     if len(labels) > limit:
         raise Conflict(f"experiment {experiment_id} has {len(labels)} training rows, more than "
@@ -63,7 +65,7 @@ def _exact_over_training(state: Any, experiment_id: int, loss: str) -> Reference
                        f"build one with POST /experiments/{experiment_id}/index, then search again")
     index = VectorIndex.build(reps, labels, default_metric(loss), "exact", class_names=names)
     # exact search on the GPU, where there is one
-    return Reference(index.to(pick_device(state.settings.device)), positions, source)
+    return Reference(index.to(pick_device(state.settings.device)), positions, source, texts)
 
 
 def _reference(state: Any, experiment_id: int, loss: str, index_id: int | None) -> tuple[int | None, Reference]:
@@ -81,20 +83,22 @@ def _reference(state: Any, experiment_id: int, loss: str, index_id: int | None) 
             built = session.get(NeighborIndex, chosen)
             assert built is not None
             if built.embedding_job_id is None:  # the training split's rows
-                return Reference(index, training_positions(session, experiment_id),
-                                 _experiment_source(session, experiment_id))
-            job = session.get(EmbeddingJob, built.embedding_job_id)
-            upload = None if job is None else session.get(DatasetUpload, job.dataset_id)
-            # A job embeds every row of its upload, in order.
-            source = RowSource("npz" if upload is None or upload.kind == "npz" else upload.kind,
-                               None if job is None else job.dataset_id)
-            return Reference(index, np.arange(index.n, dtype=np.int64), source)
+                positions = training_positions(session, experiment_id)
+                source = _experiment_source(session, experiment_id)
+            else:
+                job = session.get(EmbeddingJob, built.embedding_job_id)
+                upload = None if job is None else session.get(DatasetUpload, job.dataset_id)
+                # A job embeds every row of its upload, in order.
+                positions = np.arange(index.n, dtype=np.int64)
+                source = RowSource("npz" if upload is None or upload.kind == "npz" else upload.kind,
+                                   None if job is None else job.dataset_id)
+            return Reference(index, positions, source, _texts(session, state.settings, source, positions))
     return chosen, state.references.get(("index", chosen), load)
 
 
-def _texts(state: Any, source: RowSource) -> list[str] | None:
-    with session_scope(state.sessionmaker) as session:
-        return source.texts(session, state.settings)
+def _texts(session: Session, settings: Any, source: RowSource, positions: np.ndarray | None) -> list[str] | None:
+    """A text source's texts, where the rows' positions are known (none to name otherwise)."""
+    return None if positions is None else source.texts(session, settings)
 
 
 def _knn_vote(labels: list[int]) -> int:
@@ -120,7 +124,6 @@ async def search(state: Any, req: NeighborsRequest) -> dict[str, Any]:
         where = f"index {index_id}" if index_id is not None else f"experiment {loaded.experiment_id}'s training split"
         raise InvalidInput(f"k is {req.k}, but {where} has {n} rows to search; k must be at most {n}")
     distances, rows = await run_in_threadpool(index.search, h, req.k)
-    texts = await run_in_threadpool(_texts, state, ref.source) if ref.positions is not None else None
     names = loaded.class_names
     row_names = index.class_names  # the rows' own (an uploaded dataset's, for a batch job's rows)
     predicted = sims.argmax(1).tolist()
@@ -130,7 +133,7 @@ async def search(state: Any, req: NeighborsRequest) -> dict[str, Any]:
                                                  strict=True)):
         vote = _knn_vote(y_row)
         result: dict[str, Any] = {
-            "neighbors": [_neighbor(ref, texts, r, y, _name(row_names, y), d)
+            "neighbors": [_neighbor(ref, r, y, _name(row_names, y), d)
                           for r, y, d in zip(r_row, y_row, d_row, strict=True)],
             "knn_prediction": {"class_index": vote, "class_name": _name(row_names, vote)},
             "prediction": {"class_index": predicted[i], "class_name": names[predicted[i]]},
@@ -144,8 +147,7 @@ async def search(state: Any, req: NeighborsRequest) -> dict[str, Any]:
             "geometry": index.geometry, "n_reference": n, "source": source, "results": results}
 
 
-def _neighbor(ref: Reference, texts: list[str] | None, row: int, label: int, name: str,
-              distance: float) -> dict[str, Any]:
+def _neighbor(ref: Reference, row: int, label: int, name: str, distance: float) -> dict[str, Any]:
     """One neighbour: its row in the reference, its id (its position in the file it was
     read from), label and distance, and its text or the link to its image where it has one."""
     out: dict[str, Any] = {"row": row, "id": None, "label": label, "class_name": name,
@@ -154,8 +156,8 @@ def _neighbor(ref: Reference, texts: list[str] | None, row: int, label: int, nam
         return out
     position = int(ref.positions[row])
     out["id"] = position
-    if texts is not None and 0 <= position < len(texts):
-        out["text"] = texts[position]
+    if ref.texts is not None and 0 <= position < len(ref.texts):
+        out["text"] = ref.texts[position]
     url = ref.source.image_url(position)
     if url is not None:
         out["image_url"] = url

@@ -366,6 +366,9 @@ def test_a_pruned_sweep_resumed_after_a_lost_worker_keeps_the_same_survivors(cli
             assert m["status"] == "succeeded", m
             epochs = client.get(f"/experiments/{m['id']}/metrics").json()["items"]
             assert [e["epoch"] for e in epochs] == list(range(1, 21))  # none lost, none twice
-            assert [e["val_accuracy"] for e in epochs] == [h.val_accuracy for h in r.history]
+            # float32 over ~1,000 steps, in the worker's threads and this process's: kernels
+            # may round apart (another CPU), so a validation row or two, not bit for bit.
+            assert [e["val_accuracy"] for e in epochs] == pytest.approx([h.val_accuracy for h in r.history],
+                                                                      abs=0.005)
         else:
             assert m["status"] == "pruned" and m["pruned"]["rung"] == r.pruned["rung"], (m, r.pruned)
