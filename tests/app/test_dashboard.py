@@ -845,6 +845,8 @@ def test_the_lists_show_each_row_s_owner(browser, team):
     owner = {i: pg.inner_text(f'#experiments tr[data-id="{i}"] td.owner')
              for i in (team["ann_run"], team["bob_run"], team["boot_run"])}
     assert owner == {team["ann_run"]: "ann", team["bob_run"]: "bob", team["boot_run"]: "unowned"}
+    # The header is filled from its own GET /me, which may land after the list.
+    pg.wait_for_selector("#whoami:not([hidden])")
     assert "bootstrap admin · admin" in pg.inner_text("#whoami")
     shot(pg, "owners-experiments")
     pg.goto("/ui/sweeps")
