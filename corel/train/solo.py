@@ -320,12 +320,14 @@ def pass_totals(
     """(summed loss, correct) of a pass from its per-step batch means ``losses`` (steps,
     ...) and its predictions ``predicted`` (..., n) of the rows ``labels`` (n,) or (..., n),
     in order: each batch mean times its batch's size, added up in float64 (as Python floats
-    would)."""
+    would). A stack's members are each added up as a row of their own, as a solo run's are:
+    a member's total does not depend on how many members share its stack (summing down the
+    columns of a (steps, members) tensor rounds by its width)."""
     n = labels.shape[-1]
     sizes = torch.full((losses.shape[0],), float(batch_size), dtype=torch.float64, device=losses.device)
     sizes[-1] = n - batch_size * (losses.shape[0] - 1)
     weighted = losses.double() * (sizes if losses.dim() == 1 else sizes.unsqueeze(1))
-    return weighted.sum(0), (predicted == labels).sum(-1)
+    return weighted.T.contiguous().sum(-1), (predicted == labels).sum(-1)
 
 
 def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | None:
