@@ -67,7 +67,7 @@ from corel.train.solo import (
     train_pass,
     train_step,
 )
-from corel.train.stacked import StackedRun, fit_group
+from corel.train.stacked import StackedRun, fit_group, fit_sweep
 from corel.train.steps import forward_loss
 
 __all__ = [
@@ -94,6 +94,7 @@ __all__ = [
     "checkpoint_to_bytes",
     "fit",
     "fit_group",
+    "fit_sweep",
     "forward_loss",
     "group_key",
     "group_specs",

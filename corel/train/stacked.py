@@ -44,6 +44,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -78,7 +79,7 @@ from corel.train.checkpoints import (
     restore_rng,
 )
 from corel.train.graphs import GraphedSteps
-from corel.train.grouping import as_spec, check_group
+from corel.train.grouping import MAX_GROUP, as_spec, check_group, group_specs
 from corel.train.guards import CHANCE_EPOCHS, GroupChanceGuard, chance_accuracy
 from corel.train.optim import adam
 from corel.train.options import EngineOptions
@@ -617,48 +618,131 @@ def fit_group(
                             features_path=recorded_features(checkpoints[0] if checkpoints else None))
     halving = None if prune is None else Prune.of(prune, checked[0].epochs, len(checked))
     group = StackedRun.start(checked, data, device=device, checkpoints=checkpoints, options=options)
-    y_val = group.data.y_val
-    guard = GroupChanceGuard(chance_accuracy(y_val), chance_epochs, len(y_val))
-    cbs = [guard, *callbacks]
-    rungs = set(halving.rungs(group.epochs)) if halving is not None else set()
-    position = list(range(group.size))  # the group's member i is the caller's spec position[i]
+    lane = _Lane(group, list(range(group.size)), [_guard(group, chance_epochs), *callbacks])
     results: dict[int, FitResult] = {}
-    stopped = False
-    with options.applied():
-        while group.epoch < group.epochs:
-            metrics = group.run_epoch(cbs)
-            if metrics is None or any([bool(cb.on_epoch_end(metrics, group)) for cb in cbs]):
-                stopped = True
-                break
-            if halving is not None and group.epoch in rungs and group.size > 1:
-                group, position = _prune(group, halving, position, results, cbs, options)
-    for i in range(group.size):
-        results[position[i]] = FitResult.from_run(group.member_run(i), stopped, group.failed.get(i))
+    _train_lanes([lane], halving, results, options)
     return [results[i] for i in range(len(checked))]
 
 
-def _prune(group: StackedRun, halving: Prune, position: list[int], results: dict[int, FitResult],
-           callbacks: Sequence[GroupCallback], options: EngineOptions) -> tuple[StackedRun, list[int]]:
-    """One rung: judge the members, end those that go (into ``results``), and rebuild the
-    stack from the survivors' checkpoints; the group and its positions from now on."""
-    scores = _rung_scores(group, halving.metric)
-    kept, why = keep(scores, [configuration(s) for s in group.specs], halving.eta)
-    if len(kept) == group.size:
-        return group, position
-    rung = group.epoch
-    for i in range(group.size):
-        if i not in kept:
-            figures = dict(zip(halving.metric, scores[i], strict=True))
-            results[position[i]] = FitResult.from_run(
-                group.member_run(i), False, group.failed.get(i),
-                pruned={"rung": rung, "reason": why[i], "metrics": figures})
-    for cb in callbacks:
-        cb.on_prune(group, kept, why, rung)
-    survivors = StackedRun.start([group.specs[i] for i in kept], group.data, device=group.device,
-                                 checkpoints=[group.member_run(i).checkpoint() for i in kept],
-                                 options=options)
-    survivors.failed.update({new: group.failed[old] for new, old in enumerate(kept) if old in group.failed})
-    return survivors, [position[i] for i in kept]
+def fit_sweep(
+    specs: Sequence[ExperimentSpec | dict[str, Any]],
+    callbacks: Iterable[GroupCallback] = (),
+    *,
+    data: Dataset | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    device: str | torch.device | None = None,
+    chance_epochs: int = CHANCE_EPOCHS,
+    options: EngineOptions | None = None,
+    prune: Prune | dict[str, Any] | None = None,
+    max_members: int = MAX_GROUP,
+) -> list[FitResult]:
+    """A sweep whose specs need several stacked groups (other losses, other models: see
+    :func:`corel.train.grouping.group_specs`), trained in one process, the groups in lockstep
+    (each trains an epoch, then the next), and pruned **across** groups: at each rung every
+    configuration of every group is judged together, as :func:`fit_group` judges one
+    group's, and a group whose configurations all go ends there. One :class:`FitResult`
+    per spec, in order. Each group is the stack :func:`fit_group` trains, so a member ends
+    as it would in its own group (bit for bit in float64), pruned or not. ``callbacks`` hear
+    every group's epochs (``group`` says which); one returning True stops that group.
+    ``data``: the dataset every spec trains on (otherwise each group loads its own).
+    """
+    options = options or EngineOptions()
+    checked = [as_spec(s) for s in specs]
+    if not checked:
+        raise ValueError("a sweep needs at least one spec")
+    epochs = {s.epochs for s in checked}
+    if prune is not None and len(epochs) > 1:
+        raise ValueError(f"a pruned sweep's specs must train the same epochs (its rungs are "
+                         f"shared); these train {sorted(epochs)}")
+    halving = None if prune is None else Prune.of(prune, checked[0].epochs, len(checked))
+    cbs = list(callbacks)
+    lanes = []
+    for members in group_specs(checked, max_members):
+        group_specs_ = [checked[i] for i in members]
+        check_group(group_specs_)
+        mine = data if data is not None else load_dataset(
+            group_specs_[0], data_dir, features_dir=options.features_dir, on_features=options.on_features)
+        group = StackedRun.start(group_specs_, mine, device=device, options=options)
+        lanes.append(_Lane(group, list(members), [_guard(group, chance_epochs), *cbs]))
+    results: dict[int, FitResult] = {}
+    _train_lanes(lanes, halving, results, options)
+    return [results[i] for i in range(len(checked))]
+
+
+def _guard(group: StackedRun, chance_epochs: int) -> GroupChanceGuard:
+    y_val = group.data.y_val
+    return GroupChanceGuard(chance_accuracy(y_val), chance_epochs, len(y_val))
+
+
+@dataclass
+class _Lane:
+    """A stacked group in flight: ``position[i]``, the caller's spec index of its member i."""
+
+    group: StackedRun
+    position: list[int]
+    callbacks: list[GroupCallback]
+    stopped: bool = False
+    done: bool = False
+
+
+def _train_lanes(lanes: list[_Lane], halving: Prune | None, results: dict[int, FitResult],
+                 options: EngineOptions) -> None:
+    """Train ``lanes`` in lockstep to their last epoch, judging every live member together
+    at each rung; each member's result into ``results`` (by the caller's position)."""
+    with options.applied():
+        while live := [lane for lane in lanes if not lane.done]:
+            for lane in live:
+                group = lane.group
+                if group.epoch >= group.epochs:
+                    lane.done = True
+                    continue
+                metrics = group.run_epoch(lane.callbacks)
+                if metrics is None or any([bool(cb.on_epoch_end(metrics, group)) for cb in lane.callbacks]):
+                    lane.stopped = lane.done = True
+            judged = [lane for lane in live if not lane.stopped]
+            if (halving is not None and judged and judged[0].group.epoch in halving.rungs(judged[0].group.epochs)
+                    and sum(lane.group.size for lane in judged) > 1):
+                _prune(judged, halving, results, options)
+    for lane in lanes:
+        for i, at in enumerate(lane.position):
+            results[at] = FitResult.from_run(lane.group.member_run(i), lane.stopped, lane.group.failed.get(i))
+
+
+def _prune(lanes: list[_Lane], halving: Prune, results: dict[int, FitResult], options: EngineOptions) -> None:
+    """One rung across ``lanes``: judge all their members together, end those that go (into
+    ``results``), and rebuild each lane's stack from its survivors' checkpoints; a lane left
+    with none is done."""
+    scores = [row for lane in lanes for row in _rung_scores(lane.group, halving.metric)]
+    configs = [configuration(s) for lane in lanes for s in lane.group.specs]
+    kept_all, why_all = keep(scores, configs, halving.eta)
+    if len(kept_all) == len(configs):
+        return
+    offset = 0
+    for lane in lanes:
+        group, n = lane.group, lane.group.size
+        kept = [k - offset for k in kept_all if offset <= k < offset + n]
+        why = {j - offset: w for j, w in why_all.items() if offset <= j < offset + n}
+        mine = scores[offset:offset + n]
+        offset += n
+        if len(kept) == n:
+            continue
+        rung = group.epoch
+        for i in range(n):
+            if i not in kept:
+                figures = dict(zip(halving.metric, mine[i], strict=True))
+                results[lane.position[i]] = FitResult.from_run(
+                    group.member_run(i), False, group.failed.get(i),
+                    pruned={"rung": rung, "reason": why[i], "metrics": figures})
+        for cb in lane.callbacks:
+            cb.on_prune(group, kept, why, rung)
+        if not kept:
+            lane.position, lane.done = [], True  # every member went: nothing left to finish
+            continue
+        survivors = StackedRun.start([group.specs[i] for i in kept], group.data, device=group.device,
+                                     checkpoints=[group.member_run(i).checkpoint() for i in kept],
+                                     options=options)
+        survivors.failed.update({new: group.failed[old] for new, old in enumerate(kept) if old in group.failed})
+        lane.group, lane.position = survivors, [lane.position[i] for i in kept]
 
 
 def _rung_scores(group: StackedRun, metrics: Sequence[str]) -> list[tuple[float, ...]]:

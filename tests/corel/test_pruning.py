@@ -10,7 +10,7 @@ import torch
 
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
-from corel.train import GroupCallback, Prune, fit_group
+from corel.train import GroupCallback, Prune, fit_group, fit_sweep
 from corel.train.pruning import configuration, keep, pareto_fronts
 
 BASE = {"dataset": "digits", "epochs": 6, "batch_size": 32, "lr": 1e-3, "loss": "cosine"}
@@ -110,3 +110,43 @@ def test_map_at_r_prunes_too(digits64):
                         prune={"metric": ["val_accuracy", "val_map_at_r"], "eta": 3, "min_epochs": 1})
     gone = [r for r in results if r.pruned is not None]
     assert len(gone) == 2 and all(set(r.pruned["metrics"]) == {"val_accuracy", "val_map_at_r"} for r in gone)
+
+
+def _same_run(mine, theirs):
+    assert [m.to_dict() | {"seconds": 0} for m in mine.history] == \
+           [m.to_dict() | {"seconds": 0} for m in theirs.history]
+    assert (mine.best_epoch, mine.best_val_accuracy, mine.test_accuracy) == (
+        theirs.best_epoch, theirs.best_val_accuracy, theirs.test_accuracy)
+    a, b = mine.model.state_dict(), theirs.model.state_dict()
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("eta", [3, 6])
+def test_a_sweep_of_several_groups_prunes_across_them(digits64, eta):
+    # Two losses cannot share a stack: two groups, trained in lockstep, judged together.
+    losses = ("cosine", "gaussian")
+    specs = [ExperimentSpec(**{**BASE, "loss": loss}, lam=lam) for loss in losses for lam in (0.3, 0.6, 0.9)]
+    alone = [r for loss in losses for r in fit_group([s for s in specs if s.loss == loss], data=digits64)]
+    seen = Sizes()
+    swept = fit_sweep(specs, [seen], data=digits64, prune={"eta": eta, "min_epochs": 2})
+    at_rung = [r.history[1].val_accuracy for r in alone]
+    best = sorted(range(6), key=lambda i: (-at_rung[i], i))[: 6 // eta]
+    survivors = [i for i, r in enumerate(swept) if r.pruned is None]
+    assert sorted(survivors) == sorted(best), (survivors, at_rung)
+    for i in survivors:
+        assert _same_run(swept[i], alone[i]), i  # as in its own unpruned group, bit for bit
+    for i in set(range(6)) - set(survivors):
+        assert swept[i].pruned["rung"] == 2 and f"kept {6 // eta} of 6 configurations" in swept[i].pruned["reason"]
+        assert [m.val_accuracy for m in swept[i].history] == [m.val_accuracy for m in alone[i].history[:2]]
+    # Each group heard its own epochs: 2 groups x 2 epochs of 3, then only the survivors'.
+    assert seen.sizes[:4] == [3, 3, 3, 3]
+    left = [sum(1 for i in survivors if specs[i].loss == loss) for loss in losses]
+    assert sorted(seen.sizes[4:]) == sorted([n for n in left if n] * 4), (seen.sizes, left)
+    if eta == 6:  # one configuration of six is kept: the other loss's group ended at the rung
+        assert 0 in left and len(seen.pruned) == 2 and [] in [p[1] for p in seen.pruned]
+
+
+def test_a_pruned_sweep_needs_one_number_of_epochs(digits64):
+    specs = [ExperimentSpec(**BASE, lam=0.3), ExperimentSpec(**{**BASE, "epochs": 4}, lam=0.6)]
+    with pytest.raises(ValueError, match=r"must train the same epochs .* these train \[4, 6\]"):
+        fit_sweep(specs, data=digits64, prune={})
