@@ -327,7 +327,7 @@ def pass_totals(
     sizes = torch.full((losses.shape[0],), float(batch_size), dtype=torch.float64, device=losses.device)
     sizes[-1] = n - batch_size * (losses.shape[0] - 1)
     weighted = losses.double() * (sizes if losses.dim() == 1 else sizes.unsqueeze(1))
-    return weighted.T.contiguous().sum(-1), (predicted == labels).sum(-1)
+    return weighted.movedim(0, -1).contiguous().sum(-1), (predicted == labels).sum(-1)
 
 
 def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | None:
