@@ -19,6 +19,10 @@ speed.
 ``--s3``: the artifacts (checkpoints) in an S3 server of the soak's own (SeaweedFS), and a
 seventh kind of fault, that server stopped for an outage's length.
 
+A pruned sweep (6 lambdas, successive halving with eta 3 from epoch 2) is submitted before
+the first fault and trains through them; it must end as the library's uninterrupted pruned
+group ends (``--sweep-lams`` with no value: none).
+
 Run from the repository's root: ``.venv/bin/python bench/fault_soak.py --seeds 7 11 23``.
 Exit status 1 when a seed fails.
 """
@@ -74,6 +78,9 @@ def main() -> int:
     parser.add_argument("--s3", action="store_true",
                         help="artifacts in an S3 server of the soak's own (SeaweedFS); the deck "
                         "deals the S3 server stopped too")
+    parser.add_argument("--sweep-lams", type=float, nargs="*", default=[0.1, 0.3, 0.5, 0.7, 0.85, 0.95],
+                        help="a pruned sweep over these lambdas beside the runs (eta 3 from epoch 2, "
+                        "checked against the library's uninterrupted pruned group); none: no sweep")
     parser.add_argument("--deck", nargs="+", metavar="KIND",
                         help="with --smoke: only these faults, in this order")
     parser.add_argument("--smoke", action="store_true",
@@ -95,7 +102,8 @@ def main() -> int:
             config = SoakConfig(seed=seed, runs=args.runs, epochs=args.epochs,
                                 fault_seconds=args.fault_seconds, submit_seconds=args.submit_seconds,
                                 deadline=args.deadline, wait=args.wait, logdir=logdir,
-                                worker_threads=args.worker_threads or None, s3=args.s3, **smoke)
+                                worker_threads=args.worker_threads or None, s3=args.s3,
+                                sweep_lams=tuple(args.sweep_lams), **smoke)
             print(f"seed {seed}: {config.total_runs} runs x {config.epochs} epochs, faults for "
                   f"{config.fault_seconds:.0f} s", flush=True)
             started = time.monotonic()

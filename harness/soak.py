@@ -22,6 +22,14 @@ The six kinds of fault (seven with the artifacts on S3: the S3 server stopped) a
   (with the workers' number of torch threads);
 * no row exists that the client was not told about: every row in the database is an
   accepted submission.
+
+With ``sweep_lams``, a pruned sweep is submitted too, before the first fault (one stacked
+group of cosine runs over those lambdas, successive halving with eta 3 from epoch 2), and it
+must end as the library's uninterrupted ``fit_group(..., prune=...)`` of the same specs ends
+in this process: the same members pruned at the same rungs, every other one succeeded, each
+member's epochs recorded once up to its rung or the last, the survivors' validation figures
+those of the uninterrupted group (within a row or two: float32 in the worker's stack and in
+this process's).
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from harness.servers import PrivatePostgres, PrivateRedis, PrivateSeaweed, free_
 from harness.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
+FINISHED = ("succeeded", "failed", "cancelled", "pruned")
 FAULTS = ("worker-kill", "api-kill", "postgres-stop", "postgres-freeze", "redis-restart",
           "redis-flush")
 # With its artifacts on S3 (SoakConfig.s3), the deck holds a seventh kind: the S3 server
@@ -97,6 +106,8 @@ class SoakConfig:
     # Artifacts (checkpoints) in an S3 server of the soak's own (SeaweedFS), not a local
     # folder; its deck then deals S3_FAULTS too.
     s3: bool = False
+    # A pruned sweep over these lambdas beside the runs (see the module's docstring); () none.
+    sweep_lams: tuple[float, ...] = ()
 
     @property
     def total_runs(self) -> int:
@@ -123,6 +134,10 @@ class SoakReport:
     all_finished_after: float | None = None  # seconds after the last fault
     redis_state: dict[str, Any] = field(default_factory=dict)
     logdir: Path | None = None
+    sweep_id: int | None = None
+    # The pruned sweep's members: id -> (status, the rung it was pruned at or None).
+    sweep_members: dict[int, tuple[str, int | None]] = field(default_factory=dict)
+    sweep_unequal: list[str] = field(default_factory=list)  # how it differs from the library's
 
     @property
     def succeeded(self) -> int:
@@ -130,7 +145,9 @@ class SoakReport:
 
     @property
     def ok(self) -> bool:
-        return (len(self.accepted) == self.config.total_runs and self.succeeded == len(self.accepted)
+        sweep_ok = not self.config.sweep_lams or (
+            len(self.sweep_members) == len(self.config.sweep_lams) and not self.sweep_unequal)
+        return (sweep_ok and len(self.accepted) == self.config.total_runs and self.succeeded == len(self.accepted)
                 and self.all_finished_after is not None
                 and self.all_finished_after <= self.config.deadline + self.drain_seconds
                 and not self.stray_rows and not self.duplicated_epochs
@@ -163,6 +180,14 @@ class SoakReport:
             lines.append(f"  rows nobody was told about: {self.stray_rows}")
         if self.unequal:
             lines.append(f"  figures differ: {self.unequal}")
+        if self.config.sweep_lams:
+            counts = {}
+            for status, _ in self.sweep_members.values():
+                counts[status] = counts.get(status, 0) + 1
+            lines.append(f"  pruned sweep {self.sweep_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+                         + f"; rungs {sorted(r for _, r in self.sweep_members.values() if r)}; "
+                         + ("as the uninterrupted pruned group" if not self.sweep_unequal
+                            else "differs: " + "; ".join(self.sweep_unequal)))
         if self.redis_state:
             lines.append(f"  redis at the end: {self.redis_state}")
         lines.append(f"  verdict: {'PASS' if self.ok else 'FAIL'}")
@@ -175,6 +200,73 @@ def spec_of(config: SoakConfig, index: int) -> dict[str, Any]:
     return {"dataset": "digits", "epochs": config.epochs, "batch_size": config.batch_size,
             "hidden": config.hidden, "lr": 1e-3, "loss": LOSSES[k % len(LOSSES)], "lam": 0.8,
             "seed": k // len(LOSSES)}
+
+
+SWEEP_PRUNE = {"metric": "val_accuracy", "eta": 3, "min_epochs": 2}
+
+
+def sweep_of(config: SoakConfig) -> dict[str, Any]:
+    """The pruned sweep's body: one stacked group of cosine runs over ``sweep_lams``."""
+    base = {**spec_of(config, 0), "loss": "cosine", "seed": 0}
+    del base["lam"]
+    return {"base": base, "grid": {"lam": list(config.sweep_lams)}, "prune": SWEEP_PRUNE}
+
+
+def _submit_sweep(cluster: Cluster, report: SoakReport, stop_at: float) -> None:
+    with httpx.Client(timeout=15) as http:
+        while time.monotonic() < stop_at:
+            try:
+                r = http.post(f"{cluster.url}/sweeps", json=sweep_of(cluster.config))
+            except httpx.HTTPError as exc:
+                report.refused.append(f"sweep: {type(exc).__name__}")
+                time.sleep(1.0)
+                continue
+            if r.status_code == 202:
+                report.sweep_id = int(r.json()["id"])
+                return
+            report.refused.append(f"sweep: {r.status_code} {r.text[:300]}")
+            time.sleep(1.0)
+
+
+def _sweep_rows(cluster: Cluster, sweep_id: int | None) -> dict[int, tuple[str, int | None]]:
+    """The sweep's members: id -> (status, the rung it was pruned at)."""
+    if sweep_id is None:
+        return {}
+    with psycopg.connect(cluster.pg.url(), connect_timeout=5) as conn:
+        rows = conn.execute("SELECT id, status, pruned FROM experiments WHERE sweep_id = %s", (sweep_id,)).fetchall()
+    return {int(i): (s, None if p is None else int(_json(p)["rung"])) for i, s, p in rows}
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _check_sweep(config: SoakConfig, report: SoakReport, metrics: dict[int, list[tuple[int, float, float]]],
+                 specs: dict[int, dict[str, Any]]) -> None:
+    """The sweep against the library's uninterrupted pruned group of the same specs."""
+    import torch
+
+    from corel.spec import ExperimentSpec
+    from corel.train import fit_group
+
+    ids = sorted(specs)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.worker_threads or threads)
+    try:
+        whole = fit_group([ExperimentSpec(**specs[i]) for i in ids], prune=SWEEP_PRUNE)
+    finally:
+        torch.set_num_threads(threads)
+    for eid, result in zip(ids, whole, strict=True):
+        status, rung = report.sweep_members[eid]
+        want_rung = None if result.pruned is None else result.pruned["rung"]
+        if (status, rung) != ("succeeded" if want_rung is None else "pruned", want_rung):
+            report.sweep_unequal.append(f"{eid} {status} at rung {rung}, the library's {want_rung}")
+            continue
+        got = metrics.get(eid, [])
+        if [e for e, _, _ in got] != list(range(1, len(result.history) + 1)):
+            report.sweep_unequal.append(f"{eid} epochs {[e for e, _, _ in got]}")
+        elif any(abs(v - h.val_accuracy) > 0.005 for (_, _, v), h in zip(got, result.history, strict=True)):
+            report.sweep_unequal.append(f"{eid} validation accuracy {[v for _, _, v in got]}")
 
 
 class Cluster:
@@ -404,6 +496,8 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
         for i in range(config.workers):
             cluster.start_worker(i)
         cluster.wait_api()
+        if config.sweep_lams:  # before the faults: its members train through them
+            _submit_sweep(cluster, report, time.monotonic() + 60)
         began = time.monotonic()
         submitter = threading.Thread(
             target=_submit, args=(cluster, report, began + config.fault_seconds + config.wait,
@@ -433,7 +527,9 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
         watch = max(config.wait, config.deadline + report.drain_seconds + 10.0)
         while time.monotonic() - report.last_fault_at < watch:
             rows = _rows(cluster)
-            if all(rows.get(i, ("?",))[0] in ("succeeded", "failed", "cancelled") for i in report.accepted):
+            swept = [s for s, _ in _sweep_rows(cluster, report.sweep_id).values()]
+            if all(rows.get(i, ("?",))[0] in ("succeeded", "failed", "cancelled") for i in report.accepted) and \
+                    len(swept) == len(config.sweep_lams) and all(s in FINISHED for s in swept):
                 report.all_finished_after = time.monotonic() - report.last_fault_at
                 break
             time.sleep(1.0)
@@ -444,7 +540,9 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
         for i, (_, _, error) in rows.items():
             if i in report.unfinished and error:
                 report.unfinished[i] += f" ({error[:120]})"
-        report.stray_rows = sorted(set(rows) - set(report.accepted))
+        sweep = _sweep_rows(cluster, report.sweep_id)
+        report.sweep_members = dict(sweep)
+        report.stray_rows = sorted(set(rows) - set(report.accepted) - set(sweep))
         try:
             client = redis.Redis.from_url(cluster.redis.url, socket_connect_timeout=2)
             report.redis_state = {
@@ -455,6 +553,11 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
         except redis.RedisError as exc:
             report.redis_state = {"error": type(exc).__name__}
         metrics = _metrics(cluster)
+        sweep_specs = {}
+        if sweep:
+            with psycopg.connect(cluster.pg.url(), connect_timeout=5) as conn:
+                sweep_specs = {int(i): _json(spec) for i, spec in conn.execute(
+                    "SELECT id, spec FROM experiments WHERE sweep_id = %s", (report.sweep_id,)).fetchall()}
     finally:
         cluster.close()
     # Compare after the cluster is gone: the references need the cores.
@@ -465,6 +568,13 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
         if report.statuses.get(eid) == "succeeded":
             report.missing_epochs += len(set(range(1, config.epochs + 1)) - set(epochs))
             specs[eid] = spec_of(config, report.spec_index[eid])
+    if config.sweep_lams and len(sweep_specs) == len(config.sweep_lams):
+        for eid in sweep_specs:
+            epochs = [m[0] for m in metrics.get(eid, [])]
+            report.duplicated_epochs += len(epochs) - len(set(epochs))
+        _check_sweep(config, report, metrics, sweep_specs)
+    elif config.sweep_lams:
+        report.sweep_unequal.append(f"{len(sweep_specs)} members, not {len(config.sweep_lams)}")
     references = _references(config, specs)
     for eid, spec in specs.items():
         want = references[json.dumps(spec, sort_keys=True)]

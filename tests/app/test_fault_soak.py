@@ -3,7 +3,8 @@ benchmark's smoke run): 14 runs, six faults (each kind once, a Redis FLUSHALL fi
 killed last), each dealt while the workers train, and every accepted run must have succeeded
 one minute after the last fault (beyond the time the training left then takes at the soak's
 own rate: harness/soak.py), each epoch recorded once, with the figures of an uninterrupted
-run, and no row left behind by a refused submission. The full soak (24 runs, 240 s of
+run, and no row left behind by a refused submission; a pruned sweep trained through the
+faults ends as the library's uninterrupted pruned group. The full soak (24 runs, 240 s of
 faults, three seeds) is ``bench/fault_soak.py`` without ``--smoke``; the engine is
 harness/soak.py.
 """
@@ -40,6 +41,10 @@ def test_every_accepted_run_finishes_within_a_minute_of_the_last_fault(tmp_path)
     assert sorted(dealt) == sorted(FAULTS) and dealt[0] == "redis-flush" and dealt[-1] == "worker-kill", out
     assert "verdict: PASS" in out, out
     assert re.search(r"14 accepted, 14 succeeded, 0 unfinished, 0 stray rows", out), out
+    # The pruned sweep submitted before the first fault ended as the library's uninterrupted
+    # pruned group: 6 -> 2 at epoch 2, -> 1 at epoch 6.
+    assert re.search(r"pruned sweep \d+: 5 pruned, 1 succeeded; rungs \[2, 2, 2, 2, 6\]; "
+                     r"as the uninterrupted pruned group", out), out
     # Runs were still training when the last fault struck: recovery was exercised.
     after = re.search(r"all finished ([\d.]+) s after the last fault", out)
     assert after is not None and float(after.group(1)) >= 5, out
