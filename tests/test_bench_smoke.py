@@ -55,6 +55,8 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "neighbors.py": (r"recall@10: [\d.]+", {SERVICES}),
     "peer_losses.py": (r"declining to stack costs: [\d.]+x", {FASHION}),
     "precision.py": (r"bf16 - fp32 test accuracy: mean [+-][\d.]+ points", {FASHION}),
+    "pruned_sweep.py": (r"pruned / unpruned wall: [\d.]+\nmember-epochs pruned / unpruned: [\d.]+\n"
+                        r"ratio corel pruned / ray tune asha: [\d.]+", {FASHION}),
     "profile_step.py": (r"stacked step \(2 members\):", {FASHION}),
     "sweep_throughput.py": (r"ratio stacked / sequential: [\d.]+x", {FASHION}),
     "text_latency.py": (r"embed one text p50/p99 ms, 1 client: [\d.]+ / [\d.]+", {SHARED, MINILM}),
