@@ -606,6 +606,58 @@ def test_the_sweeps_list_names_a_sweep_s_loss_given_in_its_base(page, client):
     assert page.inner_text(f"#sweeps tr[data-id='{sweep_id}'] td.loss") == "Triplet"
 
 
+def _sweep_form(page: Any, epochs: str, lambdas: str, metric: str, eta: str, min_epochs: str) -> None:
+    """The sweeps page's form filled for Cosine-COREL on digits, pruned, one seed."""
+    page.goto("/ui/sweeps")
+    page.wait_for_selector("#sweep-form[data-ready=true]")
+    page.select_option("#s-dataset", "digits")
+    page.check("#s-losses input[value=cosine]")
+    page.fill("#s-lambdas", lambdas)
+    page.fill("#s-seeds", "0")
+    page.fill("#s-epochs", epochs)
+    assert page.is_disabled("#s-prune-eta")  # off until pruning is asked for
+    page.check("#s-prune")
+    page.select_option("#s-prune-metric", metric)
+    page.fill("#s-prune-eta", eta)
+    page.fill("#s-prune-min_epochs", min_epochs)
+
+
+def test_a_pruned_sweep_created_from_the_sweeps_form_lands_on_its_page_and_prunes(page, client, worker):
+    _sweep_form(page, epochs="3", lambdas="0.3, 0.6, 0.9", metric="val_accuracy", eta="3", min_epochs="1")
+    shot(page, "new-sweep")
+    page.click("#sweep-submit")
+    page.wait_for_url("**/ui/sweeps/*")
+    sweep_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    body = client.get(f"/sweeps/{sweep_id}").json()
+    assert body["prune"] == {"metric": ["val_accuracy"], "eta": 3, "min_epochs": 1}, body
+    assert body["base"] == {"dataset": "digits", "budget": "quick", "epochs": 3, "loss": "cosine"}, body
+    assert body["grid"] == {"lam": [0.3, 0.6, 0.9], "seed": [0]} and body["size"] == 3, body
+    # One rung, at epoch 1: of the three λ the best third stays, the other two end pruned.
+    page.wait_for_function("document.querySelectorAll('#members tr[data-status=pruned]').length === 2",
+                           timeout=120_000)
+    page.wait_for_selector("#pruning-box:not([hidden]) #pruned tbody tr", timeout=15_000)
+    assert "epoch 1, then times 3" in page.inner_text("#pruning-note")
+
+
+def test_a_sweep_the_server_refuses_shows_its_422_beside_the_form_without_leaving_the_page(page, client):
+    before = client.get("/sweeps", params={"limit": 1}).json()["total"]
+    _sweep_form(page, epochs="3", lambdas="0.3, 0.6", metric="both", eta="1", min_epochs="1")
+    page.click("#sweep-submit")
+    page.wait_for_selector('.field.invalid[data-field="prune.eta"]')
+    assert "prune.eta: Input should be greater than or equal to 2" in page.inner_text("#serr-prune-eta")
+    assert page.inner_text("#serr-prune-metric") == ""  # "both" went as the list the API takes
+    shot(page, "new-sweep-invalid")
+    # One of the sweep's own checks (no field list, its field named in the sentence).
+    page.fill("#s-prune-eta", "3")
+    page.fill("#s-prune-min_epochs", "3")
+    page.click("#sweep-submit")
+    page.wait_for_function("document.getElementById('serr-prune-min_epochs').textContent !== ''")
+    assert "prune.min_epochs is 3, but the runs train 3 epochs" in page.inner_text("#serr-prune-min_epochs")
+    assert page.inner_text("#serr-prune-eta") == ""
+    assert page.url.endswith("/ui/sweeps")
+    assert client.get("/sweeps", params={"limit": 1}).json()["total"] == before
+
+
 def test_the_experiments_table_filters_and_pages(page, client, trained):
     page.goto("/")
     page.wait_for_selector("#experiments tbody tr[data-id]")

@@ -26,8 +26,147 @@ corel.pages.sweeps = async function () {
     if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No sweep yet.")));
     corel.pager(page, PAGE, offset, (o) => { offset = o; load().catch((e) => corel.flash(e.message)); });
   }
-  await load();
+  await Promise.all([load(), newSweepForm()]);
 };
+
+// The new-sweep form: its choices, defaults and help come from the API (the spec's and
+// PruneCreate's schemas, the built-in datasets) and the page (the losses); the server
+// checks the sweep and its 422 is shown beside the field it names, else under the form.
+async function newSweepForm() {
+  const { api, el } = corel;
+  const form = document.getElementById("sweep-form");
+  const f = form.elements;
+  const doc = await api("/openapi.json");
+  const spec = doc.components.schemas.ExperimentCreate.properties;
+  const pruneSchema = doc.components.schemas.PruneCreate.properties;
+
+  // Built-in datasets, as the experiment form offers them (uploads need a dataset_id).
+  const builtin = await api("/datasets/builtin");
+  const status = Object.fromEntries(builtin.items.map((d) => [d.dataset, d]));
+  for (const name of spec.dataset.enum.filter((d) => status[d])) {
+    const d = status[name];
+    f.dataset.append(el("option", { value: name, title: d.why || null, disabled: d.status === "unavailable" },
+      name + (d.status === "downloadable" ? " (downloaded on its first run)"
+        : d.status === "unavailable" ? " (unavailable: see COREL_DATA_DIR)" : "")));
+  }
+  if (status.digits && status.digits.status !== "unavailable") f.dataset.value = "digits";
+
+  // A named budget fills lr, epochs and batch size; the form starts at quick, as the
+  // experiment form does, and an epochs filled in wins.
+  const budget = spec.budget.anyOf ? spec.budget.anyOf.find((t) => t.enum) : spec.budget;
+  const BUDGETS = spec.budget["x-budgets"] || {};
+  for (const name of budget.enum) f.budget.append(el("option", { value: name }, name));
+  f.budget.value = BUDGETS.quick ? "quick" : budget.enum[0];
+  function showBudget() {
+    const b = BUDGETS[f.budget.value] || {};
+    document.getElementById("s-budget-help").textContent = "lr " + b.lr + ", " + b.epochs + " epochs, batch " + b.batch_size + ".";
+    f.epochs.placeholder = f.budget.value + ": " + b.epochs;
+    document.getElementById("s-epochs-help").textContent = "Left empty: " + b.epochs + " (the " + f.budget.value + " budget).";
+  }
+  f.budget.addEventListener("change", showBudget);
+  showBudget();
+
+  // Losses: declared once (corel/loss_catalog.py), carried by the page.
+  document.getElementById("s-losses").replaceChildren(...Object.entries(corel.LOSSES).map(([name, d]) =>
+    el("label", { title: d.display || name },
+      el("input", { type: "checkbox", name: "loss", value: name }), " " + (d.short || name),
+      d.lam ? null : el("span", { class: "muted" }, " (no λ)"))));
+
+  // Pruning: PruneCreate's metrics (one, or all of them: their Pareto front) and defaults.
+  const metrics = (pruneSchema.metric.anyOf || [pruneSchema.metric]).find((t) => t.enum).enum;
+  const METRIC_WORDS = { val_accuracy: "validation accuracy", val_map_at_r: "validation MAP@R" };
+  for (const m of metrics) f.metric.append(el("option", { value: m }, METRIC_WORDS[m] || m));
+  if (metrics.length > 1) f.metric.append(el("option", { value: "both" }, "both (Pareto front)"));
+  f.metric.value = pruneSchema.metric.default;
+  for (const name of ["eta", "min_epochs"]) {
+    const p = pruneSchema[name];
+    f[name].value = p.default;
+    f[name].min = p.minimum;
+    document.getElementById("s-prune-" + name + "-help").textContent =
+      p.description + " Default " + p.default + ", at least " + p.minimum + ".";
+  }
+  document.getElementById("s-prune-help").textContent = doc.components.schemas.SweepCreate.properties.prune.description;
+  function showPrune() {
+    for (const name of ["metric", "eta", "min_epochs"]) f[name].disabled = !f.prune.checked;
+    document.getElementById("s-prune-box").classList.toggle("off", !f.prune.checked);
+  }
+  f.prune.addEventListener("change", showPrune);
+  showPrune();
+
+  // "0.5, 0.7" -> [0.5, 0.7]; what is not a number goes as typed, and the API says why.
+  function list(text) {
+    return text.split(/[\s,;]+/).filter(Boolean).map((v) => (Number.isFinite(Number(v)) ? Number(v) : v));
+  }
+  function number(text) { return Number.isFinite(Number(text)) ? Number(text) : text; }
+
+  function body() {
+    const base = { dataset: f.dataset.value, budget: f.budget.value };
+    if (f.epochs.value !== "") base.epochs = number(f.epochs.value);
+    const grid = {};
+    const losses = [...form.querySelectorAll("input[name=loss]:checked")].map((c) => c.value);
+    if (losses.length === 1) base.loss = losses[0];
+    else grid.loss = losses;
+    const lam = list(f.lambdas.value), seed = list(f.seeds.value);
+    if (lam.length) grid.lam = lam;
+    if (seed.length) grid.seed = seed;
+    const out = { base, grid };
+    if (f.prune.checked) {
+      out.prune = { metric: f.metric.value === "both" ? metrics : f.metric.value };
+      for (const name of ["eta", "min_epochs"]) if (f[name].value !== "") out.prune[name] = number(f[name].value);
+    }
+    return out;
+  }
+
+  const note = document.getElementById("sweep-error");
+  function showError(slot, message) {
+    const box = slot && document.getElementById("serr-" + slot);
+    if (!box) return false;
+    box.textContent = message;
+    box.closest(".field").classList.add("invalid");
+    return true;
+  }
+  function clearErrors() {
+    form.querySelectorAll(".field").forEach((x) => x.classList.remove("invalid"));
+    form.querySelectorAll(".field-error").forEach((x) => (x.textContent = ""));
+    note.textContent = "";
+    note.hidden = true;
+  }
+  // The server's field (prune.eta, grid.lam, ...) -> the form's error slot.
+  const SLOTS = { "grid.lam": "lambdas", "grid.seed": "seeds", "grid.loss": "losses", "base.dataset": "dataset",
+    "base.epochs": "epochs", "base.budget": "budget", "prune.metric": "prune-metric", "prune.eta": "prune-eta",
+    "prune.min_epochs": "prune-min_epochs" };
+  function slotOf(field) {
+    const path = String(field || "").split(".").filter((p) => p !== "body");
+    return SLOTS[path.slice(0, 2).join(".")];
+  }
+
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    clearErrors();
+    if (!form.querySelector("input[name=loss]:checked")) {
+      showError("losses", "Choose at least one loss.");
+      return;
+    }
+    const button = document.getElementById("sweep-submit");
+    button.disabled = true;
+    try {
+      const queued = await api("/sweeps", { method: "POST", json: body() });
+      location.href = "/ui/sweeps/" + queued.id;
+    } catch (e) {
+      button.disabled = false;
+      const errors = (e.body && e.body.errors) || [];
+      // A 422 of the schema lists its fields; one of the sweep's own checks names its field
+      // at the start of its sentence ("prune.min_epochs is 2, but ...").
+      const named = errors.length ? errors : [{ field: (/^(\w+\.\w+)\b/.exec(e.message) || [])[1], message: e.message }];
+      const placed = named.filter((err) => showError(slotOf(err.field), err.message)).length;
+      if (placed < named.length) {
+        note.textContent = e.message;
+        note.hidden = false;
+      }
+    }
+  });
+  form.setAttribute("data-ready", "true");
+}
 
 corel.pages.sweep = async function () {
   const { api, el, pct, num, badge, progressBar, stream, FINISHED, LOSS_NAMES, COLOURS } = corel;
