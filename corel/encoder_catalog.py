@@ -291,13 +291,19 @@ DECLARATIONS: dict[tuple[str, Modality], EncoderDeclaration] = {d.key: d for d i
 def cpu_offers() -> dict[str, bool]:
     """What this CPU computes natively: ``bf16`` (AVX-512 BF16 or AMX-BF16), ``int8`` dot
     products (AVX-512 VNNI, AVX-VNNI or AMX-INT8), ``amx``; from /proc/cpuinfo (all False
-    where it cannot be read: then only fp32 is offered)."""
+    where it cannot be read: then only fp32 is offered). bf16 also needs torch's kernels at
+    AVX-512: with them capped below it (``ATEN_CPU_CAPABILITY=avx2`` or ``default``) its
+    bf16 matrix products refuse to run ("pack_vnni2 is only supported when avx512 is
+    supported"), so bf16 is not offered then."""
+    import torch  # the catalog itself loads without torch
+
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             flags = set(f.read().split())
     except OSError:
         flags = set()
-    return {"bf16": bool(flags & {"avx512_bf16", "amx_bf16"}),
+    kernels = torch.backends.cpu.get_cpu_capability().upper().startswith("AVX512")
+    return {"bf16": bool(flags & {"avx512_bf16", "amx_bf16"}) and kernels,
             "int8": bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"}),
             "amx": "amx_bf16" in flags}
 
@@ -314,7 +320,8 @@ def precision_problem(decl: EncoderDeclaration, name: str, precision: str) -> st
         return (f"encoder {name!r} does not compute {precision} features (it offers "
                 f"{', '.join(('auto', *offered))})")
     if not cpu_offers()[precision]:
-        need = "AVX-512 BF16 or AMX" if precision == "bf16" else "AVX-512 VNNI, AVX-VNNI or AMX"
+        need = ("AVX-512 BF16 or AMX, and torch's kernels at AVX-512" if precision == "bf16"
+                else "AVX-512 VNNI, AVX-VNNI or AMX")
         return f"this CPU cannot compute {precision} natively (it needs {need}); use auto or fp32"
     return None
 
