@@ -214,18 +214,26 @@ def sweep_of(config: SoakConfig) -> dict[str, Any]:
 
 def _submit_sweep(cluster: Cluster, report: SoakReport, stop_at: float) -> None:
     with httpx.Client(timeout=15) as http:
-        while time.monotonic() < stop_at:
-            try:
-                r = http.post(f"{cluster.url}/sweeps", json=sweep_of(cluster.config))
-            except httpx.HTTPError as exc:
-                report.refused.append(f"sweep: {type(exc).__name__}")
-                time.sleep(1.0)
-                continue
-            if r.status_code == 202:
-                report.sweep_id = int(r.json()["id"])
-                return
-            report.refused.append(f"sweep: {r.status_code} {r.text[:300]}")
+        report.sweep_id = _accepted(http, f"{cluster.url}/sweeps", sweep_of(cluster.config), "sweep",
+                                    report, stop_at)
+
+
+def _accepted(http: httpx.Client, url: str, body: dict[str, Any], what: str, report: SoakReport,
+              stop_at: float) -> int | None:
+    """POST ``body`` until it is accepted (its id) or ``stop_at``; each refusal noted, as a
+    client that retries would see it."""
+    while time.monotonic() < stop_at:
+        try:
+            r = http.post(url, json=body)
+        except httpx.HTTPError as exc:  # the API is down: a client tries again
+            report.refused.append(f"{what}: {type(exc).__name__}")
             time.sleep(1.0)
+            continue
+        if r.status_code == 202:
+            return int(r.json()["id"])
+        report.refused.append(f"{what}: {r.status_code} {r.text[:300]}")
+        time.sleep(1.0)
+    return None
 
 
 def _sweep_rows(cluster: Cluster, sweep_id: int | None) -> dict[int, tuple[str, int | None]]:
@@ -391,21 +399,11 @@ def _submit(cluster: Cluster, report: SoakReport, stop_at: float, indices: range
     with httpx.Client(timeout=15) as http:
         for n, index in enumerate(indices):
             time.sleep(max(0.0, started + n * seconds / len(indices) - time.monotonic()))
-            body = spec_of(cluster.config, index)
-            while time.monotonic() < stop_at:
-                try:
-                    r = http.post(f"{cluster.url}/experiments", json=body)
-                except httpx.HTTPError as exc:  # the API is down: a client tries again
-                    report.refused.append(f"run {index}: {type(exc).__name__}")
-                    time.sleep(1.0)
-                    continue
-                if r.status_code == 202:
-                    eid = int(r.json()["id"])
-                    report.spec_index[eid] = index
-                    report.accepted.append(eid)
-                    break
-                report.refused.append(f"run {index}: {r.status_code} {r.text[:300]}")
-                time.sleep(1.0)
+            eid = _accepted(http, f"{cluster.url}/experiments", spec_of(cluster.config, index), f"run {index}",
+                            report, stop_at)
+            if eid is not None:
+                report.spec_index[eid] = index
+                report.accepted.append(eid)
 
 
 def _feed(cluster: Cluster, report: SoakReport, until: float) -> None:

@@ -79,7 +79,7 @@ from corel.train.checkpoints import (
     restore_rng,
 )
 from corel.train.graphs import GraphedSteps
-from corel.train.grouping import MAX_GROUP, as_spec, check_group, group_specs
+from corel.train.grouping import MAX_GROUP, MAY_DIFFER, as_spec, check_group, group_specs
 from corel.train.guards import CHANCE_EPOCHS, GroupChanceGuard, chance_accuracy
 from corel.train.optim import adam
 from corel.train.options import EngineOptions
@@ -644,7 +644,8 @@ def fit_sweep(
     per spec, in order. Each group is the stack :func:`fit_group` trains, so a member ends
     as it would in its own group (bit for bit in float64), pruned or not. ``callbacks`` hear
     every group's epochs (``group`` says which); one returning True stops that group.
-    ``data``: the dataset every spec trains on (otherwise each group loads its own).
+    ``data``: the dataset every spec trains on (otherwise it is loaded once for groups
+    that differ only in their loss, once per other group).
     """
     options = options or EngineOptions()
     checked = [as_spec(s) for s in specs]
@@ -657,12 +658,16 @@ def fit_sweep(
     halving = None if prune is None else Prune.of(prune, checked[0].epochs, len(checked))
     cbs = list(callbacks)
     lanes = []
+    loaded: dict[str, Dataset] = {}  # the loaders read no loss field: groups of other losses share it
     for members in group_specs(checked, max_members):
-        group_specs_ = [checked[i] for i in members]
-        check_group(group_specs_)
-        mine = data if data is not None else load_dataset(
-            group_specs_[0], data_dir, features_dir=options.features_dir, on_features=options.on_features)
-        group = StackedRun.start(group_specs_, mine, device=device, options=options)
+        mine = [checked[i] for i in members]
+        check_group(mine)
+        if data is None:
+            key = mine[0].model_dump_json(exclude={"loss", *MAY_DIFFER})
+            if key not in loaded:
+                loaded[key] = load_dataset(mine[0], data_dir, features_dir=options.features_dir,
+                                           on_features=options.on_features)
+        group = StackedRun.start(mine, data if data is not None else loaded[key], device=device, options=options)
         lanes.append(_Lane(group, list(members), [_guard(group, chance_epochs), *cbs]))
     results: dict[int, FitResult] = {}
     _train_lanes(lanes, halving, results, options)

@@ -150,3 +150,9 @@ def test_a_pruned_sweep_needs_one_number_of_epochs(digits64):
     specs = [ExperimentSpec(**BASE, lam=0.3), ExperimentSpec(**{**BASE, "epochs": 4}, lam=0.6)]
     with pytest.raises(ValueError, match=r"must train the same epochs .* these train \[4, 6\]"):
         fit_sweep(specs, data=digits64, prune={})
+
+
+def test_groups_of_other_losses_load_their_data_once():
+    specs = [ExperimentSpec(**{**BASE, "epochs": 1, "loss": loss}, lam=0.5) for loss in ("cosine", "gaussian")]
+    first, second = fit_sweep(specs)
+    assert first.run.data is second.run.data
