@@ -47,14 +47,11 @@ def worker_main(registry: str, threads: int, epochs: int, ready: str, go: str, s
     from sqlalchemy import create_engine
     from sqlalchemy.orm import sessionmaker
 
-    from app.core.models import WorkerPresence
     from app.core.settings import Settings
     from corel.train import Callback, fit
     from worker import host_share
 
-    engine = create_engine(registry)
-    WorkerPresence.__table__.create(engine, checkfirst=True)
-    factory = sessionmaker(engine)
+    factory = sessionmaker(create_engine(registry))  # its table made by scenario(), before any worker
     settings = Settings(database_url=registry, worker_torch_threads=threads)
     host_share.refresh(factory, settings)
     stop = threading.Event()
@@ -88,7 +85,16 @@ def scenario(workers: int, hog: bool, threads: int, epochs: int, tmp: Path,
     registry = f"sqlite:///{tmp / f'registry-{time.monotonic_ns()}.sqlite3'}"
     go = tmp / f"go-{time.monotonic_ns()}"
     readies = [tmp / f"ready-{time.monotonic_ns()}-{i}" for i in range(workers)]
+    from sqlalchemy import create_engine
+
+    from app.core.models import WorkerPresence
     from app.jobs.workers import worker_environ
+
+    # The presence table is made here, once: two workers making it at the same moment on one
+    # SQLite file race ("table worker_presence already exists"), and the loser exits.
+    engine = create_engine(registry)
+    WorkerPresence.__table__.create(engine)
+    engine.dispose()
 
     env = {**worker_environ(os.environ), "PYTHONPATH": str(REPO)}
     if previous:  # torch's own OpenMP wait policy, as workers had it before
@@ -104,6 +110,10 @@ def scenario(workers: int, hog: bool, threads: int, epochs: int, tmp: Path,
         go.touch()
         outs = [p.communicate(timeout=1800)[0] for p in procs]
     finally:
+        for p in procs:  # a worker left waiting for `go` would hold our stdout open after we fail
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         if hogger is not None:
             hogger.kill()
             hogger.wait()
