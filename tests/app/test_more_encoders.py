@@ -71,14 +71,20 @@ def wordllama(client, worker, news) -> dict:
 def test_a_frozen_minilm_run_records_its_features_path_and_serves_on_it(client, worker, news):
     """40 held-out rows: enough for the parity gate, whose verdict the experiment shows and
     whose path /embed computes the encoder's features on."""
+    import corel.encoder_catalog as catalog
     from corel.encoders import files
     from corel.encoders.text_transformers import FAMILY
 
     eid = _train(client, "text", news["id"], "minilm", val_fraction=0.25)
     body = client.get(f"/experiments/{eid}").json()
     record = body["features"]
-    assert record["asked"] == "auto" and record["gate_rows"] == 40
-    assert record["precision"] in record["gate"] and record["gate"][record["precision"]]["passed"]
+    assert record["asked"] == "auto"
+    offers = catalog.cpu_offers()  # the worker's CPU: this machine's
+    if offers["bf16"] or offers["int8"]:
+        assert record["gate_rows"] == 40
+        assert record["precision"] in record["gate"] and record["gate"][record["precision"]]["passed"]
+    else:  # an AVX2 CPU offers no faster path: fp32, with nothing to judge
+        assert (record["precision"], record["gate"]) == ("fp32", {})
     assert set(record["warnings"]) <= set(body["warnings"])
     got = _embed(client, eid, texts=SENTENCES[:2], layer="encoder")
     want = FAMILY.compute(record["precision"], SENTENCES[:2], {"encoder": {"name": "minilm"}},
