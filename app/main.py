@@ -87,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.model_cache = ModelCache(settings.model_cache_size)
         # What /neighbors searches: built indexes, and training splits searched exactly.
         app.state.references = LoadOnceCache[Reference](settings.index_cache_size)
-        app.state.inference = InferenceRunner(settings.api_batch_threads)
+        app.state.inference = InferenceRunner(settings.api_batch_threads, settings.max_image_pixels)
         app.state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
         app.state.events = EventHub(app.state.sessionmaker, settings.db_url)
         await app.state.events.start()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from corel.data.image_folders import MAX_PIXELS
 from corel.spec import MAX_GROUP
 
 if TYPE_CHECKING:
@@ -115,6 +116,12 @@ class Settings(BaseSettings):
     max_inference_bytes: int = Field(
         default=64 * 1024 * 1024, gt=0, description="Body limit of POST /embed and /predict.")
     max_embed_batch: int = Field(default=4096, gt=0)
+    max_image_pixels: int = Field(
+        default=MAX_PIXELS, gt=0,
+        description="The most pixels (width x height) an image may declare, checked before it is "
+        "decoded: in /embed, /predict, /neighbors, their /files forms and an image folder's "
+        "upload. Past it the answer is a 413 naming the image's size and this limit. Pillow "
+        "refuses past about 179 million pixels whatever this says.")
     max_sweep_size: int = Field(default=2000, gt=0, description="Most experiments in one sweep.")
     max_group_size: int = Field(
         default=MAX_GROUP, gt=0,

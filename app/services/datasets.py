@@ -20,12 +20,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.access import policy
-from app.core.errors import MAX_ID, InvalidInput, NotFound
+from app.core.errors import MAX_ID, InvalidInput, NotFound, PayloadTooLarge
 from app.core.lookup import get_or_404, page_of
 from app.core.models import DatasetUpload, utcnow
 from app.storage import store_of
 from corel.data import tables, validate_ag_news_csv, validate_npz
-from corel.data.image_folders import read_image_folder
+from corel.data.image_folders import MAX_PIXELS, ImageTooLarge, read_image_folder
 
 # The kinds an upload may be, and the kind (dataset name) it is stored and trained as.
 STORED_AS = {"npz": "npz", "ag-news": "ag-news", "features": "npz", "text": "text",
@@ -122,8 +122,8 @@ def _table(path: Path, kind: str, options: TableOptions) -> tuple[str, bytes, di
     return STORED_AS[kind], tables.to_npz(arrays), summary
 
 
-def _images(path: Path) -> tuple[str, bytes, dict[str, Any]]:
-    folder = read_image_folder(path)
+def _images(path: Path, max_pixels: int) -> tuple[str, bytes, dict[str, Any]]:
+    folder = read_image_folder(path, max_pixels=max_pixels)
     names = folder["class_names"]
     summary = {"source": "image folder", "n": len(folder["y"]), "num_classes": len(names),
                "class_names": names,
@@ -133,9 +133,10 @@ def _images(path: Path) -> tuple[str, bytes, dict[str, Any]]:
 
 
 def create_upload(session: Session, filename: str, kind: str, path: Path,
-                  options: TableOptions | None = None) -> DatasetUpload:
+                  options: TableOptions | None = None, max_pixels: int = MAX_PIXELS) -> DatasetUpload:
     """Check the uploaded file where it lies, then store it (a table as the .npz it
-    becomes); any problem is a 422 saying what is wrong."""
+    becomes); any problem is a 422 saying what is wrong (a 413 for an image that declares
+    more than ``max_pixels``)."""
     if path.stat().st_size == 0:
         raise InvalidInput("the uploaded file is empty")
     if kind == "table" and path.suffix == ".csv" and _looks_like_ag_news(path):
@@ -146,9 +147,12 @@ def create_upload(session: Session, filename: str, kind: str, path: Path,
             summary = validate_npz(path) if kind == "npz" else validate_ag_news_csv(path)
             stored, data = kind, None  # stored as sent: streamed from the file
         elif kind == "images":
-            stored, data, summary = _images(path)
+            stored, data, summary = _images(path, max_pixels)
         else:
             stored, data, summary = _table(path, kind, options or TableOptions())
+    except ImageTooLarge as exc:
+        raise PayloadTooLarge(f"the uploaded images file is not usable: {exc} "
+                              "(COREL_MAX_IMAGE_PIXELS)") from None
     except (ValueError, OSError) as exc:
         shown = kind if kind != "table" else "table"
         raise InvalidInput(f"the uploaded {shown} file is not usable: {_reason(exc, path)}") from exc

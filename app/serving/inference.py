@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-import io
 import itertools
 import math
 import time
@@ -23,7 +22,7 @@ from app.core.db import session_scope
 from app.core.errors import InvalidInput, PayloadTooLarge
 from app.core.schemas import INPUT_KINDS, BinaryArray, InferenceRequest
 from app.serving.model_cache import LoadedModel, load_from_database
-from corel.data.image_folders import why_unreadable
+from corel.data.image_folders import MAX_PIXELS, ImageTooLarge, open_image, why_unreadable
 from corel.data.tables import texts_of_rows
 from corel.layers import Layer
 
@@ -99,11 +98,11 @@ def decode_binary(binary: BinaryArray, raw: bytes | None = None) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype).reshape(binary.shape)
 
 
-def _decode_image(data: bytes, index: int, loaded: LoadedModel) -> np.ndarray:
+def _decode_image(data: bytes, index: int, loaded: LoadedModel, max_pixels: int) -> np.ndarray:
     pixels_of = loaded.served.pixels  # a frozen encoder's run: the dataset's own pixels
     channels, height, width = (int(s) for s in pixels_of["input_shape"])
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with open_image(data, max_pixels) as img:
             if img.format not in ("PNG", "JPEG"):
                 raise InvalidInput(f"input {index}: {img.format} images are not accepted; send PNG or JPEG")
             converted = img.convert("L" if channels == 1 else "RGB")
@@ -112,6 +111,8 @@ def _decode_image(data: bytes, index: int, loaded: LoadedModel) -> np.ndarray:
             pixels = np.asarray(converted, dtype=np.float32)
             if channels > 1:  # (H, W, C) -> (C, H, W), as the model takes it
                 pixels = pixels.transpose(2, 0, 1)
+    except ImageTooLarge as exc:
+        raise PayloadTooLarge(f"input {index}: {exc} (COREL_MAX_IMAGE_PIXELS)") from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise InvalidInput(f"input {index}: not a decodable PNG or JPEG image "
                            f"({why_unreadable(data, exc)})") from exc
@@ -137,14 +138,16 @@ def _per_item_arrays(arrays: list[Any]) -> np.ndarray:
     return out
 
 
-def model_inputs(req: InferenceRequest, loaded: LoadedModel) -> torch.Tensor:
+def model_inputs(req: InferenceRequest, loaded: LoadedModel, max_pixels: int = MAX_PIXELS) -> torch.Tensor:
     """The request's inputs as the model's input tensor, preprocessed exactly as in training."""
-    return prepare(decode(req, loaded), loaded)
+    return prepare(decode(req, loaded, max_pixels), loaded)
 
 
-def decode(req: InferenceRequest, loaded: LoadedModel) -> np.ndarray | list[str]:
+def decode(req: InferenceRequest, loaded: LoadedModel,
+           max_pixels: int = MAX_PIXELS) -> np.ndarray | list[str]:
     """The request's inputs, one per row, before the training preprocessing: pixel or
-    vector arrays, or texts. Checks the modality, the encodings and the values."""
+    vector arrays, or texts. Checks the modality, the encodings and the values; an image
+    that declares more than ``max_pixels`` is refused (413) before it is decoded."""
     kind = next(k for k in INPUT_KINDS if getattr(req, k) is not None)
     if kind not in ACCEPTS[loaded.modality]:
         raise InvalidInput(
@@ -160,7 +163,7 @@ def decode(req: InferenceRequest, loaded: LoadedModel) -> np.ndarray | list[str]
                 raise InvalidInput(f"input {i}: text is not valid UTF-8 ({exc.reason})") from exc
         return texts
     if kind == "images":
-        return np.stack([_decode_image(_b64(s, f"input {i}"), i, loaded)
+        return np.stack([_decode_image(_b64(s, f"input {i}"), i, loaded, max_pixels)
                          for i, s in enumerate(req.images or [])])
     if kind == "rows":
         array = _rows(req.rows or [], loaded)
@@ -216,8 +219,9 @@ class InferenceRunner:
 
     LARGE_BATCH = 256
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, max_image_pixels: int = MAX_PIXELS) -> None:
         self.threads = threads
+        self.max_image_pixels = max_image_pixels
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="corel-inference")
         # Requests waiting for the flush at the end of this loop round (scheduled by the first).
         self._pending: dict[tuple[int, tuple[int, ...]], list[_Pending]] = {}
@@ -239,7 +243,8 @@ class InferenceRunner:
         if batch_size(req) >= self.LARGE_BATCH:
             # Decoding a binary array is a view of the body; images are decoded in the team.
             raw = (decode(req, loaded) if req.binary is not None
-                   else await loop.run_in_executor(self._pool, decode, req, loaded))
+                   else await loop.run_in_executor(self._pool, decode, req, loaded,
+                                                   self.max_image_pixels))
             total, n = len(raw), self.threads if loaded.device.type == "cpu" else 1
             # Each slice writes its rows straight into the answer, in its own thread.
             h = np.empty((total, loaded.served.width(layer)), np.float32)
@@ -264,7 +269,7 @@ class InferenceRunner:
                 self._draining = True
                 self._drain = asyncio.ensure_future(self._drain_texts())
             return await waiting.result
-        x = model_inputs(req, loaded)
+        x = model_inputs(req, loaded, self.max_image_pixels)
         if layer == "encoder":  # a frozen encoder's features are the head's prepared input
             return loaded.served.embed(x, "encoder"), None
         pending = _Pending(loaded, x, similarities, loop.create_future())

@@ -11,6 +11,8 @@ height, capped at ``MAX_SIDE`` pixels, recorded in the preprocessing. The result
 from __future__ import annotations
 
 import io
+import re
+import struct
 import tarfile
 import zipfile
 from collections.abc import Iterator
@@ -19,12 +21,63 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EXTENSIONS", "MAX_SIDE", "read_image_folder", "why_unreadable"]
+__all__ = ["EXTENSIONS", "MAX_PIXELS", "MAX_SIDE", "ImageTooLarge", "open_image", "read_image_folder",
+           "why_unreadable"]
 
 EXTENSIONS = (".png", ".jpg", ".jpeg")
 MAX_SIDE = 64
 MAX_IMAGES = 200_000
 MIN_PER_CLASS = 3
+MAX_PIXELS = 40_000_000
+"""The most pixels an image may declare before it is decoded (a 40-megapixel photo): a small
+file can declare far more (a PNG of 20,000 x 20,000 pixels fits in 400 KB), and decoding it
+would take gigabytes."""
+
+
+class ImageTooLarge(ValueError):
+    """An image declares more pixels than may be decoded; ``pixels`` is how many it declares,
+    ``size`` its (width, height) where known, ``limit`` the bound."""
+
+    def __init__(self, pixels: int, limit: int, size: tuple[int, int] | None = None,
+                 where: str = "the image") -> None:
+        self.pixels, self.limit, self.size = pixels, limit, size
+        shown = f"{size[0]:,} x {size[1]:,} pixels ({pixels:,})" if size else f"{pixels:,} pixels"
+        super().__init__(f"{where} declares {shown}; at most {limit:,} pixels are decoded "
+                         "(send a smaller image)")
+
+
+_DECLARED = re.compile(r"\((\d+) pixels\)")
+
+
+def _png_size(data: bytes) -> tuple[int, int] | None:
+    """A PNG's (width, height) from its header, where ``data`` begins as a PNG does."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])
+        return int(width), int(height)
+    return None
+
+
+def open_image(data: bytes, max_pixels: int = MAX_PIXELS) -> Any:
+    """The PIL image of ``data``, its header read but no pixel decoded yet; ImageTooLarge
+    where it declares more than ``max_pixels`` (checked before any decoding, so a
+    decompression bomb costs its header's parse alone), PIL's own errors otherwise."""
+    from PIL import Image
+
+    if max_pixels <= 0:
+        raise ValueError(f"max_pixels must be positive; got {max_pixels}")
+    try:
+        img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        # Past twice Pillow's own bound (about 179 million pixels) it refuses in open().
+        size = _png_size(data)
+        found = _DECLARED.search(str(exc))
+        pixels = size[0] * size[1] if size else int(found.group(1)) if found else 0
+        raise ImageTooLarge(pixels, max_pixels, size) from None
+    width, height = img.size
+    if width * height > max_pixels:
+        img.close()
+        raise ImageTooLarge(width * height, max_pixels, (width, height))
+    return img
 
 
 def why_unreadable(data: bytes, exc: Exception) -> str:
@@ -75,8 +128,11 @@ def _members(path: Path) -> Iterator[tuple[str, bytes]]:
         raise ValueError(f"not a readable .zip or .tar.gz archive ({exc})") from exc
 
 
-def read_image_folder(path: str | Path, size: tuple[int, int] | None = None) -> dict[str, Any]:
-    """``{"x": uint8 (N, C, H, W), "y", "class_names", "size": (H, W), "channels"}``."""
+def read_image_folder(path: str | Path, size: tuple[int, int] | None = None,
+                      max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
+    """``{"x": uint8 (N, C, H, W), "y", "class_names", "size": (H, W), "channels"}``. An
+    image that declares more than ``max_pixels`` is refused before it is decoded
+    (ImageTooLarge, naming the member)."""
     from PIL import Image, UnidentifiedImageError
 
     images: list[tuple[str, str, Any]] = []  # (class, member name, PIL image)
@@ -93,8 +149,10 @@ def read_image_folder(path: str | Path, size: tuple[int, int] | None = None) -> 
             empty_dirs.add(cls)
             continue
         try:
-            img = Image.open(io.BytesIO(data))
+            img = open_image(data, max_pixels)
             img.load()
+        except ImageTooLarge as exc:
+            raise ImageTooLarge(exc.pixels, exc.limit, exc.size, where=name) from None
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
             raise ValueError(f"{name}: not a readable PNG or JPEG image "
                              f"({why_unreadable(data, exc)})") from exc

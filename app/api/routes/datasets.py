@@ -69,7 +69,8 @@ async def upload(
         path = Path(tmp) / f"upload{datasets_service.suffix_for(name, chosen)}"
         await spool(file, path, limit, "uploads")
         options = datasets_service.TableOptions(label_column, text_column, standardize, split_column)
-        return datasets_service.create_upload(session, name, chosen, path, options)
+        return datasets_service.create_upload(session, name, chosen, path, options,
+                                              max_pixels=settings.max_image_pixels)
 
 
 @router.get("", response_model=Page[DatasetRead], summary="Uploaded datasets")
