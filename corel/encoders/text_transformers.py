@@ -19,7 +19,7 @@ import re
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -147,9 +147,9 @@ def _buckets(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
         yield batch
 
 
-def _run_int8(path: Path, texts: list[str]) -> np.ndarray:
+def _run_int8(path: Path, texts: list[str], batch_done: Callable[[int], None] | None = None) -> np.ndarray:
     """``texts`` through the int8 session: tokenised at once, sorted by length, padded per
-    batch (:func:`_buckets`) to its longest."""
+    batch (:func:`_buckets`) to its longest; ``batch_done(rows)`` hears of each batch."""
     session, tok, max_length = _int8(path)
     encoded = tok(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
     order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
@@ -162,6 +162,8 @@ def _run_int8(path: Path, texts: list[str]) -> np.ndarray:
             ids[row, :len(encoded[i])] = encoded[i]
             mask[row, :len(encoded[i])] = 1
         parts.append((idx, session.run(None, {"input_ids": ids, "attention_mask": mask})[0]))
+        if batch_done is not None:
+            batch_done(len(idx))
     out = np.zeros((len(texts), parts[0][1].shape[1] if parts else 0), dtype=np.float32)
     for idx, h in parts:
         out[idx] = h
@@ -174,21 +176,54 @@ def _encode(path: Path, texts: list[str], name: str, precision: str = "fp32", re
     model = load(path)
     progress = cache.progress() if report else None
     parts = []
+    done = 0
+
+    def batch_done(rows: int) -> None:
+        # Each batch of a piece is heard of, not only the piece (1,024 texts, half a
+        # minute of MiniLM on 2 cores): the caller's callback may stop the features there
+        # by raising (a worker's run cancelled meanwhile).
+        nonlocal done
+        done += rows
+        if progress is not None:
+            progress(name, min(done, len(texts)), len(texts))
+
     with torch.inference_mode():
         for start in range(0, len(texts), PROGRESS_TEXTS):
             piece = texts[start:start + PROGRESS_TEXTS]
             if precision == "int8":
-                parts.append(_run_int8(path, piece))
+                parts.append(_run_int8(path, piece, batch_done))
             else:
                 chosen = _bf16(path) if precision == "bf16" else model
-                parts.append(chosen.encode(piece, batch_size=TEXT_BATCH, convert_to_tensor=True,
-                                           show_progress_bar=False).float().numpy())
+                with _each_batch(chosen, batch_done):
+                    parts.append(chosen.encode(piece, batch_size=TEXT_BATCH, convert_to_tensor=True,
+                                               show_progress_bar=False).float().numpy())
+            done = start + len(piece)
             if progress is not None:
                 progress(name, min(start + PROGRESS_TEXTS, len(texts)), len(texts))
     if report:
         cache.COMPUTED["texts"] += len(texts)
     out = np.concatenate(parts) if parts else np.zeros((0, model.get_sentence_embedding_dimension() or 0))
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+
+
+@contextmanager
+def _each_batch(st_model: Any, batch_done: Callable[[int], None]) -> Iterator[None]:
+    """Within the block, ``batch_done(rows)`` after each batch this thread's ``encode``
+    computes (a hook on the model's last module: sentence-transformers' ``encode`` has no
+    callback of its own). Other threads' batches, a served request's, are not counted."""
+    me = threading.get_ident()
+
+    def hook(_module: nn.Module, args: tuple[Any, ...], _output: Any) -> None:
+        if threading.get_ident() == me and args and isinstance(args[0], Mapping):  # a BatchEncoding
+            ids = args[0].get("input_ids")
+            if ids is not None:
+                batch_done(int(ids.shape[0]))
+
+    handle = st_model[len(st_model) - 1].register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def text_layers(st_model: Any) -> list[nn.Module]:

@@ -88,6 +88,34 @@ def test_features_are_computed_once_for_every_run_on_the_same_data(table, tmp_pa
     assert len(list(features_dir.glob("*.npy"))) == 3  # one file per split
 
 
+def test_features_report_each_batch_and_a_callback_that_raises_stops_them(tmp_path, monkeypatch):
+    """The progress callback hears of each batch of TEXT_BATCH texts, not of each piece of
+    PROGRESS_TEXTS alone, and an exception it raises ends the features there (a worker's
+    cancel): nothing is kept for them. The features are the same as computed unheard."""
+    from corel.encoders import text_transformers as tt
+
+    monkeypatch.setattr(cache, "_MEMO", OrderedDict())
+    texts = [f"sentence number {i} about {'cats' if i % 2 else 'stocks'}" for i in range(5 * tt.TEXT_BATCH)]
+    heard: list[int] = []
+    with cache.features_progress(lambda name, done, total: heard.append(done)):
+        got = model_inputs(texts, run_preprocessing("minilm", "text"), keep=False)
+    assert heard[:5] == [tt.TEXT_BATCH * k for k in range(1, 6)] and heard[-1] == len(texts), heard
+    unheard = model_inputs(texts, run_preprocessing("minilm", "text"), keep=False)
+    torch.testing.assert_close(got, unheard, atol=0, rtol=0)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_two(name: str, done: int, total: int) -> None:
+        if done >= 2 * tt.TEXT_BATCH:
+            raise Stop(done)
+
+    before = cache.COMPUTED["texts"]
+    with cache.features_progress(stop_at_two), pytest.raises(Stop, match=str(2 * tt.TEXT_BATCH)):
+        model_inputs(texts, run_preprocessing("minilm", "text"), cache_dir=tmp_path)
+    assert cache.COMPUTED["texts"] == before and not list(tmp_path.glob("*.npy"))
+
+
 def test_a_frozen_run_s_checkpoint_holds_its_head_and_the_encoder_s_digest(table):
     result = fit(spec(table), chance_epochs=0)
     ckpt = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
