@@ -407,32 +407,23 @@ def show_phase(factory: sessionmaker[Session], ids: list[int], phase: str | None
         lifecycle.announce(session, Experiment, ids)
 
 
-def _keep_best(factory: sessionmaker[Session], experiment_id: int, result: FitResult) -> None:
-    """A cancelled run's best checkpoint so far (into the store first, then its row), so
-    that it serves what it learned; nothing where no epoch ended."""
-    if result.best_epoch < 1:
-        return
-    best = store_checkpoint(factory, checkpoint_to_bytes(result.run.best_checkpoint()))
-    with session_scope(factory) as session:
-        _upsert_checkpoint(session, experiment_id, "best", result.best_epoch, best)
-
-
 def _store_results(factory: sessionmaker[Session], experiment_id: int, result: FitResult,
-                   settings: Settings) -> str:
-    """Best checkpoint (into the artifact store first), test and validation latent spaces,
-    and `succeeded`, in one transaction. The run shows ``storing results`` meanwhile, and
+                   settings: Settings, status: Status = Status.SUCCEEDED) -> str:
+    """Best checkpoint (into the artifact store first), test, validation and training
+    latent spaces, and ``status`` (`succeeded`; `cancelled` for a run cancelled after an
+    epoch, which serves /neighbors as a succeeded one does), in one transaction. The run shows ``storing results`` meanwhile, and
     its lease is kept (a slow store, a large model's latent spaces): no other worker takes
     it over while it finishes."""
     keeper = LeaseKeeper([experiment_id], factory, settings).start()
     try:
         show_phase(factory, [experiment_id], "storing results", "the best checkpoint")
-        return _store_results_leased(factory, experiment_id, result)
+        return _store_results_leased(factory, experiment_id, result, status)
     finally:
         keeper.stop()
 
 
 def _store_results_leased(factory: sessionmaker[Session], experiment_id: int,
-                          result: FitResult) -> str:
+                          result: FitResult, status: Status = Status.SUCCEEDED) -> str:
     # Everything computed and stored before the transaction, which then only writes rows:
     # on SQLite a transaction that writes holds the file's one write lock, and one held
     # through the latent spaces' computation (minutes over a large encoder) stopped every
@@ -452,14 +443,14 @@ def _store_results_leased(factory: sessionmaker[Session], experiment_id: int,
                                                  row.rows_sha256) if d])
         session.execute(delete(LatentSpace).where(LatentSpace.experiment_id == experiment_id))
         session.add_all(latents)
-        if not lifecycle.end(session, experiment_id, Status.SUCCEEDED, phase=None, phase_detail=None,
+        if not lifecycle.end(session, experiment_id, status, phase=None, phase_detail=None,
                              best_epoch=result.best_epoch,
                              best_val_accuracy=result.best_val_accuracy,
                              test_accuracy=result.test_accuracy):
             raise LostLease(f"experiment {experiment_id} was taken over before it could finish")
-    METRICS.experiment_finished(Status.SUCCEEDED)
-    log.info("succeeded", extra={"experiment": experiment_id, "test_accuracy": result.test_accuracy})
-    return Status.SUCCEEDED
+    METRICS.experiment_finished(status)
+    log.info(str(status), extra={"experiment": experiment_id, "test_accuracy": result.test_accuracy})
+    return status
 
 
 def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
@@ -505,7 +496,8 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
                      data_dir=builtin.data_dir_for(settings, job.spec.dataset),
                      chance_epochs=settings.chance_epochs, options=setup.options(settings))
         if result.stopped:
-            _keep_best(factory, experiment_id, result)
+            if result.best_epoch >= 1:  # what it learned serves as a succeeded run's does
+                return _store_results(factory, experiment_id, result, settings, Status.CANCELLED)
             _finish(factory, experiment_id, status=Status.CANCELLED)
             return Status.CANCELLED
         return _store_results(factory, experiment_id, result, settings)
@@ -755,13 +747,16 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
         if experiment_id not in recorder.active:
             outcome[experiment_id] = "cancelled-or-lost"
             continue
-        if result.stopped:  # every member left was cancelled between batches
-            _keep_best(factory, experiment_id, result)
+        # Every member left cancelled between batches: each that ended an epoch serves what
+        # it learned, /neighbors too, as a solo run cancelled so does.
+        if result.stopped and result.best_epoch < 1:
             _finish(factory, experiment_id, status=Status.CANCELLED)
             outcome[experiment_id] = Status.CANCELLED
             continue
         try:
-            outcome[experiment_id] = _store_results(factory, experiment_id, result, settings)
+            outcome[experiment_id] = _store_results(
+                factory, experiment_id, result, settings,
+                Status.CANCELLED if result.stopped else Status.SUCCEEDED)
         except LostLease:
             outcome[experiment_id] = "lost"
     return outcome

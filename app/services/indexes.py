@@ -20,6 +20,7 @@ from app.core.models import LatentSpace, NeighborIndex, Status, utcnow
 from app.core.schemas import IndexCreate
 from app.core.settings import Settings
 from app.jobs.lifecycle import cancel
+from app.services.retrieval import no_training_rows
 from app.storage import read
 from corel.clustering import default_metric
 from corel.index import VectorIndex
@@ -41,9 +42,8 @@ def create_index(session: Session, experiment_id: int, body: IndexCreate, settin
         stored = session.scalar(select(LatentSpace.n).where(
             LatentSpace.experiment_id == experiment_id, LatentSpace.split == "train"))
         if stored is None:
-            raise Conflict(f"experiment {experiment_id} was trained before the training split's "
-                           "representations were stored, and an index needs them; train it again, "
-                           "or index a batch embedding job's rows ({\"embedding_job_id\": N})")
+            raise Conflict(no_training_rows(session, experiment_id, "an index")
+                           + "; or index a batch embedding job's rows ({\"embedding_job_id\": N})")
         source, n = "train", int(stored)
     if n == 0:
         raise Conflict(f"there are no rows to index in {source.replace('_', ' ')}")

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import Conflict
 from app.core.lookup import store_once, succeeded_experiment
-from app.core.models import RetrievalResult
+from app.core.models import Experiment, RetrievalResult, Status
 from app.core.schemas import Geometry
 from app.storage.artifacts import load_latent
 from corel.clustering import default_metric
@@ -25,9 +25,30 @@ def training_rows(session: Session, experiment_id: int, needs: str) -> tuple[Any
     try:
         return load_latent(session, experiment_id, "train")
     except Conflict:
-        raise Conflict(f"experiment {experiment_id} was trained before the training split's "
-                       f"representations were stored, and {needs} needs them; train it again "
-                       "(POST /experiments with its spec)") from None
+        raise Conflict(no_training_rows(session, experiment_id, needs)) from None
+
+
+def no_training_rows(session: Session, experiment_id: int, needs: str) -> str:
+    """Why an experiment has no stored training split, in its own case, and what to do.
+    A succeeded run or a solo run cancelled after an epoch stores it; a member pruned by
+    its sweep, or cancelled alone out of a stacked group, keeps its best checkpoint only."""
+    exp = session.get(Experiment, experiment_id)
+    status = exp.status if exp is not None else None
+    serves = "/embed and /predict serve its best checkpoint"
+    if status == Status.PRUNED:
+        why = (f"experiment {experiment_id} was pruned by its sweep, which keeps a pruned "
+               f"member's best checkpoint but not its latent spaces")
+    elif status == Status.CANCELLED and exp is not None and exp.sweep_id is not None:
+        why = (f"experiment {experiment_id} was cancelled while it trained in a stacked group of "
+               "its sweep, which keeps such a member's best checkpoint but not its latent spaces")
+    elif status == Status.CANCELLED:
+        why = f"experiment {experiment_id} was cancelled before its latent spaces were stored"
+    else:
+        return (f"experiment {experiment_id} was trained before the training split's "
+                f"representations were stored, and {needs} needs them; train it again "
+                "(POST /experiments with its spec)")
+    return (f"{why}; {needs} needs its training split's representations ({serves}); train its "
+            "spec to the end for them (POST /experiments with its spec)")
 
 
 def retrieval_report(session: Session, experiment_id: int,

@@ -76,6 +76,13 @@ def test_cancel_a_running_experiment(client, worker, workers):
     assert r.status_code == 200, r.text
     assert r.json()["checkpoint"]["epoch"] == body["best_epoch"] >= 1
     assert client.post("/predict", json={"experiment_id": eid, "arrays": image}).status_code == 200
+    # /neighbors serves it too, as docs/service.md says: its training split was stored at the
+    # cancel, from the same best checkpoint (a 409 before, "trained before ... train it again").
+    near = client.post(f"/experiments/{eid}/neighbors", json={"arrays": image, "k": 3})
+    assert near.status_code == 200, near.text
+    assert len(near.json()["results"][0]["neighbors"]) == 3
+    predicted = client.post("/predict", json={"experiment_id": eid, "arrays": image}).json()
+    assert near.json()["results"][0]["prediction"]["class_index"] == predicted["predictions"][0]["class_index"]
 
 
 def test_killed_worker_resumes_with_the_same_result(client, workers, worker):

@@ -300,6 +300,11 @@ def test_a_pruned_sweep_drops_its_losers_inside_the_stack(client, worker, worker
             assert len(epochs) == m["pruned"]["rung"] and "1/3" in m["pruned"]["reason"], m
             r = client.post("/predict", json={"experiment_id": m["id"], "arrays": [[[0.0] * 8] * 8]})
             assert r.status_code == 200 and r.json()["checkpoint"]["epoch"] == m["best_epoch"], r.text
+            # /neighbors says why it cannot serve it (it said "trained before ... train it again").
+            r = client.post(f"/experiments/{m['id']}/neighbors", json={"arrays": [[[0.0] * 8] * 8]})
+            assert r.status_code == 409, r.text
+            assert (f"experiment {m['id']} was pruned by its sweep" in r.json()["detail"]
+                    and "/embed and /predict serve its best checkpoint" in r.json()["detail"]), r.text
         else:
             assert len(epochs) == 4 and m["status"] == "succeeded"
     # The survivor was the best at the first rung among the six.
