@@ -13,14 +13,17 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # torch/torchvision first, pinned to the releases this machine's pip cache holds,
-# so the resolver does not go looking for a newer multi-GB wheel.
+# so the resolver does not go looking for a newer multi-GB wheel. The editable build's
+# own box ("Editable installation ... be careful with folders in your working directory")
+# is setuptools' warning, not news to anyone running from a checkout: not shown.
+QUIET_BUILD := PYTHONWARNINGS=ignore::UserWarning
 $(SERVICE_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "torch==2.14.1" "torchvision==0.29.1" || $(BIN)/pip install --quiet torch torchvision
-	$(BIN)/pip install --quiet -e ".[service]"
+	$(QUIET_BUILD) $(BIN)/pip install --quiet -e ".[service]"
 	touch $(SERVICE_STAMP)
 
 $(STAMP): pyproject.toml $(SERVICE_STAMP)
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(QUIET_BUILD) $(BIN)/pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
 # corel's fused nodes compiled for this environment (corel/native; about 40 s on 2 cores). Where

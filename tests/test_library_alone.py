@@ -40,9 +40,12 @@ def closure(requirements: list[str]) -> set[str]:
             continue
         seen.add(name)
         todo += [Requirement(r) for r in (md.requires(name) or [])]
-        for extra in req.extras:  # an extra asked for by a dependency (none today)
-            todo += [Requirement(r) for r in (md.requires(name) or [])
-                     if Requirement(r).marker and Requirement(r).marker.evaluate({"extra": extra})]
+        for extra in req.extras:  # an extra asked for (corel[service] asks for corel's others)
+            for r in md.requires(name) or []:
+                wanted = Requirement(r)
+                if wanted.marker and wanted.marker.evaluate({"extra": extra}):
+                    wanted.marker = None  # chosen by its extra: not to be judged again without it
+                    todo.append(wanted)
     return seen
 
 
@@ -162,3 +165,14 @@ def test_the_docs_onnx_example_runs_with_the_onnxruntime_extra(tmp_path):
     done = run_alone(root, code, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "(5, 128) (5, 10)", done.stdout
+
+
+def test_the_service_install_carries_what_its_features_paths_run_on():
+    """`make serve` installs corel[service]: the packages of every path a frozen encoder's
+    features may be computed on (int8 runs under onnxruntime, from an ONNX export) are in
+    it. It lacked onnxruntime, so a new user's MiniLM runs never had the int8 path."""
+    from corel.encoders.text_transformers import SentenceTransformers
+
+    installed = closure(requirements("service"))
+    assert set(SentenceTransformers().paths()) == {"fp32", "bf16", "int8"}
+    assert {"onnxruntime", "onnx", "torch"} <= installed, sorted(installed)
