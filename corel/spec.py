@@ -108,7 +108,9 @@ MODALITY: dict[str, str] = {
 class ExperimentSpec(BaseModel):
     """One training run. Flat, so that sweeps can put any field on a grid."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: NaN and Infinity are no value of any field (lam NaN was told "should be
+    # less than or equal to 1"; a field with no bound took it).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     dataset: DatasetName = Field(description="Dataset name: " + ", ".join(DATASETS) + ".")
     dataset_path: str | None = Field(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -38,9 +37,8 @@ from app.access.tokens import (
     query_has_token,
 )
 from app.api.metrics import METHODS, METRICS_PATH, ApiMetrics, RouteTemplates
-from app.api.openapi import path_pattern
 from app.core.db import DATABASE_UNAVAILABLE, read_session
-from app.core.errors import RETRY_AFTER
+from app.core.errors import RETRY_AFTER, allowed_methods
 from app.core.settings import Settings
 
 log = logging.getLogger("corel.api")
@@ -109,21 +107,9 @@ class AllowHeader(HttpMiddleware):
     def __init__(self, app: Any, document: Any) -> None:
         super().__init__(app)
         self.document = document
-        self._paths: list[tuple[re.Pattern[str], str]] | None = None
 
     def allowed(self, path: str) -> str:
-        if self._paths is None:
-            self._paths = [
-                (path_pattern(template), ", ".join(sorted(m.upper() for m in operations)))
-                for template, operations in self.document()["paths"].items()
-            ]
-        methods: set[str] = set()
-        for pattern, listed in self._paths:
-            if pattern.match(path):
-                if "[^/]+" not in pattern.pattern:  # a literal path wins over a template
-                    return listed
-                methods.update(listed.split(", "))
-        return ", ".join(sorted(methods))
+        return allowed_methods(self.document()["paths"], path)
 
     async def handle(self, scope: Any, receive: Any, send: Any) -> None:
         def add_allow(message: Message) -> Message | None:

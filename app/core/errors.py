@@ -4,6 +4,7 @@ error the API answers as ``{"error": ..., "detail": ...}``."""
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Iterable, Mapping
 from http import HTTPStatus
@@ -122,6 +123,11 @@ def describe_error(err: Mapping[str, Any], whole: str = "body", route: str | Non
         return f"the body must be a JSON object, not {json_kind(err.get('input'))}; {send_hint(route)}"
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
     where = ".".join(loc) or whole
+    value = err.get("input")
+    if isinstance(value, float) and not math.isfinite(value):
+        shown = "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
+        return (f"{where}: must be a finite number; got {shown}"
+                + ("" if value != value else " (a number past float's range, such as 1e400, reads as Infinity)"))
     if err.get("type") in ("literal_error", "enum") and "input" in err:
         # Say what was sent too: "on: Input should be 'test' or 'validation'; got 'train'".
         return f"{where}: {err.get('msg', 'invalid')}; got {err['input']!r}"
@@ -164,13 +170,41 @@ def _whole_body(err: Mapping[str, Any]) -> bool:
 
 def _not_json(content_type: str) -> str | None:
     """What to say of a body that came with a content type other than JSON's (FastAPI reads
-    such a body as bytes, not JSON, and says only that it is no object); None for JSON, or
-    no content type (read as JSON)."""
+    such a body as bytes, not JSON, and says only that it is no object); None for JSON (for
+    no content type: :data:`NO_CONTENT_TYPE`)."""
     media = content_type.split(";")[0].strip().lower()
-    if not media or media == "application/json" or media.endswith("+json"):
+    if media == "application/json" or media.endswith("+json"):
         return None
+    if not media:
+        return NO_CONTENT_TYPE
     return (f"the body must be a JSON object sent with Content-Type: application/json; "
             f"this one came as {media}")
+
+
+NO_CONTENT_TYPE = ("the body came with no Content-Type; send it with Content-Type: application/json "
+                   "(on every route, a body without one is not read as JSON: a web page can send "
+                   "such a body to the API without the browser asking first)")
+
+
+def allowed_methods(paths: Mapping[str, Any], path: str) -> str:
+    """The methods of every route of the OpenAPI document's ``paths`` that matches ``path``
+    ("GET, POST"): a literal path's own, else those of every template it matches
+    (``/experiments/{id}`` has GET and DELETE in two routes)."""
+    methods: set[str] = set()
+    for template, operations in paths.items():
+        listed = {m.upper() for m in operations}
+        if "{" not in template:
+            if template == path:
+                return ", ".join(sorted(listed))
+            continue
+        pattern = "^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)) + "$"
+        if re.match(pattern, path):
+            methods |= listed
+    return ", ".join(sorted(methods))
+
+
+FIRST = {"row": 0}
+"""Path integers that count from 0 (a dataset's rows); every id counts from 1."""
 
 
 def no_route(request: Request) -> str:
@@ -190,8 +224,23 @@ def no_route(request: Request) -> str:
                     if p.get("in") == "path" and (p.get("schema") or {}).get("type") == "integer"}
         for name, value in found.groupdict().items():
             if name in integers and not value.isdigit():
-                return f"{name} must be an integer from 1 to {MAX_ID} in {method} {template}; got {value!r}"
+                first = FIRST.get(name, 1)
+                return (f"{name} must be an integer from {first} to {MAX_ID} in {method} {template}; "
+                        f"got {value!r}")
     return f"there is no route {method} {path}; GET /openapi.json (or /docs) lists the API's routes"
+
+
+def unparsable_body(cause: BaseException | None) -> str:
+    """Why FastAPI could not read a JSON body (it says only "There was an error parsing the
+    body"), from the error it raised: bytes that are not UTF-8, or nesting past what the JSON
+    reader follows."""
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"the body is not UTF-8: byte 0x{cause.object[cause.start]:02x} at position "
+                f"{cause.start} ({cause.reason}); send JSON encoded as UTF-8")
+    if isinstance(cause, RecursionError):
+        return ("the body nests arrays or objects deeper than the API reads (about 1,000 levels); "
+                "send a flatter JSON document")
+    return "the body could not be read as JSON" + (f" ({type(cause).__name__})" if cause else "")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -217,6 +266,12 @@ def install_error_handlers(app: FastAPI) -> None:
         detail = str(exc.detail)
         if exc.status_code == 404 and detail == "Not Found":  # the router's: no route matched
             detail = no_route(request)
+        elif exc.status_code == 405 and detail == "Method Not Allowed":
+            allowed = allowed_methods(request.app.openapi().get("paths", {}), request.url.path)
+            detail = (f"{request.method} is not allowed on {request.url.path}; it takes "
+                      f"{allowed or 'no method'} (the Allow header lists them too)")
+        elif exc.status_code == 400 and detail == "There was an error parsing the body":
+            detail = unparsable_body(exc.__cause__)
         return JSONResponse(status_code=exc.status_code, headers=exc.headers,
                             content={"error": error, "detail": detail})
 

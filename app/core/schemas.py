@@ -93,7 +93,7 @@ class ExperimentCreate(ExperimentSpec):
     """
 
     # strict: a JSON true is not the number 1, nor "5" the integer 5 (as the schema says).
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
                               json_schema_extra=lambda schema: schema.update(_combination_rules()))
 
     dataset_path: SkipJsonSchema[str | None] = None

@@ -125,7 +125,25 @@ def _members(path: Path) -> Iterator[tuple[str, bytes]]:
                     if fh is not None:
                         yield member.name, fh.read()
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise ValueError(f"not a readable .zip or .tar.gz archive ({exc})") from exc
+        # Said in the user's terms: tarfile's own words list each compression it tried.
+        raise ValueError(f"not a readable .zip or .tar.gz archive: {_what_it_is(path)}") from exc
+
+
+def _what_it_is(path: Path) -> str:
+    """What a file that is no archive seems to be, from its first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if head[:2] == b"\x1f\x8b":
+        return "it begins as a gzip file does, but what it holds is no tar archive"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        text = ""
+    if text and all(c.isprintable() or c in "\r\n\t" for c in text):
+        return ("its first bytes are text, not an archive's (a table? upload a CSV or Parquet "
+                "table without kind=images)")
+    return ("its first bytes are not an archive's: a .zip begins with the bytes 50 4B ('PK'), "
+            "a .tar.gz with 1F 8B")
 
 
 def read_image_folder(path: str | Path, size: tuple[int, int] | None = None,

@@ -247,8 +247,15 @@ def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     try:
         state: Any = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many kinds for a file that is not its own
-        raise ValueError("neither a safetensors file nor a PyTorch state dict that loads with "
-                         f"weights_only ({type(exc).__name__}: {str(exc)[:200]})") from exc
+        # In the user's terms, not torch's (its UnpicklingError asks to file an issue with
+        # PyTorch and to read torch.load's documentation).
+        if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+            why = ("it is a file of torch.save, but holds more than tensors (objects that are "
+                   "not loaded, since loading them would run code): save model.state_dict()")
+        else:
+            why = ("its bytes are neither: a safetensors file begins with an 8-byte length and "
+                   "'{', a torch.save file is a zip (it begins with 'PK')")
+        raise ValueError(f"neither a safetensors file nor a PyTorch state dict; {why}") from exc
     for wrapper in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]

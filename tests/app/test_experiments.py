@@ -240,6 +240,59 @@ def test_an_id_that_is_no_number_is_no_path_and_the_404_says_what_an_id_is(clien
     r = client.delete("/no/such/route")
     assert r.status_code == 404 and r.json()["detail"] == (
         "there is no route DELETE /no/such/route; GET /openapi.json (or /docs) lists the API's routes")
+    # A dataset's rows count from 0 (it said "row must be an integer from 1").
+    r = client.get("/datasets/1/rows/-1/image")
+    assert r.status_code == 404 and r.json()["detail"].startswith(
+        "row must be an integer from 0 to 2147483647 in GET /datasets/{dataset_id}/rows/{row}/image"), r.text
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("delete", "/encoders", "GET, POST"), ("put", "/experiments", "GET, POST"),
+    ("put", "/experiments/1", "DELETE, GET"), ("get", "/embed", "POST")])
+def test_a_405_names_the_methods_the_path_takes(client, method, path, allowed):
+    """It said "Method Not Allowed" alone (the Allow header listed them)."""
+    r = getattr(client, method)(path)
+    assert r.status_code == 405 and r.headers["allow"] == allowed, (r.headers, r.text)
+    assert r.json()["detail"] == (f"{method.upper()} is not allowed on {path}; it takes {allowed} "
+                                  "(the Allow header lists them too)"), r.text
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_nan_and_infinity_are_no_value_of_any_number_field(client, value):
+    """lam NaN, Infinity and 1e400 were told "should be less than or equal to 1"."""
+    before = client.get("/experiments", params={"limit": 1}).json()["total"]
+    for field in ("lam", "lr", "gamma"):
+        r = client.post("/experiments", content=f'{{"dataset": "digits", "{field}": {value}}}',
+                        headers={"content-type": "application/json"})
+        detail = r.json()["detail"]
+        assert r.status_code == 422 and detail.startswith(f"{field}: must be a finite number; got "), r.text
+        assert "less than or equal" not in detail and "greater than" not in detail, detail
+    assert client.get("/experiments", params={"limit": 1}).json()["total"] == before
+
+
+def test_a_body_that_cannot_be_read_says_why(client):
+    """Latin-1 bytes and a document nested 100,000 deep got "There was an error parsing the body"."""
+    r = client.post("/experiments", content='{"dataset": "caf\xe9"}'.encode("latin-1"),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["detail"] == (
+        "the body is not UTF-8: byte 0xe9 at position 16 (invalid continuation byte); send JSON "
+        "encoded as UTF-8"), r.text
+    r = client.post("/experiments", content=b"[" * 100_000 + b"]" * 100_000,
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "nests arrays or objects deeper than the API reads" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("path", ["/experiments", "/sweeps", "/embed", "/predict", "/experiments/{id}/neighbors"])
+def test_a_json_body_with_no_content_type_is_refused_alike_on_every_route(client, path):
+    """It was "a string" to /experiments but JSON to /embed: one rule now, for every route."""
+    if "{id}" in path:
+        path = path.format(id=client.post("/experiments", json={"dataset": "digits", "epochs": 1}).json()["id"])
+    before = client.get("/experiments", params={"limit": 1}).json()["total"]
+    r = client.post(path, content=b'{"dataset": "digits", "experiment_id": 1, "texts": ["a"]}')
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("the body came with no Content-Type; send it with "
+                                         "Content-Type: application/json"), r.text
+    assert client.get("/experiments", params={"limit": 1}).json()["total"] == before
 
 
 @pytest.mark.parametrize(("path", "example"), [

@@ -141,3 +141,11 @@ def test_bad_archives_are_refused_naming_the_problem(client, members, words):
 def test_a_file_that_is_no_archive_is_a_422(client):
     r = _upload(client, "fake.tar.gz", b"this is not gzip")
     assert r.status_code == 422 and "not a readable .zip or .tar.gz archive" in r.json()["detail"]
+    # A CSV sent as kind=images: said what it seems to be, not tarfile's list of the
+    # compressions it tried ("- method gz: ReadError('not a gzip file') ...").
+    r = client.post("/datasets", files={"file": ("table.csv", b"a,b\n1,2\n")}, data={"kind": "images"})
+    detail = r.json()["detail"]
+    assert r.status_code == 422 and "its first bytes are text, not an archive's" in detail, detail
+    assert "method gz" not in detail and "ReadError" not in detail, detail
+    r = _upload(client, "noise.tar.gz", bytes(range(256)) * 4)
+    assert "a .zip begins with the bytes 50 4B ('PK'), a .tar.gz with 1F 8B" in r.json()["detail"], r.text

@@ -337,8 +337,14 @@ def test_weights_that_do_not_fit_their_architecture_are_named(tmp_path):
         images.fit_timm_weights(model, state)
     garbage = tmp_path / "garbage.bin"
     garbage.write_bytes(b"\x00not weights at all" * 10)
-    with pytest.raises(ValueError, match="neither a safetensors file nor a PyTorch state dict"):
+    with pytest.raises(ValueError, match="neither a safetensors file nor a PyTorch state dict") as caught:
         images.read_weights(garbage)
+    # Said in the user's terms, not with PyTorch's UnpicklingError advice ("Please file an issue").
+    assert "a torch.save file is a zip" in str(caught.value)
+    assert "file an issue" not in str(caught.value) and "weights_only" not in str(caught.value)
+    torch.save({"model": torch.nn.Linear(2, 2)}, tmp_path / "module.pt")  # a module, not its state
+    with pytest.raises(ValueError, match=r"holds more than tensors .*save model\.state_dict\(\)"):
+        images.read_weights(tmp_path / "module.pt")
     torch.save({"just": "a string"}, tmp_path / "dict.pt")
     with pytest.raises(ValueError, match="no state dict"):
         images.read_weights(tmp_path / "dict.pt")

@@ -19,6 +19,7 @@ from app.api.deps import require_access
 from app.api.openapi import without_nulls
 from app.core.errors import (
     MAX_ID,
+    NO_CONTENT_TYPE,
     InvalidInput,
     PayloadTooLarge,
     check_id,
@@ -220,7 +221,9 @@ async def _read_request(request: Request, schema: type[Req] = InferenceRequest, 
             body["images"] = [pybase64.b64encode(c).decode("ascii") for c in contents]
         raw_body: Any = body
     else:
-        if media and media != "application/json" and not media.endswith("+json"):
+        if not media:  # as on every route (app.core.errors.NO_CONTENT_TYPE)
+            raise InvalidInput(NO_CONTENT_TYPE)
+        if media != "application/json" and not media.endswith("+json"):
             raise InvalidInput(f"POST {route.replace(':int}', '}')} takes a JSON object (Content-Type: "
                                "application/json), multipart/form-data at "
                                f"POST {route.replace(':int}', '}')}/files, or an octet-stream array; "
