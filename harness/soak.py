@@ -18,8 +18,9 @@ The six kinds of fault (seven with the artifacts on S3: the S3 server stopped) a
   fail on a machine half as fast whose recovery was as quick), while the deadline measures
   the recovery;
 * each of its epochs is recorded once (1..epochs, no gap, no repeat);
-* its figures equal those of the same spec trained once, uninterrupted, in this process
-  (with the workers' number of torch threads);
+* its figures equal those of the same spec trained once, uninterrupted, in this process,
+  on the torch threads the run recorded (``experiments.threads``: its worker's share of the
+  host when it first started, kept when it resumed elsewhere);
 * no row exists that the client was not told about: every row in the database is an
   accepted submission.
 
@@ -250,20 +251,21 @@ def _json(value: Any) -> Any:
 
 
 def _check_sweep(config: SoakConfig, report: SoakReport, metrics: dict[int, list[tuple[int, float, float]]],
-                 specs: dict[int, dict[str, Any]]) -> None:
-    """The sweep against the library's uninterrupted pruned group of the same specs."""
+                 specs: dict[int, dict[str, Any]], threads: dict[int, int | None]) -> None:
+    """The sweep against the library's uninterrupted pruned group of the same specs, on the
+    threads its stack recorded."""
     import torch
 
     from corel.spec import ExperimentSpec
     from corel.train import fit_group
 
     ids = sorted(specs)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.worker_threads or threads)
+    mine = torch.get_num_threads()
+    torch.set_num_threads(threads.get(ids[0]) or config.worker_threads or mine)
     try:
         whole = fit_group([ExperimentSpec(**specs[i]) for i in ids], prune=SWEEP_PRUNE)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(mine)
     for eid, result in zip(ids, whole, strict=True):
         status, rung = report.sweep_members[eid]
         want_rung = None if result.pruned is None else result.pruned["rung"]
@@ -462,26 +464,34 @@ def _metrics(cluster: Cluster) -> dict[int, list[tuple[int, float, float]]]:
     return out
 
 
-def _references(config: SoakConfig, specs: dict[int, dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    """Each distinct spec trained once, uninterrupted, in this process, on the workers'
-    number of threads."""
+def _threads(cluster: Cluster) -> dict[int, int | None]:
+    """Each run's recorded torch threads."""
+    with psycopg.connect(cluster.pg.url(), connect_timeout=5) as conn:
+        return {int(i): None if t is None else int(t)
+                for i, t in conn.execute("SELECT id, threads FROM experiments").fetchall()}
+
+
+def _references(specs: dict[int, dict[str, Any]], threads: dict[int, int | None],
+                ) -> dict[tuple[str, int | None], list[tuple[float, float]]]:
+    """Each distinct (spec, threads) trained once, uninterrupted, in this process, on the
+    threads the runs recorded."""
     import torch
 
     from corel.spec import ExperimentSpec
     from corel.train import fit
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.worker_threads or threads)
+    mine = torch.get_num_threads()
+    out: dict[tuple[str, int | None], list[tuple[float, float]]] = {}
     try:
-        out: dict[str, list[tuple[float, float]]] = {}
-        for spec in specs.values():
-            key = json.dumps(spec, sort_keys=True)
+        for eid, spec in specs.items():
+            key = (json.dumps(spec, sort_keys=True), threads.get(eid))
             if key not in out:
+                torch.set_num_threads(key[1] or mine)
                 result = fit(ExperimentSpec(**spec))
                 out[key] = [(m.train_loss, m.val_accuracy) for m in result.history]
         return out
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(mine)
 
 
 def run_soak(config: SoakConfig, root: Path) -> SoakReport:
@@ -551,6 +561,7 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
         except redis.RedisError as exc:
             report.redis_state = {"error": type(exc).__name__}
         metrics = _metrics(cluster)
+        threads = _threads(cluster)
         sweep_specs = {}
         if sweep:
             with psycopg.connect(cluster.pg.url(), connect_timeout=5) as conn:
@@ -570,12 +581,12 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
         for eid in sweep_specs:
             epochs = [m[0] for m in metrics.get(eid, [])]
             report.duplicated_epochs += len(epochs) - len(set(epochs))
-        _check_sweep(config, report, metrics, sweep_specs)
+        _check_sweep(config, report, metrics, sweep_specs, threads)
     elif config.sweep_lams:
         report.sweep_unequal.append(f"{len(sweep_specs)} members, not {len(config.sweep_lams)}")
-    references = _references(config, specs)
+    references = _references(specs, threads)
     for eid, spec in specs.items():
-        want = references[json.dumps(spec, sort_keys=True)]
+        want = references[(json.dumps(spec, sort_keys=True), threads.get(eid))]
         got = [(loss, val) for _, loss, val in metrics[eid]]
         if got != want:
             report.unequal.append(eid)

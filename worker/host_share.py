@@ -1,7 +1,12 @@
 """This worker's share of its host's cores (app/jobs/workers.py), kept current by a
-thread of its own and applied by the thread that trains: torch's thread count belongs to
-the thread that sets it (OpenMP), so the training thread sets it itself, when a task
-starts and after each batch (worker/runner.py)."""
+thread of its own and applied by the thread that runs a task: torch's thread count belongs
+to the thread that sets it (OpenMP), so that thread sets it itself, when a task starts.
+
+A training run takes the share it finds when it first starts and keeps it to its end, and
+again when it resumes (``experiments.threads``, worker/runner.py): on some CPUs torch's
+float32 results depend on the number of threads (a reduction split among them), so a run
+whose threads followed the share as workers came and went differed from the same spec
+trained alone. A worker that joins the host takes its share for the runs it starts."""
 
 from __future__ import annotations
 
@@ -59,11 +64,23 @@ def refresh(factory: sessionmaker[Session], settings: Settings) -> workers.Share
 
 
 def apply() -> None:
-    """In the thread that trains (when a task starts, and after every batch: two integers
-    compared): torch's threads to this worker's share."""
+    """In the thread that runs a task, when it starts: torch's threads to this worker's share."""
     share = _current
     if share is not None and torch.get_num_threads() != share.threads:
         torch.set_num_threads(share.threads)
+
+
+def threads_now() -> int:
+    """The threads a run that starts now takes: this worker's share (torch's own count where
+    no share is known yet)."""
+    share = _current
+    return share.threads if share is not None else torch.get_num_threads()
+
+
+def pin(threads: int) -> None:
+    """In the thread that trains: torch's threads to a run's own, for the whole run."""
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def keep_current(factory: sessionmaker[Session], settings: Settings, stop: threading.Event) -> None:

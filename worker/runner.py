@@ -25,7 +25,7 @@ import kombu.exceptions
 import numpy as np
 import redis.exceptions
 import sqlalchemy.exc
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.db import DATABASE_UNAVAILABLE, session_scope
@@ -264,7 +264,6 @@ class DatabaseRecorder(Callback):
         if self.setup is not None:
             self.setup.first_batch()
             self.setup = None
-        host_share.apply()  # a worker that joined the host takes its share from the next batch
         if time.monotonic() - self.last_beat >= self.heartbeat_every:
             try:
                 with session_scope(self.factory) as session:
@@ -351,6 +350,7 @@ class Claimed:
     experiment_id: int
     spec: ExperimentSpec
     checkpoint: dict[str, Any] | None
+    threads: int  # the run's own torch threads (experiments.threads)
 
 
 def _claim_and_prepare(
@@ -366,6 +366,8 @@ def _claim_and_prepare(
                  extra={"experiment": experiment_id, "status": exp.status})
         return "skipped"
     session.refresh(exp)
+    if exp.threads is None:  # its first start: the share now, kept for good
+        exp.threads = host_share.threads_now()
     if exp.cancel_requested:
         lifecycle.end(session, experiment_id, Status.CANCELLED)
         METRICS.experiment_finished(Status.CANCELLED)
@@ -385,7 +387,8 @@ def _claim_and_prepare(
         )
     )
     return Claimed(experiment_id, ExperimentSpec.model_validate(spec_data),
-                   checkpoint_from_bytes(read_artifact(session, resume)) if resume else None)
+                   checkpoint_from_bytes(read_artifact(session, resume)) if resume else None,
+                   int(exp.threads))
 
 
 def _fail(factory: sessionmaker[Session], experiment_id: int, exc: Exception) -> str:
@@ -486,6 +489,7 @@ def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
 
 def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Settings) -> str:
     experiment_id = job.experiment_id
+    host_share.pin(job.threads)  # its own threads, whatever the host's share is now
     setup = LeaseKeeper([experiment_id], factory, settings).start()
     recorder = DatabaseRecorder(experiment_id, factory, settings, setup)
     try:
@@ -562,7 +566,6 @@ class GroupRecorder(GroupCallback):
         if self.setup is not None:
             self.setup.first_batch()
             self.setup = None
-        host_share.apply()  # a worker that joined the host takes its share from the next batch
         if time.monotonic() - self.last_beat < self.heartbeat_every:
             return False
         with session_scope(self.factory) as session:
@@ -715,6 +718,13 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
             outcome[job.experiment_id] = _train_claimed(job, factory, settings)
         return outcome
     members = [job.experiment_id for job in jobs]
+    # One stack, one thread count: the first member's (claimed together, they took the
+    # same share; a group that resumes had it recorded for each).
+    threads = jobs[0].threads
+    if any(job.threads != threads for job in jobs):
+        with session_scope(factory) as session:
+            session.execute(update(Experiment).where(Experiment.id.in_(members)).values(threads=threads))
+    host_share.pin(threads)
     setup = LeaseKeeper(members, factory, settings).start()
     recorder = GroupRecorder(members, factory, settings, setup)
     log.info("training a stacked group", extra={"experiments": members, "worker": WORKER_ID})

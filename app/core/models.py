@@ -163,6 +163,9 @@ class Experiment(Base):
     # What the worker trained on and in, from its first epoch: "cpu" or "cuda:0 (NVIDIA
     # H200)"; "fp32" or "bf16" (the spec's, where the device can).
     device: Mapped[str | None] = mapped_column(String(120))
+    # The torch threads it trains on: fixed when it first starts (its worker's share of the
+    # host then), used again when it resumes (worker/runner.py).
+    threads: Mapped[int | None] = mapped_column(Integer)
     precision: Mapped[str | None] = mapped_column(String(8))
     # A frozen pretrained encoder's features, from the first epoch: the CPU path they were
     # computed on, what the spec asked and the parity gate's figures (corel.encoders.precision).

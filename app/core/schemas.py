@@ -217,6 +217,11 @@ class ExperimentRead(BaseModel):
     device: str | None = Field(
         default=None, description="The device it trained on, from its first epoch: 'cpu', or "
         "'cuda:0 (NVIDIA H200)'.")
+    threads: int | None = Field(
+        default=None, description="The torch threads it trains on (CPU), fixed when it first "
+        "starts: its worker's share of the host's cores then, or COREL_WORKER_TORCH_THREADS; a "
+        "resumed run trains on them again, so that its figures are those of the same spec "
+        "trained alone on that many threads, whatever workers come and go around it.")
     precision: Literal["fp32", "bf16"] | None = Field(
         default=None, description="The precision it trained in, from its first epoch: the "
         "spec's, where the device can (a GPU without bfloat16 trains a bf16 spec in fp32).")
