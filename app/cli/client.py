@@ -57,6 +57,14 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     return {"texts": list(args.text)}
 
 
+def _names(args: argparse.Namespace, n: int) -> list[str]:
+    """What each of ``n`` inputs is called in a table: an image's file as given, else its
+    position (a row of --npy, a text)."""
+    if getattr(args, "images", None):
+        return [str(p) for p in args.images]
+    return [str(i) for i in range(n)]
+
+
 def _array(args: argparse.Namespace) -> np.ndarray:
     try:
         array = np.load(args.npy, allow_pickle=False)
@@ -140,8 +148,8 @@ def predict(args: argparse.Namespace) -> int:
     else:
         bodies = [_call(args, "POST", "/predict", json={"experiment_id": args.experiment, **_inputs(args)})]
     predictions = [p for body in bodies for p in body["predictions"]]
-    rows = [[i, p["class_index"], p["class_name"], f"{max(p['similarities']):.4f}"]
-            for i, p in enumerate(predictions)]
+    rows = [[name, p["class_index"], p["class_name"], f"{max(p['similarities']):.4f}"]
+            for name, p in zip(_names(args, len(predictions)), predictions, strict=True)]
     print(_table(rows, ["input", "class", "name", f"max {bodies[0]['similarity']} similarity"]))
     return 0
 
@@ -162,21 +170,29 @@ def neighbors(args: argparse.Namespace) -> int:
         extra = {} if args.index is None else {"index_id": args.index}
         bodies = [_call(args, "POST", path, json={"k": args.k, **extra, **_inputs(args)})]
     results = [r for body in bodies for r in body["results"]]
+    # A neighbour is named by its id, its row in the dataset's file (what its image_url and
+    # GET /datasets/{id}/rows name), where the run kept it; else by its row in the reference.
+    named_by_id = all(n["id"] is not None for r in results for n in r["neighbors"])
+    key = "id" if named_by_id else "row"
     if args.out:
         rows = np.asarray([[n["row"] for n in r["neighbors"]] for r in results], np.int64)
         dist = np.asarray([[n["distance"] for n in r["neighbors"]] for r in results], np.float32)
-        np.savez(args.out, rows=rows, distances=dist,
+        ids = np.asarray([[n["id"] if n["id"] is not None else -1 for n in r["neighbors"]]
+                          for r in results], np.int64)
+        np.savez(args.out, rows=rows, ids=ids, distances=dist,
                  labels=np.asarray([[n["label"] for n in r["neighbors"]] for r in results], np.int64))
     searched = (f"index {bodies[0]['index_id']}" if bodies[0]["index_id"] is not None
                 else "exact search over the training split")
     print(f"experiment {args.experiment}: the {args.k} nearest rows, {bodies[0]['geometry']} "
           f"geometry ({bodies[0]['n_reference']} rows, {searched})")
-    table = [[i, r["knn_prediction"]["class_name"], r["prediction"]["class_name"],
-              " ".join(f"{n['row']}:{n['class_name']}" for n in r["neighbors"][:5])
-              + (" ..." if len(r["neighbors"]) > 5 else "")] for i, r in enumerate(results)]
-    print(_table(table, ["input", "kNN class", "head class", "nearest rows (row:class)"]))
+    table = [[name, r["knn_prediction"]["class_name"], r["prediction"]["class_name"],
+              " ".join(f"{n[key]}:{n['class_name']}" for n in r["neighbors"][:5])
+              + (" ..." if len(r["neighbors"]) > 5 else "")]
+             for name, r in zip(_names(args, len(results)), results, strict=True)]
+    print(_table(table, ["input", "kNN class", "head class", f"nearest ({key}:class)"]))
     if args.out:
-        print(f"written to {args.out} (rows, distances, labels: one row per input)")
+        print(f"written to {args.out} (rows, ids, distances, labels: one row per input; ids: "
+              "the rows of the dataset's file, -1 where the run did not keep them)")
     return 0
 
 

@@ -112,8 +112,20 @@ def test_predict_prints_a_table(live_url, experiment, client, tmp_path, capsys):
     assert "max cosine similarity" in lines[0] and len(lines) == 2 + 3
     api = client.post("/predict", json={"experiment_id": experiment["id"], "arrays": images.tolist()})
     names = [p["class_name"] for p in api.json()["predictions"]]
-    for line, name in zip(lines[2:], names, strict=True):
+    for line, name, path in zip(lines[2:], names, paths, strict=True):
         assert name in line
+        assert line.split()[0] == str(path), line  # the file, not its position ("0", "1", ...)
+    # neighbors names its inputs the same way, and each neighbour by the id its image_url uses.
+    assert main(["neighbors", "--url", live_url, "--experiment", str(experiment["id"]),
+                 "--images", *map(str, paths), "-k", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "nearest (id:class)" in lines[1], lines
+    api = client.post(f"/experiments/{experiment['id']}/neighbors",
+                      json={"arrays": images.tolist(), "k": 2}).json()
+    for line, path, r in zip(lines[3:], paths, api["results"], strict=True):
+        assert line.split()[0] == str(path), line
+        assert all(f"{n['id']}:{n['class_name']}" in line for n in r["neighbors"]), (line, r)
+        assert all(n["image_url"].endswith(f"/rows/{n['id']}/image") for n in r["neighbors"])
 
 
 def test_neighbors_prints_and_saves_what_the_api_answers(live_url, experiment, client, tmp_path, capsys):
@@ -128,6 +140,7 @@ def test_neighbors_prints_and_saves_what_the_api_answers(live_url, experiment, c
                       json={"arrays": images.tolist(), "k": 4}).json()
     saved = np.load(out)
     assert saved["rows"].tolist() == [[n["row"] for n in r["neighbors"]] for r in api["results"]]
+    assert saved["ids"].tolist() == [[n["id"] for n in r["neighbors"]] for r in api["results"]]
     np.testing.assert_allclose(saved["distances"], [[n["distance"] for n in r["neighbors"]]
                                                      for r in api["results"]], atol=1e-5)
     for line, r in zip(lines[3:8], api["results"], strict=True):
