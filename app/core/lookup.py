@@ -46,11 +46,17 @@ def get_or_404(session: Session, model: type[RowT], row_id: int, what: str) -> R
 
 
 def succeeded_experiment(session: Session, experiment_id: int, needs: str) -> Experiment:
-    """The experiment, or NotFound; Conflict (naming its status) unless it succeeded."""
+    """The experiment, or NotFound; Conflict (naming its status) unless it succeeded, or was
+    cancelled after an epoch (it serves its best checkpoint, and its latent spaces were
+    stored from it at the cancel, as a succeeded run's are at its end)."""
     exp = get_or_404(session, Experiment, experiment_id, "experiment")
+    if exp.status == Status.CANCELLED and best_checkpoint(session, experiment_id, Checkpoint.id,
+                                                          missing=None) is not None:
+        return exp
     if exp.status != Status.SUCCEEDED:
         raise Conflict(
-            f"experiment {experiment_id} is {exp.status}; {needs} needs a succeeded experiment",
+            f"experiment {experiment_id} is {exp.status}; {needs} needs a succeeded experiment "
+            "(or one cancelled after its first epoch)",
             status=exp.status,
         )
     return exp

@@ -172,7 +172,8 @@ def test_unfinished_experiment_is_409(client, settings):
             r = c.get(f"/experiments/{eid}/clustering")
             assert r.status_code == 409
             assert r.json()["detail"] == (
-                f"experiment {eid} is queued; clustering needs a succeeded experiment")
+                f"experiment {eid} is queued; clustering needs a succeeded experiment (or one "
+                "cancelled after its first epoch)")
             r = c.get(f"/experiments/{eid}/latent.png")
             assert r.status_code == 409 and "is queued" in r.json()["detail"]
             r = c.get(f"/experiments/{eid}/curves.png")  # no epoch yet

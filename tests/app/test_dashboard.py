@@ -475,6 +475,33 @@ def test_the_playground_predicts_an_uploaded_image(page, client, trained, tmp_pa
     shot(page, "playground")
 
 
+def test_the_playground_offers_a_cancelled_run_that_serves_marked_as_such(page, client, trained, tmp_path):
+    """It offered succeeded runs only; a run cancelled after an epoch serves (and, cancelled
+    alone, has its latent spaces), so it is offered, marked cancelled with its best epoch."""
+    eid = client.post("/experiments", json={**FAST, "loss": "cosine", "lam": 0.8, "epochs": 300}).json()["id"]
+    wait_for(client, eid, lambda b: b["current_epoch"] >= 1 or finished(b))
+    assert client.post(f"/experiments/{eid}/cancel").status_code == 200
+    body = wait_for(client, eid, finished)
+    assert body["status"] == "cancelled" and body["best_epoch"] >= 1, body
+    page.goto(f"/ui/playground?experiment_id={eid}")
+    page.wait_for_function("document.getElementById('latent').data !== undefined")
+    label = page.inner_text(f"#experiment option[value='{eid}']")
+    assert label.endswith(f"cancelled: best epoch {body['best_epoch']}"), label
+    succeeded = page.inner_text(f"#experiment option[value='{trained[0]['id']}']")
+    assert "cancelled" not in succeeded and "pruned" not in succeeded, succeeded
+    assert page.input_value("#experiment") == str(eid)
+    assert "cancelled early" in page.inner_text("#exp-note")
+    data, _ = _digit_png()
+    (tmp_path / "digit.png").write_bytes(data)
+    page.set_input_files("#file", str(tmp_path / "digit.png"))
+    page.wait_for_function("document.getElementById('prediction').dataset.classIndex !== undefined")
+    expected = client.post("/predict", json={"experiment_id": eid, "images": [base64.b64encode(data).decode()]})
+    assert page.inner_text("#prediction") == expected.json()["predictions"][0]["class_name"]
+    # Its own page links it to the playground, as a succeeded run's does.
+    page.goto(f"/ui/experiments/{eid}")
+    page.wait_for_selector("#playground-link:not([hidden])")
+
+
 def test_the_playground_takes_feature_rows_and_a_csv_for_a_feature_table_model(page, client,
                                                                               worker, tmp_path):
     """A model trained from a table of numbers reads rows, not images: the playground offers a

@@ -120,6 +120,11 @@ corel.pages.experiment = async function () {
   }
 
   async function results() {
+    // A cancelled or pruned run with a best checkpoint serves too: the playground takes it.
+    if ((exp.status === "cancelled" || exp.status === "pruned") && exp.best_epoch >= 1) {
+      document.getElementById("playground-link").hidden = false;
+      document.getElementById("playground-link").href = "/ui/playground?experiment_id=" + id;
+    }
     if (exp.status !== "succeeded") return;
     document.getElementById("playground-link").hidden = false;
     document.getElementById("playground-link").href = "/ui/playground?experiment_id=" + id;
@@ -200,7 +205,7 @@ corel.pages.experiment = async function () {
       Object.assign(exp, data);
       if (FINISHED.includes(exp.status) && was !== exp.status) exp = await api("/experiments/" + id);
       header(); curves();
-      if (exp.status === "succeeded") await results();
+      if (FINISHED.includes(exp.status)) await results();
     }
   });
 };

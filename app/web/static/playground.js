@@ -6,13 +6,24 @@ corel.pages.playground = async function () {
   const TEXT_DATASETS = ["ag-news", "text"];
   const TABLE_DATASETS = ["npz"];  // uploaded feature tables (.npz, CSV or Parquet of numbers)
   const select = document.getElementById("experiment");
-  const exps = (await api("/experiments?status=succeeded&limit=100")).items;
+  // Every run that serves: succeeded, and cancelled or pruned ones with a best checkpoint
+  // (marked as such: they stopped early).
+  const lists = await Promise.all(["succeeded", "cancelled", "pruned"].map((s) =>
+    api("/experiments?status=" + s + "&limit=100")));
+  const exps = lists.flatMap((l) => l.items).filter(serves).sort((a, b) => b.id - a.id);
   const wanted = Number(corel.query().get("experiment_id") || 0);
   if (wanted && !exps.some((e) => e.id === wanted)) { try { exps.unshift(await api("/experiments/" + wanted)); } catch (e) { /* gone */ } }
   for (const e of exps) select.append(el("option", { value: e.id, selected: e.id === wanted },
-    "#" + e.id + " " + lossLabel(e.spec) + ", " + e.spec.dataset + " (" + corel.modelLabel(e.spec) + ")"));
-  if (!exps.length) { flash("No succeeded experiment yet: train one first."); return; }
+    "#" + e.id + " " + lossLabel(e.spec) + ", " + e.spec.dataset + " (" + corel.modelLabel(e.spec) + ")" + stopped(e)));
+  if (!exps.length) { flash("No experiment serves yet: train one first (a succeeded run, or one cancelled or pruned after an epoch)."); return; }
   let current = null, scatter = null;
+
+  function serves(e) { return e.status === "succeeded" || ((e.status === "cancelled" || e.status === "pruned") && e.best_epoch >= 1); }
+  function stopped(e) {
+    if (e.status === "cancelled") return ", cancelled: best epoch " + e.best_epoch;
+    if (e.status === "pruned") return ", pruned" + (e.pruned ? " at epoch " + e.pruned.rung : "") + ": best epoch " + e.best_epoch;
+    return "";
+  }
 
   async function choose() {
     current = exps.find((e) => e.id === Number(select.value));
@@ -24,11 +35,19 @@ corel.pages.playground = async function () {
     document.getElementById("warning").hidden = true;
     document.getElementById("row-predictions").hidden = true;
     if (kind === "rows") await prepareRows();
-    document.getElementById("exp-note").textContent = "test accuracy " + corel.pct(current.test_accuracy) + "%";
+    document.getElementById("exp-note").textContent = "test accuracy " + corel.pct(current.test_accuracy) + "%" +
+      (current.status === "succeeded" ? "" : " (" + current.status + " early: its best checkpoint so far serves)");
     history.replaceState(null, "", "/ui/playground?experiment_id=" + current.id);
     document.getElementById("prediction").textContent = "–";
     Plotly.purge("similarities");
-    scatter = await api("/experiments/" + current.id + "/latent/scatter?max_points=2000");
+    try {
+      scatter = await api("/experiments/" + current.id + "/latent/scatter?max_points=2000");
+    } catch (e) {  // a pruned member keeps its best checkpoint, not its latent spaces
+      scatter = null;
+      Plotly.purge("latent");
+      document.getElementById("latent-note").textContent = "No stored latent space to show: " + e.message;
+      return;
+    }
     document.getElementById("latent-note").textContent = "The test latent space (PCA), with the class vectors as stars.";
     await corel.latentChart("latent", scatter);
   }
@@ -101,7 +120,9 @@ corel.pages.playground = async function () {
         { margin: { t: 10, r: 10, b: 80, l: 55 }, xaxis: { type: "category", tickangle: -30 },
           yaxis: { title: { text: "similarity (" + pred.similarity + ")" } } },
         { responsive: true, displaylogo: false });
-      const xy = emb.embeddings.map(project), names = pred.predictions.map(label);
+      const names = pred.predictions.map(label);
+      if (!scatter) { await neighbors(input); return; }  // no stored latent space (a pruned member)
+      const xy = emb.embeddings.map(project);
       await corel.latentChart("latent", scatter, [{ type: "scatter", mode: "markers+text", name: "your input", x: xy.map((v) => v[0]), y: xy.map((v) => v[1]),
         text: names, textposition: "bottom center", customdata: pred.predictions.map((q) => q.class_name),
         marker: { symbol: "x", size: 16, color: "#000", line: { width: 2 } }, hovertemplate: "%{text}: %{customdata}<extra></extra>" }]);
