@@ -190,6 +190,7 @@ class LeaseKeeper:
         last = checked = 0.0
 
         def on_features(name: str, done: int, total: int) -> None:
+            # (name, 0, 0): the encoder loads and its path is chosen, no row computed yet.
             nonlocal last, checked
             if time.monotonic() - checked >= CANCEL_CHECK_SECONDS:
                 checked = time.monotonic()
@@ -199,7 +200,8 @@ class LeaseKeeper:
                 return
             last = time.monotonic()
             self.phase_shown = True
-            detail = f"{name} features of {done:,} of {total:,} rows"
+            detail = (f"{name} features of {done:,} of {total:,} rows" if total
+                      else f"loading {name} and choosing its features' CPU path")
             with_retries(lambda: show_phase(self.factory, self.ids, "computing features", detail),
                          settings, "features progress")
 

@@ -75,6 +75,7 @@ from corel.data.text import (
     tokenize,
 )
 from corel.encoders import choose_features, features_progress, model_inputs, run_preprocessing
+from corel.encoders.features import split_progress
 from corel.encoders.precision import fixed_features
 from corel.spec import ExperimentSpec
 
@@ -276,10 +277,15 @@ def with_image_features(data: Dataset, name: str, features_dir: PathLike | None 
     preprocessing = run_preprocessing(name, "image", "frozen", encoder_path, data.preprocessing)
     preprocessing = choose_features(preprocessing, data.x_val, data.y_val, precision, features_dir)
 
-    def features(x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = model_inputs(x, preprocessing, features_dir, keep=True)
+    total = len(data.x_train) + len(data.x_val) + len(data.x_test)
+
+    def features(x: torch.Tensor, split: str, before: int) -> torch.Tensor:
+        with split_progress(split, before, total):
+            out: torch.Tensor = model_inputs(x, preprocessing, features_dir, keep=True)
         return out
 
     return dataclasses.replace(
-        data, x_train=features(data.x_train), x_val=features(data.x_val), x_test=features(data.x_test),
+        data, x_train=features(data.x_train, "train", 0),
+        x_val=features(data.x_val, "validation", len(data.x_train)),
+        x_test=features(data.x_test, "test", len(data.x_train) + len(data.x_val)),
         input_shape=(int(preprocessing["input_shape"][0]),), preprocessing=preprocessing)

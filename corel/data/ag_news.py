@@ -209,14 +209,15 @@ def _load_ag_news(spec: ExperimentSpec, data_dir: Path | None, download: bool,
     prepare = text_inputs(spec, data_dir, features_dir)
     prepare.choose(split.val[0], split.val[1], spec.precision)
     preprocessing = prepare.preprocessing
+    x_train, x_val, x_test = prepare.splits(split.train[0], split.val[0], split.test[0])
     return Dataset(
         name="ag-news",
         modality="text",
-        x_train=prepare(split.train[0]),
+        x_train=x_train,
         y_train=torch.from_numpy(split.train[1]),
-        x_val=prepare(split.val[0]),
+        x_val=x_val,
         y_val=torch.from_numpy(split.val[1]),
-        x_test=prepare(split.test[0]),
+        x_test=x_test,
         y_test=torch.from_numpy(split.test[1]),
         class_names=split.class_names,
         input_shape=tuple(int(s) for s in preprocessing["input_shape"]),

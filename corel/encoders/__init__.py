@@ -31,6 +31,7 @@ from corel.encoder_catalog import DECLARATIONS, FAMILIES, EncoderDeclaration, en
 from corel.encoders import files, precision
 from corel.encoders.contract import ExportPart, Family
 from corel.encoders.features import FeaturesProgress, features_progress
+from corel.encoders.features import progress as features_heard
 from corel.encoders.finetune import FineTuned
 from corel.encoders.paper import FFNN
 
@@ -104,6 +105,9 @@ def choose_features(preprocessing: dict[str, Any], held_out: Any, labels: torch.
     if fine_tuned(preprocessing):
         return preprocessing
     _, fam, path = recorded(preprocessing)
+    heard = features_heard()
+    if heard is not None:  # (name, 0, 0): the encoder loads, and its path is chosen
+        heard(str(preprocessing["encoder"]["name"]), 0, 0)
     record = precision.choose(str(preprocessing["encoder"]["digest"]), fam.paths(), asked, held_out, labels,
                               lambda p, rows: fam.compute(p, rows, preprocessing, path), cache_dir)
     return {**preprocessing, "encoder": {**preprocessing["encoder"], "features_path": record}}

@@ -37,6 +37,7 @@ __all__ = [
     "keyed",
     "of_texts",
     "progress",
+    "split_progress",
     "texts_key",
 ]
 
@@ -68,6 +69,27 @@ def features_progress(callback: FeaturesProgress | None) -> Iterator[None]:
 def progress() -> FeaturesProgress | None:
     """The callback features computed now report to, if any."""
     return _PROGRESS.get()
+
+
+@contextmanager
+def split_progress(split: str, before: int, total: int) -> Iterator[None]:
+    """Within the block, features computed report as part of a dataset's splits: the
+    encoder named with the split (``minilm (train split)``), and rows counted from ``before``
+    (the splits computed before this one) of ``total`` (all of them), so that one counter
+    runs over the whole dataset rather than starting again per split."""
+    outer = _PROGRESS.get()
+    if outer is None:
+        yield
+        return
+
+    def inner(name: str, done: int, _total: int) -> None:
+        outer(f"{name} ({split} split)", before + done, total)
+
+    token = _PROGRESS.set(inner)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 def texts_key(texts: Sequence[str]) -> str:

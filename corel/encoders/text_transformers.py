@@ -173,8 +173,10 @@ def _run_int8(path: Path, texts: list[str], batch_done: Callable[[int], None] | 
 def _encode(path: Path, texts: list[str], name: str, precision: str = "fp32", report: bool = True) -> torch.Tensor:
     """``texts``' features on path ``precision`` (corel.encoders.precision), reported to the
     features' progress callback when ``report``."""
-    model = load(path)
     progress = cache.progress() if report else None
+    if progress is not None:  # heard before the model loads (20 s on a cold process)
+        progress(name, 0, len(texts))
+    model = load(path)
     parts = []
     done = 0
 

@@ -184,13 +184,19 @@ def test_a_frozen_encoder_s_features_pass_shows_its_phase_and_the_tail_its_own(s
     phases = [p for p, _ in shown]
     first = phases.index(None)
     assert set(phases[:first]) == {"computing features"}, shown
-    counts = []  # (done, total) of each report: "<encoder> features of D of T rows"
-    for _, detail in shown[:first]:
+    counts = []  # (split, done, total) of each report: "<encoder> (<split> split) features of D of T rows"
+    # First, while the encoder loads and its CPU path is chosen (it said nothing then).
+    assert shown[0] == ("computing features", "loading timm:test_convnext and choosing its features' CPU path"), shown
+    for _, detail in shown[1:first]:
+        split = detail.split(" split) ")[0].rsplit("(", 1)[1]
         done, _, total, _ = detail.split(" features of ")[1].replace(",", "").split()
-        counts.append((int(done), int(total)))
-    assert all(0 < done <= total for done, total in counts), counts
-    assert sum(done == total for done, total in counts) == 3, counts  # the three splits, each to its end
-    assert sum(total for done, total in counts if done == total) == 1797  # digits, every row
+        counts.append((split, int(done), int(total)))
+    assert all(0 < done <= total == 1797 for _, done, total in counts), counts  # digits, every row
+    # One count over the dataset (it started again at each split), each report naming its split.
+    assert [d for _, d, _ in counts] == sorted(d for _, d, _ in counts) and counts[-1][1] == 1797, counts
+    assert [s for s, _, _ in counts] == sorted((s for s, _, _ in counts),
+                                               key=["train", "validation", "test"].index), counts
+    assert {s for s, _, _ in counts} == {"train", "validation", "test"}, counts
     assert set(phases[first + 1:]) == {"storing results"}, shown
     with factory() as session:
         row = session.get(Experiment, eid)

@@ -475,6 +475,35 @@ def test_the_playground_predicts_an_uploaded_image(page, client, trained, tmp_pa
     shot(page, "playground")
 
 
+def test_the_experiments_list_shows_a_running_row_s_phase(page, client, shared_datasets):
+    """The list showed `running` alone while a run computed its features for minutes; its
+    page showed the phase. The row shows it too, naming the split, with one count over the
+    dataset."""
+    import csv
+
+    with open(shared_datasets / "ag_news" / "test.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))[:3000]
+    table = "text,label\n" + "".join(f'"{r[1]} {r[2]} (the list shows its phase)",{r[0]}\n'
+                                      for r in rows if '"' not in r[1] + r[2])
+    up = client.post("/datasets", files={"file": ("phase-news.csv", table.encode())}, data={"kind": "text"})
+    assert up.status_code == 201, up.text
+    eid = client.post("/experiments", json={"dataset": "text", "dataset_id": up.json()["id"], "encoder": "minilm",
+                                            "precision": "fp32", "loss": "cosine", "epochs": 2}).json()["id"]
+    try:
+        page.goto("/")
+        page.wait_for_function(
+            f"(document.querySelector('tr[data-id=\"{eid}\"] .row-phase') || {{}}).textContent?.includes('split) features of')",
+            timeout=120_000)
+        shown = page.inner_text(f"tr[data-id='{eid}'] .row-phase")
+        assert shown.startswith("computing features: minilm (train split) features of "), shown
+        assert shown.endswith(" rows") and " of " in shown, shown
+    finally:
+        client.post(f"/experiments/{eid}/cancel")
+    assert wait_for(client, eid, finished)["status"] == "cancelled"
+    page.wait_for_function(f"document.querySelector('tr[data-id=\"{eid}\"]').dataset.status === 'cancelled'")
+    assert page.query_selector(f"tr[data-id='{eid}'] .row-phase") is None
+
+
 def test_the_playground_offers_a_cancelled_run_that_serves_marked_as_such(page, client, trained, tmp_path):
     """It offered succeeded runs only; a run cancelled after an epoch serves (and, cancelled
     alone, has its latent spaces), so it is offered, marked cancelled with its best epoch."""

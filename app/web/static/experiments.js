@@ -25,7 +25,7 @@ corel.pages.experiments = async function () {
     return el("tr", { "data-id": e.id, "data-status": e.status },
       el("td", {}, box),
       el("td", {}, el("a", { href: "/ui/experiments/" + e.id }, "#" + e.id)),
-      el("td", { class: "status" }, badge(e.status)),
+      el("td", { class: "status" }, ...statusCell(e)),
       el("td", { class: "progress-cell" }, progressBar(e)),
       el("td", {}, spec.dataset), el("td", {}, corel.modelLabel(spec)),
       el("td", {}, LOSS_NAMES[spec.loss] || spec.loss),
@@ -35,6 +35,17 @@ corel.pages.experiments = async function () {
       el("td", { class: "owner" }, corel.owner(e.owner)),
       el("td", { class: "muted" }, corel.when(e.created_at)),
       actions);
+  }
+
+  // A running row's phase under its badge (preparing data, computing features, storing
+  // results, and how far), as its own page shows it.
+  function statusCell(e) {
+    const cell = [badge(e.status)];
+    if (e.status === "running" && e.phase) {
+      cell.push(el("div", { class: "row-phase muted", title: e.phase_detail || "" },
+        e.phase + (e.phase_detail ? ": " + e.phase_detail : "")));
+    }
+    return cell;
   }
 
   function sync() {
@@ -69,7 +80,7 @@ corel.pages.experiments = async function () {
         return;
       }
       tr.dataset.status = exp.status;
-      tr.querySelector(".status").replaceChildren(badge(exp.status));
+      tr.querySelector(".status").replaceChildren(...statusCell(exp));
       tr.querySelector(".progress-cell").replaceChildren(progressBar(exp));
       tr.querySelector(".best-val").textContent = pct(exp.best_val_accuracy);
     });
@@ -89,7 +100,23 @@ corel.pages.experiments = async function () {
     document.getElementById("prev").disabled = offset === 0;
     document.getElementById("next").disabled = offset + PAGE >= page.total;
     streams = page.items.filter((e) => !FINISHED.includes(e.status)).slice(0, 20).map(follow);
+    watched = page.items.filter((e) => !FINISHED.includes(e.status)).slice(0, 20);
   }
+
+  // The events carry epochs and statuses, not phases: a running row before its first epoch
+  // or after its last (where the phases are) reads its phase from its row, once a second.
+  let watched = [];
+  setInterval(async () => {
+    for (const exp of watched) {
+      if (exp.status !== "running" || (exp.current_epoch > 0 && exp.current_epoch < exp.epochs_total)) continue;
+      try {
+        const now = await api("/experiments/" + exp.id);
+        Object.assign(exp, { phase: now.phase, phase_detail: now.phase_detail, status: now.status });
+        const tr = tbody.querySelector('tr[data-id="' + exp.id + '"]');
+        if (tr && !FINISHED.includes(now.status)) tr.querySelector(".status").replaceChildren(...statusCell(exp));
+      } catch (e) { /* the next tick tries again */ }
+    }
+  }, 1000);
 
   form.addEventListener("change", () => { offset = 0; load().catch((e) => flash(e.message)); });
   document.getElementById("prev").onclick = () => { offset = Math.max(0, offset - PAGE); load(); };
