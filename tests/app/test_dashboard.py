@@ -620,6 +620,16 @@ def test_a_sweep_page_shows_progress_and_the_tables(page, client, worker):
     assert page.locator("#table-map tbody tr").count() == len(rows) > 0
     first = page.locator(f"#table-map tr[data-loss='{rows[0]['loss']}'] td").nth(2).inner_text()
     assert first == f"{100 * rows[0]['mean']:.2f}"
+    # Each table's t-test speaks of its own figure (under MAP@R it said "best mean test accuracy").
+    assert "has the best mean test accuracy" in page.inner_text("#ttest")
+    assert "has the best mean MAP@R" in page.inner_text("#ttest-map"), page.inner_text("#ttest-map")
+    # Under the live updates the page ends as the API says: every member, each with its status,
+    # and the count beside them (it once said "12 of 12 done" beside 11 members until reloaded).
+    api = client.get("/experiments", params={"sweep_id": sweep_id, "limit": 200}).json()["items"]
+    page.wait_for_function(f"document.querySelector('#sweep-progress em').textContent === '{len(api)} of {len(api)} done'")
+    shown = page.evaluate("[...document.querySelectorAll('#members tbody tr')].map(r => [+r.dataset.id, r.dataset.status])")
+    assert sorted(shown) == sorted([e["id"], e["status"]] for e in api), (shown, api)
+    assert _no_row_cut(page, "#members")
     shot(page, "sweep")
     page.goto("/ui/sweeps")
     page.wait_for_selector(f"#sweeps tr[data-id='{sweep_id}']")
@@ -647,7 +657,27 @@ def test_a_pruned_sweep_page_shows_its_rungs_and_the_grid_in_parallel_coordinate
     dims = page.evaluate("document.getElementById('parcoords').data[0].dimensions.map(d => [d.label, d.values.length])")
     assert dims == [["λ", 6], ["best val %", 6], ["test %", 6]], dims
     assert page.evaluate("document.getElementById('parcoords').data[0].type") == "parcoords"
+    # The lambda plot shows the pruned members too (it showed the survivor alone), as points of
+    # their own at their best validation accuracy up to their rung.
+    members = client.get("/experiments", params={"sweep_id": sweep_id, "limit": 200}).json()["items"]
+    pruned = sorted((m["spec"]["lam"], m["best_val_accuracy"]) for m in members if m["status"] == "pruned")
+    page.wait_for_function("document.getElementById('lambda-plot').data.some(t => t.name.startsWith('pruned'))")
+    plotted = page.evaluate("(t => t.x.map((x, i) => [x, t.y[i]]))(document.getElementById('lambda-plot').data"
+                            ".find(t => t.name.startsWith('pruned')))")
+    assert sorted(map(tuple, plotted)) == pruned, (plotted, pruned)
+    assert _no_row_cut(page, "#pruned") and _no_row_cut(page, "#members")
     shot(page, "sweep-pruned")
+
+
+def _no_row_cut(page: Any, table: str) -> bool:
+    """No row of a scrolled table's box is cut across by the box's bottom edge."""
+    return page.evaluate("""(sel) => {
+      const table = document.querySelector(sel), box = table.parentElement.getBoundingClientRect();
+      return [...table.querySelectorAll('tbody tr')].every((tr) => {
+        const r = tr.getBoundingClientRect();
+        return r.bottom <= box.bottom + 1 || r.top >= box.bottom - 1;
+      });
+    }""", table)
 
 
 def test_the_sweeps_list_names_a_sweep_s_loss_given_in_its_base(page, client):

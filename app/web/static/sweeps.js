@@ -174,13 +174,17 @@ corel.pages.sweep = async function () {
   let sweep = await api("/sweeps/" + id);
   const members = new Map();
   // Members a page of 200 at a time (a sweep may have up to 2,000), oldest first.
-  const exps = [];
-  for (let offset = 0; offset < sweep.size; offset += 200) {
-    const page = await api("/experiments?sweep_id=" + id + "&limit=200&offset=" + offset);
-    exps.push(...page.items);
-    if (page.items.length < 200) break;
+  async function listMembers() {
+    const exps = [];
+    for (let offset = 0; offset < sweep.size; offset += 200) {
+      const page = await api("/experiments?sweep_id=" + id + "&limit=200&offset=" + offset);
+      exps.push(...page.items);
+      if (page.items.length < 200) break;
+    }
+    return exps.sort((a, b) => a.id - b.id);
   }
-  exps.sort((a, b) => a.id - b.id).forEach((e) => members.set(e.id, e));
+  (await listMembers()).forEach((e) => members.set(e.id, e));
+  const allDone = () => [...members.values()].every((e) => FINISHED.includes(e.status));
 
   function memberRow(e) {
     return el("tr", { "data-id": e.id, "data-status": e.status },
@@ -199,6 +203,7 @@ corel.pages.sweep = async function () {
       progressBar({ status: done === all.length ? "succeeded" : "running", current_epoch: done, epochs_total: all.length }));
     document.querySelector("#sweep-progress .progress em").textContent = done + " of " + all.length + " done";
     document.querySelector("#members tbody").replaceChildren(...all.map(memberRow));
+    fitRows();
     document.getElementById("cancel").hidden = done === all.length;
     const b = sweep.base;
     document.getElementById("subtitle").textContent = (b.dataset || "?") + " / " + corel.modelLabel(b) + ", " +
@@ -206,7 +211,8 @@ corel.pages.sweep = async function () {
       (sweep.lam_by_loss ? "; λ by loss " + JSON.stringify(sweep.lam_by_loss) : "");
   }
 
-  function words(cmp) {
+  // What a table's paired t-test says, of the table's own figure ("test accuracy", "MAP@R").
+  function words(cmp, figure) {
     if (!cmp) return "There is one loss only: nothing to test.";
     const name = (l) => LOSS_NAMES[l] || l;
     if (cmp.p === null || cmp.p === undefined) {
@@ -214,7 +220,7 @@ corel.pages.sweep = async function () {
         " needs at least two seeds both have, with differences that vary; it was not computed.";
     }
     const sig = cmp.p < 0.05;
-    return name(cmp.best) + " has the best mean test accuracy. Against the runner-up, " + name(cmp.runner_up) +
+    return name(cmp.best) + " has the best mean " + figure + ". Against the runner-up, " + name(cmp.runner_up) +
       ", a paired two-tailed t-test over " + cmp.paired_seeds.length + " seeds gives p = " + cmp.p.toPrecision(2) +
       ": the difference is " + (sig ? "significant at the 5% level" + (cmp.p < 0.001 ? " (p < 0.001)" : "") : "not significant") + ".";
   }
@@ -236,7 +242,8 @@ corel.pages.sweep = async function () {
     const ended = all.map((e) => (e.status === "pruned" ? 0 : e.status === "succeeded" ? 1 : 0.5));
     Plotly.react("parcoords", [{ type: "parcoords", dimensions: dims,
       line: { color: ended, cmin: 0, cmax: 1, colorscale: [[0, "#b8bfcc"], [0.5, "#e0a43a"], [1, "#2f6fdf"]] } }],
-      { margin: { t: 40, r: 40, b: 20, l: 50 } }, { responsive: true, displaylogo: false });
+      // Room either side for the outer axes' tick labels ("Gaussian-COREL" was cut to "n-COREL").
+      { margin: { t: 40, r: 70, b: 20, l: 120 } }, { responsive: true, displaylogo: false });
   }
 
   function pruning(p) {
@@ -264,7 +271,7 @@ corel.pages.sweep = async function () {
       el("td", { class: "num" }, pct(r.mean)), el("td", { class: "num" }, r.std === null ? "–" : pct(r.std)),
       el("td", { class: "num" }, r.n), el("td", { class: "num" }, paper[r.loss] !== undefined ? paper[r.loss].toFixed(2) : "–"),
       el("td", { class: "num" }, paper[r.loss] !== undefined ? (100 * r.mean - paper[r.loss] >= 0 ? "+" : "") + (100 * r.mean - paper[r.loss]).toFixed(2) : "–"))));
-    document.getElementById("ttest").textContent = words(rep.test_accuracy.comparison);
+    document.getElementById("ttest").textContent = words(rep.test_accuracy.comparison, "test accuracy");
     const t2 = [], traces = [];
     Object.entries(rep.lambda_tuning).forEach(([loss, t], i) => {
       for (const r of t.by_lambda) {
@@ -277,6 +284,13 @@ corel.pages.sweep = async function () {
         error_y: { type: "data", array: pts.map((r) => r.std_val || 0), visible: true }, name: LOSS_NAMES[loss] || loss, mode: "lines+markers", line: { color: colour } });
       else if (t.by_lambda.length) traces.push({ x: [0, 1], y: [t.by_lambda[0].mean_val, t.by_lambda[0].mean_val], name: (LOSS_NAMES[loss] || loss) + " (no λ)", mode: "lines", line: { dash: "dash", color: colour } });
     });
+    // A pruned sweep's tables are its survivors'; the members it pruned are points of their
+    // own (their best validation accuracy up to their rung), so the plot shows the whole grid.
+    const cut = [...members.values()].filter((e) => e.status === "pruned" && e.spec.lam !== undefined && e.spec.lam !== null
+                                              && e.best_val_accuracy !== null);
+    if (cut.length) traces.push({ x: cut.map((e) => e.spec.lam), y: cut.map((e) => e.best_val_accuracy), mode: "markers",
+      name: "pruned (best up to its rung)", marker: { color: "#b8bfcc", symbol: "x", size: 9 },
+      text: cut.map((e) => "#" + e.id + " " + (LOSS_NAMES[e.spec.loss] || e.spec.loss)), hovertemplate: "%{text}: λ %{x}, %{y:.3f}<extra></extra>" });
     document.querySelector("#table2 tbody").replaceChildren(...t2);
     Plotly.react("lambda-plot", traces, { margin: { t: 10, r: 10, b: 40, l: 55 }, xaxis: { title: { text: "λ" } },
       yaxis: { title: { text: "validation accuracy" } }, legend: { orientation: "h", y: -0.2 } }, { responsive: true, displaylogo: false });
@@ -291,7 +305,32 @@ corel.pages.sweep = async function () {
       el("td", {}, LOSS_NAMES[r.loss] || r.loss), el("td", { class: "num" }, r.lam === null ? "–" : r.lam),
       el("td", { class: "num" }, pct(r.mean)), el("td", { class: "num" }, r.std === null ? "–" : pct(r.std)),
       el("td", { class: "num" }, r.n))));
-    document.getElementById("ttest-map").textContent = ret.comparison ? words(ret.comparison) : "";
+    document.getElementById("ttest-map").textContent = ret.comparison ? words(ret.comparison, "MAP@R") : "";
+    fitRows();
+  }
+
+  // A scrolled table's box ends at a row's bottom, never across a row (the pruning table's
+  // last visible row was cut in half).
+  function fitRows() {
+    for (const [selector, most] of [["#members", 360], ["#pruned", 300], ["#table2", 360]]) {
+      const table = document.querySelector(selector), box = table && table.parentElement;
+      if (!box || !box.style.maxHeight) continue;
+      const rowHeight = (r) => r.getBoundingClientRect().height;  // fractional: offsetHeight rounds
+      let height = rowHeight(table.querySelector("thead"));
+      for (const tr of table.querySelectorAll("tbody tr")) {
+        if (height + rowHeight(tr) > most) break;
+        height += rowHeight(tr);
+      }
+      box.style.maxHeight = height + "px";
+    }
+  }
+
+  // Once every member has finished, the list and the tables are read once more from the
+  // API: the page ends as a reload would show it, whatever the live updates crossed.
+  async function reconcile() {
+    (await listMembers()).forEach((e) => members.set(e.id, e));
+    renderMembers();
+    await report();
   }
 
   document.getElementById("cancel").onclick = async () => {
@@ -299,11 +338,14 @@ corel.pages.sweep = async function () {
   };
   renderMembers();
   await report().catch((e) => corel.flash(e.message));
-  if ([...members.values()].every((e) => FINISHED.includes(e.status))) return;
+  if (allDone()) return;
   let pending = null;
   stream("/sweeps/" + id + "/events", (kind, data) => {
     const e = members.get(data.experiment_id);
-    if (!e) return;
+    if (!e) {  // a member the first listing did not have: read it, never drop its event
+      api("/experiments/" + data.experiment_id).then((fresh) => { members.set(fresh.id, fresh); renderMembers(); }).catch(() => {});
+      return;
+    }
     if (kind === "epoch") {
       e.current_epoch = Math.max(e.current_epoch, data.epoch);
       if (data.is_best) e.best_val_accuracy = data.val_accuracy;
@@ -312,7 +354,7 @@ corel.pages.sweep = async function () {
       if (FINISHED.includes(e.status)) {
         // Tables follow finished members, at most once a second.
         clearTimeout(pending);
-        pending = setTimeout(() => report().catch(() => {}), 1000);
+        pending = setTimeout(() => (allDone() ? reconcile() : report()).catch(() => {}), 1000);
         api("/experiments/" + e.id).then((fresh) => { members.set(e.id, fresh); renderMembers(); }).catch(() => {});
       }
     }
