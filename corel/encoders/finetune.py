@@ -12,7 +12,9 @@ batching, shuffling and checkpoints apply unchanged (each family's ``inputs``: a
 family's token ids and attention masks, an image family's pixels). Each family builds its
 tower (:class:`KeepFrozenInEval`); this module holds what every tower shares.
 
-A checkpoint holds the fine-tuned weights (the whole tower). Not stackable.
+A checkpoint holds the fine-tuned weights: the whole tower, or with ``trainable_blocks``
+the trained blocks alone (corel.train.checkpoints.model_state), the frozen part coming from
+the encoder's files when the model is built. Not stackable.
 
 The frozen lower part's outputs are computed once (:class:`FrozenOutputs`). With
 ``trainable_blocks`` below the tower's count, the embeddings (or the stem) and the blocks

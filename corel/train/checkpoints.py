@@ -7,6 +7,12 @@ A checkpoint is a dict of tensors and plain values, loadable with ``weights_only
 ``optimizer``, ``rng`` (``torch``, ``shuffle``, and ``cuda`` when trained on a GPU),
 ``history`` and ``best``. A serving checkpoint (``Run.best_checkpoint``) has the best
 epoch's weights and no optimizer or RNG state.
+
+A fine-tuned model's state leaves out its tower's frozen part (:func:`model_state`): the
+embeddings and blocks below ``trainable_blocks`` never change, and the model built from the
+checkpoint's spec loads them from the encoder's own files, which the preprocessing names by
+their content digest (check_same_encoder). A MiniLM run training 2 of its 6 blocks stored
+the whole 91 MB encoder in every checkpoint.
 """
 
 from __future__ import annotations
@@ -45,6 +51,37 @@ def optimizer_state(saved: dict[str, Any]) -> dict[str, Any]:
 def cpu_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A copy of a state dict on the CPU (what a checkpoint holds)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+def frozen_keys(model: torch.nn.Module) -> set[str]:
+    """The state-dict keys of a fine-tuned tower's frozen part (its ``frozen`` modules'
+    parameters, which never train, and buffers, which stay as pretrained): empty for any
+    other model."""
+    frozen = [m for tower in model.modules() for m in getattr(tower, "frozen", None) or []
+              if isinstance(m, torch.nn.Module)]
+    if not frozen:
+        return set()
+    held = {id(t) for m in frozen for t in m.state_dict(keep_vars=True).values()}
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}  # a tensor shared with
+    return {k for k, t in model.state_dict(keep_vars=True).items()      # a trainable part stays
+            if id(t) in held and id(t) not in trainable}
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint holds of ``model``: its state on the CPU, but a fine-tuned tower's
+    frozen part (:func:`frozen_keys`), which the model built from the checkpoint has already."""
+    leave = frozen_keys(model)
+    return cpu_state({k: v for k, v in model.state_dict().items() if k not in leave})
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a checkpoint's model state (a whole one, or one without the frozen part) into
+    ``model``, built from the checkpoint's spec; ValueError where it lacks more than that."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    lacking = set(missing) - frozen_keys(model)
+    if lacking or unexpected:
+        raise ValueError(f"the checkpoint's model does not fit its spec's: missing "
+                         f"{sorted(lacking)[:5]}, unexpected {sorted(unexpected)[:5]}")
 
 
 def check_resumable(checkpoint: dict[str, Any], spec: ExperimentSpec, what: str = "the checkpoint") -> None:
@@ -121,5 +158,5 @@ def model_from_checkpoint(
     dtype = checkpoint["model"]["head.W"].dtype
     if dtype != torch.float32:
         model = model.to(dtype)
-    model.load_state_dict(checkpoint["model"])
+    load_model_state(model, checkpoint["model"])
     return spec, model.to(pick_device(device)).eval()

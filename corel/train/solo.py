@@ -52,7 +52,8 @@ from corel.train.checkpoints import (
     CHECKPOINT_FORMAT,
     check_resumable,
     check_same_encoder,
-    cpu_state,
+    load_model_state,
+    model_state,
     optimizer_state,
     recorded_features,
     restore_rng,
@@ -183,7 +184,7 @@ class Run:
             "num_classes": self.data.num_classes,
             "class_names": list(self.data.class_names),
             "preprocessing": json.dumps(self.data.preprocessing),
-            "model": cpu_state(self.model.state_dict()),
+            "model": model_state(self.model),
             "optimizer": self.optimizer.state_dict(),
             "rng": rng_state(self.shuffle, self.device),
             **self.record.to_checkpoint(),
@@ -238,7 +239,7 @@ class FitResult:
         further captures a new one."""
         run.graphed = None
         if run.best_state is not None:
-            run.model.load_state_dict(run.best_state)
+            load_model_state(run.model, run.best_state)
         return cls(
             spec=run.spec,
             model=run.model,
@@ -353,7 +354,7 @@ def run_epoch(run: Run, callbacks: Sequence[Callback] = ()) -> EpochMetrics | No
     return run.record.observe(
         run.epoch, train_loss=total_loss / n, train_accuracy=correct / n, val_accuracy=val_acc,
         seconds=time.perf_counter() - started, test_accuracy=test_acc,
-        state=lambda: cpu_state(model.state_dict()))
+        state=lambda: model_state(model))
 
 
 def start_run(
@@ -416,7 +417,7 @@ def make_optimizer(model: Classifier, lr: float, encoder_lr: float | None = None
 
 
 def _restore(run: Run, ckpt: dict[str, Any]) -> None:
-    run.model.load_state_dict(ckpt["model"])
+    load_model_state(run.model, ckpt["model"])
     run.optimizer.load_state_dict(optimizer_state(ckpt["optimizer"]))
     run.epoch = int(ckpt["epoch"])
     run.record = Record.from_checkpoint(ckpt)

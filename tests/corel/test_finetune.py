@@ -65,6 +65,36 @@ def test_a_checkpoint_holds_the_fine_tuned_weights_and_serves_raw_texts(files):
     assert served.embed(x, "encoder").shape == (2, 32)
 
 
+def test_a_checkpoint_leaves_out_the_frozen_blocks_and_serves_and_resumes_as_the_whole_one(files):
+    """With trainable_blocks, a checkpoint holds the trained blocks and the head alone: the
+    embeddings and the blocks below come from the encoder's files (named by their digest in
+    the preprocessing) when the model is built. It served and resumed as the whole one did;
+    it held the whole encoder (91 MB for MiniLM training 2 of its 6 blocks)."""
+    result = fit(spec(files, trainable_blocks=1), chance_epochs=0)
+    best = result.run.best_checkpoint()
+    whole = result.model.state_dict()
+    kept = set(best["model"])
+    assert kept < set(whole)
+    left_out = set(whole) - kept
+    assert left_out and all(".embeddings." in k or ".encoder.layer.0." in k for k in left_out), sorted(left_out)[:5]
+    assert any(".encoder.layer.1." in k for k in kept) and "head.W" in kept
+    blob = checkpoint_to_bytes(best)
+    assert len(blob) < 0.8 * len(checkpoint_to_bytes({**best, "model": {k: v for k, v in whole.items()}}))
+    served = ServedModel.from_checkpoint(checkpoint_from_bytes(blob))
+    x = served.prepare(["the goalkeeper saved a penalty", "bond yields rose again"])
+    with torch.no_grad():
+        result.model.eval()
+        want = result.model.encoder(x)
+    torch.testing.assert_close(served.embed(x), want, atol=0, rtol=0)
+    # The resume checkpoint too (a run resumed from one ends bit for bit as the whole run:
+    # test_a_run_keeping_its_frozen_outputs_resumes_bit_for_bit_in_float64).
+    assert set(result.run.checkpoint()["model"]) == kept
+    # A checkpoint that lacks more than the frozen part is refused, saying so.
+    broken = {**best, "model": {k: v for k, v in best["model"].items() if ".encoder.layer.1." not in k}}
+    with pytest.raises(ValueError, match=r"missing \['encoder\.tower\..*layer\.1\."):
+        ServedModel.from_checkpoint(broken)
+
+
 def test_an_evaluation_groups_texts_by_length_and_gives_each_row_its_own(files):
     """In eval mode a large batch of texts runs in groups of like length (not padded to its
     longest text): every row gets what it gets alone, in its own place."""
