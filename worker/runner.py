@@ -156,6 +156,31 @@ class CancelledInSetup(Exception):
     about a second of the request, not after the last row."""
 
 
+STOPPING = threading.Event()
+"""Set when this worker begins a warm shutdown (a SIGTERM: worker/tasks.py): a run hands
+itself back at its next epoch's end, queued again from its checkpoint for the next worker,
+rather than training on until the shutdown's end (about 30 s) and then waiting out its
+lease (37 s more before a restarted worker took it)."""
+
+HANDED_BACK = "handed-back"
+"""What a task returns for runs it handed back (worker/tasks.py sends them again)."""
+
+
+class HandBack(Exception):
+    """Raised after an epoch is recorded, while the worker stops: the run goes back."""
+
+
+def hand_back(factory: sessionmaker[Session], ids: list[int]) -> None:
+    """The runs ``ids`` queued again, no worker's, from their last recorded epoch (their
+    resume checkpoint): the next worker to get their message claims them at once."""
+    with session_scope(factory) as session:
+        session.execute(update(Experiment).where(
+            Experiment.id.in_(ids), Experiment.worker == WORKER_ID, Experiment.status == Status.RUNNING,
+        ).values(status=Status.QUEUED, worker=None, heartbeat_at=None, phase=None, phase_detail=None))
+        lifecycle.announce(session, Experiment, ids)
+    log.info("handed back: this worker is stopping", extra={"experiments": ids})
+
+
 CANCEL_CHECK_SECONDS = 1.0
 """How often a setup's progress reads whether its runs were cancelled."""
 
@@ -298,6 +323,8 @@ class DatabaseRecorder(Callback):
             _upsert_checkpoint(session, self.experiment_id, "resume", metrics.epoch, art)
         METRICS.epoch_done(metrics.seconds, len(run.data.y_train))
         log.info("epoch done", extra={"experiment": self.experiment_id, **metrics.to_dict()})
+        if STOPPING.is_set() and not self.cancelled and metrics.epoch < run.spec.epochs:
+            raise HandBack
         return self.cancelled
 
 
@@ -515,6 +542,9 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
             _finish(factory, experiment_id, status=Status.CANCELLED)
             return Status.CANCELLED
         return _store_results(factory, experiment_id, result, settings)
+    except HandBack:
+        hand_back(factory, [experiment_id])
+        return HANDED_BACK
     except CancelledInSetup:
         log.info("cancelled while computing features", extra={"experiment": experiment_id})
         _finish(factory, experiment_id, status=Status.CANCELLED, phase=None, phase_detail=None)
@@ -639,6 +669,8 @@ class GroupRecorder(GroupCallback):
         for status in ended:
             METRICS.experiment_finished(status)
         self.last_beat = time.monotonic()
+        if STOPPING.is_set() and self.active and metrics[0].epoch < group.specs[0].epochs:
+            raise HandBack
         return not self.active
 
     def on_prune(self, group: GroupView, kept: list[int], why: dict[int, str], rung: int) -> None:
@@ -746,6 +778,11 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
                             device=settings.device, chance_epochs=settings.chance_epochs,
                             data_dir=builtin.data_dir_for(settings, jobs[0].spec.dataset),
                             options=setup.options(settings), prune=prune)
+    except HandBack:
+        going = sorted(recorder.active)
+        hand_back(factory, going)
+        outcome.update({experiment_id: HANDED_BACK for experiment_id in going})
+        return outcome
     except CancelledInSetup:
         log.info("cancelled while computing features", extra={"experiments": members})
         for experiment_id in members:

@@ -50,15 +50,22 @@ def _factory() -> sessionmaker[Session]:
 @celery.task(name=TRAIN_TASK, acks_late=True, reject_on_worker_lost=True)
 def train_experiment(experiment_id: int) -> str:
     eid = int(experiment_id)
-    return runner.with_retries(lambda: runner.train_experiment(eid, _factory(), _settings()),
-                               _settings(), f"experiment {eid}")
+    status = runner.with_retries(lambda: runner.train_experiment(eid, _factory(), _settings()),
+                                 _settings(), f"experiment {eid}")
+    if status == runner.HANDED_BACK:  # this worker stops: the next one takes it at once
+        _send(TRAIN_TASK, eid)
+    return status
 
 
 @celery.task(name=TRAIN_GROUP_TASK, acks_late=True, reject_on_worker_lost=True)
 def train_group(experiment_ids: list[int]) -> dict[int, str]:
     ids = [int(i) for i in experiment_ids]
-    return runner.with_retries(lambda: runner.train_group(ids, _factory(), _settings()),
-                               _settings(), f"experiments {ids}")
+    outcome = runner.with_retries(lambda: runner.train_group(ids, _factory(), _settings()),
+                                  _settings(), f"experiments {ids}")
+    back = [i for i, status in outcome.items() if status == runner.HANDED_BACK]
+    if back:  # this worker stops: the next one takes them at once, as one group again
+        celery.send_task(TRAIN_GROUP_TASK, args=[back])
+    return outcome
 
 
 @celery.task(name=EMBED_TASK, acks_late=True, reject_on_worker_lost=True)
@@ -149,3 +156,4 @@ def _on_ready(**_: Any) -> None:
 @worker_shutting_down.connect
 def _on_shutdown(**_: Any) -> None:
     _stop.set()
+    runner.STOPPING.set()  # a run hands itself back at its next epoch's end
