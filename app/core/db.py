@@ -82,6 +82,10 @@ class Watchdog:
                 return True
             return False
 
+    IDLE_SECONDS = 30.0
+    """How long the thread waits with no deadline before it ends (the next ``arm`` starts
+    another): one thread per engine forever outlived its engine's disposal."""
+
     def _watch(self) -> None:
         while True:
             with self._changed:
@@ -92,7 +96,13 @@ class Watchdog:
                     self._fired.add(key)
                 if not due:
                     nearest = min((at for at, _ in self._deadlines.values()), default=None)
-                    self._changed.wait(None if nearest is None else nearest - now)
+                    if nearest is None:
+                        self._changed.wait(self.IDLE_SECONDS)
+                        if not self._deadlines:
+                            self._thread = None  # under the lock: arm() starts a new one
+                            return
+                        continue
+                    self._changed.wait(nearest - now)
                     continue
             for _, connection in due:
                 _shut_down(connection)
