@@ -27,6 +27,9 @@ for _name, _value in WORKER_ENV_DEFAULTS.items():
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
+# After each pass, what the tests started and left running fails the run (tests/leftovers.py).
+pytest_plugins = ["tests.leftovers"]
+
 REPO = Path(__file__).resolve().parents[1]
 # CI clones the repository with shared/ beside it.
 SHARED_DATASETS = REPO.parent / "shared" / "datasets"
