@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # `make serve` installs the service alone; `make test` adds the test toolchain on top.
 SERVICE_STAMP := $(VENV)/.installed-service
 
-.PHONY: test test-as-user test-cluster test-gpu screenshots serve install lint clean
+.PHONY: test test-fast test-as-user test-cluster test-gpu screenshots serve install lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,16 +55,28 @@ KERNEL_FREE := test_index test_download test_report test_encoder_catalog test_na
 # then the tests marked `serial` (they
 # measure time, or load the whole machine) run alone.
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+# Each pass ends with its 25 slowest tests (setup and teardown included), and with the
+# leftover check (tests/leftovers.py): a process or thread the pass left running fails it.
+DURATIONS := --durations=25
 
 # mypy (one process, about 100 s from an empty cache) checks beside the kernel pass.
 test: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check corel app worker tests bench harness
 	$(BIN)/mypy & mypy=$$!; \
-	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) tests/corel \
+	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) tests/corel \
 		$(KERNEL_FREE:%=--ignore=tests/corel/%.py); kernels=$$?; \
 	wait $$mypy && [ $$kernels -eq 0 ]
-	$(BIN)/python -m pytest -q $(XDIST) -m "not serial"
-	$(BIN)/python -m pytest -q -m serial
+	$(BIN)/python -m pytest -q $(XDIST) $(DURATIONS) -m "not serial"
+	$(BIN)/python -m pytest -q $(DURATIONS) -m serial
+
+# The edit loop's pass: ruff, then the tests that need no service, worker or browser (the
+# library's, the worker's own units, the repository's checks) on this CPU's kernels, once.
+# docs/development.md says what each tier holds and costs.
+FAST := tests/corel tests/worker tests/test_architecture.py tests/test_docs_links.py \
+	tests/test_leftovers.py tests/app/test_db_watchdog.py
+test-fast: $(STAMP) $(NATIVE)
+	$(BIN)/ruff check corel app worker tests bench harness
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not serial" $(FAST)
 
 # The service tests again, acting for a user with a write token (tests/app/conftest.py),
 # but those that act for no user of the session (no_user, and those without the settings
