@@ -26,6 +26,12 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="COREL_", env_file=".env", extra="ignore")
 
     var_dir: Path = Field(default=Path("var"), description="Where the embedded default keeps its files.")
+    features_dir: Path | None = Field(
+        default=None, description="Where frozen encoders' features of a dataset are kept as files, "
+        "for every later run and process that computes the same ones (default: var_dir/features). "
+        "Their names are their content's digests (the encoder's, the inputs', the CPU path), and "
+        "each is written beside, then renamed: the processes of one host (several workers, a "
+        "test run's processes) may share one folder.")
     artifacts: Literal["local", "s3"] = Field(
         default="local",
         description="Where artifacts (checkpoints, uploads, encoders, latent spaces, ...) are "
@@ -338,7 +344,7 @@ def engine_options(settings: Settings) -> EngineOptions:
 
     return EngineOptions(cuda_graphs=parse_cuda_graphs(settings.cuda_graphs or ""), native=settings.native,
                          native_dir=settings.native_dir or None,
-                         features_dir=str(settings.var_dir.resolve() / "features"))
+                         features_dir=str((settings.features_dir or settings.var_dir / "features").resolve()))
 
 
 @lru_cache

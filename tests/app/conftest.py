@@ -199,6 +199,11 @@ def settings(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFacto
         log_level="INFO",
         # As `make serve` does: MNIST and AG News's test split from ../shared/datasets.
         data_dir=str(SHARED_DATASETS) if SHARED_DATASETS.is_dir() else "",
+        # One folder of features for the whole run: every test process's workers (and the
+        # own stacks' copies of these settings) compute an encoder's features of the same
+        # data once, not once a process (the files are content-addressed, written atomically).
+        features_dir=tmp_path_factory.getbasetemp().parent / "features"
+        if os.environ.get("PYTEST_XDIST_WORKER") else tmp_path_factory.mktemp("features"),
     )
     upgrade(s)  # migrations run once per test session
     if AS_USER and not AS_USER_TOKEN:
@@ -226,6 +231,7 @@ def settings_env(s: Settings) -> dict[str, str]:
         "COREL_DATABASE_URL": s.database_url,
         "COREL_BROKER_URL": s.broker_url,
         "COREL_VAR_DIR": str(s.var_dir),
+        **({"COREL_FEATURES_DIR": str(s.features_dir)} if s.features_dir is not None else {}),
         "COREL_DATA_DIR": s.data_dir,
         "COREL_DOWNLOAD": str(s.download).lower(),
         "COREL_DOWNLOAD_MIRROR": s.download_mirror,
