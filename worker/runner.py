@@ -196,6 +196,7 @@ class LeaseKeeper:
     def __init__(self, ids: Iterable[int], factory: sessionmaker[Session], settings: Settings):
         self.ids, self.factory, self.every = list(ids), factory, settings.heartbeat_seconds
         self.phase_shown = False
+        self.training = False  # from the first batch on
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="corel-lease", daemon=True)
 
@@ -216,8 +217,10 @@ class LeaseKeeper:
 
         def on_features(name: str, done: int, total: int) -> None:
             # (name, 0, 0): the encoder loads and its path is chosen, no row computed yet.
+            # Heard during the first epoch too (a fine-tune's frozen blocks' outputs), when
+            # the loop's own beats see a cancel: not read here then.
             nonlocal last, checked
-            if time.monotonic() - checked >= CANCEL_CHECK_SECONDS:
+            if not self.training and time.monotonic() - checked >= CANCEL_CHECK_SECONDS:
                 checked = time.monotonic()
                 if self.all_cancelled():
                     raise CancelledInSetup(f"runs {self.ids} cancelled while computing features")
@@ -248,6 +251,7 @@ class LeaseKeeper:
     def first_batch(self) -> None:
         """Stop keeping the lease (the loop's beats hold it now), and clear a phase shown
         while the data was prepared."""
+        self.training = True
         self.stop()
         if self.phase_shown:
             self.phase_shown = False
@@ -318,6 +322,8 @@ class DatabaseRecorder(Callback):
                 best_val_accuracy=run.best_val_accuracy,
                 test_accuracy=run.test_accuracy,
                 train_seconds=Experiment.train_seconds + metrics.seconds,
+                # A phase the epoch showed (a fine-tune's frozen blocks' outputs) ends with it.
+                phase=None, phase_detail=None,
             )
             session.add(EpochMetric(experiment_id=self.experiment_id, **metrics.to_dict()))
             _upsert_checkpoint(session, self.experiment_id, "resume", metrics.epoch, art)

@@ -32,15 +32,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 from torch import nn
 
 __all__ = ["FROZEN_OUTPUTS", "WARMUP", "FineTuned", "FrozenOutputs", "KeepFrozenInEval", "encoder_lr",
-           "freeze", "frozen_outputs_kept", "optimizer_groups", "warmed_up_lr"]
+           "freeze", "frozen_outputs_heard", "frozen_outputs_kept", "optimizer_groups", "warmed_up_lr"]
 
 
 WARMUP = 0.1
@@ -95,6 +96,9 @@ class FrozenOutputs:
                         self.sizes[key] = self.sizes.get(key, 0) + row.numel() * row.element_size()
                 self.computed += len(first)
                 self._trim()
+            heard = _HEARD.get()
+            if heard is not None:
+                heard(len(first))
         return [table[raw] for raw in inputs]
 
     def _trim(self) -> None:
@@ -109,6 +113,20 @@ class FrozenOutputs:
 
 
 FROZEN_OUTPUTS = FrozenOutputs()
+
+_HEARD: ContextVar[Callable[[int], None] | None] = ContextVar("corel_frozen_outputs_heard", default=None)
+
+
+@contextmanager
+def frozen_outputs_heard(callback: Callable[[int], None] | None) -> Iterator[None]:
+    """Within the block (this thread's context), ``callback(rows)`` hears of each batch of
+    rows whose frozen outputs were computed (not found kept): the engine shows a fine-tune's
+    first epoch, which computes them for every row, as a phase."""
+    token = _HEARD.set(callback)
+    try:
+        yield
+    finally:
+        _HEARD.reset(token)
 
 """This process's frozen lower parts' outputs (every run and sweep member shares them)."""
 

@@ -95,6 +95,35 @@ def test_a_checkpoint_leaves_out_the_frozen_blocks_and_serves_and_resumes_as_the
         ServedModel.from_checkpoint(broken)
 
 
+def test_the_first_epoch_reports_the_frozen_blocks_outputs_as_it_computes_them(files):
+    """A fine-tune's first epoch computes every row's frozen lower output (200 s over MiniLM
+    on 2 cores), and showed no phase meanwhile: the engine reports it to ``on_features``, one
+    count over all the rows; later epochs find them kept and report nothing."""
+    from corel.encoders.finetune import FROZEN_OUTPUTS
+    from corel.train import EngineOptions
+
+    FROZEN_OUTPUTS.clear()
+    heard: list[tuple[str, int, int, int]] = []
+
+    class Epochs(Callback):
+        epoch = 0
+
+        def on_epoch_end(self, metrics, run) -> bool:
+            self.epoch = metrics.epoch
+            return False
+
+    epochs = Epochs()
+    options = EngineOptions(on_features=lambda name, done, total: heard.append((name, done, total, epochs.epoch)))
+    result = fit(spec(files, trainable_blocks=1, epochs=3), [epochs], options=options, chance_epochs=0)
+    data = result.run.data
+    total = len(data.y_train) + len(data.y_val) + len(data.y_test)
+    frozen = [h for h in heard if h[0].endswith("(its frozen blocks)")]
+    assert frozen and all(t == total for _, _, t, _ in frozen), frozen
+    assert {e for *_, e in frozen} == {0}  # the first epoch alone: the others found them kept
+    done = [d for _, d, _, _ in frozen]
+    assert done == sorted(done) and done[-1] == total, done
+
+
 def test_an_evaluation_groups_texts_by_length_and_gives_each_row_its_own(files):
     """In eval mode a large batch of texts runs in groups of like length (not padded to its
     longest text): every row gets what it gets alone, in its own place."""
