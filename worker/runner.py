@@ -445,6 +445,11 @@ def show_phase(factory: sessionmaker[Session], ids: list[int], phase: str | None
         lifecycle.announce(session, Experiment, ids)
 
 
+def _cancel_asked(factory: sessionmaker[Session], experiment_id: int) -> bool:
+    with session_scope(factory) as session:
+        return lifecycle.cancel_requested(session, experiment_id)
+
+
 def _store_results(factory: sessionmaker[Session], experiment_id: int, result: FitResult,
                    settings: Settings, status: Status = Status.SUCCEEDED) -> str:
     """Best checkpoint (into the artifact store first), test, validation and training
@@ -471,6 +476,17 @@ def _store_results_leased(factory: sessionmaker[Session], experiment_id: int,
     # The training split too: the reference rows of retrieval and nearest-neighbour search.
     latents = []
     for split, y in (("test", data.y_test), ("validation", data.y_val), ("train", data.y_train)):
+        if status != Status.CANCELLED and _cancel_asked(factory, experiment_id):
+            # Cancelled while its latent spaces were computed (a fine-tune's take a minute):
+            # it ends now, serving its best checkpoint, without them.
+            with session_scope(factory) as session:
+                _upsert_checkpoint(session, experiment_id, "best", result.best_epoch, best)
+                ended = lifecycle.end(session, experiment_id, Status.CANCELLED, phase=None, phase_detail=None,
+                                      best_epoch=result.best_epoch, best_val_accuracy=result.best_val_accuracy,
+                                      test_accuracy=result.test_accuracy)
+            if ended:
+                METRICS.experiment_finished(Status.CANCELLED)
+            return Status.CANCELLED
         show_phase(factory, [experiment_id], "storing results", f"the {split} split's latent space")
         latents.append(_latent(factory, result, y, experiment_id, split))
     with session_scope(factory) as session:

@@ -76,3 +76,29 @@ def test_a_run_resumes_on_the_threads_it_recorded_not_the_new_worker_s_share(fac
     assert seen == [1, 1, 1], seen
     with factory() as session:
         assert session.get(Experiment, fresh).threads == 1
+
+
+def test_a_run_cancelled_while_its_results_are_stored_ends_cancelled_at_the_next_split(factory, monkeypatch):
+    """A cancel asked while the latent spaces are computed (a fine-tune's take a minute) ends
+    the run there, serving its best checkpoint: it was ignored, and the run succeeded."""
+    from app.core.models import Checkpoint, LatentSpace
+
+    factory, settings = factory
+    with session_scope(factory) as session:
+        eid = create_experiment(session, ExperimentCreate(**SPEC, loss="cosine")).id
+    real = runner._latent
+
+    def then_cancel(factory_, result, y, experiment_id, split):
+        out = real(factory_, result, y, experiment_id, split)
+        with session_scope(factory_) as session:  # asked while the first split was stored
+            session.get(Experiment, experiment_id).cancel_requested = True
+        return out
+
+    monkeypatch.setattr(runner, "_latent", then_cancel)
+    assert runner.train_experiment(eid, factory, settings) == "cancelled"
+    with factory() as session:
+        row = session.get(Experiment, eid)
+        assert (row.status, row.phase) == ("cancelled", None) and row.best_epoch >= 1
+        kinds = {c.kind for c in session.query(Checkpoint).filter_by(experiment_id=eid)}
+        assert "best" in kinds
+        assert session.query(LatentSpace).filter_by(experiment_id=eid).count() == 0
