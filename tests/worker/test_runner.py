@@ -1,4 +1,4 @@
-"""A run trains on the torch threads it first started on (experiments.threads), whatever
+"""worker/runner.py called in-process. A run trains on the torch threads it first started on (experiments.threads), whatever
 its worker's share of the host becomes meanwhile, and resumes on them: on some CPUs torch's
 float32 results depend on the thread count, and a run whose threads followed the share as
 workers came and went differed from the same spec trained alone (issue 68)."""
