@@ -52,15 +52,20 @@ def test_the_library_refuses_an_image_past_the_bound_before_decoding(data, size)
         open_image(small, max_pixels=0)
 
 
-def test_an_image_folder_names_the_member_that_is_too_large(tmp_path):
+def folder_with_a_bomb(root: str, bomb_in: str) -> bytes:
+    """A zipped image folder of two classes of three 8 x 8 PNGs, and BOMB in ``bomb_in``."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         for cls in ("a", "b"):
             for i in range(3):
-                zf.writestr(f"{cls}/{i}.png", _png(np.full((8, 8), 40 * i, np.uint8)))
-        zf.writestr("b/bomb.png", BOMB)
+                zf.writestr(f"{root}{cls}/{i}.png", _png(np.full((8, 8), 40 * i, np.uint8)))
+        zf.writestr(f"{root}{bomb_in}/bomb.png", BOMB)
+    return buf.getvalue()
+
+
+def test_an_image_folder_names_the_member_that_is_too_large(tmp_path):
     path = tmp_path / "folder.zip"
-    path.write_bytes(buf.getvalue())
+    path.write_bytes(folder_with_a_bomb("", "b"))
     with pytest.raises(ImageTooLarge, match=r"b/bomb\.png declares 20,000 x 20,000 pixels"):
         read_image_folder(path)
 
@@ -95,13 +100,7 @@ def test_every_serving_route_answers_413_for_a_bomb(client, digits_runs, data):
 
 def test_an_image_folder_upload_with_a_bomb_is_a_413_and_stores_nothing(client):
     before = client.get("/datasets").json()["total"]
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for cls in ("a", "b"):
-            for i in range(3):
-                zf.writestr(f"shapes/{cls}/{i}.png", _png(np.full((8, 8), 40 * i, np.uint8)))
-        zf.writestr("shapes/a/bomb.png", BOMB)
-    r = client.post("/datasets", files={"file": ("shapes.zip", buf.getvalue())})
+    r = client.post("/datasets", files={"file": ("shapes.zip", folder_with_a_bomb("shapes/", "a"))})
     _check(r)
     assert "shapes/a/bomb.png" in r.json()["detail"], r.text
     assert client.get("/datasets").json()["total"] == before
