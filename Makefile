@@ -40,14 +40,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check corel app worker tests bench harness
 	$(BIN)/mypy
 
-# The library's numeric tests once more on other kernels than this CPU's own: torch's
-# non-vectorised ones and MKL's reproducible path, so that a test that holds only on one
-# CPU's rounding fails here, not on the next machine. Then the whole suite.
+# The library's numeric tests (marked `kernels`: their figures come out of torch's or MKL's
+# kernels) once more on other kernels than this CPU's own: torch's non-vectorised ones and
+# MKL's reproducible path, so that a test that holds only on one CPU's rounding fails here,
+# not on the next machine. Then the whole suite.
 KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
-# The library's test files that compute nothing with torch's or MKL's kernels (faiss, the
-# downloads' files, the report's Markdown, the catalogs, the native build's loader): the
-# same on any kernels, so they run once, in the whole suite's pass.
-KERNEL_FREE := test_index test_download test_report test_encoder_catalog test_native
 
 #
 # Both passes run on two processes (pytest-xdist; tests/conftest.py keeps a file's tests on
@@ -63,8 +60,8 @@ DURATIONS := --durations=25
 test: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check corel app worker tests bench harness
 	$(BIN)/mypy & mypy=$$!; \
-	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) tests/corel \
-		$(KERNEL_FREE:%=--ignore=tests/corel/%.py); kernels=$$?; \
+	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m kernels tests/corel; \
+		kernels=$$?; \
 	wait $$mypy && [ $$kernels -eq 0 ]
 	$(BIN)/python -m pytest -q $(XDIST) $(DURATIONS) -m "not serial"
 	$(BIN)/python -m pytest -q $(DURATIONS) -m serial

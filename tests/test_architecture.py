@@ -1,7 +1,8 @@
 """The arrows between the packages: ``worker`` may import ``app`` and ``corel``; ``app``
 may import ``corel``; ``corel`` imports neither. The benchmarks (``bench``) and the test
 harness (``harness``) import nothing from ``tests``: what both need lives in ``harness``. Every import statement counts, those
-inside functions too, read from the source (nothing is imported to check)."""
+inside functions too, read from the source (nothing is imported to check). And each of the
+library's test files says whether make test's kernel pass runs it."""
 
 from __future__ import annotations
 
@@ -331,3 +332,31 @@ def test_the_import_path_check_sees_a_second_path(tmp_path):
         (1, "fit from corel.train.solo (corel.train exports it)"),
         (2, "from corel.training (a shim; import from corel.train)"),
         (3, "import corel.vectorized (a shim)")]
+
+
+# The library's test files that make test's kernel pass leaves out, and why: what they
+# assert does not come out of torch's or MKL's kernels, or does not depend on which ones.
+KERNEL_FREE = {
+    "test_clustering.py": "the clustering metrics: counting, in numpy and scipy",
+    "test_download.py": "the downloads' files",
+    "test_encoder_catalog.py": "the catalog's declarations",
+    "test_features_precision.py": "the parity gate: its verdicts follow from the figures it "
+                                  "measures, each path compared with fp32 on the same kernels",
+    "test_index.py": "faiss's kernels, not torch's",
+    "test_native.py": "the native build's loader",
+    "test_report.py": "the report's tables and t-tests, in numpy and scipy",
+}
+
+
+def test_each_library_test_file_says_whether_its_figures_come_out_of_the_kernels():
+    """A file in tests/corel is marked ``kernels`` (make test runs it once more on torch's
+    default kernels and MKL's reproducible path) or is named in KERNEL_FREE with its reason;
+    a new file is neither until its author says which."""
+    files = sorted(p for p in (REPO / "tests" / "corel").glob("test_*.py"))
+    marked = {p.name for p in files if "pytestmark = pytest.mark.kernels" in p.read_text()}
+    unsaid = [p.name for p in files if p.name not in marked and p.name not in KERNEL_FREE]
+    assert not unsaid, f"{unsaid}: mark each `pytestmark = pytest.mark.kernels` or name it in KERNEL_FREE"
+    both = sorted(marked & set(KERNEL_FREE))
+    assert not both, f"{both} are marked kernels and named kernel-free"
+    gone = sorted(set(KERNEL_FREE) - {p.name for p in files})
+    assert not gone, f"KERNEL_FREE names files that are not there: {gone}"

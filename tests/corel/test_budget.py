@@ -10,6 +10,9 @@ from corel.spec import BUDGETS, ExperimentSpec
 from corel.train import fit
 from tests.conftest import SHARED_DATASETS
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 def test_a_budget_fills_only_the_fields_left_out_and_no_budget_is_the_paper_s():
     quick = ExperimentSpec(dataset="digits", budget="quick")

@@ -43,7 +43,7 @@ def _fresh_verdicts(monkeypatch):
 @pytest.fixture
 def judged(monkeypatch) -> dict[str, bool]:
     """The paths the gate judges: this CPU's offers, or where it offers no faster path (an
-    AVX2 CPU, or torch's kernels capped below AVX-512, as make test's kernel pass runs) int8
+    AVX2 CPU, or torch's kernels capped below AVX-512) int8
     all the same: ONNX Runtime computes int8 on any x86-64 CPU (without VNNI, slowly), so
     the gate's verdicts are judged on every machine. ``auto`` takes int8 only if it passes
     the gate and is faster, which the figures decide."""

@@ -15,6 +15,9 @@ from corel.spec import ExperimentSpec
 from corel.train import Callback, checkpoint_from_bytes, checkpoint_to_bytes, fit, group_specs
 from tests.encoder_files import TOPICS, tiny_sentence_transformer
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):

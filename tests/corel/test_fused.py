@@ -22,6 +22,9 @@ from corel.losses import GaussianCOREL
 from corel.losses.ar import _attractive_repulsive_core
 from corel.train.optim import FusedAdam
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(params=["native", "python"])
 def nodes(request, monkeypatch):

@@ -29,6 +29,9 @@ from corel.train import (
 from corel.train.guards import chance_ceiling
 from tests.corel.test_data import AG_NEWS_CSV, require
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.mark.parametrize(("k", "dim", "gamma"), [(2, 128, 0.5), (4, 128, 0.5), (10, 128, 0.05),
                                                  (10, 16, 2.0), (100, 128, 0.5)])

@@ -14,6 +14,9 @@ from corel.train.graphs import WARMUP, GraphedSteps
 from corel.train.options import parse_cuda_graphs
 from corel.train.steps import pass_mode
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 # digits at batch 16: 79 steps a pass, the last one short (1,257 = 78 x 16 + 9).
 BASE = {"dataset": "digits", "batch_size": 16, "lr": 1e-3, "epochs": 2}
 SOLO = {

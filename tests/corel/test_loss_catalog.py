@@ -23,6 +23,9 @@ from corel.loss_catalog import (
 )
 from corel.spec import ExperimentSpec, spec_warnings
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 def test_every_declared_loss_has_its_head_and_no_other():
     assert tuple(losses.LOSSES) == LOSS_NAMES == tuple(DECLARATIONS)

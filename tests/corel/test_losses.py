@@ -9,6 +9,9 @@ import torch.nn.functional as F
 from corel import losses, similarity
 from corel.loss_catalog import LOSS_NAMES, PAPER_LOSSES
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 DTYPES = [torch.float32, torch.float64]
 
 

@@ -8,6 +8,9 @@ from corel.encoders.paper import FFNN, ImageCNN, TextCNN
 from corel.models import Classifier, build_classifier
 from corel.spec import ExperimentSpec
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 def test_ffnn_two_hidden_layers_of_128_with_leaky_relu():
     enc = FFNN((1, 28, 28))

@@ -18,6 +18,9 @@ from corel.loss_catalog import DECLARATIONS, PEER_LOSSES
 from corel.losses import build_loss
 from corel.models import Classifier
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 K, H, N = 5, 16, 40
 
 

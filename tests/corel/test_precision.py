@@ -15,6 +15,9 @@ from corel.device import autocast, effective_precision
 from corel.spec import ExperimentSpec
 from corel.train import fit, fit_group, forward_loss, start_run, train_pass
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 BASE = {"dataset": "digits", "epochs": 3, "batch_size": 32, "lr": 1e-3, "loss": "cosine", "lam": 0.8}
 
 

@@ -30,6 +30,9 @@ from corel.train import (
 )
 from tests.encoder_files import TOPICS
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):

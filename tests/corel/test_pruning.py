@@ -13,6 +13,9 @@ from corel.spec import ExperimentSpec
 from corel.train import GroupCallback, Prune, fit_group, fit_sweep
 from corel.train.pruning import configuration, keep, pareto_fronts
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 BASE = {"dataset": "digits", "epochs": 6, "batch_size": 32, "lr": 1e-3, "loss": "cosine"}
 LAMS = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
 

@@ -17,6 +17,9 @@ from corel.data import read_idx
 from corel.retrieval import retrieval_metrics
 from tests.conftest import FASHION_DIR, SHARED_DATASETS, require
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 KEYS = ("precision_at_1", "r_precision", "mean_average_precision_at_r")
 
 

@@ -14,6 +14,9 @@ from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
 from corel.train import checkpoint_from_bytes, checkpoint_to_bytes, fit
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(scope="module")
 def trained():

@@ -7,6 +7,9 @@ import torch
 
 from corel import fused, similarity
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 DTYPES = [torch.float32, torch.float64]
 
 

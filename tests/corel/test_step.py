@@ -14,6 +14,9 @@ from corel.spec import ExperimentSpec
 from corel.train import adam, solo, steps
 from corel.train import native_step as step
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(autouse=True)
 def built():

@@ -16,6 +16,9 @@ from corel.train import (
     train_pass,
 )
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 def test_defaults_follow_the_paper():
     spec = ExperimentSpec(dataset="digits")

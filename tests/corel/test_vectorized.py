@@ -33,6 +33,9 @@ from corel.train import (
     train_pass,
 )
 
+# Its figures come out of torch's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 # float64 after ~300 Adam steps: measured differences are ~1e-16 (Intel AVX-512 and
 # MKL's AVX2 path alike); a gradient off by 0.1% moves a member by ~1e-6.
 TOL = {"rtol": 1e-9, "atol": 1e-9}
