@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # `make serve` installs the service alone; `make test` adds the test toolchain on top.
 SERVICE_STAMP := $(VENV)/.installed-service
 
-.PHONY: test test-fast test-as-user test-cluster test-gpu screenshots serve install lint clean
+.PHONY: test test-fast test-cluster test-gpu screenshots serve install lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,7 @@ lint: $(STAMP)
 KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 
 #
-# Both passes run on two processes (pytest-xdist; tests/conftest.py keeps a file's tests on
+# The passes run on two processes (pytest-xdist; tests/conftest.py keeps a file's tests on
 # one process, so its module fixtures are made once; it also orders the work, longest first),
 # then the tests marked `serial` (they
 # measure time, or load the whole machine) run alone.
@@ -57,13 +57,18 @@ XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 DURATIONS := --durations=25
 
 # mypy (one process, about 100 s from an empty cache) checks beside the kernel pass.
+# The main and serial passes act for a user with a write token (tests/app/conftest.py): every
+# route through the owner, sharing and access checks. The open pass runs, in the open mode
+# `make serve` starts in, the tests that set up their own authentication and the API's own
+# tests (no worker) once more.
+OPEN := COREL_TEST_OPEN_MODE=1
 test: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check corel app worker tests bench harness
 	$(BIN)/mypy & mypy=$$!; \
 	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m kernels tests/corel; \
-		kernels=$$?; \
-	wait $$mypy && [ $$kernels -eq 0 ]
+		kernels=$$?; wait $$mypy && [ $$kernels -eq 0 ]
 	$(BIN)/python -m pytest -q $(XDIST) $(DURATIONS) -m "not serial"
+	$(OPEN) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not serial" tests/app
 	$(BIN)/python -m pytest -q $(DURATIONS) -m serial
 
 # The edit loop's pass: ruff, then the tests that need no service, worker or browser (the
@@ -74,15 +79,6 @@ FAST := tests/corel tests/worker tests/test_architecture.py tests/test_docs_link
 test-fast: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check corel app worker tests bench harness
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not serial" $(FAST)
-
-# The service tests again, acting for a user with a write token (tests/app/conftest.py),
-# but those that act for no user of the session (no_user, and those without the settings
-# fixture: tests/app/conftest.py) or set up their own (own_auth):
-# the owner, sharing and access checks on every request. CI runs it after `make test`.
-test-as-user: $(STAMP) $(NATIVE)
-	COREL_TEST_AS_USER=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) tests/app -m "not own_auth and not no_user and not serial"
-	COREL_TEST_AS_USER=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/app -m "not own_auth and not no_user and serial" \
-		|| [ $$? -eq 5 ]  # 5: none selected (today's serial tests all act for no user of the session)
 
 # Hosts of their own (tests/cluster): network namespaces joined by veth pairs, a database
 # host, an API host and two worker hosts; needs root. CI runs it after `make test`.
@@ -99,6 +95,7 @@ SHOTS := $(CURDIR)/build/screenshots
 screenshots: $(STAMP) $(NATIVE)
 	rm -rf $(SHOTS)
 	COREL_SCREENSHOTS_DIR=$(SHOTS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/app/test_dashboard.py
+	COREL_SCREENSHOTS_DIR=$(SHOTS) $(OPEN) $(BIN)/python -m pytest -q -p no:cacheprovider tests/app/test_dashboard.py
 	cp $(SHOTS)/*.png docs/screenshots/
 
 # MNIST and AG News's test split, where a checkout has ../shared/datasets beside it (unless

@@ -1,16 +1,21 @@
 """Real services for the service tests: a fresh PostgreSQL database per run, a
 Redis database of our own as the broker, and real Celery worker processes.
 
-COREL_TEST_AS_USER=1 (``make test-as-user``): the session's database gets a user with a
-write token at its start, so the open mode ends, and every app the tests build
-(``create_app``, whether driven by a TestClient or served by :func:`serving`) answers a
-request that carries no ``Authorization`` header as if it carried that user's token: the
-suite's requests then act for a user who owns what they create and may see nothing else.
-Rows a test writes to the database itself (a job a lost worker left running, an
-experiment half trained) get that user as their owner, as if it had created them through
-the API. Tests that set up their own authentication (the open mode, COREL_API_TOKEN, other
-users) are marked ``own_auth`` and left out of that run, and so are those that never reach
-the session's database (no ``settings`` fixture): they act for no user of the session.
+Two callers. By default (``make test``'s main and serial passes) the session's database gets
+a user with a write token at its start, so the open mode ends, and every app the tests build
+on that database (``create_app``, whether driven by a TestClient or served by
+:func:`serving`) answers a request that carries no ``Authorization`` header as if it carried
+that user's token: the suite's requests act for a user who owns what they create and may
+see nothing else, so every route goes through the owner, sharing and access checks. Rows a
+test writes to that database itself (a job a lost worker left running, an experiment half
+trained) get that user as their owner, as if it had created them through the API. An app on
+another database (a test's own, `make serve`'s SQLite) is left as it is.
+
+COREL_TEST_OPEN_MODE=1 (``make test``'s open pass): no user, the open mode `make serve`
+starts in. That pass runs the tests that set up their own authentication (``own_auth``:
+the open mode, COREL_API_TOKEN, other users), which the user's passes leave out, and the
+API's own tests once more (those on the session's database with no worker: the same
+requests from the open mode's caller); a test that needs a worker trains once, as the user.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import event
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session as OrmSession
 
 import app.main
@@ -44,22 +50,30 @@ from harness.servers import free_port, terminate
 from harness.wait import wait_until
 from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
 
-AS_USER = os.environ.get("COREL_TEST_AS_USER", "") not in ("", "0")
-# The token and id of the session's user (COREL_TEST_AS_USER), once its database exists.
+AS_USER = os.environ.get("COREL_TEST_OPEN_MODE", "") in ("", "0")
+# The token and id of the session's user (not COREL_TEST_OPEN_MODE), and the name of the
+# session's database, once it exists.
 AS_USER_TOKEN: list[str] = []
 AS_USER_ID: list[int] = []
+AS_USER_DB: list[str] = []
+
+
+def _session_database(url: Any) -> bool:
+    """Whether a database URL (a string or SQLAlchemy's) is the session's."""
+    return bool(AS_USER_DB) and make_url(str(url)).database == AS_USER_DB[0]
 
 
 class DefaultAuthorization:
-    """An ASGI wrapper: an HTTP request without an ``Authorization`` header gets the session
-    user's (COREL_TEST_AS_USER); one with a header keeps it."""
+    """An ASGI wrapper: an HTTP request without an ``Authorization`` header, to an app on the
+    session's database, gets the session user's; one with a header keeps it."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, database_url: str) -> None:
         self.app = app
+        self.database_url = database_url
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         headers = scope.get("headers") or []
-        if scope["type"] == "http" and AS_USER_TOKEN and not any(
+        if scope["type"] == "http" and AS_USER_TOKEN and _session_database(self.database_url) and not any(
                 k.lower() == b"authorization" for k, _ in headers):
             token = AS_USER_TOKEN[0].encode()
             scope = {**scope, "headers": [*headers, (b"authorization", b"Bearer " + token)]}
@@ -67,11 +81,12 @@ class DefaultAuthorization:
 
 
 def create_app(settings: Settings) -> Any:
-    """:func:`app.main.create_app`; with COREL_TEST_AS_USER, requests act for the session's
-    user by default (:class:`DefaultAuthorization`, outermost)."""
+    """:func:`app.main.create_app`; unless COREL_TEST_OPEN_MODE, requests to an app on the
+    session's database act for the session's user by default (:class:`DefaultAuthorization`,
+    outermost)."""
     built = _create_app(settings)
     if AS_USER:
-        built.add_middleware(DefaultAuthorization)
+        built.add_middleware(DefaultAuthorization, database_url=settings.db_url)
     return built
 
 
@@ -80,23 +95,36 @@ if AS_USER:  # the test modules import create_app from app.main after this conft
     app.main.create_app = create_app  # type: ignore[assignment]
 
 
+# The fixtures that start or need a worker: a test that uses one trains, and does so once,
+# as the session's user; the open pass leaves it out.
+TRAINS = {"worker", "workers"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With COREL_TEST_AS_USER, only the tests that reach the session's database (through
-    the ``settings`` fixture, which creates it and its user) run: a test without it builds
-    its services on a database of its own (a private PostgreSQL, `make serve`'s SQLite) or
-    makes no request, acts for no user of the session, and would repeat ``make test``
-    unchanged (as the ``no_user`` mark says by hand)."""
-    if not AS_USER:
-        return
-    alone = [item for item in items if "settings" not in item.fixturenames]
-    if alone:
-        config.hook.pytest_deselected(items=alone)
-        items[:] = [item for item in items if item not in alone]
+    """The session user's passes leave out the tests that set up their own authentication
+    (``own_auth``); the open pass (COREL_TEST_OPEN_MODE) runs those, and the API's own tests
+    on the session's database (the ``settings`` fixture, no worker, not ``no_user``: their
+    requests once more, from the open mode's caller). A test without ``settings`` builds its
+    services on a database of its own, or makes no request: the same for both callers, it
+    runs once, in the user's passes."""
+    def open_pass(item: pytest.Item) -> bool:
+        names = set(item.fixturenames)  # type: ignore[attr-defined]
+        return item.get_closest_marker("own_auth") is not None or (
+            "settings" in names and not names & TRAINS and item.get_closest_marker("no_user") is None)
+
+    if AS_USER:
+        left = [item for item in items if item.get_closest_marker("own_auth") is not None]
+    else:
+        left = [item for item in items if not open_pass(item)]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        gone = set(left)
+        items[:] = [item for item in items if item not in gone]
 
 
 def add_session_user(s: Settings) -> None:
-    """A user with a write token in the session's database (COREL_TEST_AS_USER), and the
-    owner of the rows the tests write to the database themselves."""
+    """A user with a write token in the session's database, and the owner of the rows the
+    tests write to that database themselves."""
     engine = make_engine(s.db_url)
     try:
         with session_scope(make_sessionmaker(engine)) as session:
@@ -106,13 +134,14 @@ def add_session_user(s: Settings) -> None:
     finally:
         engine.dispose()
     AS_USER_TOKEN.append(token)
+    AS_USER_DB.append(str(make_url(s.db_url).database))
     event.listen(OrmSession, "before_flush", _owned_by_the_session_user)
 
 
 def _owned_by_the_session_user(session: OrmSession, *_: Any) -> None:
-    """A session that serves no request (a test's own, not the API's, which carries its
-    principal): the rows it adds are the session user's."""
-    if "principal" in session.info:
+    """A session on the session's database that serves no request (a test's own, not the
+    API's, which carries its principal): the rows it adds are the session user's."""
+    if "principal" in session.info or not _session_database(session.get_bind().url):
         return
     for row in session.new:
         if isinstance(row, OWNED) and row.owner_id is None:

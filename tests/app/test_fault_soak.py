@@ -22,7 +22,7 @@ from tests.conftest import require
 from tests.test_bench_smoke import smoke
 
 # Alone, not beside other tests (make test): its deadlines follow the training's pace.
-# Its services are its own, in the open mode: make test-as-user would run it unchanged.
+# Its services are its own, in the open mode: make test's open pass would run it unchanged.
 pytestmark = [pytest.mark.serial, pytest.mark.no_user]
 
 

@@ -21,7 +21,7 @@ from harness.wait import wait_until
 from tests.app.conftest import Workers, own_database
 from tests.conftest import REPO
 
-# They make no request: make test-as-user would run them unchanged.
+# They make no request: make test's open pass would run them unchanged.
 pytestmark = pytest.mark.no_user
 # Alone, not beside other tests (make test's serial pass): a worker takes fewer threads on a
 # host that others keep busy, and these count the threads it takes, or time the host's load.

@@ -101,8 +101,8 @@ def test_a_list_and_a_read_send_a_bounded_number_of_statements_whatever_the_page
 
 
 def _auth_statements(client) -> int:
-    """The statements a request's token costs: none in the open mode (the tests' default);
-    as a user (make test-as-user), its lookup and the path's access check (a ping and a
+    """The statements a request's token costs: none in the open mode (make test's open pass);
+    as a user (its other passes), its lookup and the path's access check (a ping and a
     statement each), and the owner the answer shows (one statement for a whole page)."""
     return 5 if AS_USER else 0
 

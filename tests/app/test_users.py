@@ -35,7 +35,7 @@ from tests.app.conftest import PG_ADMIN_URL, npz_bytes, pg_available, settings_e
 from tests.conftest import REPO, require
 from tests.encoder_files import timm_weights
 
-# Each test sets up its own users (make test-as-user leaves them out).
+# Each test sets up its own users (make test's open pass runs them; the user's passes leave them out).
 pytestmark = pytest.mark.own_auth
 
 BOOT = "bootstrap-s3cret"
