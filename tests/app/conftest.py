@@ -205,6 +205,17 @@ def own_database(settings: Settings, var_dir: Path) -> Iterator[Settings]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@contextmanager
+def own_stack(settings: Settings, var_dir: Path) -> Iterator[tuple[Settings, TestClient]]:
+    """A database, a queue and an artifact store of a test's own (:func:`own_database`) and a
+    TestClient on them: for a test that must own the queue, one that kills its worker mid-run
+    and starts another (``workers.start(s)``). No other worker reads that queue, nor does
+    another worker's reconciler hand its run on, so the session's worker runs on beside it
+    (such a test used to kill every worker and queue behind the runs other tests had left)."""
+    with own_database(settings, var_dir) as s, TestClient(create_app(s)) as client:
+        yield s, client
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     require(_redis_available(), f"Redis at {REDIS_URL}")

@@ -11,7 +11,7 @@ from app.core.models import LatentSpace
 from corel.data import load_dataset
 from corel.spec import ExperimentSpec
 from corel.train import checkpoint_from_bytes, fit, model_from_checkpoint, represent
-from tests.app.conftest import finished, stored_checkpoint, stored_latent, wait_for
+from tests.app.conftest import finished, own_stack, stored_checkpoint, stored_latent, wait_for
 from tests.conftest import FASHION_DIR, assert_rows_close
 
 FASHION = {"dataset": "fashion-mnist", "model": "ffnn", "loss": "gaussian", "lam": 0.85,
@@ -85,25 +85,27 @@ def test_cancel_a_running_experiment(client, worker, workers):
     assert near.json()["results"][0]["prediction"]["class_index"] == predicted["predictions"][0]["class_index"]
 
 
-def test_killed_worker_resumes_with_the_same_result(client, workers, worker):
+def test_killed_worker_resumes_with_the_same_result(settings, workers, tmp_path):
     """SIGKILL the worker mid-run; a new worker resumes from the last checkpoint and
     ends exactly where an uninterrupted run with the same seed ends."""
     spec = {**FASHION, "train_subset": 20_000, "epochs": 6, "seed": 7, "loss": "center", "lam": 0.1}
-    # No other worker must take this one: stop them all (the shared one, and any another test
-    # left), use a private one.
-    workers.kill_all()
-    mine = workers.start()
-    eid = client.post("/experiments", json=spec).json()["id"]
-    wait_for(client, eid, lambda b: b["current_epoch"] >= 2, workers=workers)
-    workers.kill(mine)
-    killed_at = client.get(f"/experiments/{eid}").json()
-    assert killed_at["status"] == "running" and killed_at["current_epoch"] < 6
-    workers.start()
-    body = wait_for(client, eid, finished, workers=workers)
-    assert body["status"] == "succeeded", body
-    assert body["attempts"] == 2
+    # No other worker must take this one: a queue and database of its own, a private worker.
+    with own_stack(settings, tmp_path / "var") as (own, client):
+        mine = workers.start(own)
+        eid = client.post("/experiments", json=spec).json()["id"]
+        wait_for(client, eid, lambda b: b["current_epoch"] >= 2, workers=workers)
+        workers.kill(mine)
+        killed_at = client.get(f"/experiments/{eid}").json()
+        assert killed_at["status"] == "running" and killed_at["current_epoch"] < 6
+        second = workers.start(own)
+        try:
+            body = wait_for(client, eid, finished, workers=workers)
+        finally:
+            workers.kill(second)
+        assert body["status"] == "succeeded", body
+        assert body["attempts"] == 2
 
-    metrics = client.get(f"/experiments/{eid}/metrics").json()["items"]
+        metrics = client.get(f"/experiments/{eid}/metrics").json()["items"]
     assert [m["epoch"] for m in metrics] == [1, 2, 3, 4, 5, 6]  # none lost, none twice
 
     whole = fit(ExperimentSpec(**spec), data_dir=FASHION_DIR)

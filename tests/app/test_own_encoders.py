@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from app.core.db import make_engine
 from app.core.models import EncoderUpload
 from app.storage import ensure, make_store
-from tests.app.conftest import finished, wait_for
+from tests.app.conftest import finished, own_stack, wait_for
 from tests.encoder_files import TOPICS, timm_weights, tiny_sentence_transformer, zipped
 
 
@@ -254,37 +254,36 @@ def test_the_encoder_files_are_written_once_per_machine(client, settings, weight
 
 
 def test_a_run_on_an_uploaded_encoder_resumes_on_a_worker_with_another_data_directory(
-        client, workers, worker, settings, st_zip, tmp_path):
+        settings, workers, st_zip, tmp_path):
     """Each worker keeps an uploaded encoder's files in its own data directory, so the spec
     a resumed run rebuilds names other files than its checkpoint's: where they lie is not
     what they hold (the content digest is), and the run resumes from its checkpoint."""
-    encoder = client.post("/encoders", files={"file": ("my-model.zip", st_zip)}).json()["id"]
-    spec = {"dataset": "text", "dataset_id": _text_table(client), "encoder_id": encoder,
-            "encoder_mode": "finetune", "loss": "cosine", "lam": 0.85, "epochs": 40, "lr": 0.01,
-            "encoder_lr": 0.001, "batch_size": 8, "hidden": 16, "seed": 3}
-    # Two hosts of their own: each its data directory, both the service's artifact store.
-    host = {name: settings.model_copy(update={"var_dir": tmp_path / name,
-                                              "artifacts_dir": settings.artifact_dir})
-            for name in ("a", "b")}
-    workers.kill_all()  # no other worker (the session's data directory) may take it
-    first = workers.start(host["a"])
-    eid = client.post("/experiments", json=spec).json()["id"]
-    wait_for(client, eid, lambda b: b["current_epoch"] >= 2, workers=workers, timeout=180)
-    workers.kill(first)
-    killed_at = client.get(f"/experiments/{eid}").json()
-    assert killed_at["status"] == "running" and killed_at["current_epoch"] < 40
-    second = workers.start(host["b"])
-    try:
-        body = wait_for(client, eid, finished, workers=workers, timeout=300)
-        assert body["status"] == "succeeded", body.get("error")
-        assert body["attempts"] == 2
-        epochs = [m["epoch"] for m in client.get(f"/experiments/{eid}/metrics").json()["items"]]
-        assert epochs == list(range(1, 41))  # resumed from its checkpoint: none lost, none twice
-        assert {p.name for p in (tmp_path / "b" / "cache" / "encoders").iterdir()} and \
-            {p.name for p in (tmp_path / "a" / "cache" / "encoders").iterdir()}  # each host its own copy
-    finally:
-        workers.kill(second)
-        workers.start()  # the shared worker again, for the tests after this one
+    # A queue of its own: no other worker (the session's data directory) may take it.
+    with own_stack(settings, tmp_path / "var") as (own, client):
+        encoder = client.post("/encoders", files={"file": ("my-model.zip", st_zip)}).json()["id"]
+        spec = {"dataset": "text", "dataset_id": _text_table(client), "encoder_id": encoder,
+                "encoder_mode": "finetune", "loss": "cosine", "lam": 0.85, "epochs": 40, "lr": 0.01,
+                "encoder_lr": 0.001, "batch_size": 8, "hidden": 16, "seed": 3}
+        # Two hosts of their own: each its data directory, both the service's artifact store.
+        host = {name: own.model_copy(update={"var_dir": tmp_path / name, "artifacts_dir": own.artifact_dir})
+                for name in ("a", "b")}
+        first = workers.start(host["a"])
+        eid = client.post("/experiments", json=spec).json()["id"]
+        wait_for(client, eid, lambda b: b["current_epoch"] >= 2, workers=workers, timeout=180)
+        workers.kill(first)
+        killed_at = client.get(f"/experiments/{eid}").json()
+        assert killed_at["status"] == "running" and killed_at["current_epoch"] < 40
+        second = workers.start(host["b"])
+        try:
+            body = wait_for(client, eid, finished, workers=workers, timeout=300)
+            assert body["status"] == "succeeded", body.get("error")
+            assert body["attempts"] == 2
+            epochs = [m["epoch"] for m in client.get(f"/experiments/{eid}/metrics").json()["items"]]
+            assert epochs == list(range(1, 41))  # resumed from its checkpoint: none lost, none twice
+            assert {p.name for p in (tmp_path / "b" / "cache" / "encoders").iterdir()} and \
+                {p.name for p in (tmp_path / "a" / "cache" / "encoders").iterdir()}  # each host its own copy
+        finally:
+            workers.kill(second)
 
 
 def test_a_fine_tuned_run_that_cannot_train_is_refused_at_submission_and_nothing_is_stored(client, st_zip):
