@@ -338,25 +338,38 @@ def test_the_import_path_check_sees_a_second_path(tmp_path):
 # assert does not come out of torch's or MKL's kernels, or does not depend on which ones.
 KERNEL_FREE = {
     "test_clustering.py": "the clustering metrics: counting, in numpy and scipy",
-    "test_download.py": "the downloads' files",
+    "data/test_download.py": "the downloads' files",
     "test_encoder_catalog.py": "the catalog's declarations",
-    "test_features_precision.py": "the parity gate: its verdicts follow from the figures it "
+    "encoders/test_precision.py": "the parity gate: its verdicts follow from the figures it "
                                   "measures, each path compared with fp32 on the same kernels",
     "test_index.py": "faiss's kernels, not torch's",
-    "test_native.py": "the native build's loader",
+    "native/test_native.py": "the native build's loader",
     "test_report.py": "the report's tables and t-tests, in numpy and scipy",
 }
+LIBRARY_TESTS = REPO / "tests" / "corel"
 
 
 def test_each_library_test_file_says_whether_its_figures_come_out_of_the_kernels():
     """A file in tests/corel is marked ``kernels`` (make test runs it once more on torch's
     default kernels and MKL's reproducible path) or is named in KERNEL_FREE with its reason;
     a new file is neither until its author says which."""
-    files = sorted(p for p in (REPO / "tests" / "corel").glob("test_*.py"))
-    marked = {p.name for p in files if "pytestmark = pytest.mark.kernels" in p.read_text()}
-    unsaid = [p.name for p in files if p.name not in marked and p.name not in KERNEL_FREE]
+    files = {p.relative_to(LIBRARY_TESTS).as_posix(): p for p in LIBRARY_TESTS.rglob("test_*.py")}
+    marked = {name for name, p in files.items() if "pytestmark = pytest.mark.kernels" in p.read_text()}
+    unsaid = sorted(name for name in files if name not in marked and name not in KERNEL_FREE)
     assert not unsaid, f"{unsaid}: mark each `pytestmark = pytest.mark.kernels` or name it in KERNEL_FREE"
     both = sorted(marked & set(KERNEL_FREE))
     assert not both, f"{both} are marked kernels and named kernel-free"
-    gone = sorted(set(KERNEL_FREE) - {p.name for p in files})
+    gone = sorted(set(KERNEL_FREE) - set(files))
     assert not gone, f"KERNEL_FREE names files that are not there: {gone}"
+
+
+def test_the_library_s_tests_mirror_its_folders():
+    """tests/corel has a folder for each of corel/'s packages, and no other: a test of
+    corel/train/pruning.py is tests/corel/train/test_pruning.py (as pytorch-metric-learning's
+    tests/losses/ mirrors its losses/)."""
+    packages = {p.parent.name for p in (REPO / "corel").glob("*/__init__.py")}
+    folders = {p.name for p in LIBRARY_TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == packages, (f"tests/corel's folders {sorted(folders)}, "
+                                 f"corel's packages {sorted(packages)}")
+    for folder in folders:
+        assert (LIBRARY_TESTS / folder / "__init__.py").exists(), folder

@@ -59,7 +59,7 @@ _AG_NEWS_MD5 = {
 # torchvision's mirrors (``torchvision.datasets.MNIST.mirrors`` and ``FashionMNIST``'s),
 # written out: importing torchvision for them cost the service's process 192 MB of RSS and
 # seconds, in the background, when it asked at start whether they answer
-# (tests/corel/test_download.py checks that they are still torchvision's).
+# (tests/corel/data/test_download.py checks that they are still torchvision's).
 TORCHVISION_MIRRORS = {
     "MNIST": ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"),
     "FashionMNIST": ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),

@@ -166,7 +166,7 @@ class ImageTower(KeepFrozenInEval):
             def chunks(missing: list[int]) -> list[torch.Tensor]:
                 """The rows in chunks of KEEP_CHUNK images, the last filled up with copies of
                 its last row: the same shape every time, so that a row's output does not depend
-                on the others beside it (tests/corel/test_finetune.py checks it)."""
+                on the others beside it (tests/corel/encoders/test_finetune.py checks it)."""
                 out: list[torch.Tensor] = []
                 for start in range(0, len(missing), KEEP_CHUNK):
                     part = missing[start : start + KEEP_CHUNK]

@@ -5,7 +5,7 @@ triplet loss and MultiSimilarity (pair-based: they predict with the nearest clas
 They are written as functions of the cosine similarities so that they run in corel's
 loops, serve and export as its own heads do. Each gives pytorch-metric-learning's loss
 value and gradients on the same embeddings, labels and parameters
-(tests/corel/test_peer_losses.py checks it against its objects).
+(tests/corel/losses/test_peers.py checks it against its objects).
 
 Their options (margin, scale, ...) are written once, in their declarations
 (:mod:`corel.loss_catalog`): an option left out or None takes the declared default, and one

@@ -8,7 +8,7 @@ fused nodes of :mod:`corel.fused`, in their order, without building an autograd 
 :func:`stacked_gaussian_mlp_step` does the same for a stack of such members
 (:class:`corel.train.stacked.StackedRun`), with the calls autograd makes for the stacked FFNN's
 plain operations. So the weights, gradients, moments, losses and similarities they leave
-are bit for bit the autograd step's (``tests/corel/test_step.py``); they save the graph's
+are bit for bit the autograd step's (``tests/corel/train/test_native_step.py``); they save the graph's
 bookkeeping and the step's Python (on a 2-core AMD EPYC a solo epoch ran 1.15-1.4x as
 fast, a 10-member stack 1.01-1.11x, over two sessions' runs: ``bench/native_nodes.py``).
 

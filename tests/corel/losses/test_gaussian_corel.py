@@ -27,7 +27,7 @@ from corel.train import (
     not_learning,
 )
 from corel.train.guards import chance_ceiling
-from tests.corel.test_data import AG_NEWS_CSV, require
+from tests.corel.data.test_data import AG_NEWS_CSV, require
 
 # Its figures come out of torch's kernels: make test runs it once more on other kernels.
 pytestmark = pytest.mark.kernels

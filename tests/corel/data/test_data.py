@@ -16,12 +16,12 @@ import torch
 from corel import data
 from corel.data import tables
 from corel.spec import DATASETS, ExperimentSpec
+from tests.conftest import FASHION_DIR, SHARED_DATASETS
 
 # Its figures come out of torch's kernels: make test runs it once more on other kernels.
 pytestmark = pytest.mark.kernels
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
-FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+SHARED = SHARED_DATASETS
 AG_NEWS_CSV = SHARED / "ag_news" / "test.csv"
 
 

@@ -87,7 +87,7 @@ def test_center_loss_term_matches_loop(dtype, seed):
 @pytest.mark.parametrize("lam", [0.3, 0.7, 1.0])
 def test_presets_match_loop(dtype, seed, lam):
     h, _, y = random_case(seed, dtype, k=5, d=7)
-    for name in PAPER_LOSSES:  # the others: tests/corel/test_peer_losses.py
+    for name in PAPER_LOSSES:  # the others: tests/corel/losses/test_peers.py
         head = losses.build_loss(name, 5, 7, lam=lam, gamma=0.8).to(dtype)
         with torch.no_grad():
             head.W.normal_()
