@@ -28,7 +28,7 @@ from app.core.settings import Settings
 from app.main import create_app
 from harness.servers import free_port
 from harness.wait import wait_until
-from tests.app.conftest import finished, wait_for
+from tests.app.conftest import finished, own_database, wait_for
 
 DIGITS = {"dataset": "digits", "model": "ffnn", "loss": "cce", "epochs": 2, "lr": 0.003,
           "batch_size": 64}
@@ -159,14 +159,17 @@ def test_an_event_stream_is_observed_when_it_starts() -> None:
 
 
 @pytest.fixture(scope="module")
-def idle_client(settings: Settings) -> Iterator[TestClient]:
-    """An app whose queue no worker reads: what it submits stays queued."""
-    idle = settings.model_copy(update={
-        "queue": f"corel-metrics-idle-{uuid.uuid4().hex[:8]}",
-        # Its reconciler must not send other tests' leftover rows to this queue.
-        "requeue_after_seconds": 1e6, "requeue_max_seconds": 1e6, "lease_seconds": 1e6})
-    with TestClient(create_app(idle)) as c:
-        yield c
+def idle_client(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """An app on a database and queue of its own that no worker reads: what it submits stays
+    queued, and no other test's row is counted (on the session's database, rows that other
+    tests left queued, in the open pass where no worker runs, were sent again to this app's
+    queue at its start-up)."""
+    with own_database(settings, tmp_path_factory.mktemp("metrics-idle")) as own:
+        # Its reconciler must not send its own queued row again while it is counted.
+        idle = own.model_copy(update={
+            "requeue_after_seconds": 1e6, "requeue_max_seconds": 1e6, "lease_seconds": 1e6})
+        with TestClient(create_app(idle)) as c:
+            yield c
 
 
 def test_experiments_by_status_and_queue_depth_follow_the_rows(idle_client) -> None:
