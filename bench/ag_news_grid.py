@@ -21,7 +21,7 @@ from corel.spec import ExperimentSpec
 from corel.train import NotLearningError, fit
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     p.add_argument("--lr", type=float, default=1e-4)
@@ -30,7 +30,7 @@ def main() -> int:
     p.add_argument("--lambdas", default="0.3,0.5,0.7,0.85")
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     smoke = {"train_subset": 512} if args.smoke else {}
     if args.smoke:
         args.epochs, args.lambdas, args.seeds = 1, "0.5", 1

@@ -97,13 +97,13 @@ def usearch_index(x: np.ndarray) -> tuple[Any, Callable[[int], Callable[[np.ndar
     return index, at
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.rows, args.queries = 2000, 100
     x, q = data(args.rows, args.queries, args.dim)

@@ -23,25 +23,22 @@ Run: ``.venv/bin/python bench/api_load.py [--clients 20 --requests 200]``; ``--s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import httpx
-import psycopg
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.servers import free_port, terminate  # noqa: E402
-from harness.wait import wait_until  # noqa: E402
+from harness.stack import Stack  # noqa: E402
 
 ADMIN = os.environ.get("COREL_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("COREL_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
@@ -49,36 +46,23 @@ RUN = {"dataset": "digits", "epochs": 1, "lr": 1e-3, "batch_size": 64, "train_su
 KINDS = ("list", "read", "submit")
 
 
-def start(env: dict[str, str], port: int, log: Path) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
-    """``corel serve --no-worker`` and ``corel worker``, with ``env``'s settings."""
-    cli = [sys.executable, "-m", "corel.cli"]
-    subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
-    out = open(log, "wb")  # noqa: SIM115
-    api = subprocess.Popen([*cli, "serve", "--no-worker", "--port", str(port)], env=env, stdout=out,
-                           stderr=subprocess.STDOUT, start_new_session=True)
-    worker = subprocess.Popen([*cli, "worker"], env=env, stdout=out, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200,
-               90, f"the service to be ready; see {log}", interval=0.2, ignore=(httpx.HTTPError,))
-    return api, worker
-
-
 def finished(base: str, ids: list[int], timeout: float) -> dict[str, int]:
-    """Each run's end (``status`` -> count), once none is queued or running (or ``timeout``
-    has passed)."""
+    """Each of ``ids``' ends (``status`` -> count), once none of them is queued or running
+    (or ``timeout`` has passed). Only its own runs: a stack it was given may train others'."""
     deadline = time.monotonic() + timeout
     with httpx.Client(base_url=base, timeout=30) as http:
-        def waiting() -> int:
-            return sum(http.get("/experiments", params={"limit": 1, "status": s}).json()["total"]
-                       for s in ("queued", "running"))
+        def states() -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for eid in ids:
+                s = http.get(f"/experiments/{eid}").json()["status"]
+                counts[s] = counts.get(s, 0) + 1
+            return counts
 
-        while waiting() and time.monotonic() < deadline:
+        ends = states()
+        while (ends.get("queued") or ends.get("running")) and time.monotonic() < deadline:
             time.sleep(1.0)
-        states: dict[str, int] = {}
-        for eid in ids:
-            s = http.get(f"/experiments/{eid}").json()["status"]
-            states[s] = states.get(s, 0) + 1
-        return states
+            ends = states()
+        return ends
 
 
 def client(base: str, plan: list[tuple[str, int]], times: dict[str, list[float]], failures: list[str],
@@ -119,7 +103,10 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
+    """``stack``: a running corel to load; by default one of its own on PostgreSQL (a
+    database made for it, ``--api-processes`` API processes and one worker), stopped and
+    dropped at the end."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--requests", type=int, default=200, help="per client")
@@ -130,85 +117,71 @@ def main() -> None:
     ap.add_argument("--api-processes", type=int, default=1, help="COREL_API_PROCESSES")
     ap.add_argument("--trace", help="write the last round's requests (start s, kind, ms) to this file")
     ap.add_argument("--smoke", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.smoke:
         args.clients, args.requests, args.seed_runs, args.rounds = 4, 20, 4, 1
-    name = f"corel_load_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    api = worker = None
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            port = free_port()
-            env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
-            env.update({"COREL_DATABASE_URL": ADMIN.rsplit("/", 1)[0] + "/" + name, "COREL_BROKER_URL": REDIS,
-                        "COREL_QUEUE": f"corel-load-{name}", "COREL_VAR_DIR": tmp, "COREL_LOG_LEVEL": "WARNING",
-                        "PYTHONPATH": str(REPO), "COREL_API_PROCESSES": str(args.api_processes)})
-            api, worker = start(env, port, Path(tmp) / "service.log")
-            base = f"http://127.0.0.1:{port}"
-            with httpx.Client(base_url=base, timeout=60) as http:
-                seeded = [int(http.post("/experiments", json=RUN).json()["id"]) for _ in range(args.seed_runs)]
-            states = finished(base, seeded, 600)
-            print(f"seeded {args.seed_runs} runs: {states}")
-            rounds: list[dict[str, float]] = []
-            all_accepted: list[int] = []
-            failures: list[str] = []
-            for round_ in range(args.rounds):
-                rng = random.Random(round_)
-                times: dict[str, list[float]] = {k: [] for k in KINDS}
-                accepted: list[int] = []
-                trace: list[tuple[float, str, float]] = []
-                lock, gate = threading.Lock(), threading.Event()
-                threads = []
-                for _ in range(args.clients):
-                    plan = []
-                    for _ in range(args.requests):
-                        u = rng.random()
-                        kind = "submit" if u < args.submit_share else (
-                            "list" if u < args.submit_share + args.list_share else "read")
-                        plan.append((kind, rng.choice(seeded)))
-                    threads.append(threading.Thread(target=client, args=(base, plan, times, failures, accepted,
-                                                                         lock, gate, trace)))
-                for t in threads:
-                    t.start()
-                time.sleep(0.5)  # every client connected and waiting
-                began = time.perf_counter()
-                gate.set()
-                for t in threads:
-                    t.join()
-                wall = time.perf_counter() - began
-                every = [v for k in KINDS for v in times[k]]
-                row = {"rps": len(every) / wall, "p50": pct(every, 0.5), "p99": pct(every, 0.99)}
-                for k in KINDS:
-                    row[f"{k}_p50"], row[f"{k}_p99"], row[f"{k}_n"] = pct(times[k], 0.5), pct(times[k], 0.99), len(times[k])
-                rounds.append(row)
-                if args.trace:  # each request: when it started (s into the round), its kind, ms
-                    Path(args.trace).write_text("\n".join(f"{t - began:.4f} {k} {ms:.2f}" for t, k, ms in sorted(trace)))
-                all_accepted += accepted
-                print(f"round {round_ + 1}: {len(every)} requests in {wall:.1f} s: {row['rps']:.1f} requests/s, "
-                      f"p50 {row['p50']:.1f} ms, p99 {row['p99']:.1f} ms")
-
-            def med(key: str) -> float:
-                return statistics.median(r[key] for r in rounds)
-
-            print(f"\n{args.clients} clients x {args.requests} requests, {args.rounds} round(s) (medians of rounds)")
-            print(f"{'kind':8} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    with tempfile.TemporaryDirectory() as tmp, (
+            contextlib.nullcontext(stack) if stack is not None
+            else Stack.postgres(Path(tmp), workers=1, admin_url=ADMIN, redis_url=REDIS,
+                                COREL_API_PROCESSES=str(args.api_processes))) as stack:
+        base = stack.url
+        with httpx.Client(base_url=base, timeout=60) as http:
+            seeded = [int(http.post("/experiments", json=RUN).json()["id"]) for _ in range(args.seed_runs)]
+        states = finished(base, seeded, 600)
+        print(f"seeded {args.seed_runs} runs: {states}")
+        rounds: list[dict[str, float]] = []
+        all_accepted: list[int] = []
+        failures: list[str] = []
+        for round_ in range(args.rounds):
+            rng = random.Random(round_)
+            times: dict[str, list[float]] = {k: [] for k in KINDS}
+            accepted: list[int] = []
+            trace: list[tuple[float, str, float]] = []
+            lock, gate = threading.Lock(), threading.Event()
+            threads = []
+            for _ in range(args.clients):
+                plan = []
+                for _ in range(args.requests):
+                    u = rng.random()
+                    kind = "submit" if u < args.submit_share else (
+                        "list" if u < args.submit_share + args.list_share else "read")
+                    plan.append((kind, rng.choice(seeded)))
+                threads.append(threading.Thread(target=client, args=(base, plan, times, failures, accepted,
+                                                                     lock, gate, trace)))
+            for t in threads:
+                t.start()
+            time.sleep(0.5)  # every client connected and waiting
+            began = time.perf_counter()
+            gate.set()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - began
+            every = [v for k in KINDS for v in times[k]]
+            row = {"rps": len(every) / wall, "p50": pct(every, 0.5), "p99": pct(every, 0.99)}
             for k in KINDS:
-                print(f"{k:8} {med(f'{k}_n'):>8.0f} {med(f'{k}_p50'):>8.1f} {med(f'{k}_p99'):>8.1f}")
-            print(f"{'all':8} {'':>8} {med('p50'):>8.1f} {med('p99'):>8.1f}")
-            print(f"requests/s: {med('rps'):.1f} (target at least 300)")
-            print(f"failed requests: {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
-            ends = finished(base, all_accepted, 900)
-            print(f"runs accepted under load: {len(all_accepted)}; their ends: {ends}")
-            print(f"api mixed load p99 ms: {med('p99'):.1f}")
-            if failures or set(ends) - {"succeeded"}:
-                raise SystemExit("some requests failed, or some accepted runs did not succeed")
-    finally:
-        for proc in (api, worker):
-            if proc is not None:
-                terminate(proc)
-        with psycopg.connect(ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                row[f"{k}_p50"], row[f"{k}_p99"], row[f"{k}_n"] = pct(times[k], 0.5), pct(times[k], 0.99), len(times[k])
+            rounds.append(row)
+            if args.trace:  # each request: when it started (s into the round), its kind, ms
+                Path(args.trace).write_text("\n".join(f"{t - began:.4f} {k} {ms:.2f}" for t, k, ms in sorted(trace)))
+            all_accepted += accepted
+            print(f"round {round_ + 1}: {len(every)} requests in {wall:.1f} s: {row['rps']:.1f} requests/s, "
+                  f"p50 {row['p50']:.1f} ms, p99 {row['p99']:.1f} ms")
+
+        def med(key: str) -> float:
+            return statistics.median(r[key] for r in rounds)
+
+        print(f"\n{args.clients} clients x {args.requests} requests, {args.rounds} round(s) (medians of rounds)")
+        print(f"{'kind':8} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8}")
+        for k in KINDS:
+            print(f"{k:8} {med(f'{k}_n'):>8.0f} {med(f'{k}_p50'):>8.1f} {med(f'{k}_p99'):>8.1f}")
+        print(f"{'all':8} {'':>8} {med('p50'):>8.1f} {med('p99'):>8.1f}")
+        print(f"requests/s: {med('rps'):.1f} (target at least 300)")
+        print(f"failed requests: {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
+        ends = finished(base, all_accepted, 900)
+        print(f"runs accepted under load: {len(all_accepted)}; their ends: {ends}")
+        print(f"api mixed load p99 ms: {med('p99'):.1f}")
+        if failures or set(ends) - {"succeeded"}:
+            raise SystemExit("some requests failed, or some accepted runs did not succeed")
 
 
 if __name__ == "__main__":

@@ -198,7 +198,7 @@ def freed_after_delete(tmp: Path, runs: int) -> float:
     return (after_runs - after_delete) / added
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=91)
     parser.add_argument("--repeats", type=int, default=5)
@@ -207,7 +207,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "datasets"))
     parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.mb, args.repeats, args.runs = 8, 3, 4
 

@@ -450,7 +450,7 @@ def table(path: Path) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true",
                         help="a few seconds: launch one stacked row (digits, two seeds, five epochs) "
@@ -485,7 +485,7 @@ def main() -> None:
         p.add_argument("--state", default=None)
     p = sub.add_parser("table", help="the Markdown of a results file")
     p.add_argument("path")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         with tempfile.TemporaryDirectory(prefix="corel-cnn-rows-") as tmp:
             out = Path(tmp) / "rows.jsonl"

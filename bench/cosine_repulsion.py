@@ -37,14 +37,14 @@ def clamped_loss(self, sim, h, labels, *, check=True):  # the authors' CosineARL
     return (-self.lam * attract + (1.0 - self.lam) * repulse).mean()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", default="mnist")
     ap.add_argument("--lam", type=float, default=0.4)
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.smoke:
         args.epochs, args.seeds = 1, 1
     torch.set_num_threads(1)

@@ -110,12 +110,12 @@ def pages(ids: dict[str, int]) -> dict[str, list[str]]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--experiments", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.smoke:
         args.experiments, args.repeats = 20, 2
     name = f"corel_bench_{uuid.uuid4().hex[:8]}"

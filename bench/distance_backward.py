@@ -58,13 +58,13 @@ def error(got: torch.Tensor, exact: torch.Tensor) -> float:
     return float((got.double().cpu() - exact).abs().max() / exact.abs().max())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda (float32 products, TF32 off)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.repeats, args.calls = 1, 3
     device = torch.device(args.device)

@@ -25,12 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,26 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from corel.data import read_idx
 from corel.serving import ServedModel
-from corel.train import checkpoint_from_bytes
-from harness.servers import free_port
+from harness.stack import Stack
 from harness.wait import wait_until
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
-
-
-def start_service(var: Path, port: int, **settings: str) -> subprocess.Popen[bytes]:
-    """``corel serve`` on the embedded default in ``var``; ``settings``: COREL_* beside it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
-    env.update(settings)
-    env["COREL_VAR_DIR"] = str(var)
-    env["COREL_LOG_LEVEL"] = "WARNING"
-    log = open(var.parent / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "corel.cli", "serve", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200,
-               60, "the service to be ready; see " + str(var.parent / "serve.log"), interval=0.2,
-               ignore=(httpx.HTTPError,))
-    return proc
 
 
 def train(base: str, train_subset: int | None = None) -> int:
@@ -82,20 +65,6 @@ def train(base: str, train_subset: int | None = None) -> int:
 
     wait_until(finished, 3600, f"experiment {eid} to train", interval=0.5)
     return int(eid)
-
-
-def checkpoint_of(var: Path, eid: int) -> dict:
-    from sqlalchemy import create_engine, text
-
-    from app.core.settings import Settings
-    from app.storage import make_store
-
-    engine = create_engine(f"sqlite:///{var / 'corel.sqlite3'}")
-    with engine.connect() as conn:
-        digest = conn.execute(text("SELECT sha256 FROM checkpoints WHERE experiment_id = :e "
-                                   "AND kind = 'best'"), {"e": eid}).scalar_one()
-    engine.dispose()
-    return checkpoint_from_bytes(make_store(Settings(var_dir=var)).read_bytes(digest))
 
 
 def binary(images: np.ndarray) -> dict:
@@ -242,7 +211,9 @@ def run_async(coro: Any) -> Any:
     return uvloop.run(coro)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
+    """``stack``: a running corel to measure (its first experiment trained here); by default
+    ``corel serve`` on the embedded default in a temporary directory, stopped at the end."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=8, help="1024-image batches per pass")
     parser.add_argument("--rounds", type=int, default=15,
@@ -251,7 +222,7 @@ def main() -> None:
     parser.add_argument("--per-client", type=int, default=60)
     parser.add_argument("--c-runs", type=int, default=3, help="runs of (c)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.batches, args.rounds, args.clients, args.per_client, args.c_runs = 1, 1, 2, 5, 1
 
@@ -262,42 +233,35 @@ def main() -> None:
              "raw2": "application/octet-stream, 2 connections"}
     rates: dict[str, list[float]] = {"a": [], **{k: [] for k in forms}}
     ratios: dict[str, list[float]] = {k: [] for k in forms}
-    with tempfile.TemporaryDirectory() as tmp:
-        var = Path(tmp) / "var"
-        port = free_port()
-        proc = start_service(var, port)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            eid = train(base, 1024 if args.smoke else None)
-            ckpt = checkpoint_of(var, eid)
-            served = ServedModel.from_checkpoint(ckpt, "cpu")
-            print(f"service on {base}, experiment {eid} (Fashion-MNIST FFNN, Gaussian-COREL), "
-                  f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
-            requests = {"json": batch_requests(eid, batches, raw=False),
-                        "raw": batch_requests(eid, batches, raw=True)}
-            requests["raw2"] = requests["raw"]
-            conns = {"json": [Connection(port)], "raw": [Connection(port)],
-                     "raw2": [Connection(port), Connection(port)]}
-            in_process(served, batches)  # warm-up, and the service's model cache
+    with tempfile.TemporaryDirectory() as tmp, (
+            contextlib.nullcontext(stack) if stack is not None else Stack.embedded(Path(tmp))) as stack:
+        base, port = stack.url, stack.port
+        eid = train(base, 1024 if args.smoke else None)
+        served = ServedModel.from_checkpoint(stack.checkpoint(eid), "cpu")
+        print(f"service on {base}, experiment {eid} (Fashion-MNIST FFNN, Gaussian-COREL), "
+              f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
+        requests = {"json": batch_requests(eid, batches, raw=False),
+                    "raw": batch_requests(eid, batches, raw=True)}
+        requests["raw2"] = requests["raw"]
+        conns = {"json": [Connection(port)], "raw": [Connection(port)],
+                 "raw2": [Connection(port), Connection(port)]}
+        in_process(served, batches)  # warm-up, and the service's model cache
+        for form in forms:
+            over_http(conns[form], requests[form][:len(conns[form])], form != "json")
+        # Interleaved rounds: the machine's load drifts, and each ratio compares passes
+        # made moments apart.
+        for _ in range(args.rounds):
+            a = in_process(served, batches)
+            rates["a"].append(a)
             for form in forms:
-                over_http(conns[form], requests[form][:len(conns[form])], form != "json")
-            # Interleaved rounds: the machine's load drifts, and each ratio compares passes
-            # made moments apart.
-            for _ in range(args.rounds):
-                a = in_process(served, batches)
-                rates["a"].append(a)
-                for form in forms:
-                    b = over_http(conns[form], requests[form], form != "json")
-                    rates[form].append(b)
-                    ratios[form].append(b / a)
-            for cs in conns.values():
-                for c in cs:
-                    c.close()
-            runs = [run_async(concurrent(port, eid, images, args.clients, args.per_client))
-                    for _ in range(args.c_runs)]
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
+                b = over_http(conns[form], requests[form], form != "json")
+                rates[form].append(b)
+                ratios[form].append(b / a)
+        for cs in conns.values():
+            for c in cs:
+                c.close()
+        runs = [run_async(concurrent(port, eid, images, args.clients, args.per_client))
+                for _ in range(args.c_runs)]
     print(f"(a) in-process encoder, 1024-image batches: median {statistics.median(rates['a']):9.0f} "
           f"samples/s over {args.rounds} rounds")
     for form, label in forms.items():

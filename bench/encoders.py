@@ -228,7 +228,7 @@ def text_sweep(base: dict[str, Any], data_dir: Path, seeds: int, lam: float,
     return row, specs, best[0], seconds
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
     ap.add_argument("--seeds", type=int, default=3)
@@ -243,7 +243,7 @@ def main() -> None:
                     help="frozen text encoders, each its sweep (the first also against separate experiments)")
     ap.add_argument("--image-encoders", default="efficientnet-lite0,efficientnet-lite2")
     ap.add_argument("--smoke", action="store_true", help="a few seconds: 150 rows, 1 seed, 2 epochs")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     data_dir = Path(args.data_dir)
     names = [n for n in args.text_encoders.split(",") if n]
     base: dict[str, Any] = {"dataset": "ag-news", "encoder": names[0], "lr": args.lr, "epochs": args.epochs}

@@ -152,12 +152,12 @@ FAULTS = ["database stopped 5 s", "database frozen 5 s", "connections cut",
           "broker stopped 5 s", "lost queue"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true",
                         help="two of the faults (the quickest) once each: that the benchmark runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     faults = ["connections cut", "lost queue"] if args.smoke else FAULTS
     if args.smoke:
         args.repeats = 1

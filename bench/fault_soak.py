@@ -59,7 +59,7 @@ SMOKE: dict[str, Any] = {"deck": SMOKE_DECK, "feed": 2, "fault_gap": (1.5, 2.5),
          "unique_specs": 4}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     # Stopped by SIGTERM, the soak still stops its PostgreSQL, Redis and processes.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -86,7 +86,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="the short soak of make test: one seed, 14 runs of 12 epochs, each "
                         "kind of fault once (about a minute)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     smoke = dict(SMOKE) if args.smoke else {}
     if args.smoke and args.s3:  # the S3 server stopped in the middle of the deck
         smoke["deck"] = (*SMOKE_DECK[:3], "s3-stop", *SMOKE_DECK[3:])

@@ -179,12 +179,12 @@ def images_part(data_dir: Path, rows_wanted: int) -> None:
     print(f"image features ratio corel / timm images/s: {rows[best]['rate'] / rows['timm']['rate']:.2f}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
     ap.add_argument("--images", type=int, default=2000, help="Fashion-MNIST training images (0: none)")
     ap.add_argument("--smoke", action="store_true", help="80 texts and 50 images: seconds")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     # torch's dynamic quantization is deprecated in favour of torchao (not installed here).
     warnings.filterwarnings("ignore", message=".*quantiz.*")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU: {cpu_flags()}")

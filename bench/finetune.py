@@ -324,7 +324,7 @@ def images(args: argparse.Namespace) -> None:
     print(f"image ratio corel / plain loop samples/s: {results[first][1] / plain_rate:.2f}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("COREL_DATA_DIR", "../shared/datasets")))
     parser.add_argument("--device", default="cpu")
@@ -339,7 +339,7 @@ def main() -> None:
     parser.add_argument("--image-blocks", type=int, default=2, help="EfficientNet-Lite0's last stages trained")
     parser.add_argument("--skip-images", action="store_true")
     parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     gpu = args.device != "cpu"

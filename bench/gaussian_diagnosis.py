@@ -67,13 +67,14 @@ def geometry(run, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_spec_options(p)
     p.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
-    if sys.argv[1:] == ["--smoke"]:  # tiny sizes, a few seconds: that the benchmark runs
-        sys.argv[1:] = ["--dataset", "digits", "--epochs", "2"]
-    args = p.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--smoke"]:  # tiny sizes, a few seconds: that the benchmark runs
+        argv = ["--dataset", "digits", "--epochs", "2"]
+    args = p.parse_args(argv)
     spec = spec_from_args(args)
     data = load_dataset(spec, args.data_dir)
     run = start_run(spec, data=data)

@@ -124,9 +124,10 @@ def median_epoch(report: dict) -> float:
     return statistics.median(report["seconds"][1:])
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], int(sys.argv[7]))
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        worker_main(argv[1], int(argv[2]), int(argv[3]), argv[4], argv[5], int(argv[6]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=0,
@@ -137,7 +138,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     subset = 1024 if args.smoke else 0  # rows of the training set (0: all of them)
     if args.smoke:
         args.epochs, args.repeats = 2, 1

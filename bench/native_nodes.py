@@ -89,12 +89,12 @@ def alternate(repeats: int, ways: tuple[str, ...], one: Callable[[str], tuple[fl
     return {way: statistics.median(values) for way, values in rates.items()}, same
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.repeats = 1
     if native.module() is None:

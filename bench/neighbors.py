@@ -33,33 +33,27 @@ import argparse
 import asyncio
 import io
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
-import psycopg
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.core.db import make_engine, make_sessionmaker, session_scope  # noqa: E402
-from app.core.migrate import upgrade  # noqa: E402
-from app.core.settings import Settings  # noqa: E402
 from app.services.indexes import load_index  # noqa: E402
 from app.storage import ensure  # noqa: E402
 from app.storage.artifacts import best_checkpoint_bytes  # noqa: E402
 from corel.index import VectorIndex, recall_at_k  # noqa: E402
 from corel.serving import ServedModel  # noqa: E402
-from harness.servers import free_port  # noqa: E402
+from harness.stack import Stack  # noqa: E402
 from harness.wait import wait_until  # noqa: E402
 
 K = 10
@@ -87,55 +81,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-class Stack:
-    """PostgreSQL database + Redis db of its own, the API and one worker."""
-
-    def __init__(self, root: Path) -> None:
-        admin = os.environ.get("COREL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-        self.admin = admin
-        self.db = f"corel_bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.db}"')
-        self.url = f"{admin.rsplit('/', 1)[0]}/{self.db}"
-        redis = os.environ.get("COREL_BENCH_REDIS", "redis://127.0.0.1:6379")
-        self.port = free_port()
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
-        self.env.update({
-            "COREL_DATABASE_URL": self.url, "COREL_BROKER_URL": f"{redis}/13",
-            "COREL_QUEUE": f"corel-bench-{uuid.uuid4().hex[:8]}", "COREL_VAR_DIR": str(root / "var"),
-            "COREL_LOG_LEVEL": "WARNING", "COREL_MAX_UPLOAD_BYTES": str(400 * 1024 * 1024),
-            "PYTHONPATH": str(REPO)})
-        self.settings = Settings(database_url=self.url, var_dir=root / "var")
-        upgrade(self.settings)  # as `corel db upgrade`
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs = root
-        self.api = self._start(["serve", "--port", str(self.port)], "api.log")
-        self.worker = self._start(["worker"], "worker.log")
-        self.base = f"http://127.0.0.1:{self.port}"
-        wait_until(lambda: httpx.get(f"{self.base}/ready", timeout=2).status_code == 200, 60,
-                   f"the API to be ready; see {root / 'api.log'}", interval=0.2,
-                   ignore=(httpx.HTTPError,))
-
-    def _start(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
-        out = open(self.logs / log, "wb")  # noqa: SIM115
-        proc = subprocess.Popen([sys.executable, "-m", "corel.cli", *args], env=self.env, stdout=out,
-                                stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        with psycopg.connect(self.admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
 
 
 def wait(client: httpx.Client, path: str, timeout: float = 3600) -> dict[str, Any]:
@@ -193,29 +138,32 @@ async def http_clients(port: int, path: bytes, bodies: list[bytes], clients: int
     return len(latencies) / (time.perf_counter() - started), latencies
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
+    """``stack``: a running corel to measure; by default one of its own on PostgreSQL (a
+    database made for it, the API and one worker), stopped and dropped at the end."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.rows, args.queries, args.rounds = 2000, 50, 1
     import faiss
 
     faiss.omp_set_num_threads(1)  # one query at a time, as the API's threads search
-    root = Path(tempfile.mkdtemp(prefix="corel-bench-neighbors-"))
-    stack = Stack(root)
-    try:
+    if stack is not None:
         run(stack, args)
-    finally:
-        stack.close()
+        return
+    with tempfile.TemporaryDirectory(prefix="corel-bench-neighbors-") as root, Stack.postgres(
+            Path(root), workers=1, admin_url=os.environ.get("COREL_BENCH_PG"),
+            COREL_MAX_UPLOAD_BYTES=str(400 * 1024 * 1024)) as own:
+        run(own, args)
 
 
 def run(stack: Stack, args: argparse.Namespace) -> None:
 
-    client = httpx.Client(base_url=stack.base, timeout=600)
+    client = httpx.Client(base_url=stack.url, timeout=600)
     started = time.perf_counter()
     x_train, y_train = data(2_000 if args.smoke else 20_000, seed=1)
     ds = client.post("/datasets", files={"file": ("train.npz", npz(x_train, y_train))}).json()["id"]
@@ -242,7 +190,7 @@ def run(stack: Stack, args: argparse.Namespace) -> None:
 
     # The queries: new rows of the same distribution; their representations for in-process search.
     x_q, _ = data(args.queries, seed=3)
-    factory = ensure(make_sessionmaker(make_engine(stack.url)), stack.settings)  # the API's store
+    factory = ensure(make_sessionmaker(make_engine(stack.settings.database_url)), stack.settings)  # the API's store
     with session_scope(factory) as session:
         served = ServedModel.from_bytes(best_checkpoint_bytes(session, eid), "cpu")
     h = served.embed(served.prepare(x_q)).numpy()
@@ -281,15 +229,15 @@ def run(stack: Stack, args: argparse.Namespace) -> None:
     bodies = [row.tobytes() for row in x_q]
     http: dict[str, dict[str, Any]] = {}
     for kind in ("exact", "hnsw"):
-        before = rss_mb(stack.api.pid)
+        before = rss_mb(stack.api_pid)
         path = (f"/experiments/{eid}/neighbors?dtype=float32&shape=1,{FEATURES}&k={K}"
                 f"&index_id={indexes[kind]['id']}").encode()
         n = len(bodies) if kind == "hnsw" else min(200, len(bodies))
         asyncio.run(http_clients(stack.port, path, bodies[:1], 1))  # loads the index
-        loaded_rss = rss_mb(stack.api.pid)
+        loaded_rss = rss_mb(stack.api_pid)
         one_rate, one = asyncio.run(http_clients(stack.port, path, bodies[:n], 1))
         many_rate, many = asyncio.run(http_clients(stack.port, path, bodies[:n] * (4 if kind == "hnsw" else 1), 32))
-        http[kind] = {"rss": (before, loaded_rss, rss_mb(stack.api.pid)), "one": one, "one_rate": one_rate,
+        http[kind] = {"rss": (before, loaded_rss, rss_mb(stack.api_pid)), "one": one, "one_rate": one_rate,
                       "many": many, "many_rate": many_rate}
 
     print()

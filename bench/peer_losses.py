@@ -35,12 +35,12 @@ from corel.train import StackedRun, represent, start_run, train_pass
 LOSSES = PAPER_LOSSES + PEER_LOSSES
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--subset", type=int, default=None, help="only the first N training rows")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.smoke:
         args.repeats, args.subset = 1, 512
     torch.set_num_threads(os.cpu_count() or 1)

@@ -21,7 +21,7 @@ from corel.spec import ExperimentSpec
 from corel.train import fit
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.epochs, args.seeds = 1, [0]
     base = {"dataset": "fashion-mnist", "model": "ffnn", "loss": args.loss, "lam": args.lam,

@@ -141,7 +141,7 @@ def subset(data: Dataset, rows: int) -> Dataset:
     return part
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rows", type=int, default=20)
@@ -150,7 +150,7 @@ def main() -> None:
                         help="torch.profiler's table (default), or each ATen call's wall clock")
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.steps, args.rows, args.members = 3, 5, 2
     specs = [ExperimentSpec(dataset="fashion-mnist", model="ffnn", loss="gaussian", epochs=1,

@@ -211,7 +211,7 @@ def show(name: str, r: dict[str, Any], members: int) -> None:
           f"(test {100 * r['best_test']:.2f} %)")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=27)
     parser.add_argument("--lr", type=float, default=1e-3,
@@ -227,7 +227,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="512 images, 4 epochs, one seed, Ray at one concurrency: that it runs "
                              "(figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.epochs, args.train_subset, args.ray_concurrency, args.seeds = 4, 512, "2", 1
     threads = torch.get_num_threads()

@@ -63,7 +63,7 @@ def sweep_seconds(api: httpx.Client, base: dict[str, object], members: int, epoc
         time.sleep(0.25)  # the API shares the cores: ask seldom
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--members", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=10)
@@ -72,7 +72,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.members, args.epochs, args.repeats, args.dataset = 2, 1, 1, "digits"
     why = cluster_available()

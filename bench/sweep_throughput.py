@@ -76,7 +76,7 @@ def differences(a: list[dict], b: list[dict]) -> list[float]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
@@ -93,7 +93,7 @@ def main() -> None:
                         help="the images (default Fashion-MNIST, as the figures in the docs)")
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     gemm_size = {}
     if args.smoke:
         args.members, args.repeats, args.train_subset = 2, 1, 512

@@ -1,6 +1,7 @@
 """Serving latency of raw texts: ``POST /embed`` of one sentence on a frozen MiniLM run.
 
-Starts the service on the embedded default (``corel serve`` in a temporary directory),
+Starts the service on the embedded default (``corel serve`` in a temporary directory; or
+measures the stack it is given),
 trains a frozen all-MiniLM-L6-v2 head on AG News through the API (``--train-subset`` training
 rows, one epoch; its features on the path corel's gate picks), then, in one run:
 
@@ -22,6 +23,7 @@ News rows uploaded as a text table instead of the built-in dataset).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import statistics
@@ -37,8 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.embed_throughput import start_service
-from harness.servers import free_port
+from harness.stack import Stack
 from harness.wait import wait_until
 
 
@@ -109,13 +110,15 @@ def clients(base: str, eid: int, texts: list[str], n_clients: int, per_client: i
     return latencies, len(latencies) / (time.perf_counter() - started)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
+    """``stack``: a running corel to measure (its run trained here); by default ``corel
+    serve`` on the embedded default in a temporary directory, stopped at the end."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
     ap.add_argument("--requests", type=int, default=300, help="requests of (a) and (b); (c): 16 x this / 8")
     ap.add_argument("--train-subset", type=int, default=1000)
     ap.add_argument("--smoke", action="store_true", help="a few requests: that it runs (figures mean nothing)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.smoke:
         args.requests, args.train_subset = 16, 256
     texts = headlines(Path(args.data_dir), 2000)
@@ -131,22 +134,17 @@ def main() -> None:
             started = time.perf_counter()
             model.encode([text], show_progress_bar=False)
             peer.append(time.perf_counter() - started)
-    with tempfile.TemporaryDirectory() as tmp:
-        var = Path(tmp) / "var"
-        port = free_port()
-        proc = start_service(var, port, COREL_DATA_DIR=str(Path(args.data_dir).resolve()))
-        base = f"http://127.0.0.1:{port}"
-        try:
-            own = upload(base, Path(args.data_dir), 200) if args.smoke else None
-            eid = train(base, args.train_subset, own)
-            record = httpx.get(f"{base}/experiments/{eid}", timeout=30).json().get("features") or {}
-            print(f"experiment {eid}: frozen MiniLM on AG News, features path {record.get('precision')} "
-                  f"(asked {record.get('asked')}); torch {torch.__version__}, {torch.get_num_threads()} threads")
-            one, _ = clients(base, eid, texts, 1, args.requests)
-            many, rate = clients(base, eid, texts, 16, max(2, args.requests // 8))
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    with tempfile.TemporaryDirectory() as tmp, (
+            contextlib.nullcontext(stack) if stack is not None
+            else Stack.embedded(Path(tmp), COREL_DATA_DIR=str(Path(args.data_dir).resolve()))) as stack:
+        base = stack.url
+        own = upload(base, Path(args.data_dir), 200) if args.smoke else None
+        eid = train(base, args.train_subset, own)
+        record = httpx.get(f"{base}/experiments/{eid}", timeout=30).json().get("features") or {}
+        print(f"experiment {eid}: frozen MiniLM on AG News, features path {record.get('precision')} "
+              f"(asked {record.get('asked')}); torch {torch.__version__}, {torch.get_num_threads()} threads")
+        one, _ = clients(base, eid, texts, 1, args.requests)
+        many, rate = clients(base, eid, texts, 16, max(2, args.requests // 8))
     print(f"(a) sentence-transformers encode, in process: p50 {pct(peer, 50):.1f} ms, p99 {pct(peer, 99):.1f} ms")
     print(f"(b) POST /embed, 1 client:   p50 {pct(one, 50):.1f} ms, p99 {pct(one, 99):.1f} ms "
           f"({len(one)} requests; median {statistics.median(one) * 1000:.1f} ms)")

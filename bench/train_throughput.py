@@ -77,7 +77,7 @@ def dataloader_epoch(spec: ExperimentSpec, data, device: str) -> float:
     return len(data.y_train) / (time.perf_counter() - started)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--loss", default="gaussian")
@@ -87,7 +87,7 @@ def main() -> None:
                         help="the images (default Fashion-MNIST, as the figures in the docs)")
     parser.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR"))
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: that the benchmark runs (its figures mean nothing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     gemm_size = {"repeats": 1, "n": 256} if args.smoke else {}
     if args.smoke:
         args.repeats = 1

@@ -7,6 +7,10 @@ import it from the repository's root, and ``bench/`` imports nothing from ``test
   temporary directories (``PrivatePostgres``, ``PrivateRedis``), to stop, freeze and
   flush; ``free_port``, the one way to pick a port; ``terminate`` for a process group;
   ``postgres_bin``.
+* :mod:`harness.stack`: corel running (``Stack``: its API's URL, its settings, its API's
+  pid), started on the embedded default (``Stack.embedded``), on a PostgreSQL database of
+  its own with N workers (``Stack.postgres``), or attached to one started elsewhere (the
+  test session's); the benchmarks that measure the service take one.
 * :mod:`harness.soak`: the randomized fault soak (``SoakConfig``, ``run_soak``) over the
   service's real processes (``bench/fault_soak.py``, ``tests/app/test_fault_soak.py``).
 * :mod:`harness.hosts`: a cluster of hosts in network namespaces (``Cluster``,

@@ -47,6 +47,7 @@ from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import upgrade
 from app.core.settings import Settings
 from harness.servers import free_port, terminate
+from harness.stack import Stack
 from harness.wait import wait_until
 from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
 
@@ -426,6 +427,13 @@ def live_url(settings: Settings) -> Iterator[str]:
     """The app served over real HTTP by uvicorn (for the CLI and benchmarks' clients)."""
     with serving(create_app(settings)) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def stack(live_url: str, settings: Settings, worker: subprocess.Popen[bytes]) -> Stack:
+    """The session's corel as harness's ``Stack``: its app served over HTTP in this process,
+    its worker; for a benchmark's ``main(argv, stack=stack)`` (which stops nothing of it)."""
+    return Stack.attached(live_url, settings)
 
 
 def npz_bytes(**arrays: Any) -> bytes:

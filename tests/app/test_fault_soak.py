@@ -18,8 +18,8 @@ import pytest
 
 from harness.servers import postgres_bin, weed_bin
 from harness.soak import FAULTS
+from tests.app.test_bench_smoke import smoke
 from tests.conftest import require
-from tests.test_bench_smoke import smoke
 
 # Alone, not beside other tests (make test): its deadlines follow the training's pace.
 # Its services are its own, in the open mode: make test's open pass would run it unchanged.

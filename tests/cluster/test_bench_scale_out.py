@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 from harness.hosts import cluster_available
+from tests.app.test_bench_smoke import smoke
 from tests.conftest import require
-from tests.test_bench_smoke import smoke
 
 
 def test_scale_out_runs_in_its_smoke_mode():
