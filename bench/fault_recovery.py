@@ -14,7 +14,6 @@ to 1 s); with the defaults (120 s, 120 s, 10 s) the waits scale with them.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from app.core.migrate import upgrade  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
 from harness.servers import PrivatePostgres, PrivateRedis, free_port  # noqa: E402
+from harness.stack import Stack  # noqa: E402
 from harness.wait import wait_until  # noqa: E402
 
 RUN = {"dataset": "digits", "epochs": 200, "batch_size": 16, "lr": 1e-3, "loss": "gaussian",
@@ -56,26 +56,15 @@ class Service:
         wait_until(lambda: self.server.started, 60, "uvicorn to start", interval=0.05)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
         self.root = root
+        # The worker: harness's stack on these settings (the API runs in this process).
+        self.stack = Stack.on(self.settings, root)
         self.worker: subprocess.Popen[bytes] | None = None
 
     def start_worker(self) -> None:
-        s = self.settings
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
-        env.update(COREL_DATABASE_URL=s.database_url, COREL_BROKER_URL=s.broker_url,
-                   COREL_VAR_DIR=str(s.var_dir), COREL_QUEUE=s.queue, COREL_LOG_LEVEL="WARNING",
-                   COREL_LEASE_SECONDS="4", COREL_HEARTBEAT_SECONDS="0.5",
-                   COREL_REQUEUE_AFTER_SECONDS="2", COREL_REQUEUE_MAX_SECONDS="8",
-                   COREL_RETRY_MAX_PAUSE="1", COREL_TRANSIENT_RETRY_SECONDS="300",
-                   PYTHONPATH=str(REPO))
-        log = open(self.root / "worker.log", "ab")  # noqa: SIM115
-        self.worker = subprocess.Popen([sys.executable, "-m", "corel.cli", "worker"], env=env,
-                                       stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                       start_new_session=True)
+        self.worker = self.stack.start_worker(ready_timeout=None)
 
     def stop_worker(self) -> None:
-        if self.worker is not None and self.worker.poll() is None:
-            os.killpg(self.worker.pid, 15)
-            self.worker.wait(timeout=60)
+        self.stack.stop(self.worker, grace=60)
 
     def submit(self, seed: int) -> int:
         r = self.http.post("/experiments", json={**RUN, "seed": seed})

@@ -26,7 +26,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ import psycopg
 import redis
 
 from harness.servers import PrivateSeaweed, postgres_bin, weed_bin
+from harness.stack import corel_env, spawn
 from harness.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,15 +68,25 @@ class Host:
         """The host's cable, at the switch."""
         return f"{self.name}-sw"
 
+    def _prefix(self, cpu: int | None = None) -> list[str]:
+        """What runs a command on this host: its namespace, its own hostname, a CPU pin."""
+        pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+        return ["ip", "netns", "exec", self.ns, "unshare", "--uts", "sh", "-c",
+                'hostname "$1" && shift && exec "$@"', "sh", f"corel-{self.name}", *pin]
+
     def run(self, argv: list[str], env: dict[str, str], log: str, cpu: int | None = None,
             cwd: Path = REPO) -> subprocess.Popen[bytes]:
         """``argv`` on this host: in its namespace, under its own hostname."""
-        pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
-        cmd = ["ip", "netns", "exec", self.ns, "unshare", "--uts", "sh", "-c",
-               'hostname "$1" && shift && exec "$@"', "sh", f"corel-{self.name}", *pin, *argv]
         out = open(self.root / log, "ab")  # noqa: SIM115
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
-                                start_new_session=True)
+        proc = subprocess.Popen([*self._prefix(cpu), *argv], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def corel(self, args: list[str], env: dict[str, str], log: str,
+              cpu: int | None = None) -> subprocess.Popen[bytes]:
+        """``corel <args>`` on this host (harness.stack's :func:`spawn`, in its namespace)."""
+        proc = spawn(args, env, self.root / log, prefix=self._prefix(cpu))
         self.procs.append(proc)
         return proc
 
@@ -217,28 +227,24 @@ class Cluster:
     # --- corel on the hosts ----------------------------------------------------------------
 
     def env(self, host: str, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
-        env.update({
+        return corel_env(None, **{
             "COREL_DATABASE_URL": self.admin_url().replace("postgresql://", "postgresql+psycopg://"),
             "COREL_BROKER_URL": self.redis_url,
             "COREL_VAR_DIR": str(self.hosts[host].var_dir),
-            "PYTHONPATH": str(REPO),
             **self.s3.settings(), **self.settings, **extra,
         })
-        return env
 
     def migrate(self) -> None:
         api = self.hosts["api"]
-        proc = api.run([sys.executable, "-m", "corel.cli", "db", "upgrade"], self.env("api"), "migrate.log")
+        proc = api.corel(["db", "upgrade"], self.env("api"), "migrate.log")
         assert proc.wait(timeout=120) == 0, api.log("migrate.log")
 
     def start_api(self) -> str:
         api = self.hosts["api"]
         # Served on the cluster's network, so with an admin token, as a real deployment
         # must be (corel serve refuses a non-loopback host in the open mode).
-        self.api = api.run([sys.executable, "-m", "corel.cli", "serve", "--host", api.ip, "--port",
-                            "8000", "--no-worker"], self.env("api", COREL_API_TOKEN=API_TOKEN),
-                           "api.log")
+        self.api = api.corel(["serve", "--host", api.ip, "--port", "8000", "--no-worker"],
+                             self.env("api", COREL_API_TOKEN=API_TOKEN), "api.log")
         url = f"http://{api.ip}:8000"
         proc = self.api
 
@@ -255,9 +261,8 @@ class Cluster:
 
     def start_worker(self, host: str, cpu: int | None = None) -> subprocess.Popen[bytes]:
         """`corel worker` on ``host`` (pinned to core ``cpu``, one torch thread)."""
-        proc = self.hosts[host].run([sys.executable, "-m", "corel.cli", "worker"],
-                                    self.env(host, COREL_WORKER_TORCH_THREADS="1"),
-                                    "worker.log", cpu=cpu)
+        proc = self.hosts[host].corel(["worker"], self.env(host, COREL_WORKER_TORCH_THREADS="1"),
+                                      "worker.log", cpu=cpu)
         self.workers[host] = proc
         log = self.hosts[host].log
 

@@ -36,11 +36,8 @@ this process's).
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -54,10 +51,10 @@ import redis
 
 from app.core.migrate import upgrade
 from app.core.settings import Settings
-from harness.servers import PrivatePostgres, PrivateRedis, PrivateSeaweed, free_port, terminate
+from harness.servers import PrivatePostgres, PrivateRedis, PrivateSeaweed, free_port
+from harness.stack import Stack
 from harness.wait import wait_until
 
-REPO = Path(__file__).resolve().parents[1]
 FINISHED = ("succeeded", "failed", "cancelled", "pruned")
 FAULTS = ("worker-kill", "api-kill", "postgres-stop", "postgres-freeze", "redis-restart",
           "redis-flush")
@@ -299,37 +296,24 @@ class Cluster:
         self.port = free_port()
         self.api: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes] | None] = [None] * config.workers
-        self.started = 0
+        # corel's processes: harness's stack on the soak's own servers, its logs in logdir.
+        self.stack = Stack.on(self.settings, self.logdir)
         self.lock = threading.Lock()
 
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
-        s = self.settings
-        env.update({
-            "COREL_DATABASE_URL": s.database_url, "COREL_BROKER_URL": s.broker_url,
-            "COREL_VAR_DIR": str(s.var_dir), "COREL_QUEUE": s.queue,
-            "COREL_LEASE_SECONDS": str(s.lease_seconds),
-            "COREL_HEARTBEAT_SECONDS": str(s.heartbeat_seconds),
-            "COREL_LOG_LEVEL": "INFO", "PYTHONPATH": str(REPO),
-        })
+    def _extra(self) -> dict[str, str]:
+        """COREL_* beside the settings: the soak's log level, a worker's torch threads, S3's."""
+        extra = {"COREL_LOG_LEVEL": "INFO"}
         if self.config.worker_threads:
-            env["COREL_WORKER_TORCH_THREADS"] = str(self.config.worker_threads)
+            extra["COREL_WORKER_TORCH_THREADS"] = str(self.config.worker_threads)
         if self.s3 is not None:
-            env.update(self.s3.settings())
-        return env
-
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        self.started += 1
-        log = open(self.logdir / f"{self.started:03d}-{name}.log", "wb")  # noqa: SIM115
-        return subprocess.Popen([sys.executable, "-m", "corel.cli", *args], env=self.env(),
-                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)
+            extra.update(self.s3.settings())
+        return extra
 
     def start_api(self) -> None:
-        self.api = self._spawn("api", ["serve", "--no-worker", "--port", str(self.port)])
+        self.api = self.stack.start_api(self.port, ready_timeout=None, **self._extra())
 
     def start_worker(self, i: int) -> None:
-        self.workers[i] = self._spawn(f"worker{i}", ["worker"])
+        self.workers[i] = self.stack.start_worker(ready_timeout=None, **self._extra())
 
     @property
     def url(self) -> str:
@@ -341,13 +325,11 @@ class Cluster:
 
     @staticmethod
     def kill(proc: subprocess.Popen[bytes] | None) -> None:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        Stack.kill(proc)
 
     @staticmethod
     def terminate(proc: subprocess.Popen[bytes] | None) -> None:
-        terminate(proc, grace=20)
+        Stack.stop(proc, grace=20)
 
     def close(self) -> None:
         self.terminate(self.api)

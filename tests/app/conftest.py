@@ -24,7 +24,6 @@ import io
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,10 +45,10 @@ from app.access.users import create_token, create_user
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import upgrade
 from app.core.settings import Settings
-from harness.servers import free_port, terminate
+from harness.servers import free_port
 from harness.stack import Stack
 from harness.wait import wait_until
-from tests.conftest import FASHION_DIR, REPO, SHARED_DATASETS, require
+from tests.conftest import FASHION_DIR, SHARED_DATASETS, require
 
 AS_USER = os.environ.get("COREL_TEST_OPEN_MODE", "") in ("", "0")
 # The token and id of the session's user (not COREL_TEST_OPEN_MODE), and the name of the
@@ -266,81 +265,38 @@ def stored_checkpoint(settings: Settings, session: Any, experiment_id: int, kind
     return make_store(settings).read_bytes(digest)
 
 
-def settings_env(s: Settings) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
-    env.update({
-        "COREL_DATABASE_URL": s.database_url,
-        "COREL_BROKER_URL": s.broker_url,
-        "COREL_VAR_DIR": str(s.var_dir),
-        **({"COREL_FEATURES_DIR": str(s.features_dir)} if s.features_dir is not None else {}),
-        "COREL_DATA_DIR": s.data_dir,
-        "COREL_DOWNLOAD": str(s.download).lower(),
-        "COREL_DOWNLOAD_MIRROR": s.download_mirror,
-        "COREL_QUEUE": s.queue,
-        "COREL_LEASE_SECONDS": str(s.lease_seconds),
-        "COREL_HEARTBEAT_SECONDS": str(s.heartbeat_seconds),
-        "COREL_REQUEUE_AFTER_SECONDS": str(s.requeue_after_seconds),
-        "COREL_REQUEUE_MAX_SECONDS": str(s.requeue_max_seconds),
-        "COREL_TRANSIENT_RETRY_SECONDS": str(s.transient_retry_seconds),
-        "COREL_RETRY_MAX_PAUSE": str(s.retry_max_pause),
-        "COREL_WORKER_METRICS_PORT": str(s.worker_metrics_port),
-        "PYTHONPATH": str(REPO),
-    })
-    if s.artifacts_dir is not None:  # a host of its own over a shared artifact folder
-        env["COREL_ARTIFACTS_DIR"] = str(s.artifacts_dir)
-    return env
-
-
 class Workers:
-    """Starts real `corel worker` processes (the Dockerfile's worker command)."""
+    """Real `corel worker` processes (the Dockerfile's worker command) of the session's
+    settings, or of a test's own: harness's :class:`Stack` on those settings, which starts,
+    stops and kills them one by one."""
 
     def __init__(self, settings: Settings, logdir: Path) -> None:
         self.settings = settings
         self.logdir = logdir
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.stack = Stack.on(settings, logdir)
+
+    @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return self.stack.procs
 
     def start(self, settings: Settings | None = None, python_path: Path | None = None,
               ready_timeout: float = 120.0) -> subprocess.Popen[bytes]:
         """A worker of the session's settings, or of ``settings`` (another queue, ...);
-        ``python_path``: a folder importable there too (a plugin's).
-
-        Returns once the worker consumes its queue (Celery's "ready." in its log). A test
-        that submitted before then raced every other live worker's reconciler, which sends
-        a row nobody claimed within a lease (4 s here) to its own queue: on a slow machine a
-        booting worker (torch's import alone takes seconds) lost its run to another."""
-        path = self.logdir / f"worker-{len(self.procs)}.log"
-        log = open(path, "wb")  # noqa: SIM115
-        env = settings_env(settings or self.settings)
-        if python_path is not None:
-            env["PYTHONPATH"] = f"{python_path}{os.pathsep}{env['PYTHONPATH']}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "corel.cli", "worker"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-            cwd=REPO, start_new_session=True,
-        )
-        self.procs.append(proc)
-
-        def ready() -> bool:
-            assert proc.poll() is None, f"the worker exited ({proc.returncode}):\n{self.logs()}"
-            return b" ready." in path.read_bytes()
-
-        wait_until(ready, ready_timeout, "the worker to be ready")
-        return proc
+        ``python_path``: a folder importable there too (a plugin's). Returns once the worker
+        consumes its queue (:meth:`Stack.start_worker`)."""
+        return self.stack.start_worker(settings, python_path=python_path, ready_timeout=ready_timeout)
 
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGTERM (a warm shutdown), as stop_all does for one worker."""
-        terminate(proc)
+        self.stack.stop(proc)
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGKILL the worker's process group (one that has already exited: nothing to do;
         two tests may each stop the shared worker)."""
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        self.stack.kill(proc)
 
     def kill_all(self) -> None:
-        """SIGKILL every worker this session started that still runs (a test that needs the
-        queue to itself: no other worker may take its run, nor a reconciler hand it on)."""
+        """SIGKILL every worker this session started that still runs."""
         for proc in self.procs:
             self.kill(proc)
 
@@ -355,8 +311,7 @@ class Workers:
                 os.killpg(proc.pid, signal.SIGKILL)
 
     def logs(self, tail: int | None = 3000) -> str:
-        texts = (p.read_text(errors="replace") for p in sorted(self.logdir.glob("*.log")))
-        return "\n".join(t[-tail:] if tail else t for t in texts)
+        return self.stack.logs(tail)
 
 
 @pytest.fixture(scope="session")

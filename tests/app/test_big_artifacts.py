@@ -5,9 +5,6 @@ the bytes pass)."""
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -17,10 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.servers import free_port
-from harness.wait import wait_until
+from app.core.settings import Settings
+from harness.stack import Stack
 from tests.app.test_limits import rss_kib
-from tests.conftest import REPO
 
 # Alone (make test's serial part): it measures a process's memory and moves a gigabyte.
 pytestmark = [pytest.mark.serial, pytest.mark.no_user]
@@ -72,23 +68,10 @@ class Peak:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     root = tmp_path_factory.mktemp("big")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
-    env.update(COREL_VAR_DIR=str(root / "var"), TMPDIR=str(root), PYTHONPATH=str(REPO),
-               COREL_MAX_UPLOAD_BYTES=str(2 << 30))
-    log = open(root / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "corel.cli", "serve", "--no-worker",
-                             "--port", str(port)], env=env, cwd=root, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, 60,
-                   "the service to answer /health", interval=0.3, ignore=(httpx.HTTPError,),
-                   detail=(root / "serve.log").read_text)
-        yield url, proc.pid
-    finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=30)
+    stack = Stack.on(Settings(var_dir=root / "var", max_upload_bytes=2 << 30), root)
+    with stack:
+        proc = stack.start_api(TMPDIR=str(root))
+        yield stack.url, proc.pid
 
 
 def test_a_1_gb_upload_and_its_download_stream(server, tmp_path):

@@ -31,8 +31,10 @@ from app.core.settings import Settings
 from app.jobs.events import publish
 from app.jobs.progress_stream import Sent, encode_sweep, sweep_position
 from app.main import create_app
+from harness.stack import corel_env
 from harness.wait import wait_until
-from tests.app.conftest import PG_ADMIN_URL, REPO, serving, settings_env
+from tests.app.conftest import PG_ADMIN_URL, serving
+from tests.conftest import REPO
 
 EPOCHS = 8
 FAST = {"dataset": "digits", "model": "ffnn", "loss": "gaussian", "lam": 0.85, "epochs": EPOCHS,
@@ -349,7 +351,7 @@ def test_a_finished_experiment_replays_and_closes(live, finished_run) -> None:
 
 def _corel(*args: str, settings: Settings) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "corel.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO, env=settings_env(settings))
+                          text=True, timeout=120, cwd=REPO, env=corel_env(settings))
 
 
 def test_corel_watch_exits_0_for_a_success_and_1_otherwise(live, finished_run, pg_factory,

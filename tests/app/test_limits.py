@@ -7,20 +7,15 @@ without the token, and then with it but over the limits.
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from harness.servers import free_port
-from harness.wait import wait_until
-from tests.conftest import REPO
+from app.core.settings import Settings
+from harness.stack import Stack
 
 # Alone, not beside other tests (make test): they measure a service's memory, which any
 # work of its own still under way beside the request would add to.
@@ -43,22 +38,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int,
     root = tmp_path_factory.mktemp("limits")
     spool = root / "tmp"
     spool.mkdir()
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
-    env.update(COREL_VAR_DIR=str(root / "var"), COREL_API_TOKEN=TOKEN, TMPDIR=str(spool),
-               COREL_MAX_UPLOAD_BYTES=str(20 * 1024 * 1024), PYTHONPATH=str(REPO))
-    log = open(root / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "corel.cli", "serve", "--no-worker",
-                             "--port", str(port)], env=env, cwd=root, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200,
-                   60, "the service to answer /health", interval=0.3, ignore=(httpx.HTTPError,),
-                   detail=(root / "serve.log").read_text)
-        yield port, proc.pid, spool
-    finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=30)
+    settings = Settings(var_dir=root / "var", api_token=TOKEN, max_upload_bytes=20 * 1024 * 1024)
+    with Stack.on(settings, root) as stack:
+        proc = stack.start_api(TMPDIR=str(spool))
+        yield stack.port, proc.pid, spool
 
 
 def post(port: int, path: str, content_type: str, length: int | None, send: int,

@@ -22,6 +22,7 @@ from app.core.settings import Settings
 from app.main import create_app
 from corel import native
 from harness.servers import free_port
+from harness.stack import Stack
 from harness.wait import wait_until
 from tests.conftest import IN_CI, REPO
 
@@ -167,18 +168,10 @@ def test_compose_files_per_host_are_valid():
 
 def test_embedded_default_end_to_end(tmp_path):
     """`corel serve` with nothing configured: SQLite + embedded broker + worker."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COREL_")}
-    env["COREL_VAR_DIR"] = str(tmp_path / "var")
-    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "corel.cli", "serve", "--port", str(port)],
-                            env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    # harness's stack on the embedded default (its log level INFO, as `corel serve`'s own).
+    stack = Stack.embedded(tmp_path, COREL_LOG_LEVEL="INFO")
+    proc, base = stack.procs[0], stack.url
     try:
-        wait_until(lambda: httpx.get(f"{base}/ready", timeout=2).status_code == 200, 60,
-                   "the embedded service to be ready", interval=0.3, ignore=(httpx.HTTPError,),
-                   detail=(tmp_path / "serve.log").read_text)
         r = httpx.post(f"{base}/experiments", json={"dataset": "digits", "epochs": 3, "lr": 1e-3})
         assert r.status_code == 202, r.text
         eid = r.json()["id"]
@@ -221,9 +214,7 @@ def test_embedded_default_end_to_end(tmp_path):
                                    for pid in children),
                    45, "the embedded worker to end with `corel serve`", interval=0.2)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        proc.wait(timeout=30)
+        stack.close()
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")

@@ -31,7 +31,8 @@ from app.core.migrate import upgrade
 from app.core.models import ApiToken, Experiment, utcnow
 from app.core.settings import Settings
 from app.main import create_app
-from tests.app.conftest import PG_ADMIN_URL, npz_bytes, pg_available, settings_env
+from harness.stack import corel_env
+from tests.app.conftest import PG_ADMIN_URL, npz_bytes, pg_available
 from tests.conftest import REPO, require
 from tests.encoder_files import timm_weights
 
@@ -346,7 +347,7 @@ def test_tokens_are_compared_as_digests_in_constant_time(api: TestClient,
 
 def test_the_cli_adds_users_and_creates_and_revokes_tokens(api: TestClient,
                                                            own_settings: Settings) -> None:
-    env = settings_env(own_settings)
+    env = corel_env(own_settings)
 
     def corel(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "corel.cli", *args], env=env, cwd=REPO,
@@ -414,7 +415,7 @@ def test_users_list_and_revoke_their_own_tokens_and_admins_anyones(
     r = api.delete(f"/me/tokens/{first_id}", headers=ADMIN)
     assert r.status_code == 404 and "DELETE /tokens/{token_id}" in r.json()["detail"]
     # The CLI's list: every user's, or one's; never a token.
-    env = settings_env(own_settings)
+    env = corel_env(own_settings)
     out = subprocess.run([sys.executable, "-m", "corel.cli", "tokens", "list", "alice"], env=env,
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -432,7 +433,7 @@ def test_rows_made_before_users_are_adopted_by_one(own_settings: Settings) -> No
         runs = [c.post("/experiments", json=RUN).json()["id"] for _ in range(3)]
         sweep = c.post("/sweeps", json={"base": RUN, "grid": {"seed": [0, 1]}}).json()["id"]
         members = c.get(f"/sweeps/{sweep}").json()["experiment_ids"]
-    env = settings_env(own_settings)
+    env = corel_env(own_settings)
 
     def corel(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "corel.cli", *args], env=env, cwd=REPO,
@@ -484,7 +485,7 @@ def test_serve_refuses_the_network_with_no_token_and_no_users(own_settings: Sett
     assert open_to_the_network(own_settings, "0.0.0.0") is None  # COREL_API_TOKEN set
     refused = open_to_the_network(bare, "0.0.0.0")
     assert refused and "COREL_API_TOKEN" in refused and "corel users add" in refused
-    env = settings_env(bare)
+    env = corel_env(bare)
     env.pop("COREL_API_TOKEN", None)
     env.pop("COREL_BROKER_URL", None)  # the embedded default, as `make serve`
     done = subprocess.run([sys.executable, "-m", "corel.cli", "serve", "--host", "0.0.0.0",
