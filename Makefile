@@ -71,11 +71,11 @@ test: $(STAMP) $(NATIVE)
 	$(OPEN) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not serial" tests/app
 	$(BIN)/python -m pytest -q $(DURATIONS) -m serial
 
-# The edit loop's pass: ruff, then the tests that need no service, worker or browser (the
-# library's, the worker's own units, the repository's checks) on this CPU's kernels, once.
-# docs/development.md says what each tier holds and costs.
-FAST := tests/corel tests/worker tests/test_architecture.py tests/test_docs_links.py \
-	tests/test_leftovers.py tests/app/test_db_watchdog.py
+# The edit loop's pass: ruff, then the tests that need no worker or browser (the library's,
+# the worker's own units, the API tier on PostgreSQL and Redis, the repository's checks) on
+# this CPU's kernels, once. docs/development.md says what each tier holds and costs.
+FAST := tests/corel tests/worker tests/app/api tests/test_architecture.py tests/test_docs_links.py \
+	tests/test_leftovers.py
 test-fast: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check corel app worker tests bench harness
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not serial" $(FAST)
@@ -94,8 +94,8 @@ test-gpu: $(STAMP) $(NATIVE)
 SHOTS := $(CURDIR)/build/screenshots
 screenshots: $(STAMP) $(NATIVE)
 	rm -rf $(SHOTS)
-	COREL_SCREENSHOTS_DIR=$(SHOTS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/app/test_dashboard.py
-	COREL_SCREENSHOTS_DIR=$(SHOTS) $(OPEN) $(BIN)/python -m pytest -q -p no:cacheprovider tests/app/test_dashboard.py
+	COREL_SCREENSHOTS_DIR=$(SHOTS) $(BIN)/python -m pytest -q -p no:cacheprovider tests/app/stack/test_dashboard.py
+	COREL_SCREENSHOTS_DIR=$(SHOTS) $(OPEN) $(BIN)/python -m pytest -q -p no:cacheprovider tests/app/stack/test_dashboard.py
 	cp $(SHOTS)/*.png docs/screenshots/
 
 # MNIST and AG News's test split, where a checkout has ../shared/datasets beside it (unless

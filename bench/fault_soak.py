@@ -10,7 +10,7 @@ Then no faults: every accepted run must have succeeded within 60 s of the last f
 epoch recorded once, with the figures of the same spec trained once without interruption.
 The engine is ``harness/soak.py``.
 
-``--smoke`` is the short soak ``make test`` runs (tests/app/test_fault_soak.py, about a
+``--smoke`` is the short soak ``make test`` runs (tests/app/processes/test_fault_soak.py, about a
 minute): 14 runs of 12 epochs, each kind of fault once (a Redis FLUSHALL first, a worker
 killed last), two runs submitted before each fault, which waits until both workers train,
 so that every fault, the last one included, meets work in training on a machine of any

@@ -12,7 +12,7 @@ import it from the repository's root, and ``bench/`` imports nothing from ``test
   its own with N workers (``Stack.postgres``), or attached to one started elsewhere (the
   test session's); the benchmarks that measure the service take one.
 * :mod:`harness.soak`: the randomized fault soak (``SoakConfig``, ``run_soak``) over the
-  service's real processes (``bench/fault_soak.py``, ``tests/app/test_fault_soak.py``).
+  service's real processes (``bench/fault_soak.py``, ``tests/app/processes/test_fault_soak.py``).
 * :mod:`harness.hosts`: a cluster of hosts in network namespaces (``Cluster``,
   ``cluster_available``, the API host's ``API_TOKEN``); needs root
   (``tests/cluster``, ``bench/scale_out.py``). ``python -m harness.hosts`` cleans up after

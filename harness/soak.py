@@ -1,7 +1,7 @@
 """A randomized fault soak: runs submitted to the real service while its processes and its
 PostgreSQL and Redis are killed, stopped, frozen, restarted and flushed.
 
-Used by ``bench/fault_soak.py`` (the full soak) and ``tests/app/test_fault_soak.py`` (a
+Used by ``bench/fault_soak.py`` (the full soak) and ``tests/app/processes/test_fault_soak.py`` (a
 short one in ``make test``). Everything runs on this machine: a PostgreSQL cluster and a
 Redis server of the soak's own (harness/servers.py, stopped by pid or data directory,
 never the shared ones), the API as ``corel serve --no-worker`` and the workers as

@@ -86,7 +86,7 @@ def shared_datasets() -> Path:
 # Spread across processes (`make test` runs pytest-xdist with --dist loadgroup): each test
 # file's tests on one process, so that its module fixtures (a trained run, a browser) are
 # made once, except the benchmarks' smoke runs, each a program of its own, which spread.
-SPREAD_ONE_BY_ONE = {"tests/app/test_bench_smoke.py", "tests/test_bench_cnn_rows.py"}
+SPREAD_ONE_BY_ONE = {"tests/app/stack/test_bench_smoke.py", "tests/test_bench_cnn_rows.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

@@ -373,3 +373,22 @@ def test_the_library_s_tests_mirror_its_folders():
                                  f"corel's packages {sorted(packages)}")
     for folder in folders:
         assert (LIBRARY_TESTS / folder / "__init__.py").exists(), folder
+
+
+# --- the service's test tiers ----------------------------------------------------------------
+
+
+def test_a_service_test_in_the_wrong_tier_stops_the_collection() -> None:
+    """tests/app/conftest.py refuses, at collection, a service test outside the tiers' folders
+    and one of the API tier that needs a worker, a trained run or a browser."""
+    from tests.app.conftest import tier_violations
+
+    assert tier_violations([("tests/app/api/test_x.py::test_a", {"settings", "client"}),
+                            ("tests/app/stack/test_x.py::test_b", {"worker", "digits_runs"}),
+                            ("tests/app/processes/test_x.py::test_c", {"workers"}),
+                            ("tests/corel/test_x.py::test_d", {"worker"})]) == []
+    wrong = tier_violations([("tests/app/test_x.py::test_a", {"client"}),
+                             ("tests/app/api/test_x.py::test_b", {"client", "digits_runs"}),
+                             ("tests/app/other/test_x.py::test_c", set())])
+    assert len(wrong) == 3
+    assert "tests/app/<tier>/" in wrong[0] and "digits_runs" in wrong[1] and "tests/app/<tier>/" in wrong[2]

@@ -12,7 +12,7 @@ mode (:data:`WORKER_ENV_DEFAULTS`), whose results are the same bits whatever the
 threads, so a share may change between two batches of a run. On an AMD EPYC with AVX-512
 (Zen 4) that held only with the class matrix laid out transposed in memory: a few rows (a
 small batch) times a transposed view rounded apart between 1 and 2 threads even in MKL's
-strict mode, so the heads take W^T as a copy (corel.similarity; tests/app/test_host_share.py).
+strict mode, so the heads take W^T as a copy (corel.similarity; tests/app/processes/test_host_share.py).
 
 Why it matters: torch's OpenMP threads spin while they wait for each other. Two workers
 that each ran a thread per core on two cores spun against each other (an epoch 2.6 times

@@ -25,7 +25,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return item.get_closest_marker("own_auth") is not None or (
             "settings" in names and not names & TRAINS and item.get_closest_marker("no_user") is None)
 
+    wrong = tier_violations((item.nodeid, set(item.fixturenames)) for item in items)  # type: ignore[attr-defined]
+    if wrong:
+        raise pytest.UsageError("tests in the wrong tier (docs/development.md#test-tiers):\n" + "\n".join(wrong))
     if AS_USER:
         left = [item for item in items if item.get_closest_marker("own_auth") is not None]
     else:
@@ -120,6 +123,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=left)
         gone = set(left)
         items[:] = [item for item in items if item not in gone]
+
+
+# The service's tiers, a folder each (docs/development.md#test-tiers): what a test there may cost.
+TIERS = ("api", "stack", "processes")
+# What the API tier may not use: a worker (the session's, or the pool that starts them), a
+# trained run, the session's stack, a browser.
+NOT_IN_THE_API_TIER = {"worker", "workers", "digits_runs", "stack", "browser", "page"}
+
+
+def tier_violations(tests: Iterable[tuple[str, set[str]]]) -> list[str]:
+    """For each (node id, fixture closure) of a service test that its folder does not allow,
+    why: a file of tests/app outside the tiers' folders, or a test of the API tier that needs
+    a worker, a trained run or a browser (it belongs in stack/, or processes/ if it starts
+    processes of its own)."""
+    wrong = []
+    for nodeid, fixtures in tests:
+        parts = nodeid.split("::")[0].split("/")
+        if parts[:2] != ["tests", "app"]:
+            continue
+        if len(parts) != 4 or parts[2] not in TIERS:
+            wrong.append(f"{nodeid}: a service test lives in tests/app/<tier>/ (one of {', '.join(TIERS)})")
+        elif parts[2] == "api" and fixtures & NOT_IN_THE_API_TIER:
+            wrong.append(f"{nodeid}: the API tier runs no worker, trained run or browser; it uses "
+                         f"{', '.join(sorted(fixtures & NOT_IN_THE_API_TIER))} (stack/ or processes/)")
+    return wrong
 
 
 def add_session_user(s: Settings) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from harness.hosts import cluster_available
-from tests.app.test_bench_smoke import smoke
+from tests.app.stack.test_bench_smoke import smoke
 from tests.conftest import require
 
 
