@@ -26,7 +26,7 @@ import signal
 import subprocess
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import upgrade
 from app.core.settings import Settings
 from harness.servers import free_port
-from harness.stack import Stack
+from harness.stack import Stack, corel_env
 from harness.wait import wait_until
 from tests.conftest import FASHION_DIR, SHARED_DATASETS, require
 
@@ -417,6 +417,33 @@ def stack(live_url: str, settings: Settings, worker: subprocess.Popen[bytes]) ->
     """The session's corel as harness's ``Stack``: its app served over HTTP in this process,
     its worker; for a benchmark's ``main(argv, stack=stack)`` (which stops nothing of it)."""
     return Stack.attached(live_url, settings)
+
+
+def corel_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """``corel <args>`` as a process of ``settings`` would run it, in this process: the
+    command line's own code (``corel.cli.main``) with this process's environment made the
+    one :func:`harness.stack.corel_env` gives such a process (and put back after), its exit
+    status and what it printed; no interpreter's start, no torch import. A test of what only
+    a process shows (``corel serve``, a worker) starts one."""
+    from app.core.settings import get_settings
+    from corel.cli import main
+
+    saved = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.clear()
+    os.environ.update(corel_env(settings))
+    get_settings.cache_clear()
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        get_settings.cache_clear()
+    return subprocess.CompletedProcess(["corel", *args], code, out.getvalue(), err.getvalue())
 
 
 def npz_bytes(**arrays: Any) -> bytes:

@@ -32,7 +32,7 @@ from app.core.models import ApiToken, Experiment, utcnow
 from app.core.settings import Settings
 from app.main import create_app
 from harness.stack import corel_env
-from tests.app.conftest import PG_ADMIN_URL, npz_bytes, pg_available
+from tests.app.conftest import PG_ADMIN_URL, corel_cli, npz_bytes, pg_available
 from tests.conftest import REPO, require
 from tests.encoder_files import timm_weights
 
@@ -347,11 +347,8 @@ def test_tokens_are_compared_as_digests_in_constant_time(api: TestClient,
 
 def test_the_cli_adds_users_and_creates_and_revokes_tokens(api: TestClient,
                                                            own_settings: Settings) -> None:
-    env = corel_env(own_settings)
-
     def corel(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "corel.cli", *args], env=env, cwd=REPO,
-                              capture_output=True, text=True, timeout=120)
+        return corel_cli(own_settings, *args)
 
     r = corel("users", "add", "dana", "--admin")
     assert r.returncode == 0 and "dana (admin)" in r.stdout, r.stderr
@@ -415,9 +412,7 @@ def test_users_list_and_revoke_their_own_tokens_and_admins_anyones(
     r = api.delete(f"/me/tokens/{first_id}", headers=ADMIN)
     assert r.status_code == 404 and "DELETE /tokens/{token_id}" in r.json()["detail"]
     # The CLI's list: every user's, or one's; never a token.
-    env = corel_env(own_settings)
-    out = subprocess.run([sys.executable, "-m", "corel.cli", "tokens", "list", "alice"], env=env,
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = corel_cli(own_settings, "tokens", "list", "alice")
     assert out.returncode == 0, out.stderr
     rows = [line.split("\t") for line in out.stdout.splitlines()[1:]]
     assert [(int(r[0]), r[2], r[3], r[7]) for r in rows] == [(second, "laptop", "read", "revoked"),
@@ -433,11 +428,8 @@ def test_rows_made_before_users_are_adopted_by_one(own_settings: Settings) -> No
         runs = [c.post("/experiments", json=RUN).json()["id"] for _ in range(3)]
         sweep = c.post("/sweeps", json={"base": RUN, "grid": {"seed": [0, 1]}}).json()["id"]
         members = c.get(f"/sweeps/{sweep}").json()["experiment_ids"]
-    env = corel_env(own_settings)
-
     def corel(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "corel.cli", *args], env=env, cwd=REPO,
-                              capture_output=True, text=True, timeout=120)
+        return corel_cli(own_settings, *args)
 
     assert corel("users", "add", "erin").returncode == 0
     out = corel("users", "list")
