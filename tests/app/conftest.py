@@ -24,6 +24,7 @@ import io
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
@@ -437,8 +438,12 @@ def corel_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str
         with redirect_stdout(out), redirect_stderr(err):
             try:
                 code = main(list(args))
-            except SystemExit as exc:  # argparse's usage errors
-                code = exc.code if isinstance(exc.code, int) else 1
+            except SystemExit as exc:  # as the interpreter ends: a number, None (0), or a message (1)
+                if exc.code is None or isinstance(exc.code, int):
+                    code = exc.code or 0
+                else:
+                    print(exc.code, file=sys.stderr)
+                    code = 1
     finally:
         os.environ.clear()
         os.environ.update(saved)

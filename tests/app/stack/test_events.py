@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,10 +27,8 @@ from app.core.models import EpochMetric, Experiment, utcnow
 from app.core.settings import Settings
 from app.jobs.events import publish
 from app.main import create_app
-from harness.stack import corel_env
 from harness.wait import wait_until
-from tests.app.conftest import PG_ADMIN_URL, serving
-from tests.conftest import REPO
+from tests.app.conftest import PG_ADMIN_URL, corel_cli, serving
 
 EPOCHS = 8
 FAST = {"dataset": "digits", "model": "ffnn", "loss": "gaussian", "lam": 0.85, "epochs": EPOCHS,
@@ -347,8 +344,7 @@ def test_a_finished_experiment_replays_and_closes(live, finished_run) -> None:
 
 
 def _corel(*args: str, settings: Settings) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "corel.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO, env=corel_env(settings))
+    return corel_cli(settings, *args)
 
 
 def test_corel_watch_exits_0_for_a_success_and_1_otherwise(live, finished_run, pg_factory,
