@@ -310,10 +310,10 @@ class Cluster:
         return extra
 
     def start_api(self) -> None:
-        self.api = self.stack.start_api(self.port, ready_timeout=None, **self._extra())
+        self.api = self.stack.start_api(self.port, ready_timeout=None, env=self._extra())
 
     def start_worker(self, i: int) -> None:
-        self.workers[i] = self.stack.start_worker(ready_timeout=None, **self._extra())
+        self.workers[i] = self.stack.start_worker(ready_timeout=None, env=self._extra())
 
     @property
     def url(self) -> str:

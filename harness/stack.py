@@ -33,7 +33,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,15 +136,17 @@ class Stack:
         assert self.logdir is not None, "a stack attached to another's processes starts none"
         return self.logdir / f"{name}-{len(self.procs)}.log"
 
-    def start_worker(self, settings: Any = None, python_path: Path | None = None,
-                     ready_timeout: float | None = 120.0, **env: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, settings: Any = None, *, python_path: Path | None = None,
+                     ready_timeout: float | None = 120.0,
+                     env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
         """A ``corel worker`` of the stack's settings, or of ``settings`` (another queue, ...);
-        ``python_path``: a folder importable there too (a plugin's); ``env``: COREL_* beside.
+        ``python_path``: a folder importable there too (a plugin's); ``env``: variables beside.
 
         Returns once the worker consumes its queue (Celery's "ready." in its log; None: at
         once). Work submitted before then races every other live worker's reconciler, which
         sends a row nobody claimed within a lease to its own queue: a booting worker (torch's
         import alone takes seconds) can lose its run to another."""
+        env = env or {}
         environ = corel_env(settings if settings is not None else self.settings, **env)
         if ready_timeout is not None and "COREL_LOG_LEVEL" not in env:
             environ["COREL_LOG_LEVEL"] = "INFO"  # Celery's "ready." is an INFO line
@@ -156,14 +158,14 @@ class Stack:
             worker_ready(proc, log, ready_timeout)
         return proc
 
-    def start_api(self, port: int | None = None, ready_timeout: float | None = 60.0,
-                  **env: str) -> subprocess.Popen[bytes]:
+    def start_api(self, port: int | None = None, *, ready_timeout: float | None = 60.0,
+                  env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
         """``corel serve --no-worker`` of the stack's settings on ``port`` (a free one by
         default), which becomes the stack's ``url``; returns once /health answers."""
         port = port or (self.port if self.url else free_port())
         log = self._log("api")
         proc = self._start(["serve", "--no-worker", "--port", str(port)],
-                           corel_env(self.settings, **env), log)
+                           corel_env(self.settings, **(env or {})), log)
         self.url, self.api_pid = f"http://127.0.0.1:{port}", proc.pid
         if ready_timeout is not None:
             def answers() -> bool:

@@ -70,7 +70,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
     root = tmp_path_factory.mktemp("big")
     stack = Stack.on(Settings(var_dir=root / "var", max_upload_bytes=2 << 30), root)
     with stack:
-        proc = stack.start_api(TMPDIR=str(root))
+        proc = stack.start_api(env={"TMPDIR": str(root)})
         yield stack.url, proc.pid
 
 

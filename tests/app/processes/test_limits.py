@@ -40,7 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int,
     spool.mkdir()
     settings = Settings(var_dir=root / "var", api_token=TOKEN, max_upload_bytes=20 * 1024 * 1024)
     with Stack.on(settings, root) as stack:
-        proc = stack.start_api(TMPDIR=str(spool))
+        proc = stack.start_api(env={"TMPDIR": str(spool)})
         yield stack.port, proc.pid, spool
 
 
