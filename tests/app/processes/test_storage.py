@@ -12,20 +12,75 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from app.core.settings import Settings
 from app.storage import (
+    ArtifactMissing,
+    ArtifactStore,
     DigestMismatch,
     S3Store,
     StorageError,
     StoreUnavailable,
+    TooLarge,
     make_store,
 )
 from harness.servers import PrivateSeaweed, weed_bin
-from tests.app.api.test_storage import s3_settings
 from tests.conftest import require
+
+
+def s3_settings(seaweed: PrivateSeaweed, tmp_path: Path, **extra: str) -> Settings:
+    values = {**seaweed.settings_kwargs(), **extra}
+    return Settings(var_dir=tmp_path / "var", s3_prefix=f"t-{os.urandom(4).hex()}/", **values)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ArtifactStore:
+    if request.param == "local":
+        return make_store(Settings(var_dir=tmp_path / "var"))
+    return make_store(s3_settings(request.getfixturevalue("seaweed"), tmp_path))
+
+
+def test_an_artifact_is_named_by_its_content_and_read_back_whole(store, tmp_path):
+    data = os.urandom(3 * (1 << 20) + 17)  # several chunks, and a ragged end
+    art = store.put_stream(data[i:i + 100_000] for i in range(0, len(data), 100_000))
+    assert art.sha256 == hashlib.sha256(data).hexdigest() and art.size == len(data)
+    assert store.exists(art.sha256)
+    assert store.read_bytes(art.sha256) == data
+    with store.open(art.sha256) as f:
+        assert f.read() == data
+    source = tmp_path / "again.bin"
+    source.write_bytes(data)
+    assert store.put_file(source) == art  # the same content: the same artifact, once
+    assert [d for d, _, _ in store.listing()] == [art.sha256]
+    assert dict((d, s) for d, s, _ in store.listing()) == {art.sha256: len(data)}
+
+
+def test_a_deleted_artifact_is_gone_and_reading_it_says_so(store):
+    art = store.put_bytes(b"a checkpoint")
+    assert store.delete(art.sha256) is True
+    assert not store.exists(art.sha256)
+    assert store.delete(art.sha256) is False
+    with pytest.raises(ArtifactMissing, match=art.sha256[:12]):
+        store.read_bytes(art.sha256)
+    assert list(store.listing()) == []
+
+
+def test_a_digest_must_be_sha256_hex(store):
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        store.read_bytes("../../etc/passwd")
+
+
+def test_past_the_limit_nothing_is_stored(store):
+    store.max_bytes = 1000
+    with pytest.raises(TooLarge, match="1,000 bytes"):
+        store.put_stream(iter([b"x" * 600, b"y" * 600]))
+    with pytest.raises(TooLarge):
+        store.put_bytes(b"z" * 1001)
+    assert list(store.listing()) == []
+    assert store.put_bytes(b"z" * 1000).size == 1000
 
 
 @pytest.fixture(scope="module")
