@@ -43,6 +43,11 @@ from corel.losses.peers import (
     TripletMargin,
     arcface_loss,
     cosface_loss,
+    multisimilarity_loss,
+    normsoftmax_loss,
+    proxyanchor_loss,
+    supcon_loss,
+    triplet_loss,
 )
 
 __all__ = [
@@ -68,8 +73,13 @@ __all__ = [
     "check_labels",
     "class_counts",
     "cosface_loss",
+    "multisimilarity_loss",
+    "normsoftmax_loss",
+    "proxyanchor_loss",
     "register_loss",
     "spread_class_vectors",
+    "supcon_loss",
+    "triplet_loss",
     "unregister_loss",
 ]
 

@@ -61,12 +61,17 @@ class ArcFace(_CosineClassHead):
         return arcface_loss(sim, labels, math.radians(self.margin), self.scale)
 
 
-def arcface_loss(cos: torch.Tensor, labels: torch.Tensor, margin_rad: float, scale: float) -> torch.Tensor:
+Number = float | torch.Tensor
+"""An option's value: a float, or a 0-d tensor (a member's own, under ``torch.vmap``)."""
+
+
+def arcface_loss(cos: torch.Tensor, labels: torch.Tensor, margin_rad: Number, scale: Number) -> torch.Tensor:
     target = cos.gather(1, labels.unsqueeze(1))
     angles = torch.acos(target.clamp(-1, 1))
     # cos(theta + m) while theta + m <= pi, then a line that keeps the loss decreasing
+    sin_m = torch.sin(margin_rad) if isinstance(margin_rad, torch.Tensor) else math.sin(margin_rad)
     modified = torch.where(angles <= math.pi - margin_rad, torch.cos(angles + margin_rad),
-                           torch.cos(angles) - margin_rad * math.sin(margin_rad))
+                           torch.cos(angles) - margin_rad * sin_m)
     logits = cos + F.one_hot(labels, cos.shape[1]).to(cos.dtype) * (modified - target)
     return F.cross_entropy(logits * scale, labels)
 
@@ -89,7 +94,7 @@ class CosFace(_CosineClassHead):
         return cosface_loss(sim, labels, self.margin, self.scale)
 
 
-def cosface_loss(cos: torch.Tensor, labels: torch.Tensor, margin: float, scale: float) -> torch.Tensor:
+def cosface_loss(cos: torch.Tensor, labels: torch.Tensor, margin: Number, scale: Number) -> torch.Tensor:
     logits = cos - margin * F.one_hot(labels, cos.shape[1]).to(cos.dtype)
     return F.cross_entropy(logits * scale, labels)
 
@@ -107,7 +112,11 @@ class NormalizedSoftmax(_CosineClassHead):
              check: bool = True) -> torch.Tensor:
         if check:
             check_labels(labels, h.shape[0], self.num_classes)
-        return F.cross_entropy(sim / self.temperature, labels)
+        return normsoftmax_loss(sim, labels, self.temperature)
+
+
+def normsoftmax_loss(cos: torch.Tensor, labels: torch.Tensor, temperature: Number) -> torch.Tensor:
+    return F.cross_entropy(cos / temperature, labels)
 
 
 def _logsumexp_add_one(x: torch.Tensor, keep: torch.Tensor, dim: int) -> torch.Tensor:
@@ -139,11 +148,16 @@ class ProxyAnchor(_CosineClassHead):
              check: bool = True) -> torch.Tensor:
         if check:
             check_labels(labels, h.shape[0], self.num_classes)
-        pos = F.one_hot(labels, self.num_classes).bool()
-        pos_term = _logsumexp_add_one(-self.alpha * (sim - self.margin), pos, dim=0)
-        neg_term = _logsumexp_add_one(self.alpha * (sim + self.margin), ~pos, dim=0)
-        with_pos = pos.any(0).sum()
-        return pos_term.sum() / with_pos + neg_term.sum() / self.num_classes
+        return proxyanchor_loss(sim, labels, self.margin, self.alpha)
+
+
+def proxyanchor_loss(cos: torch.Tensor, labels: torch.Tensor, margin: Number, alpha: Number) -> torch.Tensor:
+    """ProxyAnchor of a batch's cosine similarities to the proxies (N, K)."""
+    pos = F.one_hot(labels, cos.shape[1]).bool()
+    pos_term = _logsumexp_add_one(-alpha * (cos - margin), pos, dim=0)
+    neg_term = _logsumexp_add_one(alpha * (cos + margin), ~pos, dim=0)
+    with_pos = pos.any(0).sum()
+    return pos_term.sum() / with_pos + neg_term.sum() / cos.shape[1]
 
 
 class _ClassMeanHead(LossHead):
@@ -192,14 +206,12 @@ def _pairs(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return same & ~eye, ~same
 
 
-def _mean_nonzero(losses: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+def _mean_nonzero(losses: torch.Tensor) -> torch.Tensor:
     """The mean of the positive entries (pytorch-metric-learning's AvgNonZeroReducer); 0
-    (connected to the graph) when there is none."""
+    (connected to the graph, with zero gradients) when there is none. Of a fixed shape, with
+    no branch on a value: the count stays a tensor (at least 1, where the sum is 0 anyway)."""
     keep = losses > 0
-    n = keep.sum()
-    if int(n) == 0:
-        return (h * 0).sum()
-    return (losses * keep).sum() / n
+    return (losses * keep).sum() / keep.sum().clamp_min(1)
 
 
 class SupCon(_ClassMeanHead):
@@ -212,17 +224,21 @@ class SupCon(_ClassMeanHead):
         self.temperature: float = self.declared_option("temperature", temperature)
 
     def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        pos, neg = _pairs(labels)
-        if not (bool(pos.any()) and bool(neg.any())):
-            return (h * 0).sum()
-        mat = cos / self.temperature
-        mat = mat - mat.max(dim=1, keepdim=True).values.detach()
-        denominator = torch.logsumexp(mat.masked_fill(~(pos | neg), torch.finfo(mat.dtype).min),
-                                      dim=1, keepdim=True)
-        posf = pos.to(mat.dtype)
-        mean_log_prob_pos = (posf * (mat - denominator)).sum(1) / (
-            posf.sum(1) + torch.finfo(mat.dtype).tiny)
-        return _mean_nonzero(-mean_log_prob_pos, h)
+        return supcon_loss(cos, labels, self.temperature)
+
+
+def supcon_loss(cos: torch.Tensor, labels: torch.Tensor, temperature: Number) -> torch.Tensor:
+    """SupCon of a batch's cosine similarities; 0 (with zero gradients) for a batch without
+    both a positive and a negative pair, as pytorch-metric-learning's. No branch on a value."""
+    pos, neg = _pairs(labels)
+    mat = cos / temperature
+    mat = mat - mat.max(dim=1, keepdim=True).values.detach()
+    denominator = torch.logsumexp(mat.masked_fill(~(pos | neg), torch.finfo(mat.dtype).min),
+                                  dim=1, keepdim=True)
+    posf = pos.to(mat.dtype)
+    mean_log_prob_pos = (posf * (mat - denominator)).sum(1) / (
+        posf.sum(1) + torch.finfo(mat.dtype).tiny)
+    return _mean_nonzero(-mean_log_prob_pos) * (pos.any() & neg.any()).to(mat.dtype)
 
 
 class TripletMargin(_ClassMeanHead):
@@ -239,45 +255,52 @@ class TripletMargin(_ClassMeanHead):
         self.miner: str = self.declared_option("miner", miner)
 
     def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # The mean over the kept triplets (a, p, n) of ap - an + margin, where kept means the
-        # miner's choice and a positive violation (an < ap + margin). Which triplets are kept
-        # carries no gradient, so the sum is taken over the (B, B) distances, each weighted by
-        # how many kept triplets its pair is in, and those counts come from each anchor's
-        # sorted distances (a binary search per pair) instead of the (B, B, B) triplets: the
-        # same loss and gradient (a triplet exactly on a boundary aside), at batch 128 about
-        # a tenth of the time.
-        pos, neg = _pairs(labels)
-        dist = torch.cdist(h, h)
-        if self.miner == "easy":  # an > ap + margin: none violates the margin
-            return (h * 0).sum()
-        with torch.no_grad():
-            d = dist.detach()
-            inf = torch.full_like(d, float("inf"))
-            negatives = torch.where(neg, d, inf).sort(dim=1).values  # per anchor, ascending
-            positives = torch.where(pos, d, inf).sort(dim=1).values
-            m = self.margin
+        return triplet_loss(h, labels, self.margin, self.miner)
 
-            def count(sorted_: torch.Tensor, bound: torch.Tensor, inclusive: bool) -> torch.Tensor:
-                """Per (a, x): how many of anchor a's sorted distances lie below ``bound``
-                (or at it, ``inclusive``)."""
-                return torch.searchsorted(sorted_, bound.contiguous(), right=inclusive).to(d.dtype)
 
-            n_pos = pos.sum(1, keepdim=True).to(d.dtype)
-            if self.miner == "semihard":  # ap < an < ap + m
-                per_ap = count(negatives, d + m, False) - count(negatives, d, True)
-                per_an = count(positives, d, False) - count(positives, d - m, True)
-            elif self.miner == "hard":  # an <= ap, and an < ap + m
-                per_ap = count(negatives, d, m > 0)
-                per_an = n_pos - count(positives, d, m <= 0)
-            else:  # all, none: an < ap + m
-                per_ap = count(negatives, d + m, False)
-                per_an = n_pos - count(positives, d - m, True)
-            per_ap = per_ap * pos  # per (a, p): its kept triplets
-            per_an = per_an * neg  # per (a, n)
-            n = per_ap.sum()
-        if float(n) == 0:
-            return (h * 0).sum()
-        return ((dist * per_ap).sum() - (dist * per_an).sum()) / n + m
+def triplet_loss(h: torch.Tensor, labels: torch.Tensor, margin: Number, miner: str) -> torch.Tensor:
+    """The triplet margin loss of unit-length representations h (N, H) over the triplets
+    ``miner`` keeps. Of a fixed shape: no branch on a tensor's value (the miner is a name,
+    the same for every member of a stack; the margin may be each member's own)."""
+    # The mean over the kept triplets (a, p, n) of ap - an + margin, where kept means the
+    # miner's choice and a positive violation (an < ap + margin). Which triplets are kept
+    # carries no gradient, so the sum is taken over the (B, B) distances, each weighted by
+    # how many kept triplets its pair is in, and those counts come from each anchor's
+    # sorted distances (a binary search per pair) instead of the (B, B, B) triplets: the
+    # same loss and gradient (a triplet exactly on a boundary aside), at batch 128 about
+    # a tenth of the time.
+    pos, neg = _pairs(labels)
+    dist = torch.cdist(h, h)
+    if miner == "easy":  # an > ap + margin: none violates the margin
+        return (h * 0).sum()
+    with torch.no_grad():
+        d = dist.detach()
+        inf = torch.full_like(d, float("inf"))
+        negatives = torch.where(neg, d, inf).sort(dim=1).values  # per anchor, ascending
+        positives = torch.where(pos, d, inf).sort(dim=1).values
+        m = margin
+
+        def count(sorted_: torch.Tensor, bound: torch.Tensor, inclusive: bool) -> torch.Tensor:
+            """Per (a, x): how many of anchor a's sorted distances lie below ``bound``
+            (or at it, ``inclusive``)."""
+            return torch.searchsorted(sorted_, bound.contiguous(), right=inclusive).to(d.dtype)
+
+        n_pos = pos.sum(1, keepdim=True).to(d.dtype)
+        if miner == "semihard":  # ap < an < ap + m
+            per_ap = count(negatives, d + m, False) - count(negatives, d, True)
+            per_an = count(positives, d, False) - count(positives, d - m, True)
+        elif miner == "hard":  # an <= ap, and an < ap + m: an <= ap where m > 0, an < ap at m = 0
+            wide = torch.as_tensor(m > 0, device=d.device)
+            per_ap = torch.where(wide, count(negatives, d, True), count(negatives, d, False))
+            per_an = n_pos - torch.where(wide, count(positives, d, False), count(positives, d, True))
+        else:  # all, none: an < ap + m
+            per_ap = count(negatives, d + m, False)
+            per_an = n_pos - count(positives, d - m, True)
+        per_ap = per_ap * pos  # per (a, p): its kept triplets
+        per_an = per_an * neg  # per (a, n)
+        n = per_ap.sum()
+    # No triplet kept: 0, with zero gradients (no branch on the count's value).
+    return (((dist * per_ap).sum() - (dist * per_an).sum()) / n.clamp_min(1) + m) * (n > 0).to(dist.dtype)
 
 
 class MultiSimilarity(_ClassMeanHead):
@@ -294,9 +317,14 @@ class MultiSimilarity(_ClassMeanHead):
         self.base: float = self.declared_option("base", base)
 
     def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        pos, neg = _pairs(labels)
-        if not (bool(pos.any()) or bool(neg.any())):
-            return (h * 0).sum()
-        pos_loss = _logsumexp_add_one(self.alpha * (self.base - cos), pos, dim=1) / self.alpha
-        neg_loss = _logsumexp_add_one(self.beta * (cos - self.base), neg, dim=1) / self.beta
-        return (pos_loss + neg_loss).mean()
+        return multisimilarity_loss(cos, labels, self.alpha, self.beta, self.base)
+
+
+def multisimilarity_loss(cos: torch.Tensor, labels: torch.Tensor, alpha: Number, beta: Number,
+                         base: Number) -> torch.Tensor:
+    """Multi-similarity of a batch's pairwise cosine similarities (N, N); a batch without pairs
+    (one row) gives 0: both terms are 0 where nothing is kept. No branch on a value."""
+    pos, neg = _pairs(labels)
+    pos_loss = _logsumexp_add_one(alpha * (base - cos), pos, dim=1) / alpha
+    neg_loss = _logsumexp_add_one(beta * (cos - base), neg, dim=1) / beta
+    return (pos_loss + neg_loss).mean()

@@ -8,6 +8,7 @@ the gradients with respect to the embeddings and the matrix must agree.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -205,3 +206,106 @@ def test_triplet_at_a_training_batch_equals_the_dense_triplets(miner):
     assert int((violation > 0).sum()) > 1000
     torch.testing.assert_close(ours, dense, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(h_ours.grad, h_dense.grad, rtol=1e-9, atol=1e-12)
+
+
+# --- a member of a stack: the loss of a fixed shape, each member's options its own ----------
+
+# Three members a loss, each with its own options (the defaults, CASES' values and others).
+MEMBERS = {
+    "arcface": [{"margin": 28.6, "scale": 64.0}, {"margin": 10.0, "scale": 8.0}, {"margin": 80.0, "scale": 30.0}],
+    "cosface": [{"margin": 0.35, "scale": 64.0}, {"margin": 0.1, "scale": 16.0}, {"margin": 0.0, "scale": 30.0}],
+    "normsoftmax": [{"temperature": 0.05}, {"temperature": 0.5}, {"temperature": 0.2}],
+    "proxyanchor": [{"margin": 0.1, "scale": 32.0}, {"margin": 0.3, "scale": 4.0}, {"margin": 0.0, "scale": 16.0}],
+    "supcon": [{"temperature": 0.1}, {"temperature": 0.5}, {"temperature": 0.07}],
+    "multisimilarity": [{"scale": 2.0, "scale_neg": 50.0, "margin": 0.5},
+                        {"scale": 1.0, "scale_neg": 10.0, "margin": 0.2},
+                        {"scale": 4.0, "scale_neg": 20.0, "margin": -0.1}],
+    # the miner is a name a stack shares; the margins are each member's own
+    # (a margin of 0 where the miner keeps triplets at it: "hard" counts an < ap there, not <=)
+    **{f"triplet-{miner}": [{"margin": 0.05, "miner": miner}, {"margin": 0.3, "miner": miner},
+                            {"margin": 0.0 if miner != "semihard" else 0.15, "miner": miner}]
+       for miner in ("none", "all", "hard", "semihard")},
+}
+
+
+def _functional(name: str):
+    """The loss as a function of one member's (h, W, labels) and its options as 0-d tensors,
+    as a stack would call it under torch.vmap."""
+    from corel import similarity
+    from corel.losses import peers
+
+    def unit_pairs(h):
+        unit = torch.nn.functional.normalize(h, dim=1, eps=1e-12)
+        return unit @ unit.T
+
+    def mined(miner: str):
+        return lambda h, W, y, margin: peers.triplet_loss(
+            torch.nn.functional.normalize(h, dim=1, eps=1e-12), y, margin, miner)
+
+    return {
+        "arcface": lambda h, W, y, margin, scale: peers.arcface_loss(
+            similarity.cosine(h, W), y, margin * (math.pi / 180.0), scale),
+        "cosface": lambda h, W, y, margin, scale: peers.cosface_loss(similarity.cosine(h, W), y, margin, scale),
+        "normsoftmax": lambda h, W, y, temperature: peers.normsoftmax_loss(similarity.cosine(h, W), y, temperature),
+        "proxyanchor": lambda h, W, y, margin, scale: peers.proxyanchor_loss(
+            similarity.cosine(h, W), y, margin, scale),
+        "supcon": lambda h, W, y, temperature: peers.supcon_loss(unit_pairs(h), y, temperature),
+        "multisimilarity": lambda h, W, y, scale, scale_neg, margin: peers.multisimilarity_loss(
+            unit_pairs(h), y, scale, scale_neg, margin),
+        **{f"triplet-{miner}": mined(miner) for miner in ("none", "all", "hard", "semihard")},
+    }[name]
+
+
+def test_every_peer_loss_is_tested_as_a_member():
+    assert {name.split("-")[0] for name in MEMBERS} == set(PEER_LOSSES)
+
+
+@pytest.mark.parametrize("own_labels", [False, True], ids=["shared-batches", "own-batches"])
+@pytest.mark.parametrize("name", sorted(MEMBERS))
+def test_a_member_under_vmap_with_its_own_options_equals_the_loss_alone(name, own_labels):
+    """Issue 70's first step: each peer loss is of a fixed shape (no branch on a tensor's
+    value), so torch.vmap runs M members at once, each with its own options (as a stack's
+    lambdas), on the same batch or on its own seed's; each member's loss and gradients are
+    the loss alone's, in float64."""
+    members, loss = MEMBERS[name], name.split("-")[0]
+    M = len(members)
+    g = torch.Generator().manual_seed(7)
+    labels = torch.stack([_batch(seed, spread=0.7)[1] for seed in range(M)]) if own_labels \
+        else _batch(0, spread=0.7)[1]
+    h = torch.stack([_batch(seed, spread=0.7)[0] for seed in range(M)])
+    W = torch.randn(M, K, H, generator=g, dtype=torch.float64)
+    fields = [f for f in members[0] if f != "miner"]
+    options = [torch.tensor([m[f] for m in members], dtype=torch.float64) for f in fields]
+
+    h_stack, W_stack = h.clone().requires_grad_(True), W.clone().requires_grad_(True)
+    stacked = torch.vmap(_functional(name), in_dims=(0, 0, 0 if own_labels else None, *[0] * len(fields)))(
+        h_stack, W_stack, labels, *options)
+    stacked.sum().backward()
+
+    for i, opts in enumerate(members):
+        head = build_loss(loss, K, H, **opts).double()
+        if DECLARATIONS[loss].class_vectors:
+            with torch.no_grad():
+                head.W.copy_(W[i])
+        h_alone = h[i].clone().requires_grad_(True)
+        alone = head(h_alone, labels[i] if own_labels else labels)
+        alone.backward()
+        assert float(alone.detach()) != 0.0
+        torch.testing.assert_close(stacked[i], alone, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(h_stack.grad[i], h_alone.grad, rtol=1e-10, atol=1e-14)
+        if DECLARATIONS[loss].class_vectors:
+            torch.testing.assert_close(W_stack.grad[i], head.W.grad, rtol=1e-10, atol=1e-14)
+        else:
+            assert W_stack.grad is None  # a pair-based loss has no class vectors to train
+
+
+def test_a_batch_without_pairs_or_triplets_is_zero_with_zero_gradients():
+    """Where a Python branch returned 0 (no positive pair, no kept triplet), the fixed-shape
+    forms give 0 as well, with the graph kept and zero gradients."""
+    h = torch.randn(4, H, dtype=torch.float64, requires_grad=True)
+    labels = torch.arange(4)  # every row its own class: no positive pair
+    for name, opts in (("supcon", {}), ("triplet", {"miner": "none"}), ("triplet", {"miner": "semihard"})):
+        loss = build_loss(name, K, H, **opts).double()(h, labels)
+        assert float(loss.detach()) == 0.0, name
+        (grad,) = torch.autograd.grad(loss, h)
+        assert not grad.any(), name
