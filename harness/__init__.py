@@ -9,8 +9,12 @@ import it from the repository's root, and ``bench/`` imports nothing from ``test
   ``postgres_bin``.
 * :mod:`harness.stack`: corel running (``Stack``: its API's URL, its settings, its API's
   pid), started on the embedded default (``Stack.embedded``), on a PostgreSQL database of
-  its own with N workers (``Stack.postgres``), or attached to one started elsewhere (the
-  test session's); the benchmarks that measure the service take one.
+  its own with N workers (``Stack.postgres``), attached to one started elsewhere (the
+  test session's), or its processes started, stopped and killed one by one on servers
+  somebody else runs (``Stack.on``: the tests that kill workers, the fault benchmark, the
+  soak); the benchmarks that measure the service take one. ``spawn`` and ``corel_env``
+  are the one way to start a corel process and to hand it its settings (the cluster's
+  hosts use them too, inside their namespaces).
 * :mod:`harness.soak`: the randomized fault soak (``SoakConfig``, ``run_soak``) over the
   service's real processes (``bench/fault_soak.py``, ``tests/app/processes/test_fault_soak.py``).
 * :mod:`harness.hosts`: a cluster of hosts in network namespaces (``Cluster``,

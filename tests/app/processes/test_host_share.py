@@ -113,31 +113,44 @@ def _two_workers(own: Settings, tmp_path: Path) -> None:
         pool.stop_all()
 
 
+# Each case's two runs (one thread, two) in one process of the worker's environment, every
+# case in the same process (one interpreter and torch import for all six).
+SHARES = [("gaussian", 4), ("cosine", 4), ("cce", 4), ("center", 4), ("supcon", 4), ("cosine", 128)]
 TRAIN = """
 import json, sys, torch
 from corel.train import fit
 out = {}
-for threads in (1, 2):
-    torch.set_num_threads(threads)
-    r = fit({"dataset": "digits", "epochs": 2, "batch_size": int(sys.argv[2]), "hidden": 256,
-             "lr": 1e-3, "loss": sys.argv[1], "lam": 0.8})
-    out[threads] = [[m.train_loss, m.val_accuracy] for m in r.history]
+for case in json.loads(sys.argv[1]):
+    loss, batch = case
+    out[f"{loss}-{batch}"] = runs = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        r = fit({"dataset": "digits", "epochs": 2, "batch_size": batch, "hidden": 256,
+                 "lr": 1e-3, "loss": loss, "lam": 0.8})
+        runs[threads] = [[m.train_loss, m.val_accuracy] for m in r.history]
 print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize(("loss", "batch"), [("gaussian", 4), ("cosine", 4), ("cce", 4), ("center", 4),
-                                             ("supcon", 4), ("cosine", 128)])
-def test_a_run_s_figures_do_not_depend_on_its_worker_s_share(loss: str, batch: int) -> None:
+@pytest.fixture(scope="module")
+def shares() -> dict[str, Any]:
+    """Every case's figures at one thread and at two, computed in a process with the
+    environment a worker runs in."""
+    env = {**workers.worker_environ({k: v for k, v in os.environ.items()
+                                     if k not in workers.WORKER_ENV_DEFAULTS}),
+           "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", TRAIN, json.dumps(SHARES)], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    got: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return got
+
+
+@pytest.mark.parametrize(("loss", "batch"), SHARES)
+def test_a_run_s_figures_do_not_depend_on_its_worker_s_share(loss: str, batch: int, shares: dict[str, Any]) -> None:
     """In the environment a worker runs in, one thread and two give the same bits, so a
     run resumed by a worker with another share ends where an uninterrupted one does. Small
     batches too: with W^T as a view, the dot and cosine heads' products of 4 to 32 rows
     rounded apart with the thread count on an AMD EPYC with AVX-512 (corel.similarity)."""
-    env = {**workers.worker_environ({k: v for k, v in os.environ.items()
-                                     if k not in workers.WORKER_ENV_DEFAULTS}),
-           "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", TRAIN, loss, str(batch)], env=env, capture_output=True,
-                         text=True, timeout=300, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    got: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    got = shares[f"{loss}-{batch}"]
     assert got["1"] == got["2"]
