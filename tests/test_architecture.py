@@ -7,6 +7,7 @@ library's test files says whether make test's kernel pass runs it."""
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -392,3 +393,13 @@ def test_a_service_test_in_the_wrong_tier_stops_the_collection() -> None:
                              ("tests/app/other/test_x.py::test_c", set())])
     assert len(wrong) == 3
     assert "tests/app/<tier>/" in wrong[0] and "digits_runs" in wrong[1] and "tests/app/<tier>/" in wrong[2]
+
+
+def test_under_xdist_a_file_s_tests_are_one_work_unit(request: pytest.FixtureRequest) -> None:
+    """make test keeps a file's tests on one process (tests/conftest.py gives each test its
+    file's xdist_group, and --dist loadgroup sends a group to one process), so that a file's
+    module fixtures are made once. xdist names the group in the test's id ("...@group"):
+    under pytest 9.2 it no longer could, and every test was sent on its own."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not request.config.getvalue("loadgroup"):
+        return  # a run without xdist's groups (one process) has no work units to keep together
+    assert request.node.nodeid.endswith("@tests/test_architecture.py"), request.node.nodeid
