@@ -76,7 +76,10 @@ class Watchdog:
         """Stop the clock; True if it had already run out (the socket was cut)."""
         with self._changed:
             key = id(dbapi_connection)
-            self._deadlines.pop(key, None)
+            if self._deadlines.pop(key, None) is not None:
+                # The watcher may be asleep until this deadline: wake it, so that with
+                # nothing left to watch it ends after IDLE_SECONDS, not at the old deadline.
+                self._changed.notify()
             if key in self._fired:
                 self._fired.discard(key)
                 return True
