@@ -191,30 +191,30 @@ DECLARATIONS: dict[str, LossDeclaration] = {d.name: d for d in (
                     grid={"lam": (0.5, 0.85)}),
     # pytorch-metric-learning's losses (Musgrave et al., 2020), with its defaults. Those with
     # a class (or proxy) matrix predict with it, as COREL does; the pair-based ones with the
-    # nearest class mean. The stacked trainer declines them (their parameters are not lam).
-    LossDeclaration("arcface", "ArcFace", "ArcFace", "cosine", (), "cosine", stackable=False,
+    # nearest class mean. They stack as COREL's do: each member with its own options.
+    LossDeclaration("arcface", "ArcFace", "ArcFace", "cosine", (), "cosine",
                     source=_PML, grid={"scale": (16.0, 64.0)}, options=(
                         Option("margin", 28.6, 0.0, 90.0, low_inclusive=True, high_inclusive=False,
                                doc="additive angular margin, in degrees"),
                         Option("scale", 64.0, 0.0, 1024.0, doc=_SCALE_DOC))),
-    LossDeclaration("cosface", "CosFace", "CosFace", "cosine", (), "cosine", stackable=False,
+    LossDeclaration("cosface", "CosFace", "CosFace", "cosine", (), "cosine",
                     source=_PML, grid={"scale": (16.0, 64.0)}, options=(
                         Option("margin", 0.35, 0.0, 2.0, low_inclusive=True, high_inclusive=False,
                                doc="additive cosine margin"),
                         Option("scale", 64.0, 0.0, 1024.0, doc=_SCALE_DOC))),
     LossDeclaration("normsoftmax", "NormalizedSoftmax", "NormSoftmax", "cosine", (), "cosine",
-                    stackable=False, source=_PML, grid={"temperature": (0.05, 0.2)}, options=(
+                    source=_PML, grid={"temperature": (0.05, 0.2)}, options=(
                         Option("temperature", 0.05, 0.0, 10.0, doc="softmax temperature"),)),
     LossDeclaration("proxyanchor", "ProxyAnchor", "ProxyAnchor", "cosine", (), "cosine",
-                    stackable=False, source=_PML, grid={"scale": (16.0, 32.0)}, options=(
+                    source=_PML, grid={"scale": (16.0, 32.0)}, options=(
                         Option("margin", 0.1, 0.0, 1.0, low_inclusive=True, doc="margin delta"),
                         Option("scale", 32.0, 0.0, 1024.0, kwarg="alpha",
                                doc="scaling factor alpha (pytorch-metric-learning's alpha)"))),
     LossDeclaration("supcon", "SupCon", "SupCon", "cosine", (), "cosine", class_vectors=False,
-                    stackable=False, source=_PML, grid={"temperature": (0.1, 0.5)}, options=(
+                    source=_PML, grid={"temperature": (0.1, 0.5)}, options=(
                         Option("temperature", 0.1, 0.0, 10.0, doc="softmax temperature"),)),
     LossDeclaration("triplet", "Triplet (mined)", "Triplet", "cosine", (), "cosine",
-                    class_vectors=False, stackable=False, source=_PML, grid={"margin": (0.05, 0.2)},
+                    class_vectors=False, source=_PML, grid={"margin": (0.05, 0.2)},
                     options=(
                         Option("margin", 0.05, 0.0, 2.0, low_inclusive=True,
                                doc="margin between anchor-negative and anchor-positive distances "
@@ -225,10 +225,10 @@ DECLARATIONS: dict[str, LossDeclaration] = {d.name: d for d in (
                                    "every miner costs the same (the kept triplets are counted "
                                    "from each anchor's sorted distances, never listed); a "
                                    "Triplet step costs about 2 to 3.5 times a COREL step on a "
-                                   "CPU at batch 64 to 256, and a sweep trains its Triplet "
-                                   "members one at a time (never stacked)"))),
+                                   "CPU at batch 64 to 256. A sweep stacks members that share "
+                                   "a miner (their margins may differ)"))),
     LossDeclaration("multisimilarity", "MultiSimilarity", "MultiSim", "cosine", (), "cosine",
-                    class_vectors=False, stackable=False, source=_PML,
+                    class_vectors=False, source=_PML,
                     grid={"scale_neg": (10.0, 50.0)}, options=(
                         Option("scale", 2.0, 0.0, 1024.0, kwarg="alpha",
                                doc="weight of positive pairs (pytorch-metric-learning's alpha)"),

@@ -104,8 +104,9 @@ def _check_prune(body: SweepCreate, members: list[ExperimentCreate], groups: lis
     alone = [i for group in groups if len(group) < 2 for i in group]
     if alone:
         why = ("the sweep has one member" if len(members) == 1 else
-               f"{len(alone)} of its {len(members)} members train alone (a loss the stacked "
-               "trainer declines, or a grid over fields that cannot stack)")
+               f"{len(alone)} of its {len(members)} members train alone (a grid over fields that "
+               "cannot stack, such as the triplet miner or the model; a text model with dropout; a "
+               "fine-tuned encoder; a registered loss declared not stackable)")
         raise InvalidInput(f"prune needs stacked groups of at least 2 members to judge; {why}")
     fields = body.prune.model_dump()
     try:

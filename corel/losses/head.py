@@ -89,13 +89,27 @@ class LossHead(nn.Module):
     @staticmethod
     def functional_loss(
         sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor,
-        lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor, state: Mapping[str, torch.Tensor],
+        lam: float | torch.Tensor, one_minus_lam: float | torch.Tensor, state: Mapping[str, Any],
     ) -> torch.Tensor:
         """The loss as a plain function of the similarities ``sim`` of ``h``, without
         checks: what :meth:`loss` computes, and what the stacked trainer calls under
-        ``torch.vmap`` with one member's lambda (0-d tensors) and buffers (``state``:
-        the head's buffers by name, such as ``centers``)."""
+        ``torch.vmap`` with one member's lambda (0-d tensors) and state (``state``: the
+        head's buffers by name, such as ``centers``, and its options as
+        :meth:`functional_options` gives them: numbers, which may be 0-d tensors, and names)."""
         raise NotImplementedError
+
+    def option_values(self) -> dict[str, float | str]:
+        """The head's own options (margin, scale, ...) by keyword, as built: empty for a
+        loss that declares none (:mod:`corel.loss_catalog`)."""
+        return {o.keyword: getattr(self, o.keyword) for o in declaration(self.name).options}
+
+    @classmethod
+    def functional_options(cls, values: Mapping[str, float | str]) -> dict[str, float | str]:
+        """The options (:meth:`option_values`) as :meth:`functional_loss` reads them from its
+        ``state``; a head may convert one (ArcFace's margin: degrees to radians). The stacked
+        trainer calls it per member, in double precision, before rounding to the members'
+        dtype, as a Python float rounds where it meets a tensor."""
+        return dict(values)
 
     def loss(
         self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True
@@ -108,7 +122,8 @@ class LossHead(nn.Module):
         if check:
             check_labels(labels, h.shape[0], self.num_classes)
         lam = getattr(self, "lam", 0.5)  # a loss without lambda (CCE) ignores it
-        return self.functional_loss(sim, h, labels, lam, 1.0 - lam, dict(self.named_buffers()))
+        state = {**dict(self.named_buffers()), **self.functional_options(self.option_values())}
+        return self.functional_loss(sim, h, labels, lam, 1.0 - lam, state)
 
     def loss_and_similarities(
         self, h: torch.Tensor, labels: torch.Tensor, *, check: bool = True

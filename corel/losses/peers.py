@@ -15,6 +15,8 @@ outside the declared range is refused as the API refuses it (:meth:`LossHead.dec
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +24,7 @@ from torch import nn
 
 from corel import similarity
 from corel.loss_catalog import declaration
-from corel.losses.head import LossHead, check_labels
+from corel.losses.head import LossHead
 
 
 class _CosineClassHead(LossHead):
@@ -54,11 +56,14 @@ class ArcFace(_CosineClassHead):
         self.margin: float = self.declared_option("margin", margin)
         self.scale: float = self.declared_option("scale", scale)
 
-    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
-             check: bool = True) -> torch.Tensor:
-        if check:
-            check_labels(labels, h.shape[0], self.num_classes)
-        return arcface_loss(sim, labels, math.radians(self.margin), self.scale)
+    @classmethod
+    def functional_options(cls, values: Mapping[str, float | str]) -> dict[str, float | str]:
+        return {"margin_rad": math.radians(float(values["margin"])), "scale": values["scale"]}
+
+    @staticmethod
+    def functional_loss(sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, lam: Any,
+                        one_minus_lam: Any, state: Mapping[str, Any]) -> torch.Tensor:
+        return arcface_loss(sim, labels, state["margin_rad"], state["scale"])
 
 
 Number = float | torch.Tensor
@@ -87,11 +92,10 @@ class CosFace(_CosineClassHead):
         self.margin: float = self.declared_option("margin", margin)
         self.scale: float = self.declared_option("scale", scale)
 
-    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
-             check: bool = True) -> torch.Tensor:
-        if check:
-            check_labels(labels, h.shape[0], self.num_classes)
-        return cosface_loss(sim, labels, self.margin, self.scale)
+    @staticmethod
+    def functional_loss(sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, lam: Any,
+                        one_minus_lam: Any, state: Mapping[str, Any]) -> torch.Tensor:
+        return cosface_loss(sim, labels, state["margin"], state["scale"])
 
 
 def cosface_loss(cos: torch.Tensor, labels: torch.Tensor, margin: Number, scale: Number) -> torch.Tensor:
@@ -108,11 +112,10 @@ class NormalizedSoftmax(_CosineClassHead):
         super().__init__(num_classes, embedding_size)
         self.temperature: float = self.declared_option("temperature", temperature)
 
-    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
-             check: bool = True) -> torch.Tensor:
-        if check:
-            check_labels(labels, h.shape[0], self.num_classes)
-        return normsoftmax_loss(sim, labels, self.temperature)
+    @staticmethod
+    def functional_loss(sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, lam: Any,
+                        one_minus_lam: Any, state: Mapping[str, Any]) -> torch.Tensor:
+        return normsoftmax_loss(sim, labels, state["temperature"])
 
 
 def normsoftmax_loss(cos: torch.Tensor, labels: torch.Tensor, temperature: Number) -> torch.Tensor:
@@ -144,11 +147,10 @@ class ProxyAnchor(_CosineClassHead):
     def scale(self) -> float:
         return self.alpha
 
-    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
-             check: bool = True) -> torch.Tensor:
-        if check:
-            check_labels(labels, h.shape[0], self.num_classes)
-        return proxyanchor_loss(sim, labels, self.margin, self.alpha)
+    @staticmethod
+    def functional_loss(sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, lam: Any,
+                        one_minus_lam: Any, state: Mapping[str, Any]) -> torch.Tensor:
+        return proxyanchor_loss(sim, labels, state["margin"], state["alpha"])
 
 
 def proxyanchor_loss(cos: torch.Tensor, labels: torch.Tensor, margin: Number, alpha: Number) -> torch.Tensor:
@@ -179,24 +181,25 @@ class _ClassMeanHead(LossHead):
     @torch.no_grad()
     def set_class_means(self, h: torch.Tensor, labels: torch.Tensor) -> None:
         """W <- the mean of each class's unit-length representations (zero for an absent class)."""
-        unit = F.normalize(h.to(self.W.dtype), dim=1, eps=1e-12)
-        sums = torch.zeros_like(self.W).index_add_(0, labels, unit)
-        counts = torch.bincount(labels, minlength=self.num_classes).clamp_min(1).to(unit.dtype)
-        self.W.copy_(sums / counts.unsqueeze(1))
-
-    def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def loss(self, sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, *,
-             check: bool = True) -> torch.Tensor:
-        if check:
-            check_labels(labels, h.shape[0], self.num_classes)
-        unit = F.normalize(h, dim=1, eps=1e-12)
-        return self.pair_loss(unit @ unit.T, unit, labels)
+        self.W.copy_(class_means(h, labels, self.W))
 
     def extra_repr(self) -> str:
         opts = ", ".join(f"{o.field}={getattr(self, o.keyword)}" for o in declaration(self.name).options)
         return f"{super().extra_repr()}, {opts}"
+
+
+def class_means(h: torch.Tensor, labels: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The mean of each class's unit-length representations h (N, H), in the dtype and shape
+    of ``like`` (K, H): zero for a class absent from ``labels``."""
+    unit = F.normalize(h.to(like.dtype), dim=1, eps=1e-12)
+    sums = torch.zeros_like(like).index_add_(0, labels, unit)
+    counts = torch.bincount(labels, minlength=like.shape[0]).clamp_min(1).to(unit.dtype)
+    return sums / counts.unsqueeze(1)
+
+
+def _unit(h: torch.Tensor) -> torch.Tensor:
+    """A pair-based loss's representations: unit length (its similarities are unit @ unit.T)."""
+    return F.normalize(h, dim=1, eps=1e-12)
 
 
 def _pairs(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,8 +226,11 @@ class SupCon(_ClassMeanHead):
         super().__init__(num_classes, embedding_size)
         self.temperature: float = self.declared_option("temperature", temperature)
 
-    def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return supcon_loss(cos, labels, self.temperature)
+    @staticmethod
+    def functional_loss(sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, lam: Any,
+                        one_minus_lam: Any, state: Mapping[str, Any]) -> torch.Tensor:
+        unit = _unit(h)
+        return supcon_loss(unit @ unit.T, labels, state["temperature"])
 
 
 def supcon_loss(cos: torch.Tensor, labels: torch.Tensor, temperature: Number) -> torch.Tensor:
@@ -254,8 +260,10 @@ class TripletMargin(_ClassMeanHead):
         self.margin: float = self.declared_option("margin", margin)
         self.miner: str = self.declared_option("miner", miner)
 
-    def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return triplet_loss(h, labels, self.margin, self.miner)
+    @staticmethod
+    def functional_loss(sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, lam: Any,
+                        one_minus_lam: Any, state: Mapping[str, Any]) -> torch.Tensor:
+        return triplet_loss(_unit(h), labels, state["margin"], state["miner"])
 
 
 def triplet_loss(h: torch.Tensor, labels: torch.Tensor, margin: Number, miner: str) -> torch.Tensor:
@@ -316,8 +324,11 @@ class MultiSimilarity(_ClassMeanHead):
         self.beta: float = self.declared_option("beta", beta)
         self.base: float = self.declared_option("base", base)
 
-    def pair_loss(self, cos: torch.Tensor, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return multisimilarity_loss(cos, labels, self.alpha, self.beta, self.base)
+    @staticmethod
+    def functional_loss(sim: torch.Tensor, h: torch.Tensor, labels: torch.Tensor, lam: Any,
+                        one_minus_lam: Any, state: Mapping[str, Any]) -> torch.Tensor:
+        unit = _unit(h)
+        return multisimilarity_loss(unit @ unit.T, labels, state["alpha"], state["beta"], state["base"])
 
 
 def multisimilarity_loss(cos: torch.Tensor, labels: torch.Tensor, alpha: Number, beta: Number,

@@ -1,5 +1,6 @@
 """Which specs can be trained together as one stacked model (:mod:`corel.train.stacked`): those
-that differ only in the loss's parameters (lam, gamma, alpha) and the seed."""
+that differ only in the loss's parameters (lam, gamma, alpha, and its own numeric options:
+margin, scale, scale_neg, temperature) and the seed."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from corel.train.checkpoints import LOCATIONS
 __all__ = ["LOSS_PARAMETERS", "MAX_GROUP", "MAY_DIFFER", "as_spec", "check_group", "group_key",
            "group_specs"]
 
-# The loss parameters, which only enter the loss.
-LOSS_PARAMETERS = ("lam", "gamma", "alpha")
+# The loss parameters, which only enter the loss: the shared ones, and the numeric options of
+# pytorch-metric-learning's losses (each member's own tensors under vmap, as lambda is). The
+# triplet miner is not one: it decides which code runs, so a group's members share it.
+LOSS_PARAMETERS = ("lam", "gamma", "alpha", "margin", "scale", "scale_neg", "temperature")
 # What may differ inside a group: those, and the seed (each member's initial weights, which
 # a stack holds per member anyway, and its data order: a group draws one per seed).
 MAY_DIFFER = (*LOSS_PARAMETERS, "seed")
@@ -23,12 +26,13 @@ MAY_DIFFER = (*LOSS_PARAMETERS, "seed")
 def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     """Specs with equal keys can be trained as one :class:`StackedRun`; None: train it alone.
 
-    The key is every spec field except lam, gamma, alpha and seed (and the file locations
+    The key is every spec field except the loss parameters (:data:`LOSS_PARAMETERS`) and the
+    seed (and the file locations
     dataset_path and word_vectors, except for uploaded data whose path names the data; an
     encoder_path names the encoder: on one machine, other files are another encoder).
     Text specs are not vectorized (their models use dropout; those over a frozen pretrained
-    encoder's features are, having none), nor losses whose declaration
-    is not ``stackable`` (pytorch-metric-learning's: their parameters are not lambda).
+    encoder's features are, having none), nor losses whose declaration is not ``stackable``
+    (a registered loss may say so), nor fine-tuned encoders.
     """
     # Text models use dropout, except the FFNN over a frozen encoder's features.
     if (spec.modality == "text" and spec.encoder is None) or not declaration(spec.loss).stackable \
@@ -82,6 +86,6 @@ def check_group(specs: Sequence[ExperimentSpec]) -> None:
                 name for (name, a), (_, b) in zip(keys[0], key or (), strict=False) if a != b
             ] or ["modality"]
             raise ValueError(
-                f"spec {i} differs from spec 0 in {', '.join(differ)}; only lam, gamma, "
-                "alpha and seed may differ inside a group (see corel.train.grouping.group_specs)"
+                f"spec {i} differs from spec 0 in {', '.join(differ)}; only "
+                f"{', '.join(MAY_DIFFER[:-1])} and {MAY_DIFFER[-1]} may differ inside a group (see corel.train.grouping.group_specs)"
             )

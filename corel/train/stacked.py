@@ -9,7 +9,9 @@ same order. :class:`StackedRun` trains such a group at once:
 * one forward pass runs every member on the shared batch: the FFNN as batched
   matrix products, other encoders under ``torch.vmap(functional_call(...))``,
   and the heads' similarities and losses (the functions of :mod:`corel.similarity`
-  and :mod:`corel.losses`) under ``torch.vmap`` with per-member lam/gamma/alpha;
+  and :mod:`corel.losses`) under ``torch.vmap`` with per-member lam/gamma/alpha and the
+  per-member options of pytorch-metric-learning's losses (margin, scale, ...); a pair-based
+  loss's class means (what it predicts with) are set member by member after each epoch;
 * the members' losses are summed before ``backward``, which hands every member
   exactly the gradient of its own loss;
 * one Adam over the stacked tensors is, element for element, M Adams with the
@@ -67,6 +69,7 @@ from corel.encoders.paper import FFNN
 from corel.fused import gaussian_ar, shared_linear
 from corel.loss_catalog import declaration
 from corel.losses import check_labels, class_counts
+from corel.losses.peers import class_means
 from corel.models import Classifier
 from corel.spec import ExperimentSpec
 from corel.train.callbacks import EpochMetrics, GroupCallback
@@ -200,7 +203,7 @@ class StackedRun:
         self.params: Tensors = params
         self.buffers: Tensors = buffers
         self.optimizer = adam(self.params.values(), specs[0].lr)
-        dtype = self.params["head.W"].dtype
+        dtype = self._class_vectors(self.params, self.buffers).dtype
 
         def per_member(values: list[float]) -> torch.Tensor:
             # Rounded from double once, as a Python float is when it meets a float32 tensor.
@@ -209,6 +212,13 @@ class StackedRun:
         self.lam = per_member([s.lam for s in specs])
         self.one_minus_lam = per_member([1.0 - s.lam for s in specs])
         self.alpha = per_member([s.alpha for s in specs])
+        # The head's own options (margin, scale, ...), as its functional loss reads them: the
+        # numbers per member, the names (the triplet miner) one for the group (group_key).
+        head = losses.LOSSES[self.loss_name]
+        own = [head.functional_options(m.head.option_values()) for m in members]
+        self.loss_choices = {k: v for k, v in own[0].items() if isinstance(v, str)}
+        self.loss_options: Tensors = {k: per_member([float(o[k]) for o in own])
+                                      for k in own[0] if k not in self.loss_choices}
         # The skeleton functional_call runs with; only its structure is used.
         self._template = members[0]
         self._state_keys = list(self._template.state_dict())
@@ -216,12 +226,12 @@ class StackedRun:
         # What the step as one native call needs (corel.train.steps decides when it runs).
         self.native_layout = stacked_native_layout(self.loss_name, self.precision, self._mlp)
         self._vmapped_encoder = torch.vmap(self._member_encode, in_dims=(0, 0, None))
-        self._vmapped_loss = torch.vmap(self._member_loss, in_dims=(0, 0, 0, 0, 0, None))
+        self._vmapped_loss = torch.vmap(self._member_loss, in_dims=(0, 0, 0, 0, 0, 0, None))
         self._vmapped_predict = torch.vmap(self._member_predict, in_dims=(0, 0, 0))
         self._vmapped_center_update = torch.vmap(_center_update, in_dims=(0, 0, None, 0))
         # The same, where each member has its own inputs and labels (several seeds).
         self._vmapped_encoder_each = torch.vmap(self._member_encode, in_dims=(0, 0, 0))
-        self._vmapped_loss_each = torch.vmap(self._member_loss, in_dims=(0, 0, 0, 0, 0, 0))
+        self._vmapped_loss_each = torch.vmap(self._member_loss, in_dims=(0, 0, 0, 0, 0, 0, 0))
         self._vmapped_center_update_each = torch.vmap(_center_update, in_dims=(0, 0, 0, 0))
 
     # ----------------------------------------------------------------------------------
@@ -293,6 +303,11 @@ class StackedRun:
         return len(self.specs)
 
     @property
+    def uses_class_means(self) -> bool:
+        """Whether the members' loss predicts with class means (:meth:`set_class_means`)."""
+        return losses.LOSSES[self.loss_name].uses_class_means
+
+    @property
     def epochs(self) -> int:
         """Epochs to train (the same for every member)."""
         return self.specs[0].epochs
@@ -305,10 +320,15 @@ class StackedRun:
             return params["head.log_gamma"].exp().to(dtype)
         return buffers["head.fixed_gamma"].to(dtype)
 
+    @staticmethod
+    def _class_vectors(params: Tensors, buffers: Tensors) -> torch.Tensor:
+        """The head's W: a parameter, or a buffer where the loop sets it (class means)."""
+        return params["head.W"] if "head.W" in params else buffers["head.W"]
+
     def _similarities(self, params: Tensors, buffers: Tensors, h: torch.Tensor) -> torch.Tensor:
         """The head's s(h, w_k), as the loss head's ``similarities`` computes it: of one
         member under vmap (h (N, H)), or of every member at once (h (M, N, H))."""
-        W = params["head.W"]
+        W = self._class_vectors(params, buffers)
         kind = declaration(self.loss_name).similarity
         stacked = h.dim() == 3
         if kind == "dot":  # the dot-product heads (CCE's) carry a bias
@@ -332,6 +352,7 @@ class StackedRun:
         buffers: Tensors,
         lam: torch.Tensor,
         one_minus_lam: torch.Tensor,
+        options: Tensors,
         h: torch.Tensor,
         y: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -348,7 +369,10 @@ class StackedRun:
         if self.precision != "fp32":
             h, sim = h.float(), sim.float()
         # The head's own functional form, as its loss() computes it.
-        state = {name.removeprefix("head."): t for name, t in buffers.items() if name.startswith("head.")}
+        state: dict[str, Any] = {name.removeprefix("head."): t for name, t in buffers.items()
+                                 if name.startswith("head.")}
+        state.update(options)  # the member's own options (0-d under vmap) and the group's names
+        state.update(self.loss_choices)
         loss = losses.LOSSES[self.loss_name].functional_loss(sim, h, y, lam, one_minus_lam, state)
         return loss, sim
 
@@ -359,10 +383,11 @@ class StackedRun:
         ``vmap(_member_loss)`` computes, without vmap's per-operation cost."""
         if not losses.LOSSES[self.loss_name].stacks_without_vmap:
             vmapped = self._vmapped_loss if y.dim() == 1 else self._vmapped_loss_each
-            return vmapped(self.params, self.buffers, self.lam, self.one_minus_lam, h, y)
+            return vmapped(self.params, self.buffers, self.lam, self.one_minus_lam, self.loss_options, h, y)
         # The same member function, given the whole stack (h (M, N, H), lambdas (M, 1)).
         return self._member_loss(self.params, self.buffers, self.lam.unsqueeze(1),
-                                 self.one_minus_lam.unsqueeze(1), h, y)
+                                 self.one_minus_lam.unsqueeze(1),
+                                 {k: v.unsqueeze(1) for k, v in self.loss_options.items()}, h, y)
 
     def _member_predict(self, params: Tensors, buffers: Tensors, h: torch.Tensor) -> torch.Tensor:
         return self._similarities(params, buffers, h).argmax(dim=1)
@@ -491,22 +516,39 @@ class StackedRun:
             xb, yb = xb.index_select(0, self._stream_index), yb.index_select(0, self._stream_index)
         return stacked_step(self, xb, yb, True)
 
-    @torch.inference_mode()
-    def accuracies(self, x: torch.Tensor, y: torch.Tensor) -> list[float]:
-        """Every member's accuracy on (x, y), in eval mode, as ``corel.train.solo.accuracy``."""
-        if len(y) == 0:
-            return [float("nan")] * self.size
+    @torch.no_grad()
+    def represent(self, x: torch.Tensor) -> torch.Tensor:
+        """Every member's representations of the rows x (M, N, hidden), in eval mode, a chunk
+        at a time, as ``corel.train.solo.represent``."""
         was_training = self._template.training
         self._template.eval()
         try:
             with ieee_float32(self.device):
                 chunks = [self.encode(x[i : i + EVAL_BATCH].to(self.device, non_blocking=True))
                           for i in range(0, len(x), EVAL_BATCH)]
-                h = torch.cat(chunks, dim=1)
-                preds = self._vmapped_predict(self.params, self.buffers, h)
+                return torch.cat(chunks, dim=1)
         finally:
             self._template.train(was_training)
+
+    @torch.inference_mode()
+    def accuracies(self, x: torch.Tensor, y: torch.Tensor) -> list[float]:
+        """Every member's accuracy on (x, y), in eval mode, as ``corel.train.solo.accuracy``."""
+        if len(y) == 0:
+            return [float("nan")] * self.size
+        h = self.represent(x)
+        with ieee_float32(self.device):
+            preds = self._vmapped_predict(self.params, self.buffers, h)
         return (preds == y).float().mean(dim=1).tolist()
+
+    @torch.no_grad()
+    def set_class_means(self) -> None:
+        """For a pair-based loss (``uses_class_means``), after each epoch: each member's W <-
+        the class means of its training representations, as the solo loop sets them
+        (:func:`corel.losses.peers.class_means`, member by member)."""
+        h, W = self.represent(self.data.x_train), self.buffers["head.W"]
+        y = self.data.y_train.to(self.device)
+        for i in range(self.size):
+            W[i].copy_(class_means(h[i], y, W[i]))  # in place: a CUDA graph reads this tensor
 
     def run_epoch(self, callbacks: Sequence[GroupCallback] = ()) -> list[EpochMetrics] | None:
         """Train one epoch, then validate every member (and test those whose validation improved).
@@ -521,6 +563,8 @@ class StackedRun:
         data = self.data
         n = len(data.y_train)
         self.epoch += 1
+        if self.uses_class_means:  # a pair-based loss predicts with them
+            self.set_class_means()
         val_acc = self.accuracies(data.x_val, data.y_val)
         improved = [r.improves(v) for r, v in zip(self.records, val_acc, strict=True)]
         test_acc = self.accuracies(data.x_test, data.y_test) if any(improved) else None

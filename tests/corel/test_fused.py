@@ -227,7 +227,7 @@ def test_the_stacked_loss_without_vmap_is_the_vmapped_members(loss):
     h = group.encode(x)
     got, got_sim = group._stacked_loss(h, y)
     want, want_sim = group._vmapped_loss(group.params, group.buffers, group.lam,
-                                         group.one_minus_lam, h, y)
+                                         group.one_minus_lam, group.loss_options, h, y)
     assert got.shape == (3,)
     torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
     torch.testing.assert_close(got_sim, want_sim, rtol=1e-13, atol=1e-13)

@@ -32,6 +32,7 @@ from corel.train import (
     start_run,
     train_pass,
 )
+from tests.corel.losses.test_peers import MEMBERS
 
 # Its figures come out of torch's kernels: make test runs it once more on other kernels.
 pytestmark = pytest.mark.kernels
@@ -122,12 +123,12 @@ def solo(spec, data):
     return _cache[key]
 
 
-def assert_same_checkpoint(got, want, exact=False):
-    """Same format and contents; weights and Adam moments within TOL (or bit for bit)."""
+def assert_same_checkpoint(got, want, exact=False, tol=TOL):
+    """Same format and contents; weights and Adam moments within ``tol`` (or bit for bit)."""
     close = (
         (lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0))
         if exact
-        else (lambda a, b: torch.testing.assert_close(a, b, **TOL))
+        else (lambda a, b: torch.testing.assert_close(a, b, **tol))
     )
     assert got.keys() == want.keys()
     for key in ("format", "spec", "epoch", "input_shape", "num_classes", "class_names"):
@@ -224,6 +225,68 @@ def test_members_of_several_seeds_end_as_if_trained_alone(digits64, name):
         assert_same_history(result.history, alone.history)
         assert (result.best_epoch, result.test_accuracy) == (alone.best_epoch, alone.test_accuracy)
         torch.testing.assert_close(result.model.state_dict(), alone.model.state_dict(), **TOL)
+
+
+# pytorch-metric-learning's losses stack as COREL's do (issue 70): three members a loss, each
+# with its own options (the numbers a stack holds per member, as lambda), two of them of seed
+# 0 (they share their batches) and one of seed 1 (its own batches). The triplet miner is a
+# name the members share: one group per miner.
+PEER_MEMBERS = {
+    **MEMBERS,  # the members tests/corel/losses/test_peers.py runs under vmap, one step
+    "triplet-easy": [{"margin": m, "miner": "easy"} for m in (0.05, 0.3, 0.15)],
+}
+PEER_SEEDS = (0, 1, 0)
+PEER_EPOCHS = 2  # 158 steps at batch 16
+PEER_TOL = {"rtol": 1e-10, "atol": 1e-10}
+
+
+def peer_group(name):
+    loss = name.split("-")[0]
+    return [ExperimentSpec(**{**BASE, "epochs": PEER_EPOCHS, "loss": loss, "seed": seed, **options})
+            for options, seed in zip(PEER_MEMBERS[name], PEER_SEEDS, strict=True)]
+
+
+def test_every_peer_loss_and_miner_is_stacked_here():
+    from corel.loss_catalog import MINERS, PEER_LOSSES
+
+    assert {name.split("-")[0] for name in PEER_MEMBERS} == set(PEER_LOSSES)
+    assert {name.split("-")[1] for name in PEER_MEMBERS if "-" in name} == set(MINERS)
+
+
+@pytest.mark.parametrize("name", sorted(PEER_MEMBERS))
+def test_peer_loss_members_end_as_if_trained_alone(digits64, name):
+    """A member's weights, Adam moments, class means (pair-based losses predict with them, set
+    after every epoch), losses and figures in a stack are those of the member trained alone,
+    in float64, for members that share batches and for one with its own seed's."""
+    specs = peer_group(name)
+    keep = KeepGroup(epoch=PEER_EPOCHS)
+    results = fit_group(specs, [keep], data=digits64)
+    for i, (spec, result) in enumerate(zip(specs, results, strict=True)):
+        want = Keep(epoch=PEER_EPOCHS)
+        alone = fit(spec, [want], data=digits64)
+        assert_same_checkpoint(keep.saved[i], want.saved, tol=PEER_TOL)
+        assert_same_history(result.history, alone.history)
+        assert (result.best_epoch, result.best_val_accuracy, result.test_accuracy) == (
+            alone.best_epoch, alone.best_val_accuracy, alone.test_accuracy)
+        torch.testing.assert_close(result.model.state_dict(), alone.model.state_dict(), **PEER_TOL)
+        assert result.model.head.extra_repr() == alone.model.head.extra_repr()
+        assert result.model.head.W.abs().sum() > 0  # class vectors trained, or class means set
+    # Each member trained with its own options: the two of seed 0 end far apart. Not the
+    # hard miner's: it keeps the triplets with an <= ap whatever the margin (> 0), which then
+    # only adds to the loss's value; nor the easy miner's, which keeps none (no gradient).
+    first, third = results[0], results[2]
+    gap = max_difference(first.run.model.state_dict(), third.run.model.state_dict())
+    losses = [[m.train_loss for m in r.history] for r in (first, third)]
+    if name == "triplet-easy":
+        assert gap == 0.0 and losses == [[0.0] * PEER_EPOCHS] * 2
+    elif name == "triplet-hard":
+        assert gap == 0.0
+        margins = [s.margin for s in (specs[0], specs[2])]
+        # by the margins' difference on each batch that keeps a triplet, 0 on the others
+        step = abs(margins[1] - margins[0])
+        assert all(0.5 * step < abs(b - a) <= step + 1e-12 for a, b in zip(*losses, strict=True)), losses
+    else:
+        assert gap > 1e-3, gap
 
 
 @pytest.fixture(params=["member by member", "vmap"])
@@ -476,6 +539,12 @@ def test_group_key_puts_only_loss_parameter_and_seed_sweeps_together():
     ):
         assert group_key(base.model_copy(update=update)) != group_key(base), update
     hash(group_key(base))
+    # A peer loss's numeric options are its members' own; the triplet miner is the group's.
+    arc = ExperimentSpec(dataset="digits", loss="arcface")
+    assert group_key(arc.model_copy(update={"margin": 10.0, "scale": 8.0, "seed": 2})) == group_key(arc)
+    trip = ExperimentSpec(dataset="digits", loss="triplet", miner="hard")
+    assert group_key(trip.model_copy(update={"margin": 0.3})) == group_key(trip)
+    assert group_key(trip.model_copy(update={"miner": "semihard"})) != group_key(trip)
 
 
 def test_text_specs_are_not_vectorized_and_npz_paths_name_the_data():
@@ -520,7 +589,7 @@ def test_group_specs_splits_a_group_past_its_limit_keeping_seeds_whole():
 def test_fit_group_refuses_specs_that_cannot_be_stacked(digits):
     g = ExperimentSpec(dataset="digits", epochs=1)
     with pytest.raises(ValueError, match="differs from spec 0 in batch_size; only lam, gamma, "
-                                         "alpha and seed may differ"):
+                                         "alpha, margin, scale, scale_neg, temperature and seed may differ"):
         fit_group([g, g.model_copy(update={"batch_size": 64})], data=digits)
     with pytest.raises(ValueError, match="at least one"):
         fit_group([], data=digits)

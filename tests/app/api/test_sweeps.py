@@ -140,8 +140,9 @@ def test_the_lambda_plot_of_a_sweep_without_results_says_so_without_a_warning():
      "prune needs stacked groups of at least 2 members to judge; the sweep has one member"),
     ({"grid": {"lam": [0.3, 0.6]}, "vectorize": False, "prune": {"min_epochs": 1}},
      "prune needs vectorize: true"),
-    ({"grid": {"scale": [8.0, 32.0]}, "base": {**BASE, "loss": "arcface"}, "prune": {"min_epochs": 1}},
-     "2 of its 2 members train alone"),
+    # The miner decides which code runs: each its own group (a peer's numbers stack, issue 70).
+    ({"grid": {"miner": ["hard", "semihard"]}, "base": {**BASE, "loss": "triplet"}, "prune": {"min_epochs": 1}},
+     "2 of its 2 members train alone (a grid over fields that cannot stack, such as the triplet miner"),
 ])
 def test_bad_pruning_is_a_422_that_says_what_is_allowed(client, body, words):
     before = client.get("/sweeps", params={"limit": 1}).json()["total"]

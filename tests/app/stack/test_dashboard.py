@@ -221,7 +221,8 @@ def test_a_loss_s_own_options_show_for_it_and_a_bad_one_is_named_beside_its_fiel
     # Where the miner is chosen, the triplet's own word on it and on what it costs (the hard
     # miner was said to train many times slower, and nothing here spoke of time).
     miner_help = page.inner_text('[data-field="miner"] .help')
-    assert "TripletMarginMiner" in miner_help and "one at a time" in miner_help, miner_help
+    assert "TripletMarginMiner" in miner_help and "A sweep stacks members that share a miner" in miner_help, \
+        miner_help
     assert "semihard" in miner_help and "Default semihard" in miner_help, miner_help
     assert page.get_attribute("#f-margin", "placeholder") == "default 0.05"
     page.fill("#f-margin", "0.1")

@@ -309,3 +309,15 @@ def test_a_batch_without_pairs_or_triplets_is_zero_with_zero_gradients():
         assert float(loss.detach()) == 0.0, name
         (grad,) = torch.autograd.grad(loss, h)
         assert not grad.any(), name
+
+
+@pytest.mark.parametrize("name", PEER_LOSSES)
+def test_a_peer_head_s_repr_names_its_options(name):
+    """A model's printout says which options its head trains with (each loss at a value that
+    is not its default)."""
+    options = {o.field: (o.choices[0] if o.choices else (o.default + (o.high - o.default) / 2))
+               for o in DECLARATIONS[name].options}
+    head = build_loss(name, K, H, **options)
+    for option in DECLARATIONS[name].options:
+        value = options[option.field]
+        assert f"{option.field}={value if option.choices else float(value)}" in repr(head), repr(head)
