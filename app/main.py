@@ -76,7 +76,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Orphans (artifacts written by a process that died before its row committed).
         gc_stop = collect_in_background(app.state.sessionmaker, store,
                                         settings.artifact_gc_interval_seconds,
-                                        settings.artifact_gc_grace_seconds)
+                                        settings.artifact_gc_grace_seconds,
+                                        settings.features_keep_days * 86400.0)
         app.state.queue = TaskQueue(make_celery(settings, publisher=True))
         # Runs the broker lost while nothing was watching (every worker also does this).
         reconcile_in_background(app.state.sessionmaker, settings, app.state.queue.send,

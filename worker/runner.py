@@ -49,6 +49,7 @@ from app.storage import Artifact, StoreUnavailable, release_after_commit, store_
 from app.storage import ensure as ensure_store
 from app.storage import read as read_artifact
 from app.storage.artifacts import put_array
+from app.storage.features import StoredFeatures
 from corel.device import device_name
 from corel.spec import ExperimentSpec
 from corel.train import (
@@ -233,7 +234,9 @@ class LeaseKeeper:
             with_retries(lambda: show_phase(self.factory, self.ids, "computing features", detail),
                          settings, "features progress")
 
-        return dataclasses.replace(engine_options(settings), on_features=on_features)
+        # The features are kept in the artifact store too: a run on another host reads them.
+        return dataclasses.replace(engine_options(settings), on_features=on_features,
+                                   features_store=StoredFeatures(self.factory))
 
     def all_cancelled(self) -> bool:
         """Whether a cancel was asked of every one of these runs (False where the database
@@ -317,7 +320,7 @@ class DatabaseRecorder(Callback):
                 current_epoch=metrics.epoch,
                 device=device_name(run.device),
                 precision=run.precision,
-                features=features_record(run.data.preprocessing),
+                features=features_record(run.data.preprocessing, run.data.features_source),
                 best_epoch=run.best_epoch,
                 best_val_accuracy=run.best_val_accuracy,
                 test_accuracy=run.test_accuracy,
@@ -334,10 +337,13 @@ class DatabaseRecorder(Callback):
         return self.cancelled
 
 
-def features_record(preprocessing: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What a run records of its frozen encoder's features' path (None: none such)."""
+def features_record(preprocessing: dict[str, Any] | None, source: str | None = None) -> dict[str, Any] | None:
+    """What a run records of its frozen encoder's features: their path, and where this
+    attempt's came from (``source``: computed, from the store, cached; None: none such)."""
     found = ((preprocessing or {}).get("encoder") or {}).get("features_path")
-    return found if isinstance(found, dict) else None
+    if not isinstance(found, dict):
+        return None
+    return {**found, "source": source} if source is not None else found
 
 
 def materialise_upload(session: Session, dataset_id: int, settings: Settings) -> Path:
@@ -663,7 +669,8 @@ class GroupRecorder(GroupCallback):
                 m, run = metrics[i], group.member_run(i)
                 mine = lifecycle.heartbeat(
                     session, experiment_id, current_epoch=m.epoch, device=device_name(group.device),
-                    precision=group.precision, features=features_record(group.data.preprocessing),
+                    precision=group.precision, features=features_record(group.data.preprocessing,
+                                                                            group.data.features_source),
                     best_epoch=run.best_epoch,
                     best_val_accuracy=run.best_val_accuracy, test_accuracy=run.test_accuracy,
                     train_seconds=Experiment.train_seconds + m.seconds)

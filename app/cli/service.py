@@ -161,12 +161,14 @@ def _gc(args: argparse.Namespace) -> int:
     engine = make_engine(settings.db_url)
     try:
         with make_sessionmaker(engine)() as session:
-            done = collect(session, store, grace)
+            done = collect(session, store, grace, features_keep_seconds=settings.features_keep_days * 86400.0)
             give_back_pages(session)
     finally:
         engine.dispose()
     print(f"removed {done.removed} artifacts ({done.freed_bytes / 1e6:.1f} MB); kept "
-          f"{done.kept} that rows reference and {done.spared_young} younger than {grace:g} s")
+          f"{done.kept} that rows reference and {done.spared_young} younger than {grace:g} s"
+          + (f"; dropped {done.features_dropped} kept features unused for {settings.features_keep_days:g} days"
+             if done.features_dropped else ""))
     return 0
 
 

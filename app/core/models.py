@@ -285,6 +285,22 @@ class ClusteringResult(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class FeatureSet(Base):
+    """A frozen encoder's work on a dataset, kept for every host (issue 70): a split's
+    features (``.npy``) or the parity gate's verdict (``.json``), by the name corel gives it
+    (:mod:`corel.encoders.kept`: the encoder's digest, the computing path, the inputs'
+    digest), its bytes an artifact. A run on any host reads it rather than computing it;
+    ``corel gc`` drops one unused for ``COREL_FEATURES_KEEP_DAYS``, and its artifact with it."""
+
+    __tablename__ = "feature_sets"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)  # the bytes, an artifact
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    used_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+
 class Figure(Base):
     """A rendered picture (PNG) of an experiment, cached by name."""
 

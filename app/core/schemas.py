@@ -228,8 +228,10 @@ class ExperimentRead(BaseModel):
     features: dict[str, Any] | None = Field(
         default=None, description="A frozen pretrained encoder's features, from the first epoch: "
         "the CPU path they were computed on (precision: fp32, bf16 or int8), what the spec asked "
-        "(asked: the spec's precision), and the parity gate's figures on held-out rows (gate: per "
-        "path rows_per_s, cos_p1, cos_min, map_at_r, passed, why).")
+        "(asked: the spec's precision), the parity gate's figures on held-out rows (gate: per "
+        "path rows_per_s, cos_p1, cos_min, map_at_r, passed, why), and where this attempt's "
+        "features came from (source: 'computed'; 'from the store', computed by a run on another "
+        "worker host and kept in the artifact store; 'cached', on this worker already).")
     pruned: dict[str, Any] | None = Field(
         default=None, description="A member its sweep pruned (status pruned): the rung (epoch) it "
         "left at, why, and its figures there (metrics).")

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
         description="corel gc (and the periodic sweep) removes an artifact no row references "
         "only once it is older than this: one being written, whose row is not committed yet, "
         "is spared.")
+    features_keep_days: float = Field(
+        default=30.0, gt=0,
+        description="A frozen encoder's features kept in the artifact store (for every worker "
+        "host: none computes them again) are dropped by corel gc (and the periodic sweep) once "
+        "no run has read them for this many days.")
     artifact_gc_interval_seconds: float = Field(
         default=3600.0, ge=0,
         description="How often the API sweeps the store for orphans; 0: never (corel gc only).")

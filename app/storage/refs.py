@@ -19,9 +19,10 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from app.core.models import (
@@ -30,6 +31,7 @@ from app.core.models import (
     EmbeddingJob,
     EmbeddingResult,
     EncoderUpload,
+    FeatureSet,
     Figure,
     LatentSpace,
     NeighborIndex,
@@ -42,7 +44,8 @@ log = logging.getLogger("corel.storage")
 REFERENCES: tuple[InstrumentedAttribute[Any], ...] = (
     Checkpoint.sha256, DatasetUpload.blob_sha256, EncoderUpload.sha256,
     LatentSpace.representations_sha256, LatentSpace.labels_sha256, LatentSpace.rows_sha256, Figure.sha256,
-    EmbeddingResult.representations_sha256, EmbeddingResult.labels_sha256, NeighborIndex.sha256)
+    EmbeddingResult.representations_sha256, EmbeddingResult.labels_sha256, NeighborIndex.sha256,
+    FeatureSet.sha256)
 
 
 def of_experiment(session: Session, experiment_id: int) -> set[str]:
@@ -91,13 +94,24 @@ class Collected:
     freed_bytes: int
     kept: int
     spared_young: int
+    features_dropped: int = 0
+    """Kept features (:class:`app.core.models.FeatureSet`) dropped, unused for the days."""
 
 
 def collect(session: Session, store: ArtifactStore, grace_seconds: float,
-            now: float | None = None) -> Collected:
+            now: float | None = None, features_keep_seconds: float | None = None) -> Collected:
     """Remove every stored artifact that no row references and that is older than
-    ``grace_seconds``."""
+    ``grace_seconds``; first, the kept features unused for ``features_keep_seconds`` (None:
+    kept), whose artifacts then go with the other orphans."""
     now = time.time() if now is None else now
+    dropped = 0
+    if features_keep_seconds is not None:
+        stale = datetime.fromtimestamp(now - features_keep_seconds, UTC)
+        result = session.execute(delete(FeatureSet).where(FeatureSet.used_at < stale))
+        dropped = int(getattr(result, "rowcount", 0) or 0)
+        session.commit()
+        if dropped:
+            log.info("kept features dropped, unused", extra={"feature_sets": dropped})
     listing = list(store.listing())
     keep = referenced(session)
     removed = freed = kept = young = 0
@@ -111,7 +125,7 @@ def collect(session: Session, store: ArtifactStore, grace_seconds: float,
             freed += size
     if removed:
         log.info("artifacts collected", extra={"removed": removed, "freed_bytes": freed})
-    return Collected(removed, freed, kept, young)
+    return Collected(removed, freed, kept, young, dropped)
 
 
 def give_back_pages(session: Session) -> None:
@@ -130,7 +144,7 @@ def give_back_pages(session: Session) -> None:
 
 
 def collect_in_background(factory: sessionmaker[Session], store: ArtifactStore,
-                          every: float, grace: float) -> threading.Event:
+                          every: float, grace: float, features_keep: float | None = None) -> threading.Event:
     """:func:`collect` every ``every`` seconds in a daemon thread, until the returned event
     is set (the API's lifespan); 0: never."""
     stop = threading.Event()
@@ -141,7 +155,7 @@ def collect_in_background(factory: sessionmaker[Session], store: ArtifactStore,
         while not stop.wait(every):
             try:
                 with factory() as session:
-                    collect(session, store, grace)
+                    collect(session, store, grace, features_keep_seconds=features_keep)
                     give_back_pages(session)
             except Exception as exc:  # the next pass tries again
                 log.warning("artifact gc failed", extra={"error": f"{type(exc).__name__}: {exc}"[:200]})

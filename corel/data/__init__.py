@@ -16,6 +16,7 @@ and the preprocessing in their own; this module holds the registry of loaders.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -74,8 +75,9 @@ from corel.data.text import (
     text_warnings,
     tokenize,
 )
-from corel.encoders import choose_features, features_progress, model_inputs, run_preprocessing
+from corel.encoders import choose_features, features_progress, kept, model_inputs, run_preprocessing
 from corel.encoders.features import split_progress
+from corel.encoders.kept import FeatureStore
 from corel.encoders.precision import fixed_features
 from corel.spec import ExperimentSpec
 
@@ -230,6 +232,7 @@ def load_dataset(
     features_dir: PathLike | None = None,
     on_features: Callable[[str, int, int], None] | None = None,
     features_path: dict[str, Any] | None = None,
+    features_store: FeatureStore | None = None,
 ) -> Dataset:
     """Load ``spec.dataset`` with its fixed split; keep the first ``spec.train_subset`` of train.
 
@@ -240,10 +243,24 @@ def load_dataset(
     ``on_features(encoder, done, total)`` hears how far their computation is. The features'
     CPU path is chosen for ``spec.precision`` (corel.encoders.precision), unless
     ``features_path`` (a checkpoint's recorded ``encoder.features_path``: a resumed run's) fixes it.
+    ``features_store``: where the features are also kept for every host (the service's artifact
+    store; :mod:`corel.encoders.kept`); the dataset's ``features_source`` says where they came from.
     """
-    if on_features is not None or features_path is not None:
-        with features_progress(on_features), fixed_features(features_path):
-            return load_dataset(spec, data_dir, download=download, features_dir=features_dir)
+    with contextlib.ExitStack() as given:  # what is not given stays as an outer block set it
+        if on_features is not None:
+            given.enter_context(features_progress(on_features))
+        if features_path is not None:
+            given.enter_context(fixed_features(features_path))
+        if features_store is not None:
+            given.enter_context(kept.features_store(features_store))
+        heard = given.enter_context(kept.sources())
+        data = _load_dataset(spec, data_dir, download, features_dir)
+    source = kept.source_of(heard)
+    return dataclasses.replace(data, features_source=source) if source is not None else data
+
+
+def _load_dataset(spec: ExperimentSpec, data_dir: PathLike | None, download: bool,
+                  features_dir: PathLike | None) -> Dataset:
     if not isinstance(spec, ExperimentSpec):
         raise ValueError(f"load_dataset needs an ExperimentSpec, got {type(spec).__name__}")
     loader = LOADERS.get(spec.dataset)

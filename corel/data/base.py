@@ -67,6 +67,11 @@ class Dataset:
     the split was read from: MNIST's training file for train and val, its test file for
     test; an uploaded dataset's rows; None where the loader does not say. A nearest
     neighbour's id (the service's /neighbors) is its training row's position."""
+    features_source: str | None = field(default=None, repr=False)
+    """Where a frozen encoder's features (and its path's verdict) came from when loaded:
+    ``computed``, ``from the store`` (another host computed them) or ``cached`` (this host's
+    folder or this process's memory); None without a frozen encoder
+    (:mod:`corel.encoders.kept`)."""
 
     def __post_init__(self) -> None:
         for split in ("train", "val", "test"):

@@ -13,18 +13,17 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from corel.encoders import kept
 from corel.encoders.precision import path_of
 
 __all__ = [
@@ -104,26 +103,24 @@ def texts_key(texts: Sequence[str]) -> str:
 def cached(key: tuple[str, str], cache_dir: str | os.PathLike[str] | None,
            compute: Callable[[], torch.Tensor]) -> torch.Tensor:
     """Features under ``key`` (encoder digest, inputs' digest) from this process's memory,
-    else ``cache_dir``'s file, else ``compute()``d and kept in both."""
+    else ``cache_dir``'s file, else the shared store's (:mod:`corel.encoders.kept`), else
+    ``compute()``d and kept in all three."""
     with _MEMO_LOCK:
         held = _MEMO.get(key)
         if held is not None:
             _MEMO.move_to_end(key)
+            kept.heard("cached")
             return held
     digest, _, path = key[0].partition(":")
-    file = Path(cache_dir) / f"{digest[:16]}{'-' + path if path else ''}-{key[1][:32]}.npy" if cache_dir else None
-    if file is not None and file.is_file():
-        features = torch.from_numpy(np.load(file, allow_pickle=False))
+    name = f"{digest[:16]}{'-' + path if path else ''}-{key[1][:32]}.npy"
+    found = kept.read(name, cache_dir)  # this host's file, else the shared store's
+    if found is not None:
+        features = torch.from_numpy(np.load(io.BytesIO(found), allow_pickle=False))
     else:
         features = compute()
-        if file is not None:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            buffer = io.BytesIO()
-            np.save(buffer, features.numpy(), allow_pickle=False)
-            # Written beside, then renamed: a reader never sees half a file.
-            with tempfile.NamedTemporaryFile(dir=file.parent, delete=False) as tmp:
-                tmp.write(buffer.getvalue())
-            os.replace(tmp.name, file)
+        buffer = io.BytesIO()
+        np.save(buffer, features.numpy(), allow_pickle=False)
+        kept.keep(name, cache_dir, buffer.getvalue())
     with _MEMO_LOCK:
         _MEMO[key] = features
         while len(_MEMO) > MEMO_SIZE:

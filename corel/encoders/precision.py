@@ -24,18 +24,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from corel.encoder_catalog import cpu_offers
+from corel.encoders import kept
 
 __all__ = ["FASTER", "GATE_COSINE", "GATE_MAP", "GATE_MIN_ROWS", "GATE_ROWS", "choose", "fixed_features",
            "path_of"]
@@ -104,7 +103,8 @@ def choose(digest: str, offered: tuple[str, ...], asked: str, held_out: Any,
     offering ``offered``: the recorded one within
     :func:`fixed_features`, else the gate's verdict on ``held_out`` raw rows (the first
     :data:`GATE_ROWS`; ``labels`` theirs), each path's features from ``compute(path, rows)``.
-    The verdict is kept for this process and in ``cache_dir``, by the rows' content."""
+    The verdict is kept for this process, in ``cache_dir`` and in the shared store
+    (:mod:`corel.encoders.kept`), by the rows' content."""
     fixed = _FIXED.get()
     if fixed is not None:
         return dict(fixed)
@@ -125,16 +125,13 @@ def choose(digest: str, offered: tuple[str, ...], asked: str, held_out: Any,
     with _CHOICES_LOCK:
         if key in _CHOICES:
             return _CHOICES[key]
-    file = Path(cache_dir) / f"gate-{key[:40]}.json" if cache_dir else None
-    if file is not None and file.is_file():
-        record: dict[str, Any] = json.loads(file.read_text())
+    name = f"gate-{key[:40]}.json"
+    found = kept.read(name, cache_dir)  # this host's file, else the shared store's
+    if found is not None:
+        record: dict[str, Any] = json.loads(found)
     else:
         record = _gate(asked, candidates, rows, y, compute)
-        if file is not None:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=file.parent, delete=False) as tmp:
-                tmp.write(json.dumps(record))
-            os.replace(tmp.name, file)
+        kept.keep(name, cache_dir, json.dumps(record).encode())
     with _CHOICES_LOCK:
         _CHOICES[key] = record
     return record

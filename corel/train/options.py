@@ -16,6 +16,8 @@ the environment itself.
 * ``on_features``: called ``(encoder, done, total)`` while a frozen encoder's features of
   the data are computed (:func:`corel.encoders.features_progress`; not when they come from
   a cache): the worker shows it as the run's phase.
+* ``features_store``: where those features are kept for every host (the service's artifact
+  store; :mod:`corel.encoders.kept`): a run on another host reads them, and computes none.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from corel import native
+from corel.encoders.kept import FeatureStore
 
 __all__ = ["GRAPH_MODES", "EngineOptions", "GraphMode", "parse_cuda_graphs", "parse_switch"]
 
@@ -71,6 +74,7 @@ class EngineOptions:
     features_dir: str | os.PathLike[str] | None = None
     keep_frozen_outputs: bool = True
     on_features: Callable[[str, int, int], None] | None = field(default=None, compare=False)
+    features_store: FeatureStore | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.cuda_graphs not in GRAPH_MODES:

@@ -397,7 +397,8 @@ def start_run(
     options = options or EngineOptions()
     if data is None:
         data = load_dataset(spec, data_dir, features_dir=options.features_dir,
-                            on_features=options.on_features, features_path=recorded_features(checkpoint))
+                            on_features=options.on_features, features_path=recorded_features(checkpoint),
+                            features_store=options.features_store)
     if spec.fine_tunes and len(data.y_train) < spec.batch_size:
         raise ValueError(f"fine-tuning needs at least one full batch of training rows: this dataset gives "
                          f"{len(data.y_train)}, batch_size is {spec.batch_size}; lower batch_size to at most "

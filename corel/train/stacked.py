@@ -658,7 +658,7 @@ def fit_group(
     check_group(checked)
     if data is None:
         data = load_dataset(checked[0], data_dir, features_dir=options.features_dir,
-                            on_features=options.on_features,
+                            on_features=options.on_features, features_store=options.features_store,
                             features_path=recorded_features(checkpoints[0] if checkpoints else None))
     halving = None if prune is None else Prune.of(prune, checked[0].epochs, len(checked))
     group = StackedRun.start(checked, data, device=device, checkpoints=checkpoints, options=options)
@@ -710,7 +710,8 @@ def fit_sweep(
             key = mine[0].model_dump_json(exclude={"loss", *MAY_DIFFER})
             if key not in loaded:
                 loaded[key] = load_dataset(mine[0], data_dir, features_dir=options.features_dir,
-                                           on_features=options.on_features)
+                                           on_features=options.on_features,
+                                           features_store=options.features_store)
         group = StackedRun.start(mine, data if data is not None else loaded[key], device=device, options=options)
         lanes.append(_Lane(group, list(members), [_guard(group, chance_epochs), *cbs]))
     results: dict[int, FitResult] = {}

@@ -102,3 +102,68 @@ def test_a_run_cancelled_while_its_results_are_stored_ends_cancelled_at_the_next
         kinds = {c.kind for c in session.query(Checkpoint).filter_by(experiment_id=eid)}
         assert "best" in kinds
         assert session.query(LatentSpace).filter_by(experiment_id=eid).count() == 0
+
+
+def test_a_run_on_another_host_reads_the_features_from_the_store_and_computes_none(tmp_path, monkeypatch):
+    """Issue 70: a frozen encoder's features go into the artifact store. Two worker hosts
+    (each its own var_dir, so its own features folder) on one database and store: the first
+    run computes the features and records "computed"; a run on the second host, in a process
+    that holds none in memory, reads them from the store, computes none, and records "from
+    the store". corel gc drops kept features unused for COREL_FEATURES_KEEP_DAYS, and their
+    bytes with them."""
+    from collections import OrderedDict
+
+    from app.core.models import FeatureSet
+    from app.services.datasets import create_upload
+    from app.storage import store_of
+    from app.storage.refs import collect
+    from corel.encoders import features as cache
+    from tests.encoder_files import TOPICS
+
+    shared = {"database_url": f"sqlite:///{tmp_path / 'corel.sqlite3'}", "artifacts_dir": tmp_path / "artifacts",
+              "broker_url": "memory://", "artifact_gc_interval_seconds": 0, "chance_epochs": 0}
+    host_a, host_b = (Settings(var_dir=tmp_path / name, **shared) for name in ("a", "b"))
+    upgrade(host_a)
+    factory = ensure(make_sessionmaker(make_engine(host_a.db_url)), host_a)
+    monkeypatch.setattr(host_share, "_current", workers.Share(2, 2, 1, "alone on the host"))
+    table = tmp_path / "topics.csv"
+    rows = [f"{sentence} ({i}),{topic}" for topic, sentences in TOPICS.items() for i in range(12)
+            for sentence in sentences[i % 4 : i % 4 + 1]]
+    table.write_text("text,topic\n" + "\n".join(rows) + "\n")
+    with session_scope(factory) as session:
+        dataset_id = create_upload(session, "topics.csv", "text", table).id
+    spec = {"dataset": "text", "dataset_id": dataset_id, "encoder": "wordllama", "epochs": 2, "batch_size": 8,
+            "hidden": 16, "lr": 1e-3}
+
+    def train(settings: Settings, **fields) -> dict:
+        with session_scope(factory) as session:
+            eid = create_experiment(session, ExperimentCreate(**spec, **fields)).id
+        monkeypatch.setattr(cache, "_MEMO", OrderedDict())  # a new worker process: nothing in memory
+        before = cache.COMPUTED["texts"]
+        status = runner.train_experiment(eid, factory, settings)
+        with factory() as session:
+            row = session.get(Experiment, eid)
+            assert status == "succeeded", row.error
+            return {"features": row.features, "computed": cache.COMPUTED["texts"] - before}
+
+    first = train(host_a, loss="cosine")
+    assert first["computed"] == len(rows) and first["features"]["source"] == "computed", first
+    with factory() as session:
+        kept = {row.name: row.sha256 for row in session.query(FeatureSet)}
+    splits = sorted(name for name in kept if name.endswith(".npy"))
+    assert len(splits) == 3, kept  # one a split
+    second = train(host_b, loss="gaussian", lam=0.8)
+    assert second["computed"] == 0 and second["features"]["source"] == "from the store", second
+    # Host b keeps them in its own folder now, byte for byte host a's.
+    for name in splits:
+        assert (tmp_path / "b" / "features" / name).read_bytes() == (tmp_path / "a" / "features" / name).read_bytes()
+    assert train(host_b, loss="cce")["features"]["source"] == "cached"  # its folder, next time
+    # Collected like any other artifact: kept while used, dropped once unused past the days.
+    with factory() as session:
+        store = store_of(session)
+        collect(session, store, 0, features_keep_seconds=host_a.features_keep_days * 86400.0)
+        assert session.query(FeatureSet).count() == len(kept)
+        assert all(store.exists(digest) for digest in kept.values())
+        collect(session, store, 0, features_keep_seconds=0)
+        assert session.query(FeatureSet).count() == 0
+        assert not any(store.exists(digest) for digest in kept.values())

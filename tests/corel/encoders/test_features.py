@@ -412,3 +412,64 @@ def test_a_run_on_its_own_encoder_resumes_from_a_copy_of_its_files_elsewhere(tab
     with pytest.raises(ValueError, match="made on another encoder"):
         start_run(own.model_copy(update={"encoder_path": str(other)}), checkpoint=checkpoint)
 
+
+
+class DictStore:
+    """A :class:`corel.encoders.kept.FeatureStore` in memory: what the service's artifact
+    store is to the engine (that one, over PostgreSQL or SQLite and a real store, is tested in
+    tests/worker/test_runner.py and tests/app/api/test_feature_store.py)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, bytes] = {}
+
+    def get(self, name: str) -> bytes | None:
+        return self.kept.get(name)
+
+    def put(self, name: str, data: bytes) -> None:
+        self.kept[name] = data
+
+
+class DownStore:
+    """A store that does not answer."""
+
+    def get(self, name: str) -> bytes | None:
+        raise ConnectionError("the store does not answer")
+
+    def put(self, name: str, data: bytes) -> None:
+        raise ConnectionError("the store does not answer")
+
+
+def test_features_in_a_store_are_read_on_another_host_and_computed_once(table, tmp_path, monkeypatch, caplog):
+    """Issue 70: features kept in a store shared by hosts. Host a computes them (each split's
+    into its folder and the store); host b, with its own folder and nothing in memory, reads
+    them from the store and computes none, the same bytes; the dataset says where they came
+    from. A store that does not answer costs a warning, never the run."""
+    import logging
+
+    store = DictStore()
+    monkeypatch.setattr(cache, "_MEMO", OrderedDict())
+    before = cache.COMPUTED["texts"]
+    a = load_dataset(spec(table), features_dir=tmp_path / "a", features_store=store)
+    assert a.features_source == "computed" and cache.COMPUTED["texts"] - before == 36
+    assert sorted(n for n in store.kept if n.endswith(".npy")) == sorted(p.name for p in (tmp_path / "a").glob("*.npy"))
+    assert len(store.kept) >= 3  # one a split (and the path's verdict, where the CPU offers a choice)
+    monkeypatch.setattr(cache, "_MEMO", OrderedDict())  # host b: another process, another folder
+    b = load_dataset(spec(table), features_dir=tmp_path / "b", features_store=store)
+    assert b.features_source == "from the store" and cache.COMPUTED["texts"] - before == 36
+    for split in ("x_train", "x_val", "x_test"):
+        assert torch.equal(getattr(b, split), getattr(a, split)), split
+    assert sorted(p.name for p in (tmp_path / "b").glob("*.npy")) == sorted(p.name for p in (tmp_path / "a").glob("*.npy"))
+    assert load_dataset(spec(table), features_store=store).features_source == "cached"  # this process's memory
+    # Through the engine's options, as a worker passes them.
+    monkeypatch.setattr(cache, "_MEMO", OrderedDict())
+    run = start_run(spec(table), options=EngineOptions(features_dir=tmp_path / "c", features_store=store))
+    assert run.data.features_source == "from the store" and cache.COMPUTED["texts"] - before == 36
+    # A store that does not answer: computed and kept in the folder, with a warning.
+    monkeypatch.setattr(cache, "_MEMO", OrderedDict())
+    with caplog.at_level(logging.WARNING, logger="corel.features"):
+        down = load_dataset(spec(table), features_dir=tmp_path / "d", features_store=DownStore())
+    assert down.features_source == "computed" and cache.COMPUTED["texts"] - before == 72
+    assert "features store not read" in caplog.text and "features not put into the store" in caplog.text
+    assert len(list((tmp_path / "d").glob("*.npy"))) == 3
+    # Data without a frozen encoder says nothing of features.
+    assert load_dataset(ExperimentSpec(dataset="digits")).features_source is None
