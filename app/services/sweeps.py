@@ -105,7 +105,7 @@ def _check_prune(body: SweepCreate, members: list[ExperimentCreate], groups: lis
     if alone:
         why = ("the sweep has one member" if len(members) == 1 else
                f"{len(alone)} of its {len(members)} members train alone (a grid over fields that "
-               "cannot stack, such as the triplet miner or the model; a text model with dropout; a "
+               "cannot stack, such as the triplet miner or the model; a "
                "fine-tuned encoder; a registered loss declared not stackable)")
         raise InvalidInput(f"prune needs stacked groups of at least 2 members to judge; {why}")
     fields = body.prune.model_dump()

@@ -18,6 +18,9 @@ also runs over a pretrained encoder's features (its head's two hidden layers).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -25,19 +28,58 @@ from torch import nn
 from corel.encoder_catalog import TEXT_DROPOUT
 from corel.fused import fusable, leaky_mlp
 
-__all__ = ["FFNN", "LEAK", "ImageCNN", "TextCNN"]
+__all__ = ["FFNN", "LEAK", "ImageCNN", "StreamDropout", "TextCNN", "dropout_generator", "dropout_stream",
+           "has_dropout"]
 
 LEAK = 0.1
+
+_STREAM: ContextVar[torch.Generator | None] = ContextVar("corel_dropout_stream", default=None)
+
+
+@contextmanager
+def dropout_stream(generator: torch.Generator | None) -> Iterator[None]:
+    """Within the block (this thread's context), :class:`StreamDropout` draws its masks from
+    ``generator``: a run's own stream, so that a member of a stack draws the masks it would
+    draw alone (None: torch's global generator)."""
+    token = _STREAM.set(generator)
+    try:
+        yield
+    finally:
+        _STREAM.reset(token)
+
+
+def dropout_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A run's dropout stream on ``device``, from its seed; another stream than its data
+    order's (same seed, other draws: a derived seed)."""
+    return torch.Generator(device=device).manual_seed((seed * 6364136223846793005 + 1442695040888963407) % 2**63)
+
+
+def has_dropout(module: nn.Module) -> bool:
+    """Whether a model draws dropout masks from a run's stream while training (the paper's
+    text models; a pretrained tower's own dropout draws from torch's generator)."""
+    return any(isinstance(m, StreamDropout) and m.p > 0 for m in module.modules())
+
+
+class StreamDropout(nn.Dropout):
+    """Dropout (the inverted form: kept units scaled by 1 / (1 - p)) whose masks come from the
+    run's own generator (:func:`dropout_stream`) where one is set, else torch's global one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        generator = _STREAM.get()
+        if generator is None or not self.training or self.p == 0:
+            return super().forward(x)
+        keep = torch.empty_like(x).bernoulli_(1.0 - self.p, generator=generator)
+        return x * keep * (1.0 / (1.0 - self.p))
 
 
 def _mlp(in_dim: int, hidden: int, dropout: float) -> list[nn.Module]:
     """Two hidden layers of ``hidden`` units; dropout after the input and between them."""
     layers: list[nn.Module] = []
     if dropout:
-        layers.append(nn.Dropout(dropout))
+        layers.append(StreamDropout(dropout))
     layers += [nn.Linear(in_dim, hidden), nn.LeakyReLU(LEAK)]
     if dropout:
-        layers.append(nn.Dropout(dropout))
+        layers.append(StreamDropout(dropout))
     layers += [nn.Linear(hidden, hidden), nn.LeakyReLU(LEAK)]
     return layers
 
@@ -111,7 +153,7 @@ class TextCNN(nn.Module):
         length, dim = input_shape
         if length < max(widths):
             raise ValueError(f"texts must be at least {max(widths)} tokens long; got {length}")
-        self.dropout = nn.Dropout(TEXT_DROPOUT)
+        self.dropout = StreamDropout(TEXT_DROPOUT)
         self.convs = nn.ModuleList(nn.Conv1d(dim, filters, w) for w in widths)
         self.relu = nn.ReLU()
         self.head = nn.Sequential(*_mlp(filters * len(widths), hidden, TEXT_DROPOUT))

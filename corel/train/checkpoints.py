@@ -116,19 +116,28 @@ def recorded_features(checkpoint: dict[str, Any] | None) -> dict[str, Any] | Non
     return found if isinstance(found, dict) else None
 
 
-def rng_state(shuffle: torch.Generator, device: torch.device) -> dict[str, Any]:
-    """The random state a checkpoint carries: the global one (dropout), the data order's,
-    and the GPU's when the run is on one."""
+def rng_state(shuffle: torch.Generator, device: torch.device,
+              dropout: torch.Generator | None = None) -> dict[str, Any]:
+    """The random state a checkpoint carries: the global one, the data order's, the run's
+    dropout stream (a model with dropout: corel.encoders.paper.dropout_stream), and the GPU's
+    when the run is on one."""
     rng: dict[str, Any] = {"torch": torch.get_rng_state(), "shuffle": shuffle.get_state()}
+    if dropout is not None:
+        rng["dropout"] = dropout.get_state()
     if device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(device)
     return rng
 
 
-def restore_rng(checkpoint: dict[str, Any], shuffle: torch.Generator, device: torch.device) -> None:
-    """Set the random state :func:`rng_state` saved (the GPU's only on a GPU)."""
+def restore_rng(checkpoint: dict[str, Any], shuffle: torch.Generator, device: torch.device,
+                dropout: torch.Generator | None = None) -> None:
+    """Set the random state :func:`rng_state` saved (the GPU's only on a GPU; the dropout
+    stream where the checkpoint has one: one written before the streams has none, and its
+    run goes on from the stream's start)."""
     torch.set_rng_state(checkpoint["rng"]["torch"])
     shuffle.set_state(checkpoint["rng"]["shuffle"])
+    if dropout is not None and "dropout" in checkpoint["rng"]:
+        dropout.set_state(checkpoint["rng"]["dropout"])
     if "cuda" in checkpoint["rng"] and device.type == "cuda":
         torch.cuda.set_rng_state(checkpoint["rng"]["cuda"], device)
 

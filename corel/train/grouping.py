@@ -30,13 +30,11 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     seed (and the file locations
     dataset_path and word_vectors, except for uploaded data whose path names the data; an
     encoder_path names the encoder: on one machine, other files are another encoder).
-    Text specs are not vectorized (their models use dropout; those over a frozen pretrained
-    encoder's features are, having none), nor losses whose declaration is not ``stackable``
-    (a registered loss may say so), nor fine-tuned encoders.
+    Not vectorized: losses whose declaration is not ``stackable`` (a registered loss may say
+    so), and fine-tuned encoders. Text models with dropout are: each member draws its masks
+    from its own stream, as alone (:mod:`corel.train.stacked`).
     """
-    # Text models use dropout, except the FFNN over a frozen encoder's features.
-    if (spec.modality == "text" and spec.encoder is None) or not declaration(spec.loss).stackable \
-            or spec.fine_tunes:
+    if not declaration(spec.loss).stackable or spec.fine_tunes:
         return None
     exclude = set(MAY_DIFFER) | set(LOCATIONS)
     if spec.dataset in UPLOADED:
@@ -76,8 +74,10 @@ def check_group(specs: Sequence[ExperimentSpec]) -> None:
         raise ValueError("a group needs at least one spec")
     keys = [group_key(s) for s in specs]
     if keys[0] is None:
+        why = ("its encoder is fine-tuned" if specs[0].fine_tunes
+               else f"loss {specs[0].loss!r} is declared not stackable")
         raise ValueError(
-            f"{specs[0].dataset} ({specs[0].modality}) specs cannot be trained stacked; "
+            f"spec 0 cannot be trained stacked ({why}); "
             "train them alone with corel.train.solo.fit"
         )
     for i, key in enumerate(keys):

@@ -45,6 +45,7 @@ from corel.encoders.finetune import (
     optimizer_groups,
     warmed_up_lr,
 )
+from corel.encoders.paper import dropout_generator, dropout_stream, has_dropout
 from corel.losses import check_labels
 from corel.models import Classifier, build_classifier
 from corel.spec import ExperimentSpec
@@ -145,6 +146,8 @@ class Run:
     options: EngineOptions = field(default_factory=EngineOptions, repr=False, compare=False)
     # The training step as a CUDA graph (corel.train.graphs), made on the first pass that takes one.
     graphed: GraphedSteps | None = field(default=None, repr=False, compare=False)
+    # The model's dropout stream (corel.encoders.paper.dropout_stream); None without dropout.
+    dropout: torch.Generator | None = field(default=None, repr=False, compare=False)
     # The best epoch's representations of the validation and test splits (on the host), as
     # its evaluation computed them: the final latent spaces, not computed again. Empty until
     # an epoch of this process improves (a resumed run's earlier best is not here).
@@ -187,7 +190,7 @@ class Run:
             "preprocessing": json.dumps(self.data.preprocessing),
             "model": model_state(self.model),
             "optimizer": self.optimizer.state_dict(),
-            "rng": rng_state(self.shuffle, self.device),
+            "rng": rng_state(self.shuffle, self.device, self.dropout),
             **self.record.to_checkpoint(),
         }
 
@@ -280,6 +283,8 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
     tower_group = run.optimizer.param_groups[0] if getattr(model.encoder, "tower", None) is not None else None
     # A fine-tuned encoder's steps read their batch's lengths and kept rows on the host: no graph.
     mode = "off" if tower_group is not None else pass_mode(run.options, run.device, data.x_train)
+    if mode == "capture" and run.dropout is not None:
+        mode = "off"  # the dropout stream is a generator a CUDA graph would have to register
     graphed = graphed_steps(mode, run.graphed, partial(_indexed_step, run))
     if graphed is not None:
         run.graphed = graphed
@@ -297,7 +302,7 @@ def train_pass(run: Run, callbacks: Sequence[Callback] = ()) -> tuple[float, int
                 yield start, *solo_step(model, run.optimizer, xb, yb, check=False,
                                         precision=run.precision)
 
-    with ieee_float32(run.device):
+    with ieee_float32(run.device), dropout_stream(run.dropout):
         for step, (start, loss, sim) in enumerate(steps()):
             losses.append(loss)
             # Training accuracy from the similarities the loss used (before this step).
@@ -410,7 +415,8 @@ def start_run(
     model = build_model(spec, data, dev)
     optimizer = make_optimizer(model, spec.lr, spec.encoder_lr if spec.encoder_lr is not None else spec.lr / 10)
     shuffle = torch.Generator().manual_seed(spec.seed)
-    run = Run(spec, data, model, optimizer, shuffle, dev, options=options)
+    dropout = dropout_generator(spec.seed, dev) if has_dropout(model) else None
+    run = Run(spec, data, model, optimizer, shuffle, dev, options=options, dropout=dropout)
     if checkpoint is not None:
         _restore(run, checkpoint)
     return run
@@ -443,7 +449,7 @@ def _restore(run: Run, ckpt: dict[str, Any]) -> None:
     run.optimizer.load_state_dict(optimizer_state(ckpt["optimizer"]))
     run.epoch = int(ckpt["epoch"])
     run.record = Record.from_checkpoint(ckpt)
-    restore_rng(ckpt, run.shuffle, run.device)
+    restore_rng(ckpt, run.shuffle, run.device, run.dropout)
 
 
 def fit(

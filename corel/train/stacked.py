@@ -37,8 +37,10 @@ lam >= 0.5 members then agree with their solo runs to 1e-13 or better on any CPU
 :class:`corel.train.solo.Run`; its checkpoint is what the solo run would have
 written, and ``fit(spec_i, checkpoint=...)`` resumes it alone.
 
-Not vectorized: text specs, whose dropout masks the solo runs draw from the global
-RNG. ``learn_gamma`` is supported (gamma is then a stacked parameter).
+Models with dropout (the paper's text models) stack too: each member draws its masks from
+its own stream (:func:`corel.encoders.paper.dropout_stream`, seeded by its seed), as its solo
+run does, its encoder run member by member. ``learn_gamma`` is supported (gamma is then a
+stacked parameter).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from corel.device import (
     pick_device,
     to_device,
 )
-from corel.encoders.paper import FFNN
+from corel.encoders.paper import FFNN, dropout_generator, dropout_stream, has_dropout
 from corel.fused import gaussian_ar, shared_linear
 from corel.loss_catalog import declaration
 from corel.losses import check_labels, class_counts
@@ -223,6 +225,9 @@ class StackedRun:
         self._template = members[0]
         self._state_keys = list(self._template.state_dict())
         self._mlp = _mlp_plan(self._template.encoder)
+        # Each member's dropout stream, as its solo run draws its masks (None: no dropout).
+        self.dropouts = ([dropout_generator(s.seed, device) for s in specs]
+                         if has_dropout(self._template) else None)
         # What the step as one native call needs (corel.train.steps decides when it runs).
         self.native_layout = stacked_native_layout(self.loss_name, self.precision, self._mlp)
         self._vmapped_encoder = torch.vmap(self._member_encode, in_dims=(0, 0, None))
@@ -291,6 +296,9 @@ class StackedRun:
         self.records = [Record.from_checkpoint(ckpt) for ckpt in checkpoints]
         for stream, shuffle in enumerate(self.shuffles):
             restore_rng(checkpoints[self.stream_of.index(stream)], shuffle, self.device)
+        for dropout, ckpt in zip(self.dropouts or (), checkpoints, strict=False):
+            if "dropout" in ckpt["rng"]:
+                dropout.set_state(ckpt["rng"]["dropout"])
 
     @property
     def histories(self) -> list[list[EpochMetrics]]:
@@ -405,15 +413,21 @@ class StackedRun:
         """
         if self._mlp is not None:
             return _mlp_forward(self._mlp, self.params, x, shared=not per_member)
-        if self.device.type in ENCODER_LOOP_DEVICES:
+        if self.device.type in ENCODER_LOOP_DEVICES or self.dropouts is not None:
             # Each member's own slices (unbind: one node, whose backward stacks the
             # gradients), so each member's encoder makes its solo run's calls.
             params = {k: v.unbind(0) for k, v in self.params.items()}
             buffers = {k: v.unbind(0) for k, v in self.buffers.items()}
-            return torch.stack([
-                self._member_encode({k: v[i] for k, v in params.items()},
-                                    {k: v[i] for k, v in buffers.items()}, x[i] if per_member else x)
-                for i in range(self.size)])
+            # With dropout, each member draws its masks from its own stream, as alone.
+            streams: list[torch.Generator | None] = [None] * self.size
+            if self.dropouts is not None:
+                streams = list(self.dropouts)
+            out = []
+            for i in range(self.size):
+                with dropout_stream(streams[i]):
+                    out.append(self._member_encode({k: v[i] for k, v in params.items()},
+                                                   {k: v[i] for k, v in buffers.items()}, x[i] if per_member else x))
+            return torch.stack(out)
         vmapped = self._vmapped_encoder_each if per_member else self._vmapped_encoder
         return vmapped(self.params, self.buffers, x)
 
@@ -461,8 +475,10 @@ class StackedRun:
         # Per step kept on the device, added up at the end of the pass, as the solo loop does.
         losses: list[torch.Tensor] = []
         predicted = torch.empty(self.size, n, dtype=torch.int64, device=self.device)
-        graphed = graphed_steps(pass_mode(self.options, self.device, data.x_train), self._graphed,
-                                self._indexed_step)
+        mode = pass_mode(self.options, self.device, data.x_train)
+        if mode == "capture" and self.dropouts is not None:
+            mode = "off"  # the dropout streams are generators a CUDA graph would have to register
+        graphed = graphed_steps(mode, self._graphed, self._indexed_step)
         if graphed is not None:
             self._graphed = graphed
 
@@ -611,6 +627,10 @@ class StackedRun:
         optimizer.load_state_dict(self.member_optimizer_state(i))
         shuffle = torch.Generator().manual_seed(self.specs[i].seed)
         shuffle.set_state(self.shuffles[self.stream_of[i]].get_state())
+        dropout = None
+        if self.dropouts is not None:
+            dropout = dropout_generator(self.specs[i].seed, self.device)
+            dropout.set_state(self.dropouts[i].get_state())
         return Run(
             spec=self.specs[i],
             data=self.data,
@@ -621,6 +641,7 @@ class StackedRun:
             epoch=self.epoch,
             record=self.records[i].snapshot(),
             options=self.options,
+            dropout=dropout,
         )
 
     def checkpoints(self) -> list[dict[str, Any]]:
