@@ -324,11 +324,6 @@ class Workers:
         two tests may each stop the shared worker)."""
         self.stack.kill(proc)
 
-    def kill_all(self) -> None:
-        """SIGKILL every worker this session started that still runs."""
-        for proc in self.procs:
-            self.kill(proc)
-
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
