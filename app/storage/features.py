@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.db import session_scope
 from app.core.models import FeatureSet, utcnow
 from app.storage import store_of
-from app.storage.store import ArtifactMissing
+from app.storage.store import ArtifactMissing, DigestMismatch
 
 log = logging.getLogger("corel.storage")
 
@@ -34,7 +34,8 @@ class StoredFeatures:
 
     def get(self, name: str) -> bytes | None:
         """The bytes put under ``name`` (marked used now), or None: never put, or their
-        artifact gone (the row is then dropped, and the caller computes them again)."""
+        artifact gone or corrupt (its bytes not its digest's: logged, and deleted). The row is
+        then dropped, and the caller computes them again and puts them anew."""
         with session_scope(self.factory) as session:
             row = session.get(FeatureSet, name)
             if row is None:
@@ -42,10 +43,14 @@ class StoredFeatures:
             row.used_at = utcnow()
             digest = row.sha256
         with self.factory() as session:
+            store = store_of(session)
             try:
-                return store_of(session).read_bytes(digest)
+                return store.read_bytes(digest)
             except ArtifactMissing:
                 log.warning("kept features lost their artifact", extra={"kept": name, "sha256": digest})
+            except DigestMismatch:  # the store logged the mismatch; these bytes go
+                log.warning("kept features are corrupt: computed again", extra={"kept": name, "sha256": digest})
+                store.delete(digest)
         with session_scope(self.factory) as session:
             session.execute(delete(FeatureSet).where(FeatureSet.name == name, FeatureSet.sha256 == digest))
         return None

@@ -5,6 +5,7 @@ reading them: tests/worker/test_runner.py; the engine's side: tests/corel/encode
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import timedelta
 
@@ -17,7 +18,7 @@ from app.storage.features import StoredFeatures
 from app.storage.refs import collect, referenced
 
 
-def test_features_are_kept_by_name_once_and_a_lost_artifact_is_not_served(settings):
+def test_features_are_kept_by_name_once_and_a_lost_artifact_is_not_served(settings, caplog):
     engine = make_engine(settings.db_url)
     try:
         factory = ensure(make_sessionmaker(engine), settings)
@@ -40,6 +41,21 @@ def test_features_are_kept_by_name_once_and_a_lost_artifact_is_not_served(settin
         assert host_b.get(other) is None
         with factory() as session:
             assert session.get(FeatureSet, other) is None
+        # Its bytes corrupt in the store: refused and logged, deleted, the row dropped; the
+        # features computed again are put anew and read back.
+        host_a.put(other, b"other bytes")
+        with factory() as session:
+            row, store = session.get(FeatureSet, other), store_of(session)
+            corrupt = store.path(row.sha256)  # type: ignore[attr-defined]  # the session's store: a folder
+            corrupt.chmod(0o644)
+            corrupt.write_bytes(b"flipped bits")
+        with caplog.at_level(logging.WARNING):
+            assert host_b.get(other) is None
+        assert "do not match its digest" in caplog.text and "kept features are corrupt" in caplog.text
+        with factory() as session:
+            assert session.get(FeatureSet, other) is None
+        host_b.put(other, b"other bytes")
+        assert host_a.get(other) == b"other bytes"
         # Read marks it used: gc keeps what was read within the days, drops what was not.
         with session_scope(factory) as session:
             session.get(FeatureSet, name).used_at = utcnow() - timedelta(days=40)
