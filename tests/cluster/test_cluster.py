@@ -1,4 +1,4 @@
-"""Past one machine: the five scenarios of a cluster of hosts (harness/hosts.py).
+"""Past one machine: the scenarios of a cluster of hosts (harness/hosts.py).
 
 No host shares a disk with another: checkpoints travel through the S3 store (SeaweedFS on
 the database host), uploads and results through the database. Each test leaves the cluster whole (cables mended, partitions healed).
@@ -271,3 +271,44 @@ def test_3_a_partition_between_the_api_and_the_database(
     # Nothing accepted is lost, and nothing refused was kept.
     statuses = [s for (s,) in cluster.sql("SELECT status FROM experiments")]
     assert statuses and set(statuses) == {"succeeded"}, statuses
+
+
+def test_7_a_worker_host_trains_on_features_another_host_computed(cluster: Cluster, api: httpx.Client) -> None:
+    """Issue 70: a frozen encoder's features go into the artifact store (S3 here). A run on w1
+    computes them; a run on w2 (its own disk, its own features folder) reads them from the
+    store, computes none, and says so; w2 keeps them in its folder, byte for byte w1's."""
+    from tests.encoder_files import TOPICS
+
+    rows = [f"{sentences[i % 4]} ({i}),{topic}" for topic, sentences in TOPICS.items() for i in range(40)]
+    r = api.post("/datasets", files={"file": ("topics.csv", ("text,topic\n" + "\n".join(rows) + "\n").encode())},
+                 data={"kind": "text"})
+    assert r.status_code == 201, r.text
+    spec = {"dataset": "text", "dataset_id": r.json()["id"], "encoder": "wordllama", "epochs": 3,
+            "batch_size": 8, "hidden": 32, "lr": 1e-2, "loss": "cosine"}
+
+    def trained_on(host: str, **fields: Any) -> dict[str, Any]:
+        """A run trained on ``host`` alone: the other host's worker stopped meanwhile."""
+        cluster.stop_worker(other(host))
+        try:
+            r = api.post("/experiments", json={**spec, **fields})
+            assert r.status_code == 202, r.text
+            body = wait(api, f"/experiments/{r.json()['id']}")
+        finally:
+            cluster.start_worker(other(host), cpu={"w1": 0, "w2": 1}[other(host)])
+        assert body["status"] == "succeeded", body.get("error")
+        assert host_of(cluster, "experiments", body["id"]) == host
+        return body
+
+    def kept_names() -> set[str]:
+        return {str(row[0]) for row in cluster.sql("SELECT name FROM feature_sets")}
+
+    before = kept_names()
+    first = trained_on("w1")
+    assert first["features"]["source"] == "computed", first["features"]
+    kept = sorted(name for name in kept_names() - before if name.endswith(".npy"))
+    assert len(kept) == 3, kept  # one a split, put by w1
+    second = trained_on("w2", loss="gaussian", lam=0.8)
+    assert second["features"]["source"] == "from the store", second["features"]
+    for name in kept:
+        assert ((cluster.hosts["w2"].var_dir / "features" / name).read_bytes()
+                == (cluster.hosts["w1"].var_dir / "features" / name).read_bytes()), name
