@@ -24,8 +24,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal, Protocol
 
-__all__ = ["SOURCES", "FeatureStore", "Source", "features_store", "heard", "keep", "read", "source_of",
-           "sources"]
+__all__ = ["SOURCES", "FeatureStore", "FolderStore", "Source", "features_store", "heard", "keep", "read",
+           "source_of", "sources"]
 
 log = logging.getLogger("corel.features")
 
@@ -41,6 +41,21 @@ class FeatureStore(Protocol):
     def get(self, name: str) -> bytes | None: ...
 
     def put(self, name: str, data: bytes) -> None: ...
+
+
+class FolderStore:
+    """A :class:`FeatureStore` in a folder every host mounts (a network share), for the
+    library without the service: ``EngineOptions(features_store=FolderStore("/mnt/shared/features"))``."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def get(self, name: str) -> bytes | None:
+        file = self.root / name
+        return file.read_bytes() if file.is_file() else None
+
+    def put(self, name: str, data: bytes) -> None:
+        _write(self.root / name, data)
 
 
 _STORE: ContextVar[FeatureStore | None] = ContextVar("corel_features_store", default=None)

@@ -16,6 +16,7 @@ from corel.data import load_dataset
 from corel.encoders import features as cache
 from corel.encoders import files, model_inputs, run_preprocessing
 from corel.encoders import timm_images as images
+from corel.encoders.kept import FolderStore
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
 from corel.train import (
@@ -414,21 +415,6 @@ def test_a_run_on_its_own_encoder_resumes_from_a_copy_of_its_files_elsewhere(tab
 
 
 
-class DictStore:
-    """A :class:`corel.encoders.kept.FeatureStore` in memory: what the service's artifact
-    store is to the engine (that one, over PostgreSQL or SQLite and a real store, is tested in
-    tests/worker/test_runner.py and tests/app/api/test_feature_store.py)."""
-
-    def __init__(self) -> None:
-        self.kept: dict[str, bytes] = {}
-
-    def get(self, name: str) -> bytes | None:
-        return self.kept.get(name)
-
-    def put(self, name: str, data: bytes) -> None:
-        self.kept[name] = data
-
-
 class DownStore:
     """A store that does not answer."""
 
@@ -446,13 +432,17 @@ def test_features_in_a_store_are_read_on_another_host_and_computed_once(table, t
     from. A store that does not answer costs a warning, never the run."""
     import logging
 
-    store = DictStore()
+    # A folder every host would mount (the library's store; the service's, its artifact store
+    # over PostgreSQL or SQLite, is tested in tests/worker/test_runner.py and
+    # tests/app/api/test_feature_store.py).
+    store = FolderStore(tmp_path / "shared")
     monkeypatch.setattr(cache, "_MEMO", OrderedDict())
     before = cache.COMPUTED["texts"]
     a = load_dataset(spec(table), features_dir=tmp_path / "a", features_store=store)
     assert a.features_source == "computed" and cache.COMPUTED["texts"] - before == 36
-    assert sorted(n for n in store.kept if n.endswith(".npy")) == sorted(p.name for p in (tmp_path / "a").glob("*.npy"))
-    assert len(store.kept) >= 3  # one a split (and the path's verdict, where the CPU offers a choice)
+    shared = sorted(p.name for p in (tmp_path / "shared").iterdir())
+    assert [n for n in shared if n.endswith(".npy")] == sorted(p.name for p in (tmp_path / "a").glob("*.npy"))
+    assert len(shared) >= 3  # one a split (and the path's verdict, where the CPU offers a choice)
     monkeypatch.setattr(cache, "_MEMO", OrderedDict())  # host b: another process, another folder
     b = load_dataset(spec(table), features_dir=tmp_path / "b", features_store=store)
     assert b.features_source == "from the store" and cache.COMPUTED["texts"] - before == 36
