@@ -13,7 +13,9 @@ Then, per loss, a two-member grid (the size of ``corel reproduce --peers``' grid
 loss's tuning grid, two seeds for CCE) trained as one stacked run vs one after another:
 median seconds of an epoch each (the pair-based losses' class-mean pass included, as the
 trainers run it) and their ratio. Every loss stacks since issue 70 (before, the seven
-pytorch-metric-learning losses trained their members one after another).
+pytorch-metric-learning losses trained their members one after another). Last, the seven
+peers as a sweep has them, 2 option values x 3 seeds each, stacked against one by one
+(``peer losses stacked (3 seeds x 2 option values) against one by one: R``).
 
 Run: ``.venv/bin/python bench/peer_losses.py [--repeats 3] [--subset N]``.
 """
@@ -97,6 +99,31 @@ def main(argv: list[str] | None = None) -> None:
     print(f"stacking a two-member grid: median {statistics.median(gains):.2f}x the speed of one after "
           f"another over {len(LOSSES)} losses (peers alone: "
           f"{statistics.median(gains[len(PAPER_LOSSES):]):.2f}x)")
+
+    # The seven peers as a sweep has them: 2 option values x 3 seeds a loss, six members,
+    # each loss's members stacked against the same members one by one, in turns.
+    grids = {loss: [s.model_copy(update={"seed": seed}) for s in grid(base.model_copy(update={"loss": loss}))
+                    for seed in (0, 1, 2)] for loss in PEER_LOSSES}
+    sweep_stacked, sweep_alone = [], []
+    for _ in range(args.repeats):
+        started = time.perf_counter()
+        for specs in grids.values():
+            group = StackedRun.start(specs, data, device="cpu")
+            assert group.train_pass() is not None
+            if group.uses_class_means:
+                group.set_class_means()
+        sweep_stacked.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        for specs in grids.values():
+            for spec in specs:
+                run = start_run(spec, data=data)
+                assert train_pass(run) is not None
+                class_mean_pass(run)
+        sweep_alone.append(time.perf_counter() - started)
+    s, a = statistics.median(sweep_stacked), statistics.median(sweep_alone)
+    print(f"\nthe seven peer losses, 2 option values x 3 seeds each (42 members), one epoch: stacked "
+          f"{s:.2f} s, one by one {a:.2f} s")
+    print(f"peer losses stacked (3 seeds x 2 option values) against one by one: {a / s:.2f}x")
 
 
 def grid(spec: ExperimentSpec) -> list[ExperimentSpec]:

@@ -124,6 +124,9 @@ class Sweep(Base):
     vectorize: Mapped[bool] = mapped_column(Boolean, default=True)
     # Successive halving within each stacked group (corel.train.pruning.Prune's fields), or None.
     prune: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # The members' ids by the group they were queued and trained in, together as one stacked
+    # model (corel.train.grouping.group_specs); None for a sweep made before groups were kept.
+    member_groups: Mapped[list[list[int]] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # Who created it (app.access.policy): None when created with no users (open mode)
     # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign

@@ -684,10 +684,17 @@ class SweepCreate(BaseModel):
         return self
 
 
+MEMBER_GROUPS = ("The members' experiment ids by the group they are queued and trained in: the members "
+                 "of a group train together as one stacked model, in lockstep over the same batches "
+                 "(a sweep's members are split by what cannot stack: another model, data or encoder, the "
+                 "triplet miner, a fine-tuned encoder, COREL_MAX_GROUP_SIZE; vectorize: false, one each).")
+
+
 class SweepQueued(BaseModel):
     id: int
     size: int
-    groups: int
+    groups: int = Field(description="How many groups its members were queued in (member_groups).")
+    member_groups: list[list[int]] = Field(description=MEMBER_GROUPS)
 
 
 class SweepSummary(BaseModel):
@@ -713,6 +720,8 @@ class SweepRead(SweepSummary):
     vectorize: bool
     prune: dict[str, Any] | None = Field(default=None, description="Its successive halving, if it prunes.")
     experiment_ids: list[int]
+    member_groups: list[list[int]] | None = Field(
+        default=None, description=MEMBER_GROUPS + " Null for a sweep made before groups were kept.")
 
 
 class EmbeddingJobCreate(BaseModel):

@@ -89,7 +89,8 @@ def create_sweep(session: Session, body: SweepCreate, limit: int,
     for exp in experiments:
         exp.sweep_id = sweep.id
     session.flush()
-    return sweep, [[experiments[i].id for i in group] for group in groups]
+    sweep.member_groups = [[experiments[i].id for i in group] for group in groups]
+    return sweep, sweep.member_groups
 
 
 def _check_prune(body: SweepCreate, members: list[ExperimentCreate], groups: list[list[int]]) -> dict[str, Any]:
@@ -158,7 +159,8 @@ def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
     return {"id": sweep.id, "base": sweep.base, "grid": sweep.grid,
             "losses": losses_of(sweep.base, sweep.grid), "lam_by_loss": sweep.lam_by_loss, "size": sweep.size,
             "vectorize": sweep.vectorize, "prune": sweep.prune, "counts": counts, "done": done,
-            "finished": done == sweep.size, "experiment_ids": ids, "created_at": sweep.created_at,
+            "finished": done == sweep.size, "experiment_ids": ids, "member_groups": sweep.member_groups,
+            "created_at": sweep.created_at,
             "owner": sweep.owner}
 
 

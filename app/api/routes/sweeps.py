@@ -27,7 +27,7 @@ def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: Se
     require_available(settings, sweeps_service.builtin_datasets(session, sweep.id))
     require_rows(settings, sweeps_service.builtin_subsets(session, sweep.id))
     # Committed before sending, as for a single experiment: workers must find the rows.
-    answer = SweepQueued(id=sweep.id, size=sweep.size, groups=len(groups))
+    answer = SweepQueued(id=sweep.id, size=sweep.size, groups=len(groups), member_groups=groups)
     commit_and_send(session, Experiment, [i for ids in groups for i in ids],
                     lambda: queue.enqueue_groups(groups), "the sweep", sweep_id=answer.id)
     return answer

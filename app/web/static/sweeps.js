@@ -186,9 +186,25 @@ corel.pages.sweep = async function () {
   (await listMembers()).forEach((e) => members.set(e.id, e));
   const allDone = () => [...members.values()].every((e) => FINISHED.includes(e.status));
 
+  // Which members trained together: each member's stacked group (1, 2, ...), in queue order.
+  const groups = sweep.member_groups || [];
+  const stackOf = new Map(groups.flatMap((ids, g) => ids.map((id) => [id, g])));
+  function stackCell(e) {
+    const g = stackOf.get(e.id);
+    if (g === undefined) return el("td", { class: "num muted" }, "–");
+    const mates = groups[g].filter((id) => id !== e.id);
+    return el("td", { class: "num", "data-stack": g + 1,
+      title: mates.length ? "trained together with " + mates.map((id) => "#" + id).join(", ") : "trained alone" }, g + 1);
+  }
+  document.getElementById("stacks").textContent = !groups.length ? "" :
+    sweep.size + " members in " + groups.length + (groups.length === 1 ? " stacked group" : " stacked groups") +
+    ": the members of a group train together, as one model, over the same batches" +
+    (groups.some((ids) => ids.length === 1) ? " (a group of one trains alone)." : ".");
+
   function memberRow(e) {
     return el("tr", { "data-id": e.id, "data-status": e.status },
       el("td", {}, el("a", { href: "/ui/experiments/" + e.id }, "#" + e.id)),
+      stackCell(e),
       el("td", {}, LOSS_NAMES[e.spec.loss] || e.spec.loss),
       el("td", { class: "num" }, corel.LOSSES[e.spec.loss] && !corel.LOSSES[e.spec.loss].lam ? "–" : e.spec.lam),
       el("td", { class: "num" }, e.spec.seed),

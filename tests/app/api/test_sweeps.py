@@ -56,6 +56,32 @@ def test_a_sweep_names_the_losses_its_members_train(settings):
             c.post(f"/sweeps/{sid}/cancel")
 
 
+def test_a_sweep_says_which_members_train_together(settings):
+    """Issue 70: every loss stacks, so a sweep's members split only by what cannot: here the
+    loss (each its own head) and the triplet miner (a name the code branches on), never the
+    seeds or a peer's option. The answer and the sweep say how (member_groups)."""
+    idle = settings.model_copy(update={"queue": "corel-nobody-listens"})
+    body = {"base": {**BASE, "loss": "triplet"},
+            "grid": {"miner": ["hard", "semihard"], "margin": [0.05, 0.2], "seed": [0, 1]}}
+    with TestClient(create_app(idle)) as c:
+        r = c.post("/sweeps", json=body)
+        assert r.status_code == 202, r.text
+        answer = r.json()
+        sweep = c.get(f"/sweeps/{answer['id']}").json()
+        assert sweep["member_groups"] == answer["member_groups"] and answer["groups"] == 2 == len(answer["member_groups"])
+        assert sorted(i for ids in answer["member_groups"] for i in ids) == sorted(sweep["experiment_ids"])
+        for ids in answer["member_groups"]:
+            specs = [c.get(f"/experiments/{i}").json()["spec"] for i in ids]
+            assert len({s["miner"] for s in specs}) == 1 and len(specs) == 4, specs  # margins x seeds
+            assert {(s["margin"], s["seed"]) for s in specs} == {(m, s) for m in (0.05, 0.2) for s in (0, 1)}
+        mixed = c.post("/sweeps", json={"base": BASE, "grid": {"loss": ["cosine", "arcface"], "seed": [0, 1]}}).json()
+        assert [len(ids) for ids in mixed["member_groups"]] == [2, 2], mixed
+        alone = c.post("/sweeps", json={"base": BASE, "grid": {"seed": [0, 1]}, "vectorize": False}).json()
+        assert [len(ids) for ids in alone["member_groups"]] == [1, 1], alone
+        for sid in (answer["id"], mixed["id"], alone["id"]):
+            c.post(f"/sweeps/{sid}/cancel")
+
+
 def test_a_group_past_its_limit_is_split(settings):
     """COREL_MAX_GROUP_SIZE: 2 lambdas x 3 seeds in groups of at most 3 (no group of 6)."""
     idle = settings.model_copy(update={"queue": "corel-nobody-listens", "max_group_size": 3})

@@ -67,7 +67,7 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "host_contention.py": (r"corel: ratio beside the process / alone: [\d.]+", {FASHION}),
     "native_nodes.py": (r"ratio native step / autograd step over compiled nodes: [\d.]+", {FASHION, NATIVE}),
     "neighbors.py": (r"recall@10: [\d.]+", {SERVICES}),
-    "peer_losses.py": (r"stacking a two-member grid: median [\d.]+x .* \(peers alone: [\d.]+x\)", {FASHION}),
+    "peer_losses.py": (r"peer losses stacked \(3 seeds x 2 option values\) against one by one: [\d.]+x", {FASHION}),
     "precision.py": (r"bf16 - fp32 test accuracy: mean [+-][\d.]+ points", {FASHION}),
     "pruned_sweep.py": (r"pruned / unpruned wall: [\d.]+\nmember-epochs pruned / unpruned: [\d.]+\n"
                         r"ratio corel pruned / ray tune asha: [\d.]+", {FASHION}),

@@ -605,6 +605,12 @@ def test_a_sweep_page_shows_progress_and_the_tables(page, client, worker):
     page.goto(f"/ui/sweeps/{sweep_id}")
     page.wait_for_selector("#members tbody tr")
     assert page.locator("#members tbody tr").count() == r.json()["size"]
+    # Which members trained together: each row's stacked group, as the answer grouped them.
+    groups = r.json()["member_groups"]
+    assert f"{r.json()['size']} members in {len(groups)} stacked groups" in page.inner_text("#stacks")
+    shown_stacks = page.evaluate("Object.fromEntries([...document.querySelectorAll('#members tbody tr')]"
+                                 ".map(r => [r.dataset.id, +r.querySelector('[data-stack]').dataset.stack]))")
+    assert shown_stacks == {str(i): g + 1 for g, ids in enumerate(groups) for i in ids}, (shown_stacks, groups)
     page.wait_for_function("document.querySelectorAll('#members tr[data-status=succeeded]').length === "
                            f"{r.json()['size']}", timeout=180_000)
     report = client.get(f"/sweeps/{sweep_id}/report").json()
