@@ -185,6 +185,10 @@ def hand_back(factory: sessionmaker[Session], ids: list[int]) -> None:
 CANCEL_CHECK_SECONDS = 1.0
 """How often a setup's progress reads whether its runs were cancelled."""
 
+PHASE_EVERY_SECONDS = 0.5
+"""A phase's progress (features computed, bytes downloaded) is written at most this often,
+and at its end."""
+
 
 class LeaseKeeper:
     """Keeps the claimed rows ``ids`` leased from a thread, every heartbeat interval, while
@@ -225,7 +229,7 @@ class LeaseKeeper:
                 checked = time.monotonic()
                 if self.all_cancelled():
                     raise CancelledInSetup(f"runs {self.ids} cancelled while computing features")
-            if time.monotonic() - last < 0.5 and done != total:
+            if time.monotonic() - last < PHASE_EVERY_SECONDS and done != total:
                 return
             last = time.monotonic()
             self.phase_shown = True
@@ -537,7 +541,7 @@ def prepare_data(ids: list[int], dataset: str, factory: sessionmaker[Session],
 
     def progress(what: str, done: int, total: int | None) -> None:
         nonlocal last
-        if time.monotonic() - last < 0.5 and done != total:
+        if time.monotonic() - last < PHASE_EVERY_SECONDS and done != total:
             return
         last = time.monotonic()
         size = f"{done / 1e6:.1f} of {total / 1e6:.1f} MB" if total else f"{done / 1e6:.1f} MB"

@@ -176,6 +176,9 @@ def test_a_frozen_encoder_s_features_pass_shows_its_phase_and_the_tail_its_own(s
         real(factory, ids, phase, detail)
 
     monkeypatch.setattr(runner, "show_phase", record)
+    # Every report written, not two a second: a split computed within half a second (the
+    # validation split's 270 rows on a fast CPU) was otherwise never named (seen in CI).
+    monkeypatch.setattr(runner, "PHASE_EVERY_SECONDS", 0.0)
     factory = ensure(make_sessionmaker(make_engine(settings.db_url)), settings)
     weights = timm_weights(tmp_path / "w.safetensors", arch="test_convnext")
     with session_scope(factory) as session:
