@@ -238,9 +238,17 @@ class LeaseKeeper:
             with_retries(lambda: show_phase(self.factory, self.ids, "computing features", detail),
                          settings, "features progress")
 
+        def on_read(name: str, size: int) -> None:
+            self.phase_shown = True
+            what = "the parity gate's verdict" if name.endswith(".json") else "features"
+            amount = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+            with_retries(lambda: show_phase(self.factory, self.ids, "reading features",
+                                            f"{what} ({amount}) from the artifact store"),
+                         settings, "features progress")
+
         # The features are kept in the artifact store too: a run on another host reads them.
         return dataclasses.replace(engine_options(settings), on_features=on_features,
-                                   features_store=StoredFeatures(self.factory))
+                                   features_store=StoredFeatures(self.factory, on_read))
 
     def all_cancelled(self) -> bool:
         """Whether a cancel was asked of every one of these runs (False where the database

@@ -206,10 +206,11 @@ class ExperimentRead(BaseModel):
     test_accuracy: float | None
     train_seconds: float
     error: str | None
-    phase: Literal["preparing data", "computing features", "storing results"] | None = Field(
+    phase: Literal["preparing data", "computing features", "reading features", "storing results"] | None = Field(
         description="While running, a step outside the epochs: before the first, 'preparing "
-        "data' while a worker downloads the dataset and 'computing features' while a frozen "
-        "encoder's features of it are computed; after the last, 'storing results' while it "
+        "data' while a worker downloads the dataset, 'computing features' while a frozen "
+        "encoder's features of it are computed and 'reading features' while they are read from "
+        "the artifact store (another worker host computed them); after the last, 'storing results' while it "
         "writes the best checkpoint and the latent spaces; null otherwise.")
     phase_detail: str | None = Field(
         description="How far the phase is, e.g. 'MNIST: train-images-idx3-ubyte.gz (file 1 "

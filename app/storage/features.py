@@ -13,6 +13,7 @@ folder, reads them and computes none. The rows are artifacts' references like an
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
@@ -29,8 +30,11 @@ log = logging.getLogger("corel.storage")
 class StoredFeatures:
     """Bytes by name in the artifact store of ``factory``'s sessions (``app.storage.attach``)."""
 
-    def __init__(self, factory: sessionmaker[Session]) -> None:
+    def __init__(self, factory: sessionmaker[Session],
+                 on_read: Callable[[str, int], None] | None = None) -> None:
         self.factory = factory
+        self.on_read = on_read
+        """Called ``(name, bytes)`` before kept bytes are read (a worker shows it as its runs' phase)."""
 
     def get(self, name: str) -> bytes | None:
         """The bytes put under ``name`` (marked used now), or None: never put, or their
@@ -41,7 +45,9 @@ class StoredFeatures:
             if row is None:
                 return None
             row.used_at = utcnow()
-            digest = row.sha256
+            digest, size = row.sha256, row.size
+        if self.on_read is not None:
+            self.on_read(name, size)
         with self.factory() as session:
             store = store_of(session)
             try:

@@ -5,6 +5,8 @@ workers came and went differed from the same spec trained alone (issue 68)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -135,25 +137,45 @@ def test_a_run_on_another_host_reads_the_features_from_the_store_and_computes_no
     spec = {"dataset": "text", "dataset_id": dataset_id, "encoder": "wordllama", "epochs": 2, "batch_size": 8,
             "hidden": 16, "lr": 1e-3}
 
+    real_show = runner.show_phase
+    phases: list[tuple[str | None, str | None]] = []
+
+    def show(factory_, ids, phase, detail=None):
+        phases.append((phase, detail))
+        real_show(factory_, ids, phase, detail)
+
+    monkeypatch.setattr(runner, "show_phase", show)
+
     def train(settings: Settings, **fields) -> dict:
         with session_scope(factory) as session:
             eid = create_experiment(session, ExperimentCreate(**spec, **fields)).id
         monkeypatch.setattr(cache, "_MEMO", OrderedDict())  # a new worker process: nothing in memory
         before = cache.COMPUTED["texts"]
+        phases.clear()
         status = runner.train_experiment(eid, factory, settings)
         with factory() as session:
             row = session.get(Experiment, eid)
             assert status == "succeeded", row.error
-            return {"features": row.features, "computed": cache.COMPUTED["texts"] - before}
+            return {"features": row.features, "computed": cache.COMPUTED["texts"] - before,
+                    "phases": [p for p, _ in phases], "details": [d for _, d in phases]}
 
     first = train(host_a, loss="cosine")
     assert first["computed"] == len(rows) and first["features"]["source"] == "computed", first
+    assert "computing features" in first["phases"] and "reading features" not in first["phases"], first
     with factory() as session:
         kept = {row.name: row.sha256 for row in session.query(FeatureSet)}
     splits = sorted(name for name in kept if name.endswith(".npy"))
     assert len(splits) == 3, kept  # one a split
     second = train(host_b, loss="gaussian", lam=0.8)
     assert second["computed"] == 0 and second["features"]["source"] == "from the store", second
+    # The phase said so while the worker read them, and was cleared at the first batch.
+    shown = list(zip(second["phases"], second["details"], strict=True))
+    assert second["phases"].count("reading features") == 3, second
+    assert all(re.fullmatch(r"features \([\d.]+ kB\) from the artifact store", d)
+               for p, d in shown if p == "reading features"), second
+    # Nothing computed: "computing features" only named the encoder's load, no row counted.
+    assert not any(p == "computing features" and "features of" in d for p, d in shown), second
+    assert second["phases"][second["phases"].index("reading features") + 3] is None, second
     # Host b keeps them in its own folder now, byte for byte host a's.
     for name in splits:
         assert (tmp_path / "b" / "features" / name).read_bytes() == (tmp_path / "a" / "features" / name).read_bytes()
