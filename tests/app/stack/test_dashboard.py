@@ -668,7 +668,10 @@ def test_a_pruned_sweep_page_shows_its_rungs_and_the_grid_in_parallel_coordinate
     # their own at their best validation accuracy up to their rung.
     members = client.get("/experiments", params={"sweep_id": sweep_id, "limit": 200}).json()["items"]
     pruned = sorted((m["spec"]["lam"], m["best_val_accuracy"]) for m in members if m["status"] == "pruned")
-    page.wait_for_function("document.getElementById('lambda-plot').data.some(t => t.name.startsWith('pruned'))")
+    # The page redraws the plot a second after a member ends, from the members it has heard of
+    # by then: the last one pruned may come in the next redraw (CI once read the plot between).
+    page.wait_for_function("(document.getElementById('lambda-plot').data || [])"
+                           f".some(t => t.name.startsWith('pruned') && t.x.length === {len(pruned)})", timeout=15_000)
     plotted = page.evaluate("(t => t.x.map((x, i) => [x, t.y[i]]))(document.getElementById('lambda-plot').data"
                             ".find(t => t.name.startsWith('pruned')))")
     assert sorted(map(tuple, plotted)) == pruned, (plotted, pruned)
