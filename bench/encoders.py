@@ -57,6 +57,7 @@ from corel.clustering import cluster
 from corel.data import load_dataset
 from corel.encoders import features, model_inputs, run_preprocessing
 from corel.encoders.kept import FolderStore
+from corel.encoders.record import EncoderRecord
 from corel.loss_catalog import LOSS_NAMES, declaration
 from corel.retrieval import retrieval_metrics
 from corel.spec import ExperimentSpec
@@ -189,7 +190,7 @@ def images(data_dir: Path, rows: int, seeds: int, epochs: int, lr: float, lam: f
     results = train(specs, data, chance_epochs)
     seconds = time.perf_counter() - started
     n = len(pixels.y_train) + len(pixels.y_val) + len(pixels.y_test)
-    size = data.preprocessing["encoder"]["image_size"]
+    size = EncoderRecord.of(data.preprocessing).field("image_size")  # type: ignore[union-attr]
     print(f"Fashion-MNIST subset, frozen {encoder}: {len(data.y_train)} training, {len(data.y_val)} validation, "
           f"{len(data.y_test)} test images at {size} pixels; {n} embedded once in {embedded:.1f} s "
           f"({n / embedded:.0f} images/s)")

@@ -40,6 +40,7 @@ import torch
 from corel.data import ag_news_texts, load_dataset
 from corel.encoder_catalog import cpu_offers
 from corel.encoders import choose_features, files, run_preprocessing
+from corel.encoders import load as load_encoder
 from corel.encoders import timm_images as images
 from corel.retrieval import retrieval_metrics
 from corel.spec import ExperimentSpec
@@ -83,8 +84,10 @@ def text_paths(model: Any, path: Path) -> dict[str, Callable[[list[str]], np.nda
         with torch.inference_mode():
             return np.asarray(model.encode(texts, batch_size=32, show_progress_bar=False))
 
+    enc = load_encoder(run_preprocessing("minilm", "text", "frozen", path))
+
     def corel_path(name: str) -> Callable[[list[str]], np.ndarray]:
-        return lambda texts: FAMILY.compute(name, texts, {"encoder": {"name": "minilm"}}, path).numpy()
+        return lambda texts: FAMILY.compute(name, texts, enc).numpy()
 
     offers = cpu_offers()
     return {"sentence-transformers": st,
@@ -154,12 +157,13 @@ def images_part(data_dir: Path, rows_wanted: int) -> None:
                 out.append(model(images.pixels(batch[start:start + images.BATCH].float(), 96, mean, std)))
         return torch.cat(out).numpy()
 
-    family, where = images.FAMILY, files.installed("efficientnet-lite0", "image")
+    family = images.FAMILY
     meta = run_preprocessing("efficientnet-lite0", "image", "frozen", None, pixels.preprocessing)
     assert meta["encoder"]["mean"] == [0.5] * 3 and meta["encoder"]["image_size"] == 96
+    enc = load_encoder(meta)
 
     def corel_path(name: str) -> Callable[[torch.Tensor], np.ndarray]:
-        return lambda batch: family.compute(name, batch, meta, where).numpy()
+        return lambda batch: family.compute(name, batch, enc).numpy()
 
     paths = {"timm": timm_forward,
              **{name: corel_path(name) for name in family.paths() if name == "fp32" or cpu_offers()[name]}}

@@ -18,6 +18,7 @@ representation h, the space the loss shaped, and the encoder's own output, the f
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import torch
 
 from corel.data import prepare_images, prepare_texts, prepare_vectors, text_warnings
 from corel.device import ieee_float32
-from corel.encoders import model_inputs
+from corel.encoders import Encoder, EncoderRecord, load, model_inputs
 from corel.layers import LAYERS, Layer
 from corel.loss_catalog import declaration
 from corel.models import Classifier
@@ -87,11 +88,18 @@ class ServedModel:
     def device(self) -> torch.device:
         return self._device  # type: ignore[attr-defined]
 
+    @functools.cached_property
+    def encoder(self) -> Encoder | None:
+        """The pretrained encoder the head was trained over, resolved on this machine once
+        (its files checked against the recorded digest) and handed to every request's
+        preparation; None where it has none."""
+        return load(self.preprocessing) if EncoderRecord.of(self.preprocessing) is not None else None
+
     @property
     def pretrained_encoder(self) -> str | None:
         """The name of the pretrained encoder the head was trained over, or None."""
-        meta = self.preprocessing.get("encoder")
-        return str(meta["name"]) if meta else None
+        record = EncoderRecord.of(self.preprocessing)
+        return record.name if record is not None else None
 
     @property
     def pixels(self) -> dict[str, Any]:
@@ -107,7 +115,8 @@ class ServedModel:
     def width(self, layer: Layer = "head") -> int:
         """The width of a layer's rows."""
         self.check_layer(layer)
-        return int(self.preprocessing["encoder"]["features"]) if layer == "encoder" else self.dim
+        record = EncoderRecord.of(self.preprocessing)
+        return record.features if layer == "encoder" and record is not None else self.dim
 
     def check_layer(self, layer: str) -> None:
         """ValueError, saying what is allowed, unless this model has ``layer``."""
@@ -125,12 +134,13 @@ class ServedModel:
         if self.modality == "text":
             if isinstance(raw, np.ndarray | torch.Tensor):
                 raise ValueError(f"this model takes texts, got an array of shape {tuple(raw.shape)}")
-            return prepare_texts(list(raw), self.preprocessing)
+            return prepare_texts(list(raw), self.preprocessing, encoder=self.encoder)
         if not isinstance(raw, np.ndarray | torch.Tensor):
             raise ValueError(f"this model takes {self.modality} arrays, not texts")
         if self.modality == "image":
             if "encoder" in self.preprocessing:  # the raw pixels, then the encoder's family
-                out: torch.Tensor = model_inputs(prepare_images(raw, self.pixels), self.preprocessing)
+                out: torch.Tensor = model_inputs(prepare_images(raw, self.pixels),
+                                                 self.encoder or self.preprocessing)
                 return out
             return prepare_images(raw, self.preprocessing)
         return prepare_vectors(raw, self.preprocessing)
@@ -139,7 +149,7 @@ class ServedModel:
         """For each raw input, None or what to know before trusting the model's answer: a
         text it could not read (no words, or none it knows: :func:`corel.data.text_warnings`)."""
         if self.modality == "text" and not isinstance(raw, np.ndarray | torch.Tensor):
-            return text_warnings(list(raw), self.preprocessing)
+            return text_warnings(list(raw), self.preprocessing, self.encoder)
         return [None] * len(raw)
 
     @torch.inference_mode()

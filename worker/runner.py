@@ -51,6 +51,7 @@ from app.storage import read as read_artifact
 from app.storage.artifacts import put_array
 from app.storage.features import StoredFeatures
 from corel.device import device_name
+from corel.encoders.record import EncoderRecord
 from corel.spec import ExperimentSpec
 from corel.train import (
     Callback,
@@ -352,9 +353,10 @@ class DatabaseRecorder(Callback):
 def features_record(preprocessing: dict[str, Any] | None, source: str | None = None) -> dict[str, Any] | None:
     """What a run records of its frozen encoder's features: their path, and where this
     attempt's came from (``source``: computed, from the store, cached; None: none such)."""
-    found = ((preprocessing or {}).get("encoder") or {}).get("features_path")
-    if not isinstance(found, dict):
+    record = EncoderRecord.of(preprocessing)
+    if record is None or record.features_path is None:
         return None
+    found = dict(record.features_path)
     return {**found, "source": source} if source is not None else found
 
 

@@ -222,11 +222,13 @@ def local_files(session: Session, settings: Settings, row: EncoderUpload) -> Pat
 def files_for_model(session: Session, settings: Settings, preprocessing: dict[str, Any]) -> None:
     """Before a model trained on a user's own encoder is served here: its files, by the
     digest its checkpoint records (whoever may read the model may run its encoder)."""
-    meta = preprocessing.get("encoder")
-    if not meta or declared_name(str(meta.get("name", ""))) not in KINDS:
+    from corel.encoders.record import EncoderRecord
+
+    record = EncoderRecord.of(preprocessing)
+    if record is None or declared_name(record.name) not in KINDS:
         return
-    row = session.scalar(select(EncoderUpload).where(EncoderUpload.digest == meta["digest"]).limit(1))
+    row = session.scalar(select(EncoderUpload).where(EncoderUpload.digest == record.digest).limit(1))
     if row is None:
-        raise NotFound(f"the encoder this model was trained on ({meta['name']}, {meta['digest'][:12]}) "
+        raise NotFound(f"the encoder this model was trained on ({record.name}, {record.digest[:12]}) "
                        "is no longer stored")
     local_files(session, settings, row)

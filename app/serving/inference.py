@@ -24,6 +24,7 @@ from app.core.schemas import INPUT_KINDS, BinaryArray, InferenceRequest
 from app.serving.model_cache import LoadedModel, load_from_database
 from corel.data.image_folders import MAX_PIXELS, ImageTooLarge, open_image, why_unreadable
 from corel.data.tables import texts_of_rows
+from corel.encoders.record import EncoderRecord
 from corel.layers import Layer
 
 ACCEPTS = {
@@ -340,8 +341,8 @@ class _PendingTexts:
 
 def _frozen_encoder(loaded: LoadedModel) -> bool:
     """Whether the model's inputs go through a frozen pretrained encoder first."""
-    encoder = loaded.preprocessing.get("encoder") or {}
-    return bool(encoder) and encoder.get("mode") != "finetune"
+    record = EncoderRecord.of(loaded.preprocessing)
+    return record is not None and not record.fine_tuned
 
 
 def _texts_batch(group: list[_PendingTexts]) -> tuple[torch.Tensor, torch.Tensor | None]:

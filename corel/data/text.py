@@ -22,7 +22,7 @@ from corel.data.npz import stored_split
 from corel.data.preprocessing import _check_preprocessing
 from corel.data.splits import _check_class_sizes, _resolve_user_path, _subset, split_rows
 from corel.encoder_catalog import encoder
-from corel.encoders import choose_features, cut_texts, model_inputs, run_preprocessing
+from corel.encoders import Encoder, choose_features, cut_texts, model_inputs, run_preprocessing
 from corel.encoders.features import split_progress
 from corel.spec import ExperimentSpec
 
@@ -286,15 +286,17 @@ def prepare_texts(
     texts: Sequence[str],
     preprocessing: Mapping[str, Any],
     word_vectors: PathLike | None = None,
+    encoder: Encoder | None = None,
 ) -> torch.Tensor:
     """Raw strings -> model input, exactly as in training.
 
     ``word_vectors`` overrides where the vectors are read from (a GloVe text file); by default
     the source recorded in ``preprocessing``. Either way they must match the recorded
-    dimension and vocabulary size.
+    dimension and vocabulary size. ``encoder``: the pretrained encoder ``preprocessing``
+    records, already loaded (:func:`corel.encoders.load`; else loaded here).
     """
     if "encoder" in preprocessing:  # a pretrained encoder's: its features, or a fine-tuned run's rows
-        out: torch.Tensor = model_inputs(texts, dict(preprocessing))
+        out: torch.Tensor = model_inputs(texts, encoder or dict(preprocessing))
         return out
     _check_preprocessing(
         preprocessing, "text", ("representation", "max_len", "tokenizer", "word_vectors")
@@ -326,16 +328,19 @@ def prepare_texts(
     return torch.from_numpy(_embed_texts(texts, wv, representation, int(preprocessing["max_len"])))
 
 
-def text_warnings(texts: Sequence[str], preprocessing: Mapping[str, Any]) -> list[str | None]:
+def text_warnings(texts: Sequence[str], preprocessing: Mapping[str, Any],
+                  encoder: Encoder | None = None) -> list[str | None]:
     """For each text, what a user should know before trusting the model's answer: None, or a
     sentence. A text with no words, or (for word vectors) none in the vocabulary, is the
     model's input for no text at all (the zero vector), so its answer says nothing of it; a
-    text longer than its pretrained encoder reads is cut (the warning says where)."""
+    text longer than its pretrained encoder reads is cut (the warning says where).
+    ``encoder``: as :func:`prepare_texts` takes it."""
     wv = None
     if "encoder" not in preprocessing:  # word vectors: a word outside them is skipped
         _check_preprocessing(preprocessing, "text", ("word_vectors",))
         wv = load_word_vectors(preprocessing["word_vectors"]["source"])
-    cut = cut_texts(list(texts), dict(preprocessing)) if "encoder" in preprocessing else [None] * len(texts)
+    cut = (cut_texts(list(texts), encoder or dict(preprocessing)) if "encoder" in preprocessing
+           else [None] * len(texts))
     out: list[str | None] = []
     for text, too_long in zip(texts, cut, strict=True):
         # Words as the model's own vocabulary splits them; a pretrained encoder's tokenizer

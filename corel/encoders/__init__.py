@@ -12,7 +12,9 @@ keeps frozen features, :mod:`~corel.encoders.finetune` holds what fine-tuning sh
 is of, and where its files come from.
 
 The rest of corel asks this module, never an encoder's name or kind:
-:func:`run_preprocessing` (what a new run records), :func:`model_inputs` (raw inputs as a
+:func:`run_preprocessing` (what a new run records), :func:`load` (what a run recorded, typed
+(:class:`EncoderRecord`) and resolved on this machine once: an :class:`Encoder`, which the
+families take), :func:`model_inputs` (raw inputs as a
 recorded model takes them), :func:`choose_features` (the CPU path a frozen run's features
 are computed on: :mod:`~corel.encoders.precision`), :func:`build_encoder` (the spec's F),
 :func:`export_part`.
@@ -34,10 +36,16 @@ from corel.encoders.features import FeaturesProgress, features_progress
 from corel.encoders.features import progress as features_heard
 from corel.encoders.finetune import FineTuned
 from corel.encoders.paper import FFNN
+from corel.encoders.record import Encoder, EncoderRecord
 
-__all__ = ["FAMILIES", "ExportPart", "Family", "FeaturesProgress", "build_encoder", "choose_features", "cut_texts", "export_part",
-           "family_of", "features_progress", "fine_tuned", "model_inputs", "recorded", "run_preprocessing",
-           "upload_summary"]
+__all__ = ["FAMILIES", "Encoder", "EncoderRecord", "ExportPart", "Family", "FeaturesProgress", "build_encoder",
+           "choose_features", "cut_texts", "export_part", "family_of", "features_progress", "fine_tuned", "load",
+           "model_inputs", "run_preprocessing", "upload_summary"]
+
+Recorded = dict[str, Any] | Encoder
+"""A model's encoder as the entry points take it: its run's recorded ``preprocessing``, or
+that encoder already loaded (:func:`load`; resolve once, then hand it on)."""
+
 
 def family_of(decl: EncoderDeclaration) -> Family:
     """The family that implements pretrained encoder ``decl``."""
@@ -48,19 +56,24 @@ def family_of(decl: EncoderDeclaration) -> Family:
     return found
 
 
-def fine_tuned(preprocessing: dict[str, Any]) -> bool:
+def fine_tuned(preprocessing: Recorded) -> bool:
     """Whether a model's recorded ``preprocessing`` is a fine-tuned encoder's (its inputs are
     what comes before the encoder) rather than a frozen one's (its inputs are the features)."""
-    return bool(preprocessing.get("encoder", {}).get("mode") == "finetune")
+    record = preprocessing.record if isinstance(preprocessing, Encoder) else EncoderRecord.of(preprocessing)
+    return record is not None and record.fine_tuned
 
 
-def recorded(preprocessing: dict[str, Any]) -> tuple[EncoderDeclaration, Family, Path]:
-    """The encoder a model's ``preprocessing`` records: its declaration, family and files on
-    this machine (checked against the recorded digest)."""
-    meta = preprocessing["encoder"]
-    modality = "text" if preprocessing.get("modality") == "text" else "image"
-    decl = pretrained(meta["name"], modality)
-    return decl, family_of(decl), files.recorded(decl, meta["digest"])
+def load(preprocessing: Recorded) -> Encoder:
+    """The encoder a model's ``preprocessing`` records, on this machine: its record,
+    declaration, family and files (checked against the recorded digest); ValueError if the
+    run has none, or its files are not here."""
+    if isinstance(preprocessing, Encoder):
+        return preprocessing
+    record = EncoderRecord.of(preprocessing)
+    if record is None:
+        raise ValueError("this model was trained on no pretrained encoder")
+    decl = pretrained(record.name, record.modality)
+    return Encoder(record, decl, family_of(decl), files.recorded(decl, record.digest))
 
 
 def run_preprocessing(name: str, modality: str, mode: str = "frozen", path: Any = None,
@@ -80,21 +93,21 @@ def run_preprocessing(name: str, modality: str, mode: str = "frozen", path: Any 
     return fam.preprocessing(decl, name, where, digest, mode=mode, pixels=pixels)
 
 
-def model_inputs(raw: Any, preprocessing: dict[str, Any], cache_dir: Any = None, *,
+def model_inputs(raw: Any, preprocessing: Recorded, cache_dir: Any = None, *,
                  keep: bool = False) -> Any:
     """Raw inputs (texts; pixels in [0, 1]) as a model on a pretrained encoder takes them:
     the frozen encoder's features (kept in the features cache when ``keep``), or a fine-tuned
     run's rows."""
-    _, fam, path = recorded(preprocessing)
-    if fine_tuned(preprocessing):
-        return fam.inputs(raw, preprocessing, path)
-    return fam.features(raw, preprocessing, path, cache_dir, keep=keep)
+    enc = load(preprocessing)
+    if enc.record.fine_tuned:
+        return enc.family.inputs(raw, enc)
+    return enc.family.features(raw, enc, cache_dir, keep=keep)
 
 
-def cut_texts(texts: list[str], preprocessing: dict[str, Any]) -> list[str | None]:
+def cut_texts(texts: list[str], preprocessing: Recorded) -> list[str | None]:
     """For each text, None, or what the recorded encoder leaves out of it (too long)."""
-    _, fam, path = recorded(preprocessing)
-    return fam.cut(texts, path)
+    enc = load(preprocessing)
+    return enc.family.cut(texts, enc)
 
 
 def choose_features(preprocessing: dict[str, Any], held_out: Any, labels: torch.Tensor,
@@ -104,12 +117,12 @@ def choose_features(preprocessing: dict[str, Any], held_out: Any, labels: torch.
     of the run's own data and their ``labels``); a fine-tuned run's unchanged."""
     if fine_tuned(preprocessing):
         return preprocessing
-    _, fam, path = recorded(preprocessing)
+    enc = load(preprocessing)
     heard = features_heard()
     if heard is not None:  # (name, 0, 0): the encoder loads, and its path is chosen
-        heard(str(preprocessing["encoder"]["name"]), 0, 0)
-    record = precision.choose(str(preprocessing["encoder"]["digest"]), fam.paths(), asked, held_out, labels,
-                              lambda p, rows: fam.compute(p, rows, preprocessing, path), cache_dir)
+        heard(enc.name, 0, 0)
+    record = precision.choose(enc.record.digest, enc.family.paths(), asked, held_out, labels,
+                              lambda p, rows: enc.family.compute(p, rows, enc), cache_dir)
     return {**preprocessing, "encoder": {**preprocessing["encoder"], "features_path": record}}
 
 
@@ -121,9 +134,9 @@ def build_encoder(spec: Any, input_shape: tuple[int, ...], preprocessing: dict[s
     if spec.encoder and spec.fine_tunes:
         pre = preprocessing or run_preprocessing(spec.encoder, spec.modality, "finetune", spec.encoder_path,
                                                  {"input_shape": list(input_shape)})
-        decl, fam, path = recorded(pre)
-        tower = fam.tower(decl, path, pre, spec.trainable_blocks)
-        return FineTuned(tower, FFNN((int(pre["encoder"]["features"]),), spec.hidden))
+        enc = load(pre)
+        tower = enc.family.tower(enc, spec.trainable_blocks)
+        return FineTuned(tower, FFNN((enc.record.features,), spec.hidden))
     decl = pretrained(spec.encoder, spec.modality) if spec.encoder else encoder(spec.model, spec.modality)
     module_name, _, class_name = decl.builder.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
@@ -131,10 +144,10 @@ def build_encoder(spec: Any, input_shape: tuple[int, ...], preprocessing: dict[s
     return built
 
 
-def export_part(preprocessing: dict[str, Any], fmt: str, tuned: nn.Module | None = None) -> ExportPart:
+def export_part(preprocessing: Recorded, fmt: str, tuned: nn.Module | None = None) -> ExportPart:
     """The recorded encoder as an export holds it (its family's :meth:`Family.export_part`)."""
-    _, fam, path = recorded(preprocessing)
-    return fam.export_part(preprocessing, path, fmt, tuned)
+    enc = load(preprocessing)
+    return enc.family.export_part(enc, fmt, tuned)
 
 
 def upload_summary(kind: str, path: Path, architecture: str | None = None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from corel.encoder_catalog import EncoderDeclaration
+from corel.encoders.record import Encoder
 
 __all__ = ["ONNX_OPSET", "TOKENIZER_FOLDER", "ExportPart", "Family", "texts_of"]
 
@@ -52,8 +53,8 @@ class ExportPart:
 
 
 class Family(ABC):
-    """One kind of pretrained encoder. Stateless: the catalog's declarations say which
-    encoder, the arguments which files."""
+    """One kind of pretrained encoder. Stateless: the :class:`~corel.encoders.record.Encoder`
+    each method is given says which encoder and files (its record, declaration and path)."""
 
     name: str
     """As the catalog's ``family`` names it."""
@@ -74,24 +75,22 @@ class Family(ABC):
         image dataset's own preprocessing, which raw images go through first."""
 
     @abstractmethod
-    def features(self, raw: Any, preprocessing: dict[str, Any], path: Path,
-                 cache_dir: str | Path | None = None, *, keep: bool = True) -> torch.Tensor:
+    def features(self, raw: Any, enc: Encoder, cache_dir: str | Path | None = None, *,
+                 keep: bool = True) -> torch.Tensor:
         """The frozen encoder's features of raw inputs (texts, or pixels in [0, 1]), (N, width)
         float32; kept in the features cache unless ``keep`` is False (a served request's)."""
 
     @abstractmethod
-    def inputs(self, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
+    def inputs(self, raw: Any, enc: Encoder) -> torch.Tensor:
         """Raw inputs as a fine-tuned run's model takes them (one float row each)."""
 
     @abstractmethod
-    def tower(self, decl: EncoderDeclaration, path: Path, preprocessing: dict[str, Any],
-              trainable_blocks: int | None) -> nn.Module:
+    def tower(self, enc: Encoder, trainable_blocks: int | None) -> nn.Module:
         """The trainable encoder (its last ``trainable_blocks`` blocks trainable; None: all),
         from the rows :meth:`inputs` gives to the features."""
 
     @abstractmethod
-    def export_part(self, preprocessing: dict[str, Any], path: Path, fmt: str,
-                    tuned: nn.Module | None = None) -> ExportPart:
+    def export_part(self, enc: Encoder, fmt: str, tuned: nn.Module | None = None) -> ExportPart:
         """The encoder as an export holds it; ``tuned``: a fine-tuned run's tower, whose
         weights the exported encoder then has."""
 
@@ -105,14 +104,14 @@ class Family(ABC):
         fp32 alone unless it says more."""
         return ("fp32",)
 
-    def compute(self, precision: str, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
+    def compute(self, precision: str, raw: Any, enc: Encoder) -> torch.Tensor:
         """Raw inputs' features on path ``precision``, uncached and unreported (the parity
         gate's rows)."""
         if precision != "fp32":
             raise ValueError(f"the {self.name} family computes fp32 features only")
-        return self.features(raw, preprocessing, path, keep=False)
+        return self.features(raw, enc, keep=False)
 
-    def cut(self, texts: list[str], path: Path) -> list[str | None]:
+    def cut(self, texts: list[str], enc: Encoder) -> list[str | None]:
         """For each text, None, or what the encoder leaves out of it (a text longer than it
         reads): a served answer's warning. None for every text unless the family cuts them."""
         return [None] * len(texts)

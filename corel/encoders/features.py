@@ -18,13 +18,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
 
 import numpy as np
 import torch
 
 from corel.encoders import kept
-from corel.encoders.precision import path_of
+from corel.encoders.record import EncoderRecord
 
 __all__ = [
     "COMPUTED",
@@ -33,7 +32,6 @@ __all__ = [
     "cached",
     "clear",
     "features_progress",
-    "keyed",
     "of_texts",
     "progress",
     "split_progress",
@@ -128,22 +126,14 @@ def cached(key: tuple[str, str], cache_dir: str | os.PathLike[str] | None,
     return features
 
 
-def of_texts(texts: Sequence[str], preprocessing: dict[str, Any], cache_dir: str | os.PathLike[str] | None,
+def of_texts(texts: Sequence[str], record: EncoderRecord, cache_dir: str | os.PathLike[str] | None,
              keep: bool, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """A text encoder's features of ``texts`` (the encoder a run's ``preprocessing`` records):
-    from the cache, else ``compute()``d, and kept unless ``keep`` is False (a served
-    request's texts are not a dataset)."""
+    """A text encoder's features of ``texts`` (the encoder a run records): from the cache,
+    else ``compute()``d, and kept unless ``keep`` is False (a served request's texts are not
+    a dataset)."""
     if not keep:
         return compute()
-    return cached((keyed(preprocessing), texts_key(texts)), cache_dir, compute)
-
-
-def keyed(preprocessing: dict[str, Any]) -> str:
-    """The cache's name of a run's encoder and features' path: its digest (fp32, the files
-    of runs made before the path was chosen), else digest:path."""
-    path = path_of(preprocessing)
-    digest = str(preprocessing["encoder"]["digest"])
-    return digest if path == "fp32" else f"{digest}:{path}"
+    return cached((record.cache_name, texts_key(texts)), cache_dir, compute)
 
 
 def clear() -> None:

@@ -36,8 +36,7 @@ import torch
 from corel.encoder_catalog import cpu_offers
 from corel.encoders import kept
 
-__all__ = ["FASTER", "GATE_COSINE", "GATE_MAP", "GATE_MIN_ROWS", "GATE_ROWS", "choose", "fixed_features",
-           "path_of"]
+__all__ = ["FASTER", "GATE_COSINE", "GATE_MAP", "GATE_MIN_ROWS", "GATE_ROWS", "choose", "fixed_features"]
 
 GATE_COSINE = 0.99
 GATE_MAP = 0.005
@@ -62,12 +61,6 @@ def fixed_features(record: dict[str, Any] | None) -> Iterator[None]:
         yield
     finally:
         _FIXED.reset(token)
-
-
-def path_of(preprocessing: dict[str, Any]) -> str:
-    """The path a run's features are computed on (``fp32`` where none was recorded: runs
-    made before the choice existed)."""
-    return str(((preprocessing.get("encoder") or {}).get("features_path") or {}).get("precision") or "fp32")
 
 
 def _map_at_r(h: torch.Tensor, y: torch.Tensor) -> float:

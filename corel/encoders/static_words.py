@@ -25,6 +25,7 @@ from torch import nn
 from corel.encoder_catalog import EncoderDeclaration
 from corel.encoders import features as cache
 from corel.encoders.contract import TOKENIZER_FOLDER, ExportPart, Family, texts_of
+from corel.encoders.record import Encoder
 
 __all__ = ["CONFIG", "StaticEmbeddings", "StaticEncoder", "load"]
 
@@ -134,23 +135,21 @@ class StaticEmbeddings(Family):
                 "input": "one string per sample; for AG News rows, title + ' ' + description; the "
                          "encoder's own tokenizer (Llama 2's), no special tokens, none cut"}
 
-    def features(self, raw: Any, preprocessing: dict[str, Any], path: Path,
-                 cache_dir: str | Path | None = None, *, keep: bool = True) -> torch.Tensor:
+    def features(self, raw: Any, enc: Encoder, cache_dir: str | Path | None = None, *,
+                 keep: bool = True) -> torch.Tensor:
         texts = texts_of(raw)
-        name = preprocessing["encoder"]["name"]
-        return cache.of_texts(texts, preprocessing, cache_dir, keep, lambda: _encode(path, texts, name))
+        return cache.of_texts(texts, enc.record, cache_dir, keep, lambda: _encode(enc.path, texts, enc.name))
 
-    def inputs(self, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
+    def inputs(self, raw: Any, enc: Encoder) -> torch.Tensor:
         raise ValueError("static embeddings are frozen only: a model takes their features")
 
-    def tower(self, decl: EncoderDeclaration, path: Path, preprocessing: dict[str, Any],
-              trainable_blocks: int | None) -> nn.Module:
-        raise ValueError(f"encoder {decl.name!r} is frozen only")
+    def tower(self, enc: Encoder, trainable_blocks: int | None) -> nn.Module:
+        raise ValueError(f"encoder {enc.decl.name!r} is frozen only")
 
-    def export_part(self, preprocessing: dict[str, Any], path: Path, fmt: str,
-                    tuned: nn.Module | None = None) -> ExportPart:
+    def export_part(self, enc: Encoder, fmt: str, tuned: nn.Module | None = None) -> ExportPart:
         from tokenizers import Tokenizer
 
+        path = enc.path
         loaded = load(path)
         sample = ["a", "an example of the texts this model reads, longer than the first"]
         ids, mask = loaded.tokens(sample)

@@ -32,7 +32,7 @@ from corel.encoder_catalog import EncoderDeclaration
 from corel.encoders import features as cache
 from corel.encoders.contract import ONNX_OPSET, TOKENIZER_FOLDER, ExportPart, Family, texts_of
 from corel.encoders.finetune import KeepFrozenInEval, freeze
-from corel.encoders.precision import path_of
+from corel.encoders.record import Encoder
 
 __all__ = ["EVAL_ROWS", "TEXT_BATCH", "SentenceEncoder", "SentenceTransformers", "TextTower", "load",
            "text_layers"]
@@ -105,7 +105,7 @@ def _int8(path: Path) -> Any:
         import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        part = _export_part({"encoder": {"name": path.name}}, path, None)
+        part = _export_part(path.name, path, None)
         with tempfile.TemporaryDirectory() as tmp:
             fp32, int8 = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
             dynamic = {"input_ids": {0: "N", 1: "L"}, "attention_mask": {0: "N", 1: "L"}, "h": {0: "N"}}
@@ -356,13 +356,12 @@ class SentenceEncoder(nn.Module):
         return out
 
 
-def _export_part(preprocessing: dict[str, Any], path: Path, tuned: nn.Module | None) -> ExportPart:
+def _export_part(name: str, path: Path, tuned: nn.Module | None) -> ExportPart:
     """The run's sentence-transformers model as a module from token ids, an example input,
     its tokenizer's files (name -> bytes) and what the metadata says of them."""
     from sentence_transformers import SentenceTransformer
     from tokenizers import Tokenizer
 
-    name = preprocessing["encoder"]["name"]
     # A copy of its own, with the attention written out: a traced graph then applies the
     # attention mask as it is given, where a fused kernel's path may depend on its values.
     model = SentenceTransformer(str(path), device="cpu", local_files_only=True,
@@ -443,22 +442,20 @@ class SentenceTransformers(Family):
                 "input": "one string per sample, through the encoder's own tokenizer: token ids and "
                          "attention mask, padded to max_length"}
 
-    def features(self, raw: Any, preprocessing: dict[str, Any], path: Path,
-                 cache_dir: str | Path | None = None, *, keep: bool = True) -> torch.Tensor:
+    def features(self, raw: Any, enc: Encoder, cache_dir: str | Path | None = None, *,
+                 keep: bool = True) -> torch.Tensor:
         texts = texts_of(raw)
-        name = preprocessing["encoder"]["name"]
-        precision = path_of(preprocessing)
-        return cache.of_texts(texts, preprocessing, cache_dir, keep,
-                              lambda: _encode(path, texts, name, precision))
+        return cache.of_texts(texts, enc.record, cache_dir, keep,
+                              lambda: _encode(enc.path, texts, enc.name, enc.record.precision))
 
     def paths(self) -> tuple[str, ...]:
         return ("fp32", "bf16", "int8")
 
-    def compute(self, precision: str, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
-        return _encode(path, texts_of(raw), preprocessing["encoder"]["name"], precision, report=False)
+    def compute(self, precision: str, raw: Any, enc: Encoder) -> torch.Tensor:
+        return _encode(enc.path, texts_of(raw), enc.name, precision, report=False)
 
-    def cut(self, texts: list[str], path: Path) -> list[str | None]:
-        model = load(path)
+    def cut(self, texts: list[str], enc: Encoder) -> list[str | None]:
+        model = load(enc.path)
         limit = int(model.max_seq_length)
         out: list[str | None] = []
         for text in texts:
@@ -471,11 +468,11 @@ class SentenceTransformers(Family):
                        f"{len(text):,} characters)")
         return out
 
-    def inputs(self, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
+    def inputs(self, raw: Any, enc: Encoder) -> torch.Tensor:
         """Texts as a fine-tuned run takes them: (N, 2, max_length) float32, ids and mask."""
         texts = texts_of(raw)
-        length = int(preprocessing["encoder"]["max_length"])
-        tokenizer = load(path).tokenizer
+        length = int(enc.record.field("max_length"))
+        tokenizer = load(enc.path).tokenizer
         out = torch.zeros(len(texts), 2, length)
         for start in range(0, len(texts), TOKENIZE_ROWS):
             batch = tokenizer(texts[start:start + TOKENIZE_ROWS], padding="max_length", truncation=True,
@@ -484,13 +481,11 @@ class SentenceTransformers(Family):
             out[start:start + TOKENIZE_ROWS, 1] = batch["attention_mask"].float()
         return out
 
-    def tower(self, decl: EncoderDeclaration, path: Path, preprocessing: dict[str, Any],
-              trainable_blocks: int | None) -> nn.Module:
-        return TextTower(load(path), trainable_blocks, preprocessing["encoder"]["digest"])
+    def tower(self, enc: Encoder, trainable_blocks: int | None) -> nn.Module:
+        return TextTower(load(enc.path), trainable_blocks, enc.record.digest)
 
-    def export_part(self, preprocessing: dict[str, Any], path: Path, fmt: str,
-                    tuned: nn.Module | None = None) -> ExportPart:
-        return _export_part(preprocessing, path, tuned)
+    def export_part(self, enc: Encoder, fmt: str, tuned: nn.Module | None = None) -> ExportPart:
+        return _export_part(enc.name, enc.path, tuned)
 
     def check_upload(self, path: Path, architecture: str | None = None) -> dict[str, Any]:
         from sentence_transformers import SentenceTransformer

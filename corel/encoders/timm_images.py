@@ -30,7 +30,7 @@ from corel.encoders import features as cache
 from corel.encoders.contract import ONNX_OPSET as OPSET
 from corel.encoders.contract import ExportPart, Family
 from corel.encoders.finetune import KeepFrozenInEval, freeze
-from corel.encoders.precision import path_of
+from corel.encoders.record import Encoder, EncoderRecord
 
 __all__ = ["BATCH", "KEEP_CHUNK", "ImageEncoder", "ImageTower", "TimmImages", "fit_timm_weights",
            "image_stages", "load", "pixels", "read_weights", "renamed", "timm_architecture"]
@@ -110,14 +110,14 @@ class ImageTower(KeepFrozenInEval):
     mean: torch.Tensor
     std: torch.Tensor
 
-    def __init__(self, model: nn.Module, meta: dict[str, Any], trainable_blocks: int | None,
+    def __init__(self, model: nn.Module, record: EncoderRecord, trainable_blocks: int | None,
                  identity: str = "") -> None:
         super().__init__()
         self.identity = identity
         self.model = copy.deepcopy(model)
-        self.size = int(meta["image_size"])
-        self.register_buffer("mean", torch.tensor(meta["mean"]).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(meta["std"]).view(1, 3, 1, 1), persistent=False)
+        self.size = int(record.field("image_size"))
+        self.register_buffer("mean", torch.tensor(record.field("mean")).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(record.field("std")).view(1, 3, 1, 1), persistent=False)
         stages = image_stages(self.model)
         self.blocks = len(stages)
         for p in self.model.parameters():
@@ -210,14 +210,13 @@ class ImageEncoder(nn.Module):
         return out
 
 
-def _export_part(preprocessing: dict[str, Any], path: Path, fmt: str, tuned: nn.Module | None = None
-                 ) -> ExportPart:
+def _export_part(enc: Encoder, fmt: str, tuned: nn.Module | None = None) -> ExportPart:
     """The run's image steps and encoder as one module from pixels in [0, 1], and an example
     input (two images of the training images' shape); ``tuned``: a fine-tuned run's tower,
     whose network the module then holds."""
-    meta = preprocessing["encoder"]
-    channels, height, width = (int(s) for s in preprocessing["pixels"]["input_shape"])
-    size = int(meta["image_size"])
+    record = enc.record
+    channels, height, width = (int(s) for s in record.pixels["input_shape"])
+    size = int(record.field("image_size"))
     antialias = width > size  # as the features are computed
     if antialias and fmt == "onnx":
         raise ValueError(
@@ -225,8 +224,8 @@ def _export_part(preprocessing: dict[str, Any], path: Path, fmt: str, tuned: nn.
             f"shrinks them with an antialiased bilinear resize, which ONNX (opset {OPSET}) cannot "
             "express, and an export without it would give other numbers; export it as TorchScript "
             "(format torchscript), which holds the same steps")
-    network: nn.Module = cast(nn.Module, tuned.model) if tuned is not None else load(meta['name'], path)
-    module = ImageEncoder(network, channels, size, antialias, meta["mean"], meta["std"])
+    network: nn.Module = cast(nn.Module, tuned.model) if tuned is not None else load(record.name, enc.path)
+    module = ImageEncoder(network, channels, size, antialias, record.field("mean"), record.field("std"))
     return ExportPart(module, (torch.zeros(2, channels, height, width),), ["x"])
 
 
@@ -353,25 +352,25 @@ def _fast(name: str, path: str, precision: str) -> nn.Module:
         return model
 
 
-def _encode(model: nn.Module, x: torch.Tensor, meta: dict[str, Any], precision: str = "fp32",
+def _encode(model: nn.Module, x: torch.Tensor, record: EncoderRecord, precision: str = "fp32",
             report: bool = True) -> torch.Tensor:
-    size = int(meta["image_size"])
-    mean = torch.tensor(meta["mean"]).view(1, 3, 1, 1)
-    std = torch.tensor(meta["std"]).view(1, 3, 1, 1)
+    size = int(record.field("image_size"))
+    mean = torch.tensor(record.field("mean")).view(1, 3, 1, 1)
+    std = torch.tensor(record.field("std")).view(1, 3, 1, 1)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     out = []
     progress = cache.progress() if report else None
     with torch.inference_mode():
         for start in range(0, len(x), BATCH):
             if progress is not None and start:
-                progress(meta["name"], start, len(x))  # the batches before this one
+                progress(record.name, start, len(x))  # the batches before this one
             batch = pixels(x[start:start + BATCH].float(), size, mean, std)
             out.append(model(batch.to(dtype).contiguous(memory_format=torch.channels_last)).float())
     if progress is not None and len(x):
-        progress(meta["name"], len(x), len(x))
+        progress(record.name, len(x), len(x))
     if report:
         cache.COMPUTED["images"] += len(x)
-    return torch.cat(out) if out else torch.empty(0, int(meta["features"]))
+    return torch.cat(out) if out else torch.empty(0, record.features)
 
 
 class TimmImages(Family):
@@ -411,38 +410,35 @@ class TimmImages(Family):
             "input": "raw images as the dataset stores them (pixels), then the encoder",
         }
 
-    def features(self, raw: Any, preprocessing: dict[str, Any], path: Path,
-                 cache_dir: str | Path | None = None, *, keep: bool = True) -> torch.Tensor:
-        meta = preprocessing["encoder"]
-        precision = path_of(preprocessing)
-        model = _fast(meta["name"], str(path), precision)
+    def features(self, raw: Any, enc: Encoder, cache_dir: str | Path | None = None, *,
+                 keep: bool = True) -> torch.Tensor:
+        record = enc.record
+        precision = record.precision
+        model = _fast(record.name, str(enc.path), precision)
         if not keep:
-            return _encode(model, raw, meta, precision)
+            return _encode(model, raw, record, precision)
         contiguous = raw.detach().cpu().contiguous()
         data_key = hashlib.sha256(contiguous.numpy().tobytes()).hexdigest()
-        settings = f"{meta['image_size']}|{meta['mean']}|{meta['std']}|{tuple(contiguous.shape)}"
-        key = (cache.keyed(preprocessing), hashlib.sha256((data_key + settings).encode()).hexdigest())
-        return cache.cached(key, cache_dir, lambda: _encode(model, contiguous, meta, precision))
+        settings = (f"{record.field('image_size')}|{record.field('mean')}|{record.field('std')}|"
+                    f"{tuple(contiguous.shape)}")
+        key = (record.cache_name, hashlib.sha256((data_key + settings).encode()).hexdigest())
+        return cache.cached(key, cache_dir, lambda: _encode(model, contiguous, record, precision))
 
     def paths(self) -> tuple[str, ...]:
         return ("fp32", "bf16")
 
-    def compute(self, precision: str, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
-        meta = preprocessing["encoder"]
-        return _encode(_fast(meta["name"], str(path), precision), raw, meta, precision, report=False)
+    def compute(self, precision: str, raw: Any, enc: Encoder) -> torch.Tensor:
+        return _encode(_fast(enc.name, str(enc.path), precision), raw, enc.record, precision, report=False)
 
-    def inputs(self, raw: Any, preprocessing: dict[str, Any], path: Path) -> torch.Tensor:
+    def inputs(self, raw: Any, enc: Encoder) -> torch.Tensor:
         return cast(torch.Tensor, raw)  # the dataset's own pixels: the tower prepares them
 
-    def tower(self, decl: EncoderDeclaration, path: Path, preprocessing: dict[str, Any],
-              trainable_blocks: int | None) -> nn.Module:
-        meta = preprocessing["encoder"]
-        return ImageTower(load(meta["name"], path), meta, trainable_blocks,
-                          f"{meta['name']}:{meta.get('digest', '')}")
+    def tower(self, enc: Encoder, trainable_blocks: int | None) -> nn.Module:
+        record = enc.record
+        return ImageTower(load(record.name, enc.path), record, trainable_blocks, f"{record.name}:{record.digest}")
 
-    def export_part(self, preprocessing: dict[str, Any], path: Path, fmt: str,
-                    tuned: nn.Module | None = None) -> ExportPart:
-        return _export_part(preprocessing, path, fmt, tuned)
+    def export_part(self, enc: Encoder, fmt: str, tuned: nn.Module | None = None) -> ExportPart:
+        return _export_part(enc, fmt, tuned)
 
     def check_upload(self, path: Path, architecture: str | None = None) -> dict[str, Any]:
         import timm

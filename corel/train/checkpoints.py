@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from corel.device import pick_device
+from corel.encoders.record import EncoderRecord
 from corel.models import Classifier, build_classifier
 from corel.spec import ExperimentSpec
 
@@ -100,8 +101,8 @@ def check_same_encoder(checkpoint: dict[str, Any], preprocessing: dict[str, Any]
                        what: str = "the checkpoint") -> None:
     """ValueError unless ``checkpoint`` was trained on the pretrained encoder (by its content
     digest) that the data now goes through (``preprocessing``: the data's), or on none."""
-    saved = (json.loads(checkpoint.get("preprocessing") or "{}").get("encoder") or {}).get("digest")
-    now = (preprocessing.get("encoder") or {}).get("digest")
+    before, record = EncoderRecord.of(str(checkpoint.get("preprocessing") or "")), EncoderRecord.of(preprocessing)
+    saved, now = (before.digest if before else None), (record.digest if record else None)
     if saved != now:
         raise ValueError(f"{what} was made on another encoder ({str(saved)[:12]}) than the files given now "
                          f"hold ({str(now)[:12]}); cannot resume from it")
@@ -112,8 +113,8 @@ def recorded_features(checkpoint: dict[str, Any] | None) -> dict[str, Any] | Non
     ``encoder.features_path``; None: none recorded), which a resumed run computes on again."""
     if checkpoint is None:
         return None
-    found = (json.loads(checkpoint.get("preprocessing") or "{}").get("encoder") or {}).get("features_path")
-    return found if isinstance(found, dict) else None
+    record = EncoderRecord.of(str(checkpoint.get("preprocessing") or ""))
+    return dict(record.features_path) if record is not None and record.features_path is not None else None
 
 
 def rng_state(shuffle: torch.Generator, device: torch.device,

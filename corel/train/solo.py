@@ -46,6 +46,7 @@ from corel.encoders.finetune import (
     warmed_up_lr,
 )
 from corel.encoders.paper import dropout_generator, dropout_stream, has_dropout
+from corel.encoders.record import EncoderRecord
 from corel.losses import check_labels
 from corel.models import Classifier, build_classifier
 from corel.spec import ExperimentSpec
@@ -368,10 +369,10 @@ def _frozen_progress(run: Run) -> Callable[[int], None] | None:
     """A fine-tuned run's frozen blocks' outputs, as they are computed (its first epoch in
     a process: 200 s over MiniLM on 2 cores, which showed no phase), reported to the
     options' ``on_features`` as a count over every split's rows."""
-    report, encoder = run.options.on_features, (run.data.preprocessing or {}).get("encoder") or {}
+    report, record = run.options.on_features, EncoderRecord.of(run.data.preprocessing)
     if report is None or not run.spec.fine_tunes:
         return None
-    name = f"{encoder.get('name', 'the encoder')} (its frozen blocks)"
+    name = f"{record.name if record is not None else 'the encoder'} (its frozen blocks)"
     total = len(run.data.y_train) + len(run.data.y_val) + len(run.data.y_test)
     done = 0
 

@@ -72,7 +72,7 @@ def test_a_frozen_minilm_run_records_its_features_path_and_serves_on_it(client, 
     """40 held-out rows: enough for the parity gate, whose verdict the experiment shows and
     whose path /embed computes the encoder's features on."""
     import corel.encoder_catalog as catalog
-    from corel.encoders import files
+    from corel.encoders import load, run_preprocessing
     from corel.encoders.text_transformers import FAMILY
 
     eid = _train(client, "text", news["id"], "minilm", val_fraction=0.25)
@@ -87,8 +87,7 @@ def test_a_frozen_minilm_run_records_its_features_path_and_serves_on_it(client, 
         assert (record["precision"], record["gate"]) == ("fp32", {})
     assert set(record["warnings"]) <= set(body["warnings"])
     got = _embed(client, eid, texts=SENTENCES[:2], layer="encoder")
-    want = FAMILY.compute(record["precision"], SENTENCES[:2], {"encoder": {"name": "minilm"}},
-                          files.installed("minilm", "text"))
+    want = FAMILY.compute(record["precision"], SENTENCES[:2], load(run_preprocessing("minilm", "text")))
     np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-6)
 
 

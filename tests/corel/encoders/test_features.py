@@ -131,11 +131,16 @@ def test_a_frozen_run_s_checkpoint_holds_its_head_and_the_encoder_s_digest(table
     assert '"digest"' in meta and files.digest(files.installed("minilm", "text")) in meta
 
 
-def test_a_served_frozen_run_embeds_raw_texts_as_training_did(table):
+def test_a_served_frozen_run_embeds_raw_texts_as_training_did(table, monkeypatch):
     result = fit(spec(table), chance_epochs=0)
     served = ServedModel.from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
     texts = ["the goalkeeper saved a penalty", "bond yields rose again"]
+    resolved = []
+    monkeypatch.setattr(files, "recorded", lambda *a: resolved.append(a) or files.packaged(a[0]))
     got = served.embed(served.prepare(texts))
+    # The served model resolves its encoder's files once, not once per request and step.
+    assert served.warnings(texts) == [None, None] and served.prepare(texts[:1]).shape == (1, 384)
+    assert len(resolved) == 1 and resolved[0][1] == served.encoder.record.digest
     features = model_inputs(texts, result.run.data.preprocessing)
     with torch.no_grad():
         result.model.eval()
@@ -284,12 +289,13 @@ def test_a_run_trains_and_serves_on_the_user_s_own_sentence_transformer(table, o
     with torch.no_grad():
         result.model.eval()
         torch.testing.assert_close(served.embed(served.prepare(texts)), result.model.encoder(features))
-    # Another machine, which has not registered the files: a clear error, not a wrong model.
+    # Another machine, which has not registered the files, loads the checkpoint: a clear
+    # error, not a wrong model.
     monkey = dict(files._LOCAL)
     files._LOCAL.clear()
     try:
         with pytest.raises(ValueError, match="is not on this machine"):
-            served.prepare(texts)
+            ServedModel.from_checkpoint(ckpt).prepare(texts)
     finally:
         files._LOCAL.update(monkey)
 

@@ -14,7 +14,7 @@ import torch
 
 import corel.encoder_catalog as catalog
 from corel.data import load_dataset
-from corel.encoders import precision, recorded
+from corel.encoders import load, precision
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
 from corel.train import Callback, checkpoint_from_bytes, checkpoint_to_bytes, fit
@@ -71,8 +71,8 @@ def split_texts(news, data) -> list[str]:
 
 
 def computed(data, path_name: str, texts: list[str]) -> torch.Tensor:
-    _, fam, path = recorded(data.preprocessing)
-    return fam.compute(path_name, texts, data.preprocessing, path)
+    enc = load(data.preprocessing)
+    return enc.family.compute(path_name, texts, enc)
 
 
 def test_auto_takes_the_fastest_path_that_passes_the_gate_and_computes_the_data_on_it(news, judged):
