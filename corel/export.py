@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -120,20 +121,22 @@ def _whole_model_interface(served: ServedModel) -> dict[str, Any]:
             "outputs": outputs}
 
 
-def export(checkpoint: dict[str, Any], fmt: str, trained_on: dict[str, Any] | None = None) -> bytes:
+def export(checkpoint: dict[str, Any], fmt: str, trained_on: dict[str, Any] | None = None,
+           encoder_path: str | os.PathLike[str] | None = None) -> bytes:
     """The checkpoint's model as an ONNX or TorchScript file (bytes; a zip of the model and
     its tokenizer for a run on a text encoder: :func:`export_file`); float32, on the CPU.
-    ``trained_on``: see :func:`export_metadata`."""
-    return export_file(checkpoint, fmt, trained_on).data
+    ``trained_on``: see :func:`export_metadata`; ``encoder_path``: see :func:`export_file`."""
+    return export_file(checkpoint, fmt, trained_on, encoder_path).data
 
 
-def export_file(checkpoint: dict[str, Any], fmt: str,
-                trained_on: dict[str, Any] | None = None) -> Exported:
+def export_file(checkpoint: dict[str, Any], fmt: str, trained_on: dict[str, Any] | None = None,
+                encoder_path: str | os.PathLike[str] | None = None) -> Exported:
     """The checkpoint's model exported as :data:`FORMATS` ``fmt`` says, and what the bytes
-    are. ValueError says why a model cannot be exported in that format."""
+    are. ValueError says why a model cannot be exported in that format. ``encoder_path``:
+    the files of the user's own encoder the model was trained over, on this machine."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    served = ServedModel.from_checkpoint(checkpoint, "cpu")  # the API's own pipeline
+    served = ServedModel.from_checkpoint(checkpoint, "cpu", encoder_path)  # the API's own pipeline
     # A fine-tuned run's model holds its encoder (corel.encoders.finetune): the tower with the
     # trained weights, then the trained layers; a frozen run's, the layers over the features.
     tuned = fine_tuned(served.preprocessing)
@@ -148,7 +151,7 @@ def export_file(checkpoint: dict[str, Any], fmt: str,
         inputs, example = ["x"], (torch.zeros(2, *served.input_shape),)
         outputs = ["embeddings", "similarities"]
     else:  # the encoder as its family exports it, then the trained layers and the head
-        part = export_part(served.preprocessing, fmt, whole.tower if tuned else None)
+        part = export_part(served.encoder or served.preprocessing, fmt, whole.tower if tuned else None)
         module = _WholeModel(part.module, layers, served.model.head)
         inputs, example, outputs = part.inputs, part.example, ["embeddings", "similarities", "encoder"]
         if part.files is not None:  # a tokenizer's files beside the model

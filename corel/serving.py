@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,19 +55,25 @@ class ServedModel:
     class_names: list[str]
     preprocessing: dict[str, Any]
     input_shape: tuple[int, ...]  # of one prepared input, as the encoder takes it
+    encoder_path: Path | None = None
+    """A user's own encoder's files on this machine (given to :meth:`from_checkpoint`, else
+    where the training machine held them, its spec's); a packaged encoder's are found
+    without it. Checked against the recorded digest."""
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: dict[str, Any],
-                        device: str | torch.device | None = None) -> ServedModel:
-        spec, model = model_from_checkpoint(checkpoint, device)
+    def from_checkpoint(cls, checkpoint: dict[str, Any], device: str | torch.device | None = None,
+                        encoder_path: str | os.PathLike[str] | None = None) -> ServedModel:
+        spec, model = model_from_checkpoint(checkpoint, device, encoder_path)
         return cls(spec=spec, model=model, class_names=[str(c) for c in checkpoint["class_names"]],
                    preprocessing=json.loads(checkpoint["preprocessing"]),
-                   input_shape=tuple(int(s) for s in checkpoint["input_shape"]))
+                   input_shape=tuple(int(s) for s in checkpoint["input_shape"]),
+                   encoder_path=Path(spec.encoder_path) if spec.encoder_path is not None else None)
 
     @classmethod
-    def from_bytes(cls, blob: bytes, device: str | torch.device | None = None) -> ServedModel:
+    def from_bytes(cls, blob: bytes, device: str | torch.device | None = None,
+                   encoder_path: str | os.PathLike[str] | None = None) -> ServedModel:
         """From a checkpoint as stored (``checkpoint_to_bytes``)."""
-        return cls.from_checkpoint(checkpoint_from_bytes(blob), device)
+        return cls.from_checkpoint(checkpoint_from_bytes(blob), device, encoder_path)
 
     @property
     def modality(self) -> str:
@@ -93,7 +101,9 @@ class ServedModel:
         """The pretrained encoder the head was trained over, resolved on this machine once
         (its files checked against the recorded digest) and handed to every request's
         preparation; None where it has none."""
-        return load(self.preprocessing) if EncoderRecord.of(self.preprocessing) is not None else None
+        if EncoderRecord.of(self.preprocessing) is None:
+            return None
+        return load(self.preprocessing, self.encoder_path)
 
     @property
     def pretrained_encoder(self) -> str | None:

@@ -65,12 +65,13 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
         kind = session.scalar(select(DatasetUpload.kind).where(DatasetUpload.id == job.dataset_id))
         path = materialise_upload(session, job.dataset_id, settings)
         checkpoint = checkpoint_from_bytes(blob) if blob is not None else None
+        encoder_files = None
         if checkpoint is not None:  # a model on the user's own encoder: its files here first
-            files_for_model(session, settings, json.loads(checkpoint["preprocessing"]))
+            encoder_files = files_for_model(session, settings, json.loads(checkpoint["preprocessing"]))
     try:
         if checkpoint is None or kind is None:
             raise ValueError("the experiment's checkpoint or the dataset no longer exists")
-        served = ServedModel.from_checkpoint(checkpoint, settings.device)  # the API's own pipeline
+        served = ServedModel.from_checkpoint(checkpoint, settings.device, encoder_files)  # the API's own pipeline
         inputs, y = _rows(path, kind)
         n = len(inputs)
         parts = []

@@ -52,8 +52,8 @@ def exported_model(session: Session, experiment_id: int, fmt: str, settings: Set
         trained_on = {"dataset": "upload", "dataset_id": exp.dataset_id, "format": exp.dataset,
                       "filename": upload.filename if upload is not None else None}
     checkpoint = checkpoint_from_bytes(blob)
-    files_for_model(session, settings, json.loads(checkpoint["preprocessing"]))
+    encoder_files = files_for_model(session, settings, json.loads(checkpoint["preprocessing"]))
     try:
-        return export_file(checkpoint, fmt, trained_on)
+        return export_file(checkpoint, fmt, trained_on, encoder_files)
     except ValueError as exc:  # this model in this format: the library says why not
         raise InvalidInput(f"experiment {experiment_id}: {exc}") from exc

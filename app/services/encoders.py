@@ -187,10 +187,8 @@ def get_encoder(session: Session, encoder_id: int) -> EncoderUpload:
 
 def local_files(session: Session, settings: Settings, row: EncoderUpload) -> Path:
     """The encoder's files on this machine (its weights file, or its unpacked folder), written
-    once from the artifact store into ``var_dir/cache/encoders`` and registered with
-    corel.encoders.files, so that the runs trained on it find it by its digest."""
-    from corel.encoders.files import register_local
-
+    once from the artifact store into ``var_dir/cache/encoders``: the path a run on it, or a
+    model trained on it, is given (corel checks it against the encoder's digest)."""
     base = settings.var_dir.resolve() / "cache" / "encoders"
     target = base / (f"{row.digest[:32]}.weights" if row.kind == "timm" else row.digest[:32])
     if not target.exists():
@@ -215,20 +213,20 @@ def local_files(session: Session, settings: Settings, row: EncoderUpload) -> Pat
                 shutil.rmtree(unpacked, ignore_errors=True)
         finally:
             tmp.unlink(missing_ok=True)
-    register_local(row.digest, target)
     return target
 
 
-def files_for_model(session: Session, settings: Settings, preprocessing: dict[str, Any]) -> None:
-    """Before a model trained on a user's own encoder is served here: its files, by the
-    digest its checkpoint records (whoever may read the model may run its encoder)."""
+def files_for_model(session: Session, settings: Settings, preprocessing: dict[str, Any]) -> Path | None:
+    """Before a model trained on a user's own encoder is served here: its files on this
+    machine, by the digest its checkpoint records (whoever may read the model may run its
+    encoder); None for a model on no encoder or a packaged one."""
     from corel.encoders.record import EncoderRecord
 
     record = EncoderRecord.of(preprocessing)
     if record is None or declared_name(record.name) not in KINDS:
-        return
+        return None
     row = session.scalar(select(EncoderUpload).where(EncoderUpload.digest == record.digest).limit(1))
     if row is None:
         raise NotFound(f"the encoder this model was trained on ({record.name}, {record.digest[:12]}) "
                        "is no longer stored")
-    local_files(session, settings, row)
+    return local_files(session, settings, row)

@@ -84,13 +84,13 @@ def load_from_database(session: Session, experiment_id: int, device: str | None,
                        "checkpoint to embed or predict with")
     row = best_checkpoint(session, experiment_id, Checkpoint)
     checkpoint = checkpoint_from_bytes(read_artifact(session, row.sha256))
-    # A model on the user's own encoder: its files on this machine first (corel.encoders.files
-    # keeps one copy of each encoder for every model that uses it).
-    files_for_model(session, settings or get_settings(), json.loads(checkpoint["preprocessing"]))
+    # A model on the user's own encoder: its files on this machine first (one copy of each
+    # encoder for every model that uses it), given to the model.
+    encoder_files = files_for_model(session, settings or get_settings(), json.loads(checkpoint["preprocessing"]))
     upload = session.get(DatasetUpload, exp.dataset_id) if exp.dataset_id is not None else None
     return LoadedModel(
         experiment_id=experiment_id,
-        served=ServedModel.from_checkpoint(checkpoint, device),
+        served=ServedModel.from_checkpoint(checkpoint, device, encoder_files),
         checkpoint={"id": row.id, "epoch": row.epoch, "sha256": row.sha256},
         text_column=(upload.summary or {}).get("text_column") if upload is not None else None,
     )

@@ -75,7 +75,14 @@ from corel.data.text import (
     text_warnings,
     tokenize,
 )
-from corel.encoders import choose_features, features_progress, kept, model_inputs, run_preprocessing
+from corel.encoders import (
+    choose_features,
+    features_progress,
+    kept,
+    load,
+    model_inputs,
+    run_preprocessing,
+)
 from corel.encoders.features import split_progress
 from corel.encoders.kept import FeatureStore
 from corel.encoders.precision import fixed_features
@@ -292,13 +299,14 @@ def with_image_features(data: Dataset, name: str, features_dir: PathLike | None 
     pixels' own, then the encoder). ``encoder_path``: the weights of a user's own
     (``timm:<arch>``)."""
     preprocessing = run_preprocessing(name, "image", "frozen", encoder_path, data.preprocessing)
-    preprocessing = choose_features(preprocessing, data.x_val, data.y_val, precision, features_dir)
+    preprocessing = choose_features(preprocessing, data.x_val, data.y_val, precision, features_dir, encoder_path)
+    encoder = load(preprocessing, encoder_path)  # resolved once for the three splits
 
     total = len(data.x_train) + len(data.x_val) + len(data.x_test)
 
     def features(x: torch.Tensor, split: str, before: int) -> torch.Tensor:
         with split_progress(split, before, total):
-            out: torch.Tensor = model_inputs(x, preprocessing, features_dir, keep=True)
+            out: torch.Tensor = model_inputs(x, encoder, features_dir, keep=True)
         return out
 
     return dataclasses.replace(

@@ -22,7 +22,14 @@ from corel.data.npz import stored_split
 from corel.data.preprocessing import _check_preprocessing
 from corel.data.splits import _check_class_sizes, _resolve_user_path, _subset, split_rows
 from corel.encoder_catalog import encoder
-from corel.encoders import Encoder, choose_features, cut_texts, model_inputs, run_preprocessing
+from corel.encoders import (
+    Encoder,
+    choose_features,
+    cut_texts,
+    load,
+    model_inputs,
+    run_preprocessing,
+)
 from corel.encoders.features import split_progress
 from corel.spec import ExperimentSpec
 
@@ -389,6 +396,8 @@ class TextInputs:
     def __init__(self, spec: ExperimentSpec, data_dir: Path | None, features_dir: Path | None) -> None:
         self.features_dir = features_dir
         self.word_vectors: PathLike | None = None
+        self.encoder_path = spec.encoder_path
+        self._encoder: Encoder | None = None
         if spec.encoder is not None:  # its features, or (fine-tuned) token ids and masks
             self.preprocessing = run_preprocessing(spec.encoder, "text", spec.encoder_mode or "frozen",
                                                    spec.encoder_path)
@@ -404,7 +413,9 @@ class TextInputs:
         validation split's) before any features are computed (corel.encoders.precision)."""
         if "encoder" in self.preprocessing:
             self.preprocessing = choose_features(self.preprocessing, list(held_out),
-                                                 torch.as_tensor(np.asarray(labels)), asked, self.features_dir)
+                                                 torch.as_tensor(np.asarray(labels)), asked, self.features_dir,
+                                                 self.encoder_path)
+            self._encoder = None  # its record now names the features' path
 
     def splits(self, train: list[str], val: list[str], test: list[str]) -> tuple[torch.Tensor, ...]:
         """The three splits' inputs, in order; a frozen encoder's features report their
@@ -418,7 +429,9 @@ class TextInputs:
 
     def __call__(self, texts: list[str]) -> torch.Tensor:
         if "encoder" in self.preprocessing:
-            out: torch.Tensor = model_inputs(texts, self.preprocessing, self.features_dir, keep=True)
+            if self._encoder is None:  # resolved once for every split
+                self._encoder = load(self.preprocessing, self.encoder_path)
+            out: torch.Tensor = model_inputs(texts, self._encoder, self.features_dir, keep=True)
             return out
         return prepare_texts(texts, self.preprocessing, self.word_vectors)
 

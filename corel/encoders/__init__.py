@@ -63,17 +63,19 @@ def fine_tuned(preprocessing: Recorded) -> bool:
     return record is not None and record.fine_tuned
 
 
-def load(preprocessing: Recorded) -> Encoder:
+def load(preprocessing: Recorded, path: Any = None) -> Encoder:
     """The encoder a model's ``preprocessing`` records, on this machine: its record,
     declaration, family and files (checked against the recorded digest); ValueError if the
-    run has none, or its files are not here."""
+    run has none, or its files are not here. ``path``: a user's own encoder's files on this
+    machine (the library's ``encoder_path``; the service's copy of the upload); a packaged
+    encoder's are found without it."""
     if isinstance(preprocessing, Encoder):
         return preprocessing
     record = EncoderRecord.of(preprocessing)
     if record is None:
         raise ValueError("this model was trained on no pretrained encoder")
     decl = pretrained(record.name, record.modality)
-    return Encoder(record, decl, family_of(decl), files.recorded(decl, record.digest))
+    return Encoder(record, decl, family_of(decl), files.recorded(decl, record.digest, path))
 
 
 def run_preprocessing(name: str, modality: str, mode: str = "frozen", path: Any = None,
@@ -88,8 +90,6 @@ def run_preprocessing(name: str, modality: str, mode: str = "frozen", path: Any 
     if decl.custom:
         fam.check_files(where)
     digest = files.digest(where)
-    if decl.custom:
-        files.register_local(digest, where)
     return fam.preprocessing(decl, name, where, digest, mode=mode, pixels=pixels)
 
 
@@ -111,13 +111,14 @@ def cut_texts(texts: list[str], preprocessing: Recorded) -> list[str | None]:
 
 
 def choose_features(preprocessing: dict[str, Any], held_out: Any, labels: torch.Tensor,
-                    asked: str = "auto", cache_dir: Any = None) -> dict[str, Any]:
+                    asked: str = "auto", cache_dir: Any = None, path: Any = None) -> dict[str, Any]:
     """A frozen run's ``preprocessing`` with the CPU path its features are computed on
     (``encoder.features_path``: corel.encoders.precision chooses it, on ``held_out`` raw rows
-    of the run's own data and their ``labels``); a fine-tuned run's unchanged."""
+    of the run's own data and their ``labels``); a fine-tuned run's unchanged. ``path``: as
+    :func:`load` takes it."""
     if fine_tuned(preprocessing):
         return preprocessing
-    enc = load(preprocessing)
+    enc = load(preprocessing, path)
     heard = features_heard()
     if heard is not None:  # (name, 0, 0): the encoder loads, and its path is chosen
         heard(enc.name, 0, 0)
@@ -134,7 +135,7 @@ def build_encoder(spec: Any, input_shape: tuple[int, ...], preprocessing: dict[s
     if spec.encoder and spec.fine_tunes:
         pre = preprocessing or run_preprocessing(spec.encoder, spec.modality, "finetune", spec.encoder_path,
                                                  {"input_shape": list(input_shape)})
-        enc = load(pre)
+        enc = load(pre, spec.encoder_path)
         tower = enc.family.tower(enc, spec.trainable_blocks)
         return FineTuned(tower, FFNN((enc.record.features,), spec.hidden))
     decl = pretrained(spec.encoder, spec.modality) if spec.encoder else encoder(spec.model, spec.modality)

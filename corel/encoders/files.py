@@ -1,7 +1,8 @@
 """One resolver for an encoder's files, whichever way they came: packaged (a PyPI package
 installs them; the catalog's ``files`` says where), uploaded (the service writes them to
-this machine's cache and registers them by their content digest) or given to the library
-(``encoder_path``). An encoder is identified by the content of its files: a folder's every
+this machine's cache and gives that path) or given to the library (``encoder_path``). A
+user's own encoder's files are always given by their caller, never looked up in a registry
+of the process. An encoder is identified by the content of its files: a folder's every
 file (weights, tokenizer, configuration), or one weights file, hashed with sha256; a model
 that records a digest is only ever run on files with that digest.
 """
@@ -12,12 +13,11 @@ import functools
 import hashlib
 import importlib
 import os
-import threading
 from pathlib import Path
 
 from corel.encoder_catalog import EncoderDeclaration, pretrained
 
-__all__ = ["digest", "installed", "local_path", "packaged", "recorded", "register_local", "resolve"]
+__all__ = ["digest", "installed", "packaged", "recorded", "resolve"]
 
 
 def packaged(decl: EncoderDeclaration) -> Path:
@@ -80,29 +80,6 @@ def digest(path: str | os.PathLike[str]) -> str:
     return _file_digest(str(where), stat.st_size, stat.st_mtime_ns)
 
 
-_LOCAL: dict[str, Path] = {}
-_LOCAL_LOCK = threading.Lock()
-
-
-def register_local(content: str, path: str | os.PathLike[str]) -> None:
-    """Say where this machine holds the files of a user's own encoder whose content digest
-    is ``content`` (the service writes an upload's files to its cache, then registers them;
-    a run on ``encoder_path`` registers its own), so that the models trained on it can be
-    served here."""
-    with _LOCAL_LOCK:
-        _LOCAL[content] = Path(path)
-
-
-def local_path(content: str) -> Path:
-    """The files of the user's own encoder ``content`` on this machine; ValueError if none."""
-    with _LOCAL_LOCK:
-        found = _LOCAL.get(content)
-    if found is None or not found.exists():
-        raise ValueError(f"your own encoder {content[:12]} is not on this machine (the service fetches "
-                         "it from its upload; the library: give its files as encoder_path)")
-    return found
-
-
 def resolve(decl: EncoderDeclaration, path: str | os.PathLike[str] | None = None) -> Path:
     """The files a new run on ``decl`` reads: a packaged encoder's, or (a user's own) ``path``."""
     if not decl.custom:
@@ -113,11 +90,20 @@ def resolve(decl: EncoderDeclaration, path: str | os.PathLike[str] | None = None
     return Path(path).expanduser()
 
 
-def recorded(decl: EncoderDeclaration, content: str) -> Path:
+def recorded(decl: EncoderDeclaration, content: str, path: str | os.PathLike[str] | None = None) -> Path:
     """The files on this machine of the encoder a model records (``decl``, by its content
-    digest ``content``), checked against that digest; ValueError if they are not here or
-    differ."""
-    path = local_path(content) if decl.custom else packaged(decl)
+    digest ``content``): a packaged encoder's, or (a user's own) ``path``, checked against
+    that digest; ValueError if they are not given, not here, or differ."""
+    if decl.custom:
+        where = Path(path).expanduser() if path is not None else None
+        if where is None or not where.exists():
+            raise ValueError(f"your own encoder {content[:12]} is not on this machine"
+                             + (f" ({where} does not exist)" if where is not None else "")
+                             + ": give its files (the library: encoder_path; the service fetches them "
+                               "from its upload)")
+        path = where
+    else:
+        path = packaged(decl)
     here = digest(path)
     if here != content:
         raise ValueError(f"encoder {decl.name!r} here ({here[:12]}) is not the one this model "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from typing import Any
 
 import torch
@@ -156,13 +157,18 @@ def checkpoint_from_bytes(blob: bytes) -> dict[str, Any]:
 
 
 def model_from_checkpoint(
-    checkpoint: dict[str, Any], device: str | torch.device | None = None
+    checkpoint: dict[str, Any], device: str | torch.device | None = None,
+    encoder_path: str | os.PathLike[str] | None = None,
 ) -> tuple[ExperimentSpec, Classifier]:
     """Rebuild the classifier a checkpoint holds, in eval mode, for serving.
 
     The model has the precision it was trained in (the checkpoint's ``head.W``).
+    ``encoder_path``: where this machine holds the files of the user's own encoder the model
+    was trained over (else where the training machine held them, the spec's).
     """
     spec = ExperimentSpec.model_validate_json(checkpoint["spec"])
+    if encoder_path is not None:
+        spec = spec.model_copy(update={"encoder_path": str(encoder_path)})
     model = build_classifier(spec, tuple(checkpoint["input_shape"]), int(checkpoint["num_classes"]),
                              checkpoint.get("preprocessing") and json.loads(checkpoint["preprocessing"]))
     dtype = checkpoint["model"]["head.W"].dtype

@@ -14,7 +14,7 @@ import torch
 
 from corel.data import load_dataset
 from corel.encoders import features as cache
-from corel.encoders import files, model_inputs, run_preprocessing
+from corel.encoders import files, load, model_inputs, run_preprocessing
 from corel.encoders import timm_images as images
 from corel.encoders.kept import FolderStore
 from corel.serving import ServedModel
@@ -271,8 +271,12 @@ def own_text_encoder(tmp_path_factory):
     return tiny_sentence_transformer(tmp_path_factory.mktemp("own") / "st")
 
 
-def test_a_run_trains_and_serves_on_the_user_s_own_sentence_transformer(table, own_text_encoder):
+def test_a_run_trains_and_serves_on_the_user_s_own_sentence_transformer(table, own_text_encoder, tmp_path):
+    import shutil
+
     from sentence_transformers import SentenceTransformer
+
+    from tests.encoder_files import tiny_sentence_transformer
 
     own = spec(table, encoder="sentence-transformers", encoder_path=str(own_text_encoder))
     result = fit(own, chance_epochs=0)
@@ -280,24 +284,26 @@ def test_a_run_trains_and_serves_on_the_user_s_own_sentence_transformer(table, o
     texts = ["the goalkeeper saved a penalty", "bond yields rose again"]
     want = SentenceTransformer(str(own_text_encoder), device="cpu", local_files_only=True).encode(
         texts, convert_to_tensor=True)
-    features = model_inputs(texts, result.run.data.preprocessing)
+    features = model_inputs(texts, load(result.run.data.preprocessing, own_text_encoder))
     torch.testing.assert_close(features, want, atol=1e-6, rtol=1e-5)
     ckpt = checkpoint_from_bytes(checkpoint_to_bytes(result.run.best_checkpoint()))
     assert all(k.startswith(("encoder.net.", "head.")) for k in ckpt["model"])
     assert files.digest(own_text_encoder) in ckpt["preprocessing"]
-    served = ServedModel.from_checkpoint(ckpt)
+    served = ServedModel.from_checkpoint(ckpt)  # where it trained: the files its spec names
     with torch.no_grad():
         result.model.eval()
         torch.testing.assert_close(served.embed(served.prepare(texts)), result.model.encoder(features))
-    # Another machine, which has not registered the files, loads the checkpoint: a clear
-    # error, not a wrong model.
-    monkey = dict(files._LOCAL)
-    files._LOCAL.clear()
-    try:
-        with pytest.raises(ValueError, match="is not on this machine"):
-            ServedModel.from_checkpoint(ckpt).prepare(texts)
-    finally:
-        files._LOCAL.update(monkey)
+    # Another machine holds a copy elsewhere, and gives it: the same model.
+    copy = shutil.copytree(own_text_encoder, tmp_path / "elsewhere" / "st")
+    there = ServedModel.from_checkpoint(ckpt, encoder_path=copy)
+    assert there.encoder is not None and there.encoder.path == copy
+    torch.testing.assert_close(there.embed(there.prepare(texts)), served.embed(served.prepare(texts)))
+    # One that does not hold them, or holds another encoder's: a clear error, not a wrong model.
+    with pytest.raises(ValueError, match="is not on this machine"):
+        ServedModel.from_checkpoint(ckpt, encoder_path=tmp_path / "missing").prepare(texts)
+    other = tiny_sentence_transformer(tmp_path / "other", seed=1)
+    with pytest.raises(ValueError, match="is not the one this model was trained on"):
+        ServedModel.from_checkpoint(ckpt, encoder_path=other).prepare(texts)
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "torch"])
