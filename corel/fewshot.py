@@ -1,0 +1,310 @@
+"""Few labelled examples per class: corel's heads on a frozen encoder's features against a
+linear probe, on the same seeded splits.
+
+The protocol (:func:`run_fewshot`): a labelled table's rows are cut once, per class, into an
+evaluation half and a pool (:func:`draw_splits`); for each number of shots N and each of S
+seeded draws, N rows per class are drawn from the pool, every method trains on them alone,
+and every method is scored on the same evaluation rows. The methods:
+
+* ``probe``: scikit-learn's ``LogisticRegression(max_iter=100)`` on the features, MTEB's
+  linear probe;
+* each of corel's losses by name (:data:`corel.losses.LOSSES`): its head over the features,
+  trained full-batch with Adam (:class:`HeadSettings`), the class vectors starting at the
+  shots' class means. A pair-based loss (SupCon, TripletMargin, MultiSimilarity) predicts
+  with class means, so it needs ``layer="linear"`` to learn anything over frozen features.
+
+:class:`FewShotReport` gives, per N and method, the mean, sd, min and max accuracy over the
+draws, the paired differences against the best method with their p-values (a paired t-test
+over the same draws), and the wall time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from corel.losses import LOSSES, build_loss
+from corel.spec import ExperimentSpec
+
+__all__ = ["MAX_SPLITS", "PROBE", "SHOTS", "SPLITS", "FewShotReport", "FewShotResult", "HeadSettings",
+           "Splits", "draw_splits", "run_fewshot", "train_head"]
+
+SHOTS = (8, 16, 64)
+"""Shots per class by default."""
+SPLITS = 10
+"""Seeded draws of them by default."""
+MAX_SPLITS = 100
+PROBE = "probe"
+"""The linear probe's name among the methods."""
+LAYERS = ("none", "linear")
+INITS = ("means", "random")
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Row indices: ``evaluation`` (every method is scored on them), ``pool`` (the shots are
+    drawn from it; disjoint from the evaluation rows) and ``draws`` (for each N, one array
+    per draw of N pool rows per class, sorted)."""
+
+    evaluation: np.ndarray
+    pool: np.ndarray
+    draws: dict[int, list[np.ndarray]]
+    seed: int
+
+
+def _names(y: np.ndarray, class_names: Sequence[str] | None) -> Callable[[int], str]:
+    return (lambda k: str(class_names[k])) if class_names is not None else (lambda k: str(k))
+
+
+def draw_splits(y: Any, shots: Sequence[int] = SHOTS, splits: int = SPLITS, seed: int = 0,
+                class_names: Sequence[str] | None = None, eval_fraction: float = 0.5) -> Splits:
+    """The protocol's rows for labels ``y``: per class, ``eval_fraction`` of its rows (rounded
+    down) for evaluation and the rest for the pool, then ``splits`` draws of N pool rows per
+    class for each N of ``shots``. The same seed gives the same rows; the draws of one N do
+    not depend on which other Ns are asked. ValueError says what is wrong: an N larger than
+    some class's pool (naming the class and its size), fewer than two classes, ``splits``
+    outside 1..100."""
+    labels = np.asarray(y)
+    if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be a non-empty 1-d integer array; got shape {labels.shape}, "
+                         f"dtype {labels.dtype}")
+    name = _names(labels, class_names)
+    classes = np.unique(labels)
+    if len(classes) < 2:
+        raise ValueError(f"few-shot needs at least two classes; the data has one ({name(int(classes[0]))})")
+    if isinstance(splits, bool) or not isinstance(splits, int | np.integer) or not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"splits must be an integer from 1 to {MAX_SPLITS}; got {splits!r}")
+    wanted = list(shots)
+    if not wanted or any(isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1 for n in wanted):
+        raise ValueError(f"shots must be a non-empty list of positive integers (examples per class); "
+                         f"got {wanted!r}")
+    if len(set(wanted)) != len(wanted):
+        raise ValueError(f"shots must not repeat a number; got {wanted!r}")
+    if not 0 < eval_fraction < 1:
+        raise ValueError(f"eval_fraction must lie strictly between 0 and 1; got {eval_fraction}")
+    rng = np.random.default_rng([seed, 0])
+    evaluation, pools = [], {}
+    for k in classes:
+        rows = rng.permutation(np.flatnonzero(labels == k))
+        cut = int(len(rows) * eval_fraction)
+        evaluation.append(rows[:cut])
+        pools[int(k)] = np.sort(rows[cut:])
+    smallest = min(pools, key=lambda k: len(pools[k]))
+    size, total = len(pools[smallest]), int((labels == smallest).sum())
+    too_many = [n for n in wanted if n > size]
+    if too_many:
+        raise ValueError(
+            f"{max(too_many)} shots per class: class {name(smallest)!r} has {size} rows in the pool "
+            f"({total} in all, {total - size} held out for evaluation); allowed: at most {size} shots")
+    draws: dict[int, list[np.ndarray]] = {}
+    for n in wanted:
+        draws[int(n)] = []
+        for s in range(splits):
+            r = np.random.default_rng([seed, int(n), s + 1])
+            draws[int(n)].append(np.sort(np.concatenate([r.choice(pools[k], int(n), replace=False)
+                                                         for k in sorted(pools)])))
+    return Splits(evaluation=np.sort(np.concatenate(evaluation)),
+                  pool=np.sort(np.concatenate(list(pools.values()))), draws=draws, seed=seed)
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    """How a head trains on the shots: full-batch Adam at ``lr`` for ``steps`` steps, its
+    class vectors starting at the shots' class means (``init="means"``) or as the loss's own
+    initialisation (``"random"``), over the features themselves (``layer="none"``) or over a
+    square linear map of them that starts as the identity (``"linear"``). ``params``: spec
+    fields for the losses (lam, gamma, ...; the spec's defaults otherwise)."""
+
+    lr: float = 1e-2
+    steps: int = 100
+    init: str = "means"
+    layer: str = "none"
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0 or not math.isfinite(self.lr):
+            raise ValueError(f"lr must be a positive number; got {self.lr}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be at least 1; got {self.steps}")
+        if self.init not in INITS:
+            raise ValueError(f"unknown init {self.init!r}; allowed: {', '.join(INITS)}")
+        if self.layer not in LAYERS:
+            raise ValueError(f"unknown layer {self.layer!r}; allowed: {', '.join(LAYERS)}")
+
+
+def _class_means(x: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    sums = torch.zeros(num_classes, x.shape[1], dtype=x.dtype).index_add_(0, y, x)
+    counts = torch.bincount(y, minlength=num_classes).clamp_min(1).to(x.dtype)
+    return sums / counts[:, None]
+
+
+def train_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+               settings: HeadSettings | None = None, seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Loss ``loss``'s head trained on features ``x`` (N, D) with labels ``y``, as
+    :class:`HeadSettings` says; returns its prediction of other features' classes."""
+    settings = settings or HeadSettings()
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSSES)}")
+    torch.manual_seed(seed)
+    fields = ExperimentSpec(dataset="digits").model_dump()
+    head = build_loss(loss, num_classes, x.shape[1], **{**fields, **settings.params}).to(x.dtype)
+    layer: nn.Module = nn.Identity()
+    if settings.layer == "linear":
+        linear = nn.Linear(x.shape[1], x.shape[1], bias=False).to(x.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(torch.eye(x.shape[1], dtype=x.dtype))
+        layer = linear
+    if settings.init == "means" and isinstance(head.W, nn.Parameter):
+        with torch.no_grad():
+            head.W.copy_(_class_means(x, y, num_classes))
+    trained = [p for p in (*layer.parameters(), *head.parameters()) if p.requires_grad]
+    optimizer = torch.optim.Adam(trained, lr=settings.lr) if trained else None
+    for _ in range(settings.steps if optimizer is not None else 0):
+        h = layer(x)
+        if head.uses_class_means:
+            head.set_class_means(h.detach(), y)
+        value = head(h, y)
+        optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
+        value.backward()
+        optimizer.step()  # type: ignore[union-attr]
+        head.after_batch(layer(x).detach() if settings.layer == "linear" else h.detach(), y)
+    with torch.no_grad():
+        if head.uses_class_means:
+            head.set_class_means(layer(x), y)
+
+    def predict(features: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return head.predict(layer(features.to(x.dtype)))
+
+    return predict
+
+
+def _probe(x: np.ndarray, y: np.ndarray, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+    from sklearn.linear_model import LogisticRegression
+
+    model = LogisticRegression(max_iter=100, random_state=seed).fit(x, y)
+    return lambda rows: model.predict(rows)
+
+
+@dataclass(frozen=True)
+class FewShotResult:
+    """One method on one draw: its accuracy on the evaluation rows and its training time."""
+
+    method: str
+    shots: int
+    split: int
+    accuracy: float
+    seconds: float
+
+
+@dataclass
+class FewShotReport:
+    """Every method's result on every draw, and their summary (:meth:`summary`)."""
+
+    results: list[FewShotResult]
+    evaluation_rows: int
+    seconds: float = 0.0
+
+    def accuracies(self, method: str, shots: int) -> np.ndarray:
+        """A method's accuracies at N shots, by draw."""
+        found = sorted((r.split, r.accuracy) for r in self.results if r.method == method and r.shots == shots)
+        return np.array([a for _, a in found])
+
+    @property
+    def shots(self) -> list[int]:
+        return sorted({r.shots for r in self.results})
+
+    @property
+    def methods(self) -> list[str]:
+        return list(dict.fromkeys(r.method for r in self.results))
+
+    def best(self, shots: int) -> str:
+        """The method with the highest mean accuracy at N shots (the first, on a tie)."""
+        return max(self.methods, key=lambda m: float(self.accuracies(m, shots).mean()))
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per N and method: ``mean``, ``sd`` (over the draws; 0 for one), ``min``, ``max``,
+        ``seconds`` (its training time over the draws), and against the best method at that
+        N: ``diff`` (the mean of the paired differences, this minus the best) and ``p`` (a
+        paired t-test's two-sided p-value; None for the best itself, one draw, or equal
+        figures)."""
+        from scipy.stats import ttest_rel
+
+        out = []
+        for n in self.shots:
+            best = self.best(n)
+            top = self.accuracies(best, n)
+            for method in self.methods:
+                acc = self.accuracies(method, n)
+                diff = acc - top
+                p = None
+                if method != best and len(acc) > 1 and float(np.ptp(diff)) > 0:
+                    p = float(ttest_rel(acc, top).pvalue)
+                out.append({"shots": n, "method": method, "mean": float(acc.mean()),
+                            "sd": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
+                            "min": float(acc.min()), "max": float(acc.max()),
+                            "seconds": sum(r.seconds for r in self.results if r.method == method and r.shots == n),
+                            "best": best, "diff": float(diff.mean()), "p": p, "splits": len(acc)})
+        return out
+
+    def table(self) -> str:
+        """The summary as text, in percent: one block per N."""
+        lines = []
+        for n in self.shots:
+            lines.append(f"N={n} per class ({self.evaluation_rows} evaluation rows)")
+            lines.append(f"  {'method':<16}{'mean':>7}{'sd':>6}{'min':>7}{'max':>7}{'diff':>8}{'p':>9}{'s':>8}")
+            for row in (r for r in self.summary() if r["shots"] == n):
+                p = "best" if row["method"] == row["best"] else ("-" if row["p"] is None else f"{row['p']:.3g}")
+                lines.append(f"  {row['method']:<16}{100 * row['mean']:>7.1f}{100 * row['sd']:>6.1f}"
+                             f"{100 * row['min']:>7.1f}{100 * row['max']:>7.1f}{100 * row['diff']:>8.1f}{p:>9}"
+                             f"{row['seconds']:>8.2f}")
+        return "\n".join(lines)
+
+
+def run_fewshot(features: Any, y: Any, *, methods: Sequence[str] | None = None,
+                shots: Sequence[int] = SHOTS, splits: int = SPLITS, seed: int = 0,
+                class_names: Sequence[str] | None = None, settings: HeadSettings | None = None,
+                on_result: Callable[[FewShotResult], None] | None = None) -> FewShotReport:
+    """The few-shot protocol on a frozen encoder's ``features`` (N, D) and their labels:
+    every method in ``methods`` (default: the probe, then every loss) on every draw of
+    :func:`draw_splits`, scored on the same evaluation rows. ``on_result`` hears each
+    result as it comes."""
+    started = time.perf_counter()
+    x = torch.as_tensor(np.asarray(features), dtype=torch.float32)
+    labels = np.asarray(y)
+    if x.ndim != 2 or len(x) != len(labels):
+        raise ValueError(f"features must be (rows, width) with one label per row; got {tuple(x.shape)} "
+                         f"and {len(labels)} labels")
+    chosen = list(methods) if methods is not None else [PROBE, *LOSSES]
+    unknown = [m for m in chosen if m != PROBE and m not in LOSSES]
+    if unknown or not chosen:
+        raise ValueError(f"unknown method {unknown[0] if unknown else None!r}; allowed: {PROBE}, "
+                         f"{', '.join(LOSSES)}")
+    rows = draw_splits(labels, shots, splits, seed, class_names)
+    classes = int(labels.max()) + 1
+    x_eval, y_eval = x[rows.evaluation], labels[rows.evaluation]
+    x_np = x.numpy()
+    results: list[FewShotResult] = []
+    for n, draws in rows.draws.items():
+        for s, train in enumerate(draws):
+            for method in chosen:
+                t0 = time.perf_counter()
+                if method == PROBE:
+                    predict = _probe(x_np[train], labels[train], seed)
+                    guessed = np.asarray(predict(x_np[rows.evaluation]))
+                else:
+                    fitted = train_head(method, x[train], torch.as_tensor(labels[train]), classes, settings,
+                                        seed=seed * 1000 + s)
+                    guessed = fitted(x_eval).numpy()
+                result = FewShotResult(method, n, s, float((guessed == y_eval).mean()), time.perf_counter() - t0)
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+    return FewShotReport(results, len(rows.evaluation), time.perf_counter() - started)

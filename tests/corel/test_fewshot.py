@@ -1,0 +1,118 @@
+"""The few-shot protocol (corel.fewshot): its draws are reproducible, balanced and disjoint
+from the evaluation rows; bad requests say what is allowed; each row of the report is what
+the method gives trained alone on that draw, and the summary's figures are those of a
+direct computation (mean, sd, paired t-test by its formula)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import t as student_t
+from sklearn.datasets import load_digits
+from sklearn.linear_model import LogisticRegression
+
+from corel.fewshot import PROBE, HeadSettings, draw_splits, run_fewshot, train_head
+
+
+@pytest.fixture(scope="module")
+def digits():
+    data = load_digits()
+    return (data.data / 16.0).astype(np.float32), data.target.astype(np.int64)
+
+
+def test_draws_are_reproducible_balanced_and_disjoint_from_the_evaluation_rows(digits):
+    _, y = digits
+    rows = draw_splits(y, shots=(2, 8), splits=4, seed=3)
+    again = draw_splits(y, shots=(8,), splits=4, seed=3)  # the other N not asked
+    other = draw_splits(y, shots=(2, 8), splits=4, seed=4)
+    assert np.intersect1d(rows.pool, rows.evaluation).size == 0
+    assert len(rows.pool) + len(rows.evaluation) == len(y)
+    assert np.array_equal(np.sort(np.concatenate([rows.pool, rows.evaluation])), np.arange(len(y)))
+    for k in range(10):  # each class half held out for evaluation (rounded down)
+        assert (y[rows.evaluation] == k).sum() == (y == k).sum() // 2
+    for n, draws in rows.draws.items():
+        assert len(draws) == 4 and len({tuple(d) for d in draws}) == 4  # four different draws
+        for d in draws:
+            assert np.isin(d, rows.pool).all() and len(np.unique(d)) == len(d)
+            assert np.array_equal(np.bincount(y[d], minlength=10), np.full(10, n))
+    assert all(np.array_equal(a, b) for a, b in zip(rows.draws[8], again.draws[8], strict=True))
+    assert np.array_equal(rows.evaluation, again.evaluation)
+    assert not np.array_equal(rows.evaluation, other.evaluation)
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"shots": (8, 200)}, r"200 shots per class: class 'c\d' has \d+ rows in the pool \(\d+ in all, \d+ held "
+                          r"out for evaluation\); allowed: at most \d+ shots"),
+    ({"splits": 0}, "splits must be an integer from 1 to 100; got 0"),
+    ({"splits": 101}, "splits must be an integer from 1 to 100; got 101"),
+    ({"shots": ()}, "shots must be a non-empty list of positive integers"),
+    ({"shots": (0, 8)}, "shots must be a non-empty list of positive integers"),
+    ({"shots": (8, 8)}, "shots must not repeat a number"),
+])
+def test_a_bad_request_says_what_is_allowed(digits, kwargs, words):
+    _, y = digits
+    with pytest.raises(ValueError, match=words):
+        draw_splits(y, class_names=[f"c{k}" for k in range(10)], **kwargs)
+
+
+def test_the_class_too_small_for_n_is_named_with_its_size(digits):
+    _, y = digits
+    smallest = int(np.argmin(np.bincount(y)))
+    total = int((y == smallest).sum())
+    pool = total - total // 2
+    with pytest.raises(ValueError, match=rf"class 'c{smallest}' has {pool} rows in the pool \({total} in all"):
+        draw_splits(y, shots=(pool + 1,), class_names=[f"c{k}" for k in range(10)])
+
+
+def test_one_class_is_refused(digits):
+    with pytest.raises(ValueError, match="at least two classes; the data has one"):
+        draw_splits(np.zeros(40, dtype=np.int64), shots=(2,))
+
+
+def test_each_result_is_the_method_trained_alone_and_the_summary_is_computed_as_defined(digits):
+    x, y = digits
+    settings = HeadSettings(steps=30)
+    report = run_fewshot(x, y, methods=[PROBE, "normsoftmax", "gaussian"], shots=(4,), splits=3, seed=5,
+                         settings=settings)
+    rows = draw_splits(y, shots=(4,), splits=3, seed=5)
+    ev = rows.evaluation
+    direct: dict[str, list[float]] = {PROBE: [], "normsoftmax": [], "gaussian": []}
+    for s, train in enumerate(rows.draws[4]):
+        probe = LogisticRegression(max_iter=100, random_state=5).fit(x[train], y[train])
+        direct[PROBE].append(float((probe.predict(x[ev]) == y[ev]).mean()))
+        for loss in ("normsoftmax", "gaussian"):
+            fitted = train_head(loss, torch.from_numpy(x[train]), torch.from_numpy(y[train]), 10, settings,
+                                seed=5 * 1000 + s)
+            direct[loss].append(float((fitted(torch.from_numpy(x[ev])).numpy() == y[ev]).mean()))
+    for method, accs in direct.items():
+        assert report.accuracies(method, 4).tolist() == accs
+    best = max(direct, key=lambda m: statistics.fmean(direct[m]))
+    assert report.best(4) == best
+    assert min(statistics.fmean(a) for a in direct.values()) > 0.6  # 4 digits each: far above chance
+    for row in report.summary():
+        accs = direct[row["method"]]
+        assert row["mean"] == pytest.approx(statistics.fmean(accs), abs=1e-12)
+        assert row["sd"] == pytest.approx(statistics.stdev(accs), abs=1e-12)
+        assert (row["min"], row["max"], row["splits"]) == (min(accs), max(accs), 3)
+        d = [a - b for a, b in zip(accs, direct[best], strict=True)]
+        assert row["diff"] == pytest.approx(statistics.fmean(d), abs=1e-12)
+        if row["method"] == best or statistics.pstdev(d) == 0:
+            assert row["p"] is None
+        else:  # the paired t-test by its formula
+            tt = statistics.fmean(d) / (statistics.stdev(d) / math.sqrt(len(d)))
+            assert row["p"] == pytest.approx(2 * student_t.sf(abs(tt), len(d) - 1), rel=1e-9)
+    assert f"N=4 per class ({len(ev)} evaluation rows)" in report.table()
+
+
+def test_bad_methods_and_settings_say_what_is_allowed(digits):
+    x, y = digits
+    with pytest.raises(ValueError, match="unknown method 'svm'; allowed: probe, cce"):
+        run_fewshot(x, y, methods=["svm"], shots=(2,), splits=1)
+    with pytest.raises(ValueError, match="unknown layer 'mlp'; allowed: none, linear"):
+        HeadSettings(layer="mlp")
+    with pytest.raises(ValueError, match="features must be \\(rows, width\\) with one label per row"):
+        run_fewshot(x[:10], y, shots=(2,), splits=1)
