@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layer", default=HeadSettings.layer, help="none or linear")
     ap.add_argument("--init", default=HeadSettings.init, help="means or random")
     ap.add_argument("--methods", default=",".join([PROBE, *LOSSES]))
+    ap.add_argument("--features-dir", default=os.environ.get("COREL_FEATURES_DIR"),
+                    help="keep MiniLM's features there (a second run reads them); default: in memory")
     ap.add_argument("--smoke", action="store_true", help="240 rows, N 2 and 4, 2 draws, 20 steps")
     args = ap.parse_args(argv)
     rows = None
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     shots = [int(n) for n in args.shots.split(",") if n]
     texts, y, names = ag_news_test(Path(args.data_dir), rows)
     started = time.perf_counter()
-    x = model_inputs(texts, run_preprocessing("minilm", "text"), keep=True)
+    x = model_inputs(texts, run_preprocessing("minilm", "text"), args.features_dir, keep=True)
     print(f"AG News test split: {len(texts)} texts, {len(names)} classes; frozen all-MiniLM-L6-v2 features "
           f"in {time.perf_counter() - started:.1f} s; torch {torch.__version__}, {torch.get_num_threads()} threads")
     settings = HeadSettings(lr=args.lr, steps=args.steps, layer=args.layer, init=args.init)
