@@ -341,6 +341,7 @@ KERNEL_FREE = {
     "test_clustering.py": "the clustering metrics: counting, in numpy and scipy",
     "data/test_download.py": "the downloads' files",
     "test_encoder_catalog.py": "the catalog's declarations",
+    "encoders/test_record.py": "the encoder record's fields, read back as recorded",
     "encoders/test_precision.py": "the parity gate: its verdicts follow from the figures it "
                                   "measures, each path compared with fp32 on the same kernels",
     "test_index.py": "faiss's kernels, not torch's",

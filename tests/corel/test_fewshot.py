@@ -17,6 +17,9 @@ from sklearn.linear_model import LogisticRegression
 
 from corel.fewshot import PROBE, HeadSettings, draw_splits, run_fewshot, train_head
 
+# Its figures come out of torch's and MKL's kernels: make test runs it once more on other kernels.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(scope="module")
 def digits():
@@ -116,3 +119,24 @@ def test_bad_methods_and_settings_say_what_is_allowed(digits):
         HeadSettings(layer="mlp")
     with pytest.raises(ValueError, match="features must be \\(rows, width\\) with one label per row"):
         run_fewshot(x[:10], y, shots=(2,), splits=1)
+
+
+def test_the_cli_runs_the_protocol_on_every_row_of_a_dataset(capsys):
+    import re
+
+    from corel.cli import main
+    from corel.data import load_dataset
+    from corel.spec import ExperimentSpec
+
+    assert main(["fewshot", "--dataset", "digits", "--shots", "4", "--splits", "2", "--methods", "probe,cosine",
+                 "--steps", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "digits: 1797 rows, 10 classes, features of width 64" in out
+    data = load_dataset(ExperimentSpec(dataset="digits"))
+    x = torch.cat([data.x_train, data.x_val, data.x_test]).flatten(1).numpy()
+    y = torch.cat([data.y_train, data.y_val, data.y_test]).numpy()
+    report = run_fewshot(x, y, methods=[PROBE, "cosine"], shots=(4,), splits=2, settings=HeadSettings(steps=20))
+    for row in report.summary():
+        assert re.search(rf"{row['method']} +{100 * row['mean']:.1f} +{100 * row['sd']:.1f} ", out), out
+    assert main(["fewshot", "--dataset", "digits", "--shots", "4,500", "--splits", "1"]) == 2
+    assert "500 shots per class: class '" in capsys.readouterr().err
