@@ -10,7 +10,8 @@ and every method is scored on the same evaluation rows. The methods:
   linear probe;
 * each of corel's losses by name (:data:`corel.losses.LOSSES`): its head over the features,
   trained full-batch with Adam (:class:`HeadSettings`), the class vectors starting at the
-  shots' class means. A pair-based loss (SupCon, TripletMargin, MultiSimilarity) predicts
+  shots' class means; a method's draws train as one stack where the head allows
+  (:func:`train_heads`), each member as it would alone. A pair-based loss (SupCon, TripletMargin, MultiSimilarity) predicts
   with class means, so it needs ``layer="linear"`` to learn anything over frozen features.
 
 :class:`FewShotReport` gives, per N and method, the mean, sd, min and max accuracy over the
@@ -30,11 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from corel.losses import LOSSES, build_loss
+from corel.losses import LOSSES, LossHead, build_loss, check_labels
 from corel.spec import ExperimentSpec
 
-__all__ = ["MAX_SPLITS", "PROBE", "SHOTS", "SPLITS", "FewShotReport", "FewShotResult", "HeadSettings",
-           "Splits", "draw_splits", "run_fewshot", "train_head"]
+__all__ = ["MAX_SPLITS", "PROBE", "SHOTS", "SPLITS", "FewShotReport", "FewShotResult", "Fitted", "HeadSettings",
+           "Splits", "draw_splits", "run_fewshot", "train_head", "train_heads"]
 
 SHOTS = (8, 16, 64)
 """Shots per class by default."""
@@ -145,10 +146,24 @@ def _class_means(x: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Te
     return sums / counts[:, None]
 
 
+@dataclass
+class Fitted:
+    """A head trained on a draw's shots (over ``layer``): called on features, its predicted
+    classes."""
+
+    head: LossHead
+    layer: nn.Module
+    dtype: torch.dtype
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.head.predict(self.layer(features.to(self.dtype)))
+
+
 def train_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-               settings: HeadSettings | None = None, seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+               settings: HeadSettings | None = None, seed: int = 0) -> Fitted:
     """Loss ``loss``'s head trained on features ``x`` (N, D) with labels ``y``, as
-    :class:`HeadSettings` says; returns its prediction of other features' classes."""
+    :class:`HeadSettings` says; the :class:`Fitted` head predicts other features' classes."""
     settings = settings or HeadSettings()
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSSES)}")
@@ -178,12 +193,87 @@ def train_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
     with torch.no_grad():
         if head.uses_class_means:
             head.set_class_means(layer(x), y)
+    return Fitted(head, layer, x.dtype)
 
-    def predict(features: torch.Tensor) -> torch.Tensor:
+
+class _Unchecked(nn.Module):
+    """A head's training loss without its label check (a data-dependent branch, which
+    ``torch.vmap`` cannot run; the protocol checks its labels once)."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss: torch.Tensor = self.head.loss_and_similarities(h, labels, check=False)[0]  # type: ignore[operator]
+        return loss
+
+
+def _stacks(head: LossHead, settings: HeadSettings) -> bool:
+    """Whether members of this head train as one stack: over the features themselves, with
+    no hook that moves state between steps (Center loss's centers, class means)."""
+    return (settings.layer == "none" and not head.uses_class_means
+            and type(head).after_batch is LossHead.after_batch)
+
+
+def train_heads(loss: str, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor], num_classes: int,
+                settings: HeadSettings | None = None, seeds: Sequence[int] | None = None
+                ) -> list[Fitted]:
+    """:func:`train_head` for M members at once (one per draw: features ``xs[m]`` of the same
+    shape, labels ``ys[m]``, seed ``seeds[m]``), trained as one stack where the head allows
+    (:func:`torch.vmap` over the members' class vectors and rows, one Adam over the stacked
+    parameters: Adam is elementwise, so each member steps as it would alone); otherwise one
+    after another. Each member ends as :func:`train_head` would train it alone."""
+    settings = settings or HeadSettings()
+    seeds = list(seeds) if seeds is not None else list(range(len(xs)))
+    if not (len(xs) == len(ys) == len(seeds)) or not xs:
+        raise ValueError(f"need one labels array and seed per member; got {len(xs)} features, "
+                         f"{len(ys)} labels, {len(seeds)} seeds")
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSSES)}")
+    shapes = {tuple(x.shape) for x in xs}
+    fields = ExperimentSpec(dataset="digits").model_dump()
+    heads = []
+    for x, y, seed in zip(xs, ys, seeds, strict=True):
+        torch.manual_seed(seed)
+        head = build_loss(loss, num_classes, x.shape[1], **{**fields, **settings.params}).to(x.dtype)
+        if settings.init == "means" and isinstance(head.W, nn.Parameter):
+            with torch.no_grad():
+                head.W.copy_(_class_means(x, y, num_classes))
+        heads.append(head)
+    if len(shapes) > 1 or not _stacks(heads[0], settings):
+        return [train_head(loss, x, y, num_classes, settings, seed) for x, y, seed in zip(xs, ys, seeds, strict=True)]
+    for y in ys:
+        check_labels(y, len(y), num_classes)
+    model = _Unchecked(heads[0])
+    params = {name: torch.stack([dict(_Unchecked(h).named_parameters())[name].detach() for h in heads])
+              .requires_grad_(True) for name, _ in model.named_parameters()}
+    buffers = {name: torch.stack([dict(_Unchecked(h).named_buffers())[name] for h in heads])
+               for name, _ in model.named_buffers()}
+    x_all, y_all = torch.stack(list(xs)), torch.stack(list(ys))
+
+    def member(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], x: torch.Tensor,
+               y: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(model, {**p, **b}, (x, y))
+
+    stacked = torch.vmap(member)
+    try:
+        stacked(params, buffers, x_all, y_all)
+    except Exception:  # a head whose kernels have no batching rule trains member by member
+        return [train_head(loss, x, y, num_classes, settings, seed) for x, y, seed in zip(xs, ys, seeds, strict=True)]
+    optimizer = torch.optim.Adam(list(params.values()), lr=settings.lr)
+    for _ in range(settings.steps):
+        losses = stacked(params, buffers, x_all, y_all)
+        optimizer.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        optimizer.step()
+    out = []
+    for m, head in enumerate(heads):
         with torch.no_grad():
-            return head.predict(layer(features.to(x.dtype)))
-
-    return predict
+            for name, value in _Unchecked(head).named_parameters():
+                value.copy_(params[name][m])
+        out.append(Fitted(head, nn.Identity(), xs[m].dtype))
+    return out
 
 
 def _probe(x: np.ndarray, y: np.ndarray, seed: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -293,17 +383,19 @@ def run_fewshot(features: Any, y: Any, *, methods: Sequence[str] | None = None,
     x_np = x.numpy()
     results: list[FewShotResult] = []
     for n, draws in rows.draws.items():
-        for s, train in enumerate(draws):
-            for method in chosen:
-                t0 = time.perf_counter()
-                if method == PROBE:
-                    predict = _probe(x_np[train], labels[train], seed)
-                    guessed = np.asarray(predict(x_np[rows.evaluation]))
-                else:
-                    fitted = train_head(method, x[train], torch.as_tensor(labels[train]), classes, settings,
-                                        seed=seed * 1000 + s)
-                    guessed = fitted(x_eval).numpy()
-                result = FewShotResult(method, n, s, float((guessed == y_eval).mean()), time.perf_counter() - t0)
+        for method in chosen:
+            t0 = time.perf_counter()
+            if method == PROBE:
+                guessed = [np.asarray(_probe(x_np[train], labels[train], seed)(x_np[rows.evaluation]))
+                           for train in draws]
+            else:  # the draws' members as one stack where the head allows
+                fitted = train_heads(method, [x[train] for train in draws],
+                                     [torch.as_tensor(labels[train]) for train in draws], classes, settings,
+                                     seeds=[seed * 1000 + s for s in range(len(draws))])
+                guessed = [f(x_eval).numpy() for f in fitted]
+            each = (time.perf_counter() - t0) / len(draws)  # the method's time, shared by its draws
+            for s, found in enumerate(guessed):
+                result = FewShotResult(method, n, s, float((found == y_eval).mean()), each)
                 results.append(result)
                 if on_result is not None:
                     on_result(result)
