@@ -13,11 +13,19 @@ trains on the N x 4 shots alone and is scored on the same 3,800 evaluation rows:
   features themselves (``--layer none``) or a linear map of them that starts as the identity
   (``--layer linear``).
 
+* ``setfit``: SetFit itself (PyPI's ``setfit``, in the bench extra) on the same MiniLM files,
+  offline, with its defaults as its paper ran them: ``CosineSimilarityLoss``,
+  ``num_iterations=20``, 1 epoch, batch 16, a logistic-regression head; at each N of
+  ``--setfit`` (default 8: one draw of N=64 takes about 12 minutes on 2 cores) on the first
+  ``--setfit-splits`` draws (default all).
+
 It prints the table per N (mean, sd, min, max in percent, the paired difference against the
 best method and its t-test's p-value, seconds), then one line per N,
-``fewshot N=8 corel best / setfit / probe: A / B / C`` (corel best: the best head's mean;
-SetFit is not run by this benchmark yet: ``-``), and ``fewshot corel protocol seconds at N=8:
-S`` (every head on every draw). ``--smoke``: 240 rows, N of 2 and 4, 2 draws, 20 steps.
+``fewshot N=8 corel best / setfit / probe: A / B / C`` (corel best: the best head's mean; ``-``
+where SetFit did not run), ``fewshot corel protocol seconds at N=8: S`` (every head on every
+draw) and ``fewshot time ratio setfit / corel: R`` (SetFit's seconds against every corel head's,
+on the draws SetFit ran). ``--smoke``: 240 rows, N of 2 and 4, 2 draws, 20 steps, SetFit on
+one draw of N=2 with one iteration.
 
 Run: ``.venv/bin/python bench/fewshot.py [--data-dir ../shared/datasets] [--splits 10]
 [--shots 8,16,64] [--layer none]``. Needs the encoders extra (``pip install -e '.[encoders]'``).
@@ -35,8 +43,11 @@ import numpy as np
 import torch
 
 from corel.encoders import model_inputs, run_preprocessing
-from corel.fewshot import PROBE, HeadSettings, run_fewshot
+from corel.encoders.files import installed
+from corel.fewshot import PROBE, FewShotResult, HeadSettings, Splits, draw_splits, run_fewshot
 from corel.losses import LOSSES
+
+SETFIT = "setfit"
 
 
 def ag_news_test(data_dir: Path, rows: int | None = None) -> tuple[list[str], np.ndarray, list[str]]:
@@ -56,6 +67,35 @@ def ag_news_test(data_dir: Path, rows: int | None = None) -> tuple[list[str], np
     return texts, y, names
 
 
+def setfit_results(texts: list[str], y: np.ndarray, rows: Splits, shots: list[int], splits: int,
+                   iterations: int, seed: int) -> list[FewShotResult]:
+    """SetFit on MiniLM's files, trained on each of the first ``splits`` draws at each N of
+    ``shots`` and scored on the protocol's evaluation rows; its seconds are the training's
+    and the evaluation rows' prediction."""
+    import tempfile
+
+    from datasets import Dataset
+    from setfit import SetFitModel, Trainer, TrainingArguments
+
+    out = []
+    evaluation = [texts[i] for i in rows.evaluation]
+    for n in shots:
+        for s, train in enumerate(rows.draws[n][:splits]):
+            started = time.perf_counter()
+            model = SetFitModel.from_pretrained(str(installed("minilm", "text")), local_files_only=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                args = TrainingArguments(output_dir=tmp, batch_size=16, num_iterations=iterations, num_epochs=1,
+                                         report_to="none", save_strategy="no", show_progress_bar=False,
+                                         seed=seed * 1000 + s)
+                data = Dataset.from_dict({"text": [texts[i] for i in train], "label": [int(y[i]) for i in train]})
+                Trainer(model=model, args=args, train_dataset=data).train()
+            guessed = np.asarray(model.predict(evaluation, show_progress_bar=False))
+            accuracy = float((guessed == y[rows.evaluation]).mean())
+            out.append(FewShotResult(SETFIT, n, s, accuracy, time.perf_counter() - started))
+            print(f"setfit N={n} draw {s}: {100 * accuracy:.1f} in {out[-1].seconds:.1f} s", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
@@ -69,11 +109,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", default=",".join([PROBE, *LOSSES]))
     ap.add_argument("--features-dir", default=os.environ.get("COREL_FEATURES_DIR"),
                     help="keep MiniLM's features there (a second run reads them); default: in memory")
+    ap.add_argument("--setfit", default="8", help="the Ns SetFit runs at, comma-separated ('' for none)")
+    ap.add_argument("--setfit-splits", type=int, help="SetFit on the first K draws (default: all)")
+    ap.add_argument("--setfit-iterations", type=int, default=20, help="SetFit's num_iterations (default 20)")
     ap.add_argument("--smoke", action="store_true", help="240 rows, N 2 and 4, 2 draws, 20 steps")
     args = ap.parse_args(argv)
     rows = None
     if args.smoke:
         rows, args.shots, args.splits, args.steps = 240, "2,4", 2, 20
+        args.setfit, args.setfit_splits, args.setfit_iterations = "2", 1, 1
     shots = [int(n) for n in args.shots.split(",") if n]
     texts, y, names = ag_news_test(Path(args.data_dir), rows)
     started = time.perf_counter()
@@ -88,16 +132,34 @@ def main(argv: list[str] | None = None) -> None:
                          class_names=names, settings=settings)
     print(report.table())
     summary = report.summary()
+    setfit_shots = [int(n) for n in args.setfit.split(",") if n.strip()]
+    unknown = [n for n in setfit_shots if n not in shots]
+    if unknown:
+        raise SystemExit(f"--setfit {unknown[0]}: not one of --shots {args.shots}")
+    draws = draw_splits(y, shots, args.splits, args.seed, names)  # the protocol's own rows
+    peer = setfit_results(texts, y, draws, setfit_shots, args.setfit_splits or args.splits, args.setfit_iterations,
+                          args.seed) if setfit_shots else []
     for n in shots:
         heads = [r for r in summary if r["shots"] == n and r["method"] != PROBE]
         best = max(heads, key=lambda r: r["mean"]) if heads else None
         probe = next((r for r in summary if r["shots"] == n and r["method"] == PROBE), None)
+        ran = [r for r in peer if r.shots == n]
         shown = f"{100 * best['mean']:.1f} ({best['method']})" if best else "-"
         probed = f"{100 * probe['mean']:.1f}" if probe else "-"
-        print(f"fewshot N={n} corel best / setfit / probe: {shown} / - / {probed}")
+        theirs = f"{100 * float(np.mean([r.accuracy for r in ran])):.1f}" if ran else "-"
+        if ran and len(ran) < args.splits:  # corel's on the same draws beside it
+            mine = report.accuracies(best["method"], n)[: len(ran)] if best else np.array([])
+            theirs += f" ({len(ran)} draws; corel's best there {100 * float(mine.mean()):.1f})"
+        print(f"fewshot N={n} corel best / setfit / probe: {shown} / {theirs} / {probed}")
     first = shots[0]
     seconds = sum(r["seconds"] for r in summary if r["shots"] == first and r["method"] != PROBE)
     print(f"fewshot corel protocol seconds at N={first}: {seconds:.2f} (every head on every draw)")
+    if peer:
+        n = peer[0].shots
+        ran = [r for r in peer if r.shots == n]
+        mine = sum(r.seconds for r in report.results if r.shots == n and r.method != PROBE and r.split < len(ran))
+        print(f"fewshot time ratio setfit / corel: {sum(r.seconds for r in ran) / mine:.1f} (N={n}, {len(ran)} "
+              f"draws: SetFit {sum(r.seconds for r in ran):.1f} s, every corel head {mine:.2f} s)")
 
 
 if __name__ == "__main__":
