@@ -22,7 +22,8 @@ trains on the N x 4 shots alone and is scored on the same 3,800 evaluation rows:
 It prints the table per N (mean, sd, min, max in percent, the paired difference against the
 best method and its t-test's p-value, seconds), then one line per N,
 ``fewshot N=8 corel best / setfit / probe: A / B / C`` (corel best: the best head's mean; ``-``
-where SetFit did not run), ``fewshot corel protocol seconds at N=8: S`` (every head on every
+where SetFit did not run) and ``fewshot N=8 corel best method: M`` (with corel's best on the
+draws SetFit ran, where it ran fewer), ``fewshot corel protocol seconds at N=8: S`` (every head on every
 draw) and ``fewshot time ratio setfit / corel: R`` (SetFit's seconds against every corel head's,
 on the draws SetFit ran). ``--smoke``: 240 rows, N of 2 and 4, 2 draws, 20 steps, SetFit on
 one draw of N=2 with one iteration.
@@ -145,13 +146,16 @@ def main(argv: list[str] | None = None) -> None:
         best = max(heads, key=lambda r: r["mean"]) if heads else None
         probe = next((r for r in summary if r["shots"] == n and r["method"] == PROBE), None)
         ran = [r for r in peer if r.shots == n]
-        shown = f"{100 * best['mean']:.1f} ({best['method']})" if best else "-"
+        shown = f"{100 * best['mean']:.1f}" if best else "-"
         probed = f"{100 * probe['mean']:.1f}" if probe else "-"
         theirs = f"{100 * float(np.mean([r.accuracy for r in ran])):.1f}" if ran else "-"
-        if ran and len(ran) < args.splits:  # corel's on the same draws beside it
-            mine = report.accuracies(best["method"], n)[: len(ran)] if best else np.array([])
-            theirs += f" ({len(ran)} draws; corel's best there {100 * float(mine.mean()):.1f})"
         print(f"fewshot N={n} corel best / setfit / probe: {shown} / {theirs} / {probed}")
+        said = f"fewshot N={n} corel best method: {best['method'] if best else '-'}"
+        if ran and len(ran) < args.splits:  # corel's on the same draws beside SetFit's
+            mine = report.accuracies(best["method"], n)[: len(ran)] if best else np.array([])
+            said += (f"; setfit ran {len(ran)} of {args.splits} draws, corel's best on those "
+                     f"{100 * float(mine.mean()):.1f}")
+        print(said)
     first = shots[0]
     seconds = sum(r["seconds"] for r in summary if r["shots"] == first and r["method"] != PROBE)
     print(f"fewshot corel protocol seconds at N={first}: {seconds:.2f} (every head on every draw)")

@@ -160,6 +160,19 @@ class Fitted:
             return self.head.predict(self.layer(features.to(self.dtype)))
 
 
+def _build_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int, settings: HeadSettings,
+                seed: int) -> LossHead:
+    """Loss ``loss``'s head for features ``x`` (its parameters drawn from ``seed``), its class
+    vectors at the shots' class means where ``settings.init`` says so."""
+    torch.manual_seed(seed)
+    fields = ExperimentSpec(dataset="digits").model_dump()
+    head = build_loss(loss, num_classes, x.shape[1], **{**fields, **settings.params}).to(x.dtype)
+    if settings.init == "means" and isinstance(head.W, nn.Parameter):
+        with torch.no_grad():
+            head.W.copy_(_class_means(x, y, num_classes))
+    return head
+
+
 def train_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
                settings: HeadSettings | None = None, seed: int = 0) -> Fitted:
     """Loss ``loss``'s head trained on features ``x`` (N, D) with labels ``y``, as
@@ -167,18 +180,13 @@ def train_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
     settings = settings or HeadSettings()
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSSES)}")
-    torch.manual_seed(seed)
-    fields = ExperimentSpec(dataset="digits").model_dump()
-    head = build_loss(loss, num_classes, x.shape[1], **{**fields, **settings.params}).to(x.dtype)
+    head = _build_head(loss, x, y, num_classes, settings, seed)
     layer: nn.Module = nn.Identity()
     if settings.layer == "linear":
         linear = nn.Linear(x.shape[1], x.shape[1], bias=False).to(x.dtype)
         with torch.no_grad():
             linear.weight.copy_(torch.eye(x.shape[1], dtype=x.dtype))
         layer = linear
-    if settings.init == "means" and isinstance(head.W, nn.Parameter):
-        with torch.no_grad():
-            head.W.copy_(_class_means(x, y, num_classes))
     trained = [p for p in (*layer.parameters(), *head.parameters()) if p.requires_grad]
     optimizer = torch.optim.Adam(trained, lr=settings.lr) if trained else None
     for _ in range(settings.steps if optimizer is not None else 0):
@@ -232,15 +240,7 @@ def train_heads(loss: str, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSSES)}")
     shapes = {tuple(x.shape) for x in xs}
-    fields = ExperimentSpec(dataset="digits").model_dump()
-    heads = []
-    for x, y, seed in zip(xs, ys, seeds, strict=True):
-        torch.manual_seed(seed)
-        head = build_loss(loss, num_classes, x.shape[1], **{**fields, **settings.params}).to(x.dtype)
-        if settings.init == "means" and isinstance(head.W, nn.Parameter):
-            with torch.no_grad():
-                head.W.copy_(_class_means(x, y, num_classes))
-        heads.append(head)
+    heads = [_build_head(loss, x, y, num_classes, settings, seed) for x, y, seed in zip(xs, ys, seeds, strict=True)]
     if len(shapes) > 1 or not _stacks(heads[0], settings):
         return [train_head(loss, x, y, num_classes, settings, seed) for x, y, seed in zip(xs, ys, seeds, strict=True)]
     for y in ys:

@@ -63,8 +63,9 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "embed_throughput.py": (r"\(c\) 2 concurrent clients, single images: \d+ requests/s", {FASHION, SERVICES}),
     "fault_recovery.py": (r"connections cut +[\d.]+ +[\d.]+", {PRIVATE}),
     "finetune.py": (r"ratio corel / sentence-transformers samples/s: [\d.]+", {SHARED, MINILM, FASHION}),
-    "fewshot.py": (r"fewshot N=2 corel best / setfit / probe: [\d.]+ \(\w+\) / [\d.]+ \(1 draws; corel's best "
-                   r"there [\d.]+\) / [\d.]+\n.*\n"
+    "fewshot.py": (r"fewshot N=2 corel best / setfit / probe: [\d.]+ / [\d.]+ / [\d.]+\n"
+                   r"fewshot N=2 corel best method: \w+; setfit ran 1 of 2 draws, corel's best on those [\d.]+\n"
+                   r"fewshot N=4 corel best / setfit / probe: [\d.]+ / - / [\d.]+\n.*\n"
                    r"fewshot corel protocol seconds at N=2: [\d.]+ .*\nfewshot time ratio setfit / corel: [\d.]+",
                    {SHARED, MINILM}),
     "gaussian_diagnosis.py": (r"# best epoch \d+: val [\d.]+ test [\d.]+", set()),
