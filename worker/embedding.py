@@ -16,10 +16,10 @@ from app.core.models import Checkpoint, DatasetUpload, EmbeddingJob, EmbeddingRe
 from app.core.settings import Settings
 from app.jobs import lifecycle
 from app.jobs.lifecycle import LostLease
-from app.services.encoders import files_for_model
 from app.storage import ensure as ensure_store
 from app.storage import read as read_artifact
 from app.storage.artifacts import put_array
+from app.storage.encoder_files import files_for_model
 from corel.serving import BATCH, ServedModel
 from corel.train import checkpoint_from_bytes
 from worker.runner import materialise_upload

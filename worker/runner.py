@@ -44,11 +44,11 @@ from app.core.settings import Settings, engine_options
 from app.jobs import lifecycle
 from app.jobs.lifecycle import WORKER_ID, LostLease
 from app.services import builtin
-from app.services.encoders import local_files
 from app.storage import Artifact, StoreUnavailable, release_after_commit, store_of
 from app.storage import ensure as ensure_store
 from app.storage import read as read_artifact
 from app.storage.artifacts import put_array
+from app.storage.encoder_files import local_files
 from app.storage.features import StoredFeatures
 from corel.device import device_name
 from corel.encoders.record import EncoderRecord

@@ -13,10 +13,10 @@ from app.core.errors import InvalidInput
 from app.core.lookup import best_checkpoint, succeeded_experiment
 from app.core.models import DatasetUpload
 from app.core.settings import Settings
-from app.services.encoders import files_for_model
 from app.services.figures import latent_file
 from app.storage import store_of
 from app.storage.artifacts import best_checkpoint_bytes, class_names, load_latent
+from app.storage.encoder_files import files_for_model
 
 if TYPE_CHECKING:
     from corel.export import Exported

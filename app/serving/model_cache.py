@@ -16,8 +16,8 @@ from app.core.errors import Conflict
 from app.core.lookup import best_checkpoint, get_or_404
 from app.core.models import Checkpoint, DatasetUpload, Experiment, Status
 from app.core.settings import Settings, get_settings
-from app.services.encoders import files_for_model
 from app.storage import read as read_artifact
+from app.storage.encoder_files import files_for_model
 from corel.models import Classifier
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
