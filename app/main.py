@@ -31,6 +31,7 @@ from app.api.routes import (
     sweeps,
     users,
 )
+from app.api.state import AppState
 from app.core.db import make_engine, make_sessionmaker
 from app.core.errors import install_error_handlers
 from app.core.logging import configure_logging
@@ -67,32 +68,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                              statement_timeout=settings.db_statement_seconds,
                              peer_timeout=settings.db_peer_timeout_seconds,
                              pool_size=settings.db_pool_size, max_overflow=settings.db_max_overflow)
-        app.state.engine = engine
+        state.engine = engine
         # The artifact store, checked now: a wrong bucket, credentials or folder stops
         # the start with a message that names the setting.
         store = make_store(settings)
         store.check()
-        app.state.sessionmaker = attach(make_sessionmaker(engine), store)
+        state.sessionmaker = attach(make_sessionmaker(engine), store)
         # Orphans (artifacts written by a process that died before its row committed).
-        gc_stop = collect_in_background(app.state.sessionmaker, store,
+        gc_stop = collect_in_background(state.sessionmaker, store,
                                         settings.artifact_gc_interval_seconds,
                                         settings.artifact_gc_grace_seconds,
                                         settings.features_keep_days * 86400.0)
-        app.state.queue = TaskQueue(make_celery(settings, publisher=True))
+        state.queue = TaskQueue(make_celery(settings, publisher=True))
         # Runs the broker lost while nothing was watching (every worker also does this).
-        reconcile_in_background(app.state.sessionmaker, settings, app.state.queue.send,
+        reconcile_in_background(state.sessionmaker, settings, state.queue.send,
                                 lambda: broker_memory_since(settings))
         # Whether the built-in datasets that are not here can be downloaded, asked now so
         # that the first submission need not wait for the answer.
         builtin.probe_sources(settings)
-        app.state.model_cache = ModelCache(settings.model_cache_size)
+        state.model_cache = ModelCache(settings.model_cache_size)
         # What /neighbors searches: built indexes, and training splits searched exactly.
-        app.state.references = LoadOnceCache[Reference](settings.index_cache_size)
-        app.state.inference = InferenceRunner(settings.api_batch_threads, settings.max_image_pixels)
-        app.state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
-        app.state.events = EventHub(app.state.sessionmaker, settings.db_url)
-        await app.state.events.start()
-        metrics.service.attach(engine, app.state.model_cache, app.state.probes)
+        state.references = LoadOnceCache[Reference](settings.index_cache_size)
+        state.inference = InferenceRunner(settings.api_batch_threads, settings.max_image_pixels)
+        state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
+        state.events = EventHub(state.sessionmaker, settings.db_url)
+        await state.events.start()
+        metrics.service.attach(engine, state.model_cache, state.probes)
         log.info("api started", extra={"database": engine.url.render_as_string(hide_password=True)})
         # What exists at start-up (torch, SQLAlchemy, Celery: hundreds of thousands of
         # objects) lives as long as the process; keep it out of the collector's full
@@ -102,9 +103,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             gc_stop.set()
-            await app.state.events.stop()
-            app.state.inference.close()
-            app.state.probes.shutdown(wait=False, cancel_futures=True)
+            await state.events.stop()
+            state.inference.close()
+            state.probes.shutdown(wait=False, cancel_futures=True)
             engine.dispose()
 
     app = FastAPI(
@@ -118,12 +119,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # see it: checked for every route, so that none can forget (app/access/policy.py).
         dependencies=[Depends(check_path_access)],
     )
-    app.state.settings = settings
+    app.state = state = AppState()  # typed: app/api/state.py
+    state.settings = settings
     # Read by app.api.middleware.RequestGuard: whether the open mode has ended, and failed
     # authentications per client address.
-    app.state.users_exist = UsersExist(lambda: app.state.sessionmaker)
-    app.state.auth_failures = FailureBudget()
-    app.state.metrics = metrics = ApiMetrics(settings)
+    state.users_exist = UsersExist(lambda: state.sessionmaker)
+    state.auth_failures = FailureBudget()
+    state.metrics = metrics = ApiMetrics(settings)
 
     install_error_handlers(app)
 

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.access import audit, policy
 from app.access.tokens import Principal
+from app.api.state import state_of
 from app.core.db import read_session, session_scope
 from app.core.errors import DomainError, Forbidden, Unauthorized
 from app.core.settings import Settings
@@ -19,8 +20,7 @@ from app.jobs.queue import TaskQueue
 
 
 def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+    return state_of(request).settings
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -36,7 +36,7 @@ def get_session(request: Request) -> Iterator[Session]:
     fails is recorded once the session has been rolled back.
     """
     draft = None
-    factory = request.app.state.sessionmaker
+    factory = state_of(request).sessionmaker
     try:
         with session_scope(factory) as session:
             draft = audit.begin(session, request)
@@ -53,14 +53,13 @@ def get_read_session(request: Request) -> Iterator[Session]:
     BEGIN and COMMIT round trips of :func:`get_session` (a read took four, a list five).
     Each statement sees what was committed when it ran. It carries the principal, as
     :func:`get_session`'s does, for the access checks; a write through it is a bug."""
-    with read_session(request.app.state.sessionmaker) as session:
+    with read_session(state_of(request).sessionmaker) as session:
         session.info["principal"] = getattr(request.state, "principal", None)
         yield session
 
 
 def get_queue(request: Request) -> TaskQueue:
-    queue: TaskQueue = request.app.state.queue
-    return queue
+    return state_of(request).queue
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -102,7 +101,7 @@ async def require_access(request: Request, kind: str, row_id: int, need: policy.
         return
 
     def check() -> None:
-        with read_session(request.app.state.sessionmaker) as session:
+        with read_session(state_of(request).sessionmaker) as session:
             policy.check(session, principal, kind, row_id, need)
 
     await anyio.to_thread.run_sync(check)
@@ -122,7 +121,7 @@ async def check_path_access(request: Request) -> None:
         return
 
     def check() -> None:
-        with read_session(request.app.state.sessionmaker) as session:
+        with read_session(state_of(request).sessionmaker) as session:
             policy.check_path(session, principal, request.method, request.url.path, params)
 
     try:
@@ -131,7 +130,7 @@ async def check_path_access(request: Request) -> None:
         if query_is_invalid(request):
             return  # its 422 comes first, as for an admin: no row is looked up for it
         # A refused write is audited all the same.
-        await anyio.to_thread.run_sync(audit.record_refusal, request.app.state.sessionmaker,
+        await anyio.to_thread.run_sync(audit.record_refusal, state_of(request).sessionmaker,
                                        request, principal, exc.status_code, exc.detail)
         raise
 

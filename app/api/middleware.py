@@ -37,6 +37,7 @@ from app.access.tokens import (
     query_has_token,
 )
 from app.api.metrics import METHODS, METRICS_PATH, ApiMetrics, RouteTemplates
+from app.api.state import AppState, state_of
 from app.core.db import DATABASE_UNAVAILABLE, read_session
 from app.core.errors import RETRY_AFTER, allowed_methods
 from app.core.settings import Settings
@@ -176,7 +177,7 @@ class RequestGuard(HttpMiddleware):
         (no, a malformed, an unknown, a revoked or an expired token; a token in the URL),
         403 (a token whose scope does not allow this), 429 (too many failures from this
         address), 503 (the database cannot say)."""
-        settings, state = self.settings, scope["app"].state
+        settings, state = self.settings, state_of(scope)
         method, path = scope["method"], scope["path"]
         address = (scope.get("client") or ("unknown",))[0]
         unauthorized = {"www-authenticate": "Bearer"}
@@ -238,7 +239,7 @@ class RequestGuard(HttpMiddleware):
             return None
         return principal
 
-    async def resolve(self, state: Any, token: str | None) -> Principal | Refused:
+    async def resolve(self, state: AppState, token: str | None) -> Principal | Refused:
         """The principal of a bearer token, or why it is refused."""
         if token is None:
             return Refused("this endpoint needs an 'Authorization: Bearer <token>' header")
@@ -255,7 +256,7 @@ class RequestGuard(HttpMiddleware):
         return await anyio.to_thread.run_sync(lookup)
 
 
-async def _users_exist(state: Any) -> bool:
+async def _users_exist(state: AppState) -> bool:
     known = state.users_exist.cached()
     if known is None:  # the first request: wait for the answer once
         known = await anyio.to_thread.run_sync(state.users_exist.probe)

@@ -22,6 +22,7 @@ from app.core.db import session_scope
 from app.core.errors import InvalidInput, PayloadTooLarge
 from app.core.schemas import INPUT_KINDS, BinaryArray, InferenceRequest
 from app.serving.model_cache import LoadedModel, load_from_database
+from app.serving.state import ServingState
 from corel.data.image_folders import MAX_PIXELS, ImageTooLarge, open_image, why_unreadable
 from corel.data.tables import texts_of_rows
 from corel.encoders.record import EncoderRecord
@@ -385,7 +386,7 @@ def forward(
     return h, torch.empty(0) if sims is None else sims
 
 
-async def model_for(state: Any, experiment_id: int) -> LoadedModel:
+async def model_for(state: ServingState, experiment_id: int) -> LoadedModel:
     """The experiment's served model: from the API process's cache, or loaded once from
     its best checkpoint (off the event loop)."""
     cache = state.model_cache
@@ -400,7 +401,7 @@ async def model_for(state: Any, experiment_id: int) -> LoadedModel:
     return await run_in_threadpool(cache.get, experiment_id, load)
 
 
-async def infer(state: Any, req: InferenceRequest, similarities: bool,
+async def infer(state: ServingState, req: InferenceRequest, similarities: bool,
                 layer: Layer = "head") -> tuple[LoadedModel, torch.Tensor, torch.Tensor | None]:
     """The one service behind /embed and /predict: the batch checked, the model got, the
     inputs run through it (batched with other requests'), the time recorded. ``layer``: the

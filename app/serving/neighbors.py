@@ -28,6 +28,7 @@ from app.services.indexes import index_to_search, load_index
 from app.services.retrieval import training_rows
 from app.services.rows import RowSource, training_positions
 from app.serving import inference
+from app.serving.state import ServingState
 from app.storage.artifacts import class_names
 from corel.clustering import default_metric
 from corel.device import pick_device
@@ -51,7 +52,7 @@ def _experiment_source(session: Session, experiment_id: int) -> RowSource:
     return RowSource(exp.dataset, exp.dataset_id)
 
 
-def _exact_over_training(state: Any, experiment_id: int, loss: str) -> Reference:
+def _exact_over_training(state: ServingState, experiment_id: int, loss: str) -> Reference:
     with session_scope(state.sessionmaker) as session:
         reps, labels = training_rows(session, experiment_id, "/neighbors")
         names = class_names(session, experiment_id)
@@ -68,7 +69,7 @@ def _exact_over_training(state: Any, experiment_id: int, loss: str) -> Reference
     return Reference(index.to(pick_device(state.settings.device)), positions, source, texts)
 
 
-def _reference(state: Any, experiment_id: int, loss: str, index_id: int | None) -> tuple[int | None, Reference]:
+def _reference(state: ServingState, experiment_id: int, loss: str, index_id: int | None) -> tuple[int | None, Reference]:
     """(the index's id or None, what this request searches)."""
     with session_scope(state.sessionmaker) as session:
         row = index_to_search(session, experiment_id, index_id)
@@ -113,7 +114,7 @@ def _name(names: list[str] | None, label: int) -> str:
     return names[label] if names is not None and 0 <= label < len(names) else str(label)
 
 
-async def search(state: Any, req: NeighborsRequest) -> dict[str, Any]:
+async def search(state: ServingState, req: NeighborsRequest) -> dict[str, Any]:
     loaded, h, sims = await inference.infer(state, req, similarities=True)
     assert sims is not None
     index_id, ref = await run_in_threadpool(_reference, state, loaded.experiment_id,

@@ -11,6 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 import app.services.experiments as experiments_service
 import app.services.sweeps as sweeps_service
 from app.api.deps import SessionDep
+from app.api.state import state_of
 from app.jobs.progress_stream import experiment_position, stream, sweep_position
 
 router = APIRouter()
@@ -61,7 +62,7 @@ def experiment_events(
 ) -> StreamingResponse:
     experiments_service.get_experiment(session, experiment_id)  # 404 before any stream
     sent = experiment_position(last_event_id)
-    state = request.app.state
+    state = state_of(request)
     return _sse(stream(state.events, state.sessionmaker, [experiment_id], [sent], sweep=False))
 
 
@@ -77,5 +78,5 @@ def sweep_events(
     sweeps_service.get_sweep(session, sweep_id)
     members = sweeps_service.member_ids(session, sweep_id)
     sent = sweep_position(last_event_id, len(members))
-    state = request.app.state
+    state = state_of(request)
     return _sse(stream(state.events, state.sessionmaker, members, sent, sweep=True))

@@ -9,6 +9,7 @@ from pydantic import AfterValidator
 
 import app.services.experiments as experiments_service
 from app.api.deps import AuthDep, QueueDep, ReadSessionDep, SessionDep, SettingsDep
+from app.api.state import state_of
 from app.core.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT
 from app.core.models import Experiment
 from app.core.schemas import (
@@ -109,4 +110,4 @@ def cancel(experiment_id: int, session: SessionDep):
 )
 def delete(experiment_id: int, session: SessionDep, request: Request) -> None:
     experiments_service.delete_experiment(session, experiment_id)
-    request.app.state.model_cache.invalidate(experiment_id)
+    state_of(request).model_cache.invalidate(experiment_id)

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from app.api.state import state_of
 from app.core.db import ping
 from app.core.errors import RETRY_AFTER
 
@@ -26,13 +27,13 @@ async def health() -> dict[str, str]:
 @router.get("/ready", summary="Database and broker reachable (else 503), answered within 2 s")
 async def ready(request: Request) -> JSONResponse:
     def database() -> None:
-        ping(request.app.state.engine)
+        ping(state_of(request).engine)
 
     async def check(name: str, probe: Any) -> tuple[str, str]:
         # Own threads, so that a hung database cannot also hold up this answer.
         loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(loop.run_in_executor(request.app.state.probes, probe),
+            await asyncio.wait_for(loop.run_in_executor(state_of(request).probes, probe),
                                    READY_TIMEOUT)
             return name, "ok"
         except TimeoutError:
@@ -41,7 +42,7 @@ async def ready(request: Request) -> JSONResponse:
             return name, f"unreachable: {type(exc).__name__}"
 
     checks = dict(await asyncio.gather(check("database", database),
-                                       check("broker", request.app.state.queue.ping)))
+                                       check("broker", state_of(request).queue.ping)))
     ok = all(v == "ok" for v in checks.values())
     return JSONResponse(status_code=200 if ok else 503,
                         headers=None if ok else {"Retry-After": str(RETRY_AFTER)},

@@ -17,6 +17,7 @@ from starlette.datastructures import UploadFile
 
 from app.api.deps import require_access
 from app.api.openapi import without_nulls
+from app.api.state import state_of
 from app.core.errors import (
     MAX_ID,
     NO_CONTENT_TYPE,
@@ -176,7 +177,7 @@ async def _read_request(request: Request, schema: type[Req] = InferenceRequest, 
                         path_id: int | None = None) -> Req:
     """The inputs of /embed, /predict (or /neighbors, with ``schema`` and the path's id),
     whichever way they came: JSON, multipart, or an octet-stream body."""
-    settings = request.app.state.settings
+    settings = state_of(request).settings
     content_type = request.headers.get("content-type", "")
     route = (route_of(request) or "").removesuffix("/files")  # the files routes take every form too
     media = content_type.split(";")[0].strip().lower()
@@ -289,7 +290,7 @@ def _csv_rows(files: list[UploadFile], contents: list[bytes],
 async def neighbors(experiment_id: int, request: Request) -> Response:
     check_id("experiment", experiment_id)
     req = await _read_request(request, NeighborsRequest, path_id=experiment_id)
-    return _json(await neighbors_service.search(request.app.state, req))
+    return _json(await neighbors_service.search(state_of(request), req))
 
 
 @router.post("/experiments/{experiment_id:int}/neighbors/files",
@@ -311,7 +312,7 @@ async def _infer(
 ) -> tuple[LoadedModel, torch.Tensor, torch.Tensor | None]:
     """The request's model, and the representations (of ``layer``) and similarities of its inputs."""
     await require_access(request, "experiment", req.experiment_id)
-    return await inference.infer(request.app.state, req, similarities, layer)
+    return await inference.infer(state_of(request), req, similarities, layer)
 
 
 async def _run(

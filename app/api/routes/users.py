@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request, status
 from app.access import audit as audit_service
 from app.access import users as users_service
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
+from app.api.state import state_of
 from app.core.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT, NotFound
 from app.core.schemas import (
     AuditRead,
@@ -53,7 +54,7 @@ def revoke_my_token(token_id: int, principal: PrincipalDep, session: SessionDep)
              summary="Add a user (admin)")
 def create_user(body: UserCreate, session: SessionDep, request: Request):
     user = users_service.create_user(session, body.name, body.admin)
-    request.app.state.users_exist.seen()  # the open mode ends with the first user
+    state_of(request).users_exist.seen()  # the open mode ends with the first user
     return user
 
 
