@@ -40,7 +40,7 @@ import sqlalchemy as sa
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import upgrade
 from app.core.models import Experiment
-from app.core.schemas import ExperimentCreate
+from app.core.schemas.experiments import ExperimentCreate
 from app.core.settings import Settings
 from app.services.experiments import create_experiment, delete_experiment
 from app.storage import ensure, make_store

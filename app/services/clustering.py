@@ -19,9 +19,10 @@ from sqlalchemy.orm import Session
 
 from app.core.lookup import store_once, succeeded_experiment
 from app.core.models import ClusteringResult, Experiment
-from app.core.schemas import Geometry, Split
+from app.core.schemas.common import Split
 from app.storage.artifacts import load_latent
 from corel.clustering import ALGORITHMS, cluster, default_metric
+from corel.geometry import Geometry
 
 
 def _stored(experiment_id: int, split: str, metric: str, algorithm: str) -> Select[ClusteringResult]:

@@ -11,7 +11,7 @@ from app.access import policy
 from app.core.errors import Conflict, InvalidInput
 from app.core.lookup import get_or_404, page_of
 from app.core.models import EpochMetric, Experiment, Status, utcnow
-from app.core.schemas import ExperimentCreate
+from app.core.schemas.experiments import ExperimentCreate
 from app.jobs import lifecycle
 from app.services.datasets import referenced_upload
 from app.services.encoders import check_spec_encoder, referenced_encoder

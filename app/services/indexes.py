@@ -17,7 +17,7 @@ from app.access import policy
 from app.core.errors import Conflict, InvalidInput
 from app.core.lookup import get_or_404, succeeded_experiment
 from app.core.models import LatentSpace, NeighborIndex, Status, utcnow
-from app.core.schemas import IndexCreate
+from app.core.schemas.indexes import IndexCreate
 from app.core.settings import Settings
 from app.jobs.lifecycle import cancel
 from app.services.retrieval import no_training_rows

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 from app.core.errors import Conflict
 from app.core.lookup import store_once, succeeded_experiment
 from app.core.models import Experiment, RetrievalResult, Status
-from app.core.schemas import Geometry
 from app.storage.artifacts import load_latent
 from corel.clustering import default_metric
+from corel.geometry import Geometry
 from corel.retrieval import retrieval_metrics
 
 

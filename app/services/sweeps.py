@@ -15,7 +15,8 @@ from app.access import policy
 from app.core.errors import Conflict, InvalidInput, describe_errors
 from app.core.lookup import get_or_404, page_of
 from app.core.models import FINISHED, STATUSES, Experiment, Status, Sweep, utcnow
-from app.core.schemas import ExperimentCreate, SweepCreate
+from app.core.schemas.experiments import ExperimentCreate
+from app.core.schemas.sweeps import SweepCreate
 from app.services.clustering import clustering_report
 from app.services.retrieval import retrieval_report
 from corel import report

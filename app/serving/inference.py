@@ -20,7 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from app.core.db import session_scope
 from app.core.errors import InvalidInput, PayloadTooLarge
-from app.core.schemas import INPUT_KINDS, BinaryArray, InferenceRequest
+from app.core.schemas.inference import INPUT_KINDS, BinaryArray, InferenceRequest
 from app.serving.model_cache import LoadedModel, load_from_database
 from app.serving.state import ServingState
 from corel.data.image_folders import MAX_PIXELS, ImageTooLarge, open_image, why_unreadable

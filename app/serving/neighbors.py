@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from app.core.db import session_scope
 from app.core.errors import Conflict, InvalidInput
 from app.core.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex
-from app.core.schemas import NeighborsRequest
+from app.core.schemas.inference import NeighborsRequest
 from app.services.indexes import index_to_search, load_index
 from app.services.retrieval import training_rows
 from app.services.rows import RowSource, training_positions

@@ -13,7 +13,7 @@ import torch
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import upgrade
 from app.core.models import Experiment
-from app.core.schemas import ExperimentCreate
+from app.core.schemas.experiments import ExperimentCreate
 from app.core.settings import Settings
 from app.jobs import workers
 from app.services.experiments import create_experiment

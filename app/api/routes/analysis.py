@@ -18,8 +18,9 @@ import app.services.downloads as downloads_service
 import app.services.figures as figures_service
 import app.services.retrieval as retrieval_service
 from app.api.deps import SessionDep, SettingsDep
-from app.core.schemas import Geometry, Split
+from app.core.schemas.common import Split
 from app.services.compare import IDS_PATTERN, MAX_IDS
+from corel.geometry import Geometry
 
 router = APIRouter(prefix="/experiments", tags=["analysis"])
 

@@ -12,7 +12,8 @@ from fastapi.responses import FileResponse, Response
 import app.services.datasets as datasets_service
 from app.api.deps import AuthDep, ReadSessionDep, SessionDep, SettingsDep
 from app.core.errors import MAX_OFFSET, PayloadTooLarge, check_id
-from app.core.schemas import BuiltinDatasetRead, BuiltinDatasets, DatasetRead, Page
+from app.core.schemas.common import Page
+from app.core.schemas.datasets import BuiltinDatasetRead, BuiltinDatasets, DatasetRead
 from app.services import builtin as builtin_service
 from app.services import rows as rows_service
 

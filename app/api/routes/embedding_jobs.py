@@ -10,7 +10,7 @@ import app.services.embedding_jobs as jobs_service
 from app.api.deps import AuthDep, QueueDep, SessionDep
 from app.api.routes.analysis import LATENT_FORMATS, LatentFormat
 from app.core.models import EmbeddingJob
-from app.core.schemas import EmbeddingJobCreate, EmbeddingJobRead
+from app.core.schemas.jobs import EmbeddingJobCreate, EmbeddingJobRead
 from app.jobs.lifecycle import commit_and_send
 from app.services.figures import latent_file
 

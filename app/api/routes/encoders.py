@@ -15,7 +15,8 @@ import app.services.encoders as encoders_service
 from app.api.deps import AuthDep, SessionDep, SettingsDep
 from app.api.routes.datasets import spool
 from app.core.errors import MAX_OFFSET
-from app.core.schemas import EncoderUploadRead, Page
+from app.core.schemas.common import Page
+from app.core.schemas.encoders import EncoderUploadRead
 from corel.encoder_catalog import DECLARATIONS, Input, Modality
 
 router = APIRouter(tags=["encoders"])

@@ -12,14 +12,13 @@ from app.api.deps import AuthDep, QueueDep, ReadSessionDep, SessionDep, Settings
 from app.api.state import state_of
 from app.core.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT
 from app.core.models import Experiment
-from app.core.schemas import (
+from app.core.schemas.common import Page, Status
+from app.core.schemas.experiments import (
     EpochMetricRead,
     ExperimentCreate,
     ExperimentQueued,
     ExperimentRead,
     MetricsRead,
-    Page,
-    Status,
 )
 from app.jobs.lifecycle import commit_and_send
 from app.services.builtin import require_available, require_rows

@@ -7,7 +7,7 @@ from fastapi import APIRouter, status
 import app.services.indexes as indexes_service
 from app.api.deps import AuthDep, QueueDep, SessionDep, SettingsDep
 from app.core.models import NeighborIndex
-from app.core.schemas import IndexCreate, IndexRead
+from app.core.schemas.indexes import IndexCreate, IndexRead
 from app.jobs.lifecycle import commit_and_send
 
 router = APIRouter(tags=["indexes"])

@@ -29,7 +29,7 @@ from app.core.errors import (
     route_of,
     send_hint,
 )
-from app.core.schemas import (
+from app.core.schemas.inference import (
     INPUT_KINDS,
     EmbedRead,
     EmbedRequest,

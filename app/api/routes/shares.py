@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from app.access import policy
 from app.api.deps import SessionDep
-from app.core.schemas import ShareCreate, ShareRead, SharesRead
+from app.core.schemas.access import ShareCreate, ShareRead, SharesRead
 
 router = APIRouter(tags=["sharing"])
 

@@ -10,7 +10,8 @@ import app.services.sweeps as sweeps_service
 from app.api.deps import AuthDep, QueueDep, ReadSessionDep, SessionDep, SettingsDep
 from app.core.errors import MAX_OFFSET, PAGE_LIMIT
 from app.core.models import Experiment
-from app.core.schemas import Page, SweepCreate, SweepQueued, SweepRead, SweepSummary
+from app.core.schemas.common import Page
+from app.core.schemas.sweeps import SweepCreate, SweepQueued, SweepRead, SweepSummary
 from app.jobs.lifecycle import commit_and_send
 from app.services import sweep_render
 from app.services.builtin import require_available, require_rows

@@ -12,16 +12,16 @@ from app.access import users as users_service
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.state import state_of
 from app.core.errors import MAX_ID, MAX_OFFSET, PAGE_LIMIT, NotFound
-from app.core.schemas import (
+from app.core.schemas.access import (
     AuditRead,
     MeRead,
-    Page,
     TokenCreate,
     TokenCreated,
     TokenRead,
     UserCreate,
     UserRead,
 )
+from app.core.schemas.common import Page
 
 router = APIRouter(tags=["users"])
 

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import upgrade
 from app.core.models import Checkpoint, LatentSpace, utcnow
-from app.core.schemas import ExperimentCreate
+from app.core.schemas.experiments import ExperimentCreate
 from app.core.settings import Settings
 from app.main import create_app
 from app.services.experiments import create_experiment, delete_experiment

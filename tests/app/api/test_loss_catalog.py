@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from app.core.schemas import grid_items
+from app.core.schemas.sweeps import grid_items
 from app.services import sweeps
 from app.services.figures import _loss_label
 from app.web import losses_for_pages

@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import downgrade, upgrade
-from app.core.schemas import ExperimentCreate
+from app.core.schemas.experiments import ExperimentCreate
 from app.core.settings import Settings
 from app.services.experiments import create_experiment
 from app.storage import make_store
@@ -142,7 +142,7 @@ def test_every_artifact_moves_into_the_store_and_back(settings, tmp_path):
     import numpy as np
     from sklearn.datasets import load_digits
 
-    from app.core.schemas import IndexCreate
+    from app.core.schemas.indexes import IndexCreate
     from app.services import embedding_jobs, encoders, figures, indexes
     from app.services.datasets import create_upload
     from app.storage import ensure

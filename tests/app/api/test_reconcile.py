@@ -12,7 +12,7 @@ from sqlalchemy import update
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import upgrade
 from app.core.models import Experiment, utcnow
-from app.core.schemas import ExperimentCreate
+from app.core.schemas.experiments import ExperimentCreate
 from app.core.settings import Settings
 from app.jobs.broker import TRAIN_TASK
 from app.jobs.lifecycle import reconcile

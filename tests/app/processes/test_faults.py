@@ -218,7 +218,7 @@ def test_a_refused_send_withdraws_the_row_or_keeps_it_queued(private, service) -
     from app.core.db import make_engine, make_sessionmaker, session_scope
     from app.core.errors import ServiceUnavailable
     from app.core.models import Experiment
-    from app.core.schemas import ExperimentCreate
+    from app.core.schemas.experiments import ExperimentCreate
     from app.jobs.lifecycle import commit_and_send
     from app.jobs.queue import BrokerUnavailable
     from app.services.experiments import create_experiment

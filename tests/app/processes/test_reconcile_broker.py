@@ -14,7 +14,7 @@ from sqlalchemy import update
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.migrate import upgrade
 from app.core.models import DatasetUpload, EmbeddingJob, Experiment, NeighborIndex, utcnow
-from app.core.schemas import ExperimentCreate
+from app.core.schemas.experiments import ExperimentCreate
 from app.core.settings import Settings
 from app.jobs.broker import EMBED_TASK, INDEX_TASK, TRAIN_TASK, broker_memory_since
 from app.jobs.lifecycle import reconcile, requeue_delay

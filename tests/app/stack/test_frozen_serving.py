@@ -101,7 +101,7 @@ def test_concurrent_text_requests_share_the_encoder_s_pass_and_get_their_own_row
     import asyncio
 
     from app.core.db import make_engine, make_sessionmaker, session_scope
-    from app.core.schemas import InferenceRequest
+    from app.core.schemas.inference import InferenceRequest
     from app.serving.inference import InferenceRunner
     from app.serving.model_cache import load_from_database
     from app.storage import ensure

@@ -225,7 +225,7 @@ def test_concurrent_small_requests_share_a_forward_pass_and_get_their_own_rows(s
     import asyncio
 
     from app.core.db import make_engine, make_sessionmaker, session_scope
-    from app.core.schemas import InferenceRequest
+    from app.core.schemas.inference import InferenceRequest
     from app.serving.inference import InferenceRunner, forward, model_inputs
     from app.serving.model_cache import load_from_database
     from app.storage import ensure
