@@ -19,10 +19,9 @@ from app.jobs.lifecycle import LostLease
 from app.storage import ensure as ensure_store
 from app.storage import read as read_artifact
 from app.storage.artifacts import put_array
-from app.storage.encoder_files import files_for_model
+from app.storage.local_copies import files_for_model, materialise_upload
 from corel.serving import BATCH, ServedModel
 from corel.train import checkpoint_from_bytes
-from worker.runner import materialise_upload
 
 log = logging.getLogger("corel.worker")
 # BATCH (corel.serving): rows per forward pass, and between two progress commits.

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import kombu.exceptions
@@ -31,7 +27,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.db import DATABASE_UNAVAILABLE, session_scope
 from app.core.models import (
     Checkpoint,
-    DatasetUpload,
     EncoderUpload,
     EpochMetric,
     Experiment,
@@ -48,8 +43,8 @@ from app.storage import Artifact, StoreUnavailable, release_after_commit, store_
 from app.storage import ensure as ensure_store
 from app.storage import read as read_artifact
 from app.storage.artifacts import put_array
-from app.storage.encoder_files import local_files
 from app.storage.features import StoredFeatures
+from app.storage.local_copies import local_files, materialise_upload
 from corel.device import device_name
 from corel.encoders.record import EncoderRecord
 from corel.spec import ExperimentSpec
@@ -358,26 +353,6 @@ def features_record(preprocessing: dict[str, Any] | None, source: str | None = N
         return None
     found = dict(record.features_path)
     return {**found, "source": source} if source is not None else found
-
-
-def materialise_upload(session: Session, dataset_id: int, settings: Settings) -> Path:
-    """Uploads live in the artifact store; a worker reads a local copy named for the loader
-    (``.csv`` or ``.npz``): a link to the store's file where it can, else a copy."""
-    upload = session.get(DatasetUpload, dataset_id)
-    if upload is None:
-        raise ValueError(f"dataset {dataset_id} no longer exists")
-    suffix = ".csv" if upload.kind == "ag-news" else ".npz"  # tables are stored as .npz
-    path = settings.var_dir.resolve() / "cache" / f"dataset-{dataset_id}-{upload.sha256[:16]}{suffix}"
-    if not path.exists():
-        source = store_of(session).local_path(upload.blob_sha256)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-        try:
-            os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
-        tmp.replace(path)
-    return path
 
 
 def _finish(factory: sessionmaker[Session], experiment_id: int, status: Status, **values: Any) -> None:

@@ -16,7 +16,7 @@ from app.core.settings import Settings
 from app.services.figures import latent_file
 from app.storage import store_of
 from app.storage.artifacts import best_checkpoint_bytes, class_names, load_latent
-from app.storage.encoder_files import files_for_model
+from app.storage.local_copies import files_for_model
 
 if TYPE_CHECKING:
     from corel.export import Exported

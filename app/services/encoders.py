@@ -13,7 +13,7 @@ Two kinds:
 An accepted encoder is one row (:class:`app.core.models.EncoderUpload`) and its file one
 artifact (app/storage, keyed by sha256: the same file uploaded twice is stored
 once). A spec names it by ``encoder_id``; the runs trained on it record its content digest,
-by which any process finds the files again (:func:`app.storage.encoder_files.local_files`).
+by which any process finds the files again (:func:`app.storage.local_copies.local_files`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from app.core.lookup import get_or_404, page_of
 from app.core.models import EncoderUpload, utcnow
 from app.core.settings import Settings
 from app.storage import store_of
-from app.storage.encoder_files import KINDS, unpack_folder
+from app.storage.local_copies import KINDS, unpack_folder
 from corel.encoder_catalog import declared_name
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

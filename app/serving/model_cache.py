@@ -17,7 +17,7 @@ from app.core.lookup import best_checkpoint, get_or_404
 from app.core.models import Checkpoint, DatasetUpload, Experiment, Status
 from app.core.settings import Settings, get_settings
 from app.storage import read as read_artifact
-from app.storage.encoder_files import files_for_model
+from app.storage.local_copies import files_for_model
 from corel.models import Classifier
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec

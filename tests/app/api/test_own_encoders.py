@@ -133,7 +133,7 @@ def test_a_spec_naming_an_own_encoder_wrongly_is_refused(client, spec, status, w
 def test_the_encoder_files_are_written_once_per_machine(client, settings, weights, tmp_path):
     """A worker's or an API process's copy: written whole (never half a file), then reused."""
     from app.core.db import make_sessionmaker
-    from app.storage.encoder_files import local_files
+    from app.storage.local_copies import local_files
 
     r = client.post("/encoders", files={"file": ("w.safetensors", weights)},
                     data={"architecture": "test_efficientnet"})

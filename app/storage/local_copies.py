@@ -1,11 +1,15 @@
-"""A user's own encoder's files on this machine: written once from the artifact store into
-``var_dir/cache/encoders`` (the weights file, or the unpacked folder), by the content digest the
-runs trained on it record. A worker that trains on one, and a process that serves or exports a
-model trained on one, find the files here (:func:`files_for_model`); corel checks them against
-the digest."""
+"""Artifacts copied out of the store onto this machine where a library needs a path.
+
+* A user's own encoder's files: written once into ``var_dir/cache/encoders`` (the weights
+  file, or the unpacked folder), by the content digest the runs trained on it record. A
+  worker that trains on one, and a process that serves or exports a model trained on one,
+  find the files here (:func:`files_for_model`); corel checks them against the digest.
+* An uploaded dataset's file (:func:`materialise_upload`), named for its loader.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 import zipfile
@@ -16,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.errors import NotFound
-from app.core.models import EncoderUpload
+from app.core.models import DatasetUpload, EncoderUpload
 from app.core.settings import Settings
 from app.storage import ArtifactMissing, store_of
 from corel.encoder_catalog import declared_name
@@ -99,3 +103,23 @@ def files_for_model(session: Session, settings: Settings, preprocessing: dict[st
         raise NotFound(f"the encoder this model was trained on ({record.name}, {record.digest[:12]}) "
                        "is no longer stored")
     return local_files(session, settings, row)
+
+
+def materialise_upload(session: Session, dataset_id: int, settings: Settings) -> Path:
+    """Uploads live in the artifact store; a worker reads a local copy named for the loader
+    (``.csv`` or ``.npz``): a link to the store's file where it can, else a copy."""
+    upload = session.get(DatasetUpload, dataset_id)
+    if upload is None:
+        raise ValueError(f"dataset {dataset_id} no longer exists")
+    suffix = ".csv" if upload.kind == "ag-news" else ".npz"  # tables are stored as .npz
+    path = settings.var_dir.resolve() / "cache" / f"dataset-{dataset_id}-{upload.sha256[:16]}{suffix}"
+    if not path.exists():
+        source = store_of(session).local_path(upload.blob_sha256)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+        tmp.replace(path)
+    return path
