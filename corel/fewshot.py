@@ -31,88 +31,44 @@ import numpy as np
 import torch
 from torch import nn
 
+from corel.data.fewshot import (
+    MAX_SPLITS,
+    SHOTS,
+    SPLITS,
+    Splits,
+    as_fewshot,
+    draw_splits,
+    text_labels,
+)
 from corel.losses import LOSSES, LossHead, build_loss, check_labels
 from corel.spec import ExperimentSpec
 
 __all__ = ["MAX_SPLITS", "PROBE", "SHOTS", "SPLITS", "FewShotReport", "FewShotResult", "Fitted", "HeadSettings",
-           "Splits", "draw_splits", "run_fewshot", "train_head", "train_heads"]
+           "Splits", "as_fewshot", "class_means", "draw_splits", "protocol_labels", "run_fewshot", "train_head", "train_heads"]
 
-SHOTS = (8, 16, 64)
-"""Shots per class by default."""
-SPLITS = 10
-"""Seeded draws of them by default."""
-MAX_SPLITS = 100
 PROBE = "probe"
 """The linear probe's name among the methods."""
 LAYERS = ("none", "linear")
 INITS = ("means", "random")
 
 
-@dataclass(frozen=True)
-class Splits:
-    """Row indices: ``evaluation`` (every method is scored on them), ``pool`` (the shots are
-    drawn from it; disjoint from the evaluation rows) and ``draws`` (for each N, one array
-    per draw of N pool rows per class, sorted)."""
+def protocol_labels(spec: ExperimentSpec, data_dir: Any = None) -> tuple[np.ndarray, list[str]]:
+    """The labels of the rows :func:`as_fewshot` cuts for ``spec``'s dataset (its training and
+    validation rows, in that order) and the class names, computing no inputs: no encoder's
+    features, no word vectors. What a request for a few-shot protocol is checked against
+    (:func:`draw_splits`) before any run starts."""
+    from pathlib import Path
 
-    evaluation: np.ndarray
-    pool: np.ndarray
-    draws: dict[int, list[np.ndarray]]
-    seed: int
+    from corel.data import load_dataset
 
-
-def _names(y: np.ndarray, class_names: Sequence[str] | None) -> Callable[[int], str]:
-    return (lambda k: str(class_names[k])) if class_names is not None else (lambda k: str(k))
-
-
-def draw_splits(y: Any, shots: Sequence[int] = SHOTS, splits: int = SPLITS, seed: int = 0,
-                class_names: Sequence[str] | None = None, eval_fraction: float = 0.5) -> Splits:
-    """The protocol's rows for labels ``y``: per class, ``eval_fraction`` of its rows (rounded
-    down) for evaluation and the rest for the pool, then ``splits`` draws of N pool rows per
-    class for each N of ``shots``. The same seed gives the same rows; the draws of one N do
-    not depend on which other Ns are asked. ValueError says what is wrong: an N larger than
-    some class's pool (naming the class and its size), fewer than two classes, ``splits``
-    outside 1..100."""
-    labels = np.asarray(y)
-    if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"labels must be a non-empty 1-d integer array; got shape {labels.shape}, "
-                         f"dtype {labels.dtype}")
-    name = _names(labels, class_names)
-    classes = np.unique(labels)
-    if len(classes) < 2:
-        raise ValueError(f"few-shot needs at least two classes; the data has one ({name(int(classes[0]))})")
-    if isinstance(splits, bool) or not isinstance(splits, int | np.integer) or not 1 <= splits <= MAX_SPLITS:
-        raise ValueError(f"splits must be an integer from 1 to {MAX_SPLITS}; got {splits!r}")
-    wanted = list(shots)
-    if not wanted or any(isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1 for n in wanted):
-        raise ValueError(f"shots must be a non-empty list of positive integers (examples per class); "
-                         f"got {wanted!r}")
-    if len(set(wanted)) != len(wanted):
-        raise ValueError(f"shots must not repeat a number; got {wanted!r}")
-    if not 0 < eval_fraction < 1:
-        raise ValueError(f"eval_fraction must lie strictly between 0 and 1; got {eval_fraction}")
-    rng = np.random.default_rng([seed, 0])
-    evaluation, pools = [], {}
-    for k in classes:
-        rows = rng.permutation(np.flatnonzero(labels == k))
-        cut = int(len(rows) * eval_fraction)
-        evaluation.append(rows[:cut])
-        pools[int(k)] = np.sort(rows[cut:])
-    smallest = min(pools, key=lambda k: len(pools[k]))
-    size, total = len(pools[smallest]), int((labels == smallest).sum())
-    too_many = [n for n in wanted if n > size]
-    if too_many:
-        raise ValueError(
-            f"{max(too_many)} shots per class: class {name(smallest)!r} has {size} rows in the pool "
-            f"({total} in all, {total - size} held out for evaluation); allowed: at most {size} shots")
-    draws: dict[int, list[np.ndarray]] = {}
-    for n in wanted:
-        draws[int(n)] = []
-        for s in range(splits):
-            r = np.random.default_rng([seed, int(n), s + 1])
-            draws[int(n)].append(np.sort(np.concatenate([r.choice(pools[k], int(n), replace=False)
-                                                         for k in sorted(pools)])))
-    return Splits(evaluation=np.sort(np.concatenate(evaluation)),
-                  pool=np.sort(np.concatenate(list(pools.values()))), draws=draws, seed=seed)
+    plain = spec.model_copy(update={"encoder": None, "encoder_mode": None, "encoder_path": None,
+                                    "fewshot": None, "train_subset": None})
+    root = Path(data_dir).expanduser() if data_dir is not None else None
+    found = text_labels(plain, root)
+    if found is not None:
+        return found
+    data = load_dataset(plain, root)
+    return torch.cat([data.y_train, data.y_val]).numpy(), list(data.class_names)
 
 
 @dataclass(frozen=True)
@@ -140,7 +96,8 @@ class HeadSettings:
             raise ValueError(f"unknown layer {self.layer!r}; allowed: {', '.join(LAYERS)}")
 
 
-def _class_means(x: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+def class_means(x: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Each class's mean row of ``x`` (a class with no rows: zeros)."""
     sums = torch.zeros(num_classes, x.shape[1], dtype=x.dtype).index_add_(0, y, x)
     counts = torch.bincount(y, minlength=num_classes).clamp_min(1).to(x.dtype)
     return sums / counts[:, None]
@@ -169,7 +126,7 @@ def _build_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int, s
     head = build_loss(loss, num_classes, x.shape[1], **{**fields, **settings.params}).to(x.dtype)
     if settings.init == "means" and isinstance(head.W, nn.Parameter):
         with torch.no_grad():
-            head.W.copy_(_class_means(x, y, num_classes))
+            head.W.copy_(class_means(x, y, num_classes))
     return head
 
 

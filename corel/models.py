@@ -3,6 +3,7 @@ architectures, Section 4, and the pretrained families) with a loss head."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -12,7 +13,7 @@ from corel.encoders import build_encoder
 from corel.losses import LossHead, build_loss
 from corel.spec import ExperimentSpec
 
-__all__ = ["Classifier", "Prediction", "build_classifier", "build_encoder"]
+__all__ = ["Classifier", "Inputs", "Prediction", "build_classifier", "build_encoder"]
 
 
 class Prediction(NamedTuple):
@@ -65,5 +66,20 @@ def build_classifier(
 ) -> Classifier:
     """Encoder for the spec's model and modality plus the spec's loss head; ``preprocessing``:
     what the run records of its inputs (a fine-tuned encoder's files are found by it)."""
+    if spec.fewshot is not None:  # a few-shot member: the head over the inputs themselves
+        inputs = Inputs(input_shape)
+        return Classifier(inputs, build_loss(spec.loss, num_classes, inputs.out_dim, **spec.loss_params()))
     head = build_loss(spec.loss, num_classes, spec.hidden, **spec.loss_params())
     return Classifier(build_encoder(spec, input_shape, preprocessing), head)
+
+
+class Inputs(nn.Module):
+    """h = x, flattened: the encoder of a head over its inputs (a few-shot member's, over a
+    frozen encoder's features)."""
+
+    def __init__(self, input_shape: tuple[int, ...]):
+        super().__init__()
+        self.out_dim = math.prod(input_shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1)

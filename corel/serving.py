@@ -81,7 +81,8 @@ class ServedModel:
 
     @property
     def dim(self) -> int:
-        return self.spec.hidden
+        """The width of h: the class vectors' (spec.hidden, or a few-shot member's inputs')."""
+        return self._dim  # type: ignore[attr-defined]
 
     @property
     def similarity(self) -> str:
@@ -91,6 +92,7 @@ class ServedModel:
         # Where and in what precision the model computes, read once (not per batch).
         object.__setattr__(self, "_device", self.model.head.W.device)
         object.__setattr__(self, "_dtype", self.model.head.W.dtype)
+        object.__setattr__(self, "_dim", int(self.model.head.W.shape[-1]))
 
     @property
     def device(self) -> torch.device:

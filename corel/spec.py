@@ -105,6 +105,19 @@ MODALITY: dict[str, str] = {
 }
 
 
+class FewShotDraw(BaseModel):
+    """One member of a few-shot protocol (corel.fewshot): draw ``split`` (from 0) of ``shots``
+    rows per class, drawn with ``seed`` from the pool of the dataset's training and validation
+    rows; the run trains on them and is tested on the protocol's evaluation rows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    shots: int = Field(ge=1, le=100_000, description="Examples per class.")
+    split: int = Field(ge=0, le=99, description="Which seeded draw of them, from 0.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="The protocol's seed: the same "
+                      "seed, the same evaluation rows and draws.")
+
+
 class ExperimentSpec(BaseModel):
     """One training run. Flat, so that sweeps can put any field on a grid."""
 
@@ -215,6 +228,14 @@ class ExperimentSpec(BaseModel):
         "a warning). int8 applies to a frozen sentence-transformers encoder's features only. "
         "The path and the gate's figures are recorded on the run (features).",
     )
+    fewshot: FewShotDraw | None = Field(
+        default=None,
+        description="A few-shot member (POST /sweeps with fewshot sets it): the run trains a head "
+        "over its inputs (a frozen encoder's features) on one seeded draw of `shots` rows per "
+        "class, its class vectors starting at their class means, full batch, and is tested on "
+        "the protocol's evaluation rows (half of each class of the training and validation rows, "
+        "disjoint from every draw); its validation split is its own shots.",
+    )
     val_fraction: float | None = Field(
         default=None, gt=0.0, lt=1.0,
         description="Uploaded datasets (npz, text, images): the share of rows held out for "
@@ -284,6 +305,16 @@ class ExperimentSpec(BaseModel):
             raise ValueError(f"val_fraction + test_fraction is {held_out:g}; it must leave at least "
                              "0.1 of the rows for training")
         self._check_encoder()
+        if self.fewshot is not None:
+            if self.train_subset is not None:
+                raise ValueError("train_subset does not apply to a few-shot member: it trains on its "
+                                 "draw's shots (fewshot.shots per class)")
+            if self.fine_tunes:
+                raise ValueError("a few-shot member trains a head over a frozen encoder's features; "
+                                 "encoder_mode finetune is not offered with fewshot")
+            if self.model != "ffnn":
+                raise ValueError(f"model {self.model!r}: a few-shot member is a head over the inputs "
+                                 "themselves (leave model at ffnn)")
         allowed = MODELS_BY_MODALITY[MODALITY[self.dataset]]
         if self.model not in allowed:
             raise ValueError(

@@ -263,7 +263,13 @@ def load_dataset(
         heard = given.enter_context(kept.sources())
         data = _load_dataset(spec, data_dir, download, features_dir)
     source = kept.source_of(heard)
-    return dataclasses.replace(data, features_source=source) if source is not None else data
+    if source is not None:
+        data = dataclasses.replace(data, features_source=source)
+    if spec.fewshot is not None:  # one member of a few-shot protocol: its draw and evaluation rows
+        from corel.data.fewshot import as_fewshot
+
+        data = as_fewshot(data, spec.fewshot)
+    return data
 
 
 def _load_dataset(spec: ExperimentSpec, data_dir: PathLike | None, download: bool,

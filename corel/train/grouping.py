@@ -40,7 +40,8 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     if spec.dataset in UPLOADED:
         exclude.discard("dataset_path")
     exclude.discard("encoder_path")  # on one machine, other files are another encoder
-    return tuple(spec.model_dump(exclude=exclude).items())
+    return tuple((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)  # a few-shot draw's fields
+                 for k, v in spec.model_dump(exclude=exclude).items())
 
 
 def group_specs(specs: Sequence[ExperimentSpec], max_members: int = MAX_GROUP) -> list[list[int]]:

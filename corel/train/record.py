@@ -28,13 +28,16 @@ class Record:
     best_val_accuracy: float = -1.0
     test_accuracy: float | None = None
     best_state: Tensors | None = None
+    keep_last: bool = False
+    """Every epoch is the new best: a few-shot run's (spec.fewshot), which has no labelled rows
+    besides its shots to choose an epoch by, keeps its last, as the protocol's heads do."""
 
     def improves(self, val_accuracy: float) -> bool:
         """Whether an epoch of this validation accuracy is the new best: above the best so
         far, or tied with it (the later of tied epochs is the best: it has trained longer, and
         on a small validation split ties are common, where the earliest would serve a model
-        of its first epoch)."""
-        return val_accuracy >= self.best_val_accuracy
+        of its first epoch); any epoch where the record keeps the last."""
+        return self.keep_last or val_accuracy >= self.best_val_accuracy
 
     def observe(
         self, epoch: int, *, train_loss: float, train_accuracy: float, val_accuracy: float,
@@ -67,15 +70,15 @@ class Record:
         }
 
     @classmethod
-    def from_checkpoint(cls, ckpt: dict[str, Any]) -> Record:
+    def from_checkpoint(cls, ckpt: dict[str, Any], keep_last: bool = False) -> Record:
         """The record a checkpoint written by :meth:`to_checkpoint` carries."""
         best = ckpt["best"]
         return cls(history=[EpochMetrics(**m) for m in ckpt["history"]], best_epoch=int(best["epoch"]),
                    best_val_accuracy=float(best["val_accuracy"]), test_accuracy=best["test_accuracy"],
-                   best_state=best["model"])
+                   best_state=best["model"], keep_last=keep_last)
 
     def snapshot(self) -> Record:
         """A copy that later epochs do not change (the best weights are shared: never
         changed in place, only replaced)."""
         return Record(list(self.history), self.best_epoch, self.best_val_accuracy,
-                      self.test_accuracy, self.best_state)
+                      self.test_accuracy, self.best_state, self.keep_last)

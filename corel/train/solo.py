@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from torch import nn
 
 from corel.data import Dataset, load_dataset
 from corel.device import (
@@ -417,7 +418,8 @@ def start_run(
     optimizer = make_optimizer(model, spec.lr, spec.encoder_lr if spec.encoder_lr is not None else spec.lr / 10)
     shuffle = torch.Generator().manual_seed(spec.seed)
     dropout = dropout_generator(spec.seed, dev) if has_dropout(model) else None
-    run = Run(spec, data, model, optimizer, shuffle, dev, options=options, dropout=dropout)
+    run = Run(spec, data, model, optimizer, shuffle, dev, options=options, dropout=dropout,
+              record=Record(keep_last=spec.fewshot is not None))
     if checkpoint is not None:
         _restore(run, checkpoint)
     return run
@@ -432,6 +434,12 @@ def build_model(spec: ExperimentSpec, data: Dataset, device: torch.device) -> Cl
     model = build_classifier(spec, data.input_shape, data.num_classes, data.preprocessing)
     if data.dtype != torch.float32:
         model = model.to(data.dtype)
+    if spec.fewshot is not None and isinstance(model.head.W, nn.Parameter):  # at the shots' class means
+        from corel.fewshot import class_means
+
+        with torch.no_grad():
+            model.head.W.copy_(class_means(data.x_train.flatten(1).to(model.head.W.dtype), data.y_train,
+                                           data.num_classes))
     return model.to(device)
 
 
@@ -449,7 +457,7 @@ def _restore(run: Run, ckpt: dict[str, Any]) -> None:
     load_model_state(run.model, ckpt["model"])
     run.optimizer.load_state_dict(optimizer_state(ckpt["optimizer"]))
     run.epoch = int(ckpt["epoch"])
-    run.record = Record.from_checkpoint(ckpt)
+    run.record = Record.from_checkpoint(ckpt, keep_last=run.spec.fewshot is not None)
     restore_rng(ckpt, run.shuffle, run.device, run.dropout)
 
 

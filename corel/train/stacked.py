@@ -195,7 +195,7 @@ class StackedRun:
         self._stream_index = torch.tensor(self.stream_of, device=device)
         self.epoch = 0
         # One record per member: its history and best epoch, as a solo run keeps them.
-        self.records = [Record() for _ in specs]
+        self.records = [Record(keep_last=spec.fewshot is not None) for spec in specs]
         # Members that failed to learn (index: why), marked by corel.train.guards.GroupChanceGuard.
         self.failed: dict[int, str] = {}
         # The training step as a CUDA graph, made on the first pass that takes one.
@@ -293,7 +293,8 @@ class StackedRun:
             }
         self.optimizer.load_state_dict({"state": state, "param_groups": own["param_groups"]})
         self.epoch = int(first["epoch"])
-        self.records = [Record.from_checkpoint(ckpt) for ckpt in checkpoints]
+        self.records = [Record.from_checkpoint(ckpt, keep_last=spec.fewshot is not None)
+                        for ckpt, spec in zip(checkpoints, self.specs, strict=True)]
         for stream, shuffle in enumerate(self.shuffles):
             restore_rng(checkpoints[self.stream_of.index(stream)], shuffle, self.device)
         for dropout, ckpt in zip(self.dropouts or (), checkpoints, strict=False):

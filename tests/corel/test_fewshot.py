@@ -175,3 +175,61 @@ def test_a_method_s_draws_trained_as_one_stack_end_as_each_trained_alone(digits,
     if isinstance(w, torch.nn.Parameter):
         means = torch.stack([xs[0][ys[0] == k].mean(0) for k in range(10)])
         assert (w - means).abs().max() > 1e-3
+
+
+# --- a few-shot member as a run (spec.fewshot: what a few-shot sweep's members are) --------
+
+def test_a_member_s_data_is_its_draw_to_train_on_and_the_evaluation_rows_to_test_on():
+    from corel.data import load_dataset
+    from corel.fewshot import protocol_labels
+    from corel.spec import ExperimentSpec
+
+    whole = load_dataset(ExperimentSpec(dataset="digits"))
+    x = torch.cat([whole.x_train, whole.x_val])
+    y = torch.cat([whole.y_train, whole.y_val])
+    positions = np.concatenate([whole.rows["train"], whole.rows["val"]])
+    labels, names = protocol_labels(ExperimentSpec(dataset="digits", fewshot={"shots": 3, "split": 1, "seed": 2}))
+    assert np.array_equal(labels, y.numpy()) and names == whole.class_names
+    cut = draw_splits(labels, [3], 2, 2, names)
+    member = load_dataset(ExperimentSpec(dataset="digits", fewshot={"shots": 3, "split": 1, "seed": 2}))
+    shots, evaluation = cut.draws[3][1], cut.evaluation
+    assert torch.equal(member.x_train, x[shots]) and torch.equal(member.y_train, y[shots])
+    assert torch.equal(member.x_val, member.x_train) and torch.equal(member.y_val, member.y_train)
+    assert torch.equal(member.x_test, x[evaluation]) and torch.equal(member.y_test, y[evaluation])
+    assert np.bincount(member.y_train.numpy()).tolist() == [3] * 10
+    assert np.array_equal(member.rows["train"], positions[shots])
+    assert np.array_equal(member.rows["test"], positions[evaluation])
+    assert np.intersect1d(member.rows["train"], member.rows["test"]).size == 0
+
+
+@pytest.mark.parametrize("loss", ["cosine", "arcface", "center"])
+def test_a_member_trained_as_a_run_ends_as_the_protocol_s_head_trained_alone(loss):
+    """fit() on a member's spec (what a worker runs for a few-shot sweep) keeps its last epoch,
+    as train_head does, from the same initial head (the draw's seed, class vectors at the shots'
+    class means): in float64, the same class vectors to 1e-10 and the same test accuracy."""
+    from corel.data import load_dataset
+    from corel.spec import ExperimentSpec
+    from corel.train import fit
+
+    spec = ExperimentSpec(dataset="digits", loss=loss, fewshot={"shots": 4, "split": 2, "seed": 1},
+                          epochs=30, lr=1e-2, batch_size=65_536, seed=1002)
+    data = load_dataset(spec).astype(torch.float64)
+    result = fit(spec, data=data, chance_epochs=0)
+    assert result.best_epoch == 30
+    alone = train_head(loss, data.x_train.flatten(1), data.y_train, 10, HeadSettings(steps=30), seed=1002)
+    run_w = result.run.model.head.W.detach()
+    assert not torch.allclose(run_w, torch.zeros_like(run_w))
+    assert torch.allclose(run_w, alone.head.W.detach(), atol=1e-10, rtol=0)
+    right = int((alone(data.x_test.flatten(1)) == data.y_test).sum())
+    assert round(result.test_accuracy * len(data.y_test)) == right  # the same rows right
+
+
+def test_a_member_spec_refuses_what_the_protocol_sets_or_cannot_do():
+    from corel.spec import ExperimentSpec
+
+    with pytest.raises(ValueError, match="train_subset does not apply to a few-shot member"):
+        ExperimentSpec(dataset="digits", train_subset=50, fewshot={"shots": 2, "split": 0})
+    with pytest.raises(ValueError, match="model 'cnn': a few-shot member is a head over the inputs"):
+        ExperimentSpec(dataset="digits", model="cnn", fewshot={"shots": 2, "split": 0})
+    with pytest.raises(ValueError, match="split"):
+        ExperimentSpec(dataset="digits", fewshot={"shots": 2, "split": 100})
