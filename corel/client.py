@@ -106,9 +106,16 @@ class Client:
         """An existing experiment."""
         return Experiment(self, int(experiment_id))
 
+    def get_sweep(self, sweep_id: int) -> Sweep:
+        """An existing sweep."""
+        sweep = Sweep(self, int(sweep_id))
+        sweep.refresh()
+        return sweep
+
     def sweep(self, base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], **fields: Any) -> Sweep:
         """Submit a sweep (``POST /sweeps``): ``base`` a spec, ``grid`` the values of each
-        field to cross."""
+        field to cross; ``fields``: the body's others, e.g. ``fewshot={"shots": [8, 16, 64],
+        "splits": 10}`` for a few-shot sweep (its figures: :meth:`Sweep.fewshot`)."""
         body = self.request("POST", "/sweeps", json_body={"base": dict(base),
                                                           "grid": {k: list(v) for k, v in grid.items()}, **fields})
         sweep = Sweep(self, int(body["id"]))
@@ -317,3 +324,10 @@ class Sweep:
 
     def report(self) -> dict[str, Any]:
         return dict(self.client.request("GET", f"/sweeps/{self.id}/report"))
+
+    def fewshot(self) -> dict[str, Any] | None:
+        """A few-shot sweep's figures (the report's ``fewshot``: per N and method the mean,
+        sd, min, max and the paired difference against the best with its p-value); None for
+        another sweep."""
+        found = self.report().get("fewshot")
+        return dict(found) if found is not None else None

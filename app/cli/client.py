@@ -241,6 +241,40 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _numbers(value: str) -> list[int]:
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {value!r}") from exc
+
+
+def fewshot_sweep(args: argparse.Namespace) -> int:
+    """POST /sweeps with fewshot; unless --no-wait, wait for its members and print the
+    report's few-shot table (per N and method: mean, sd, min, max, paired difference, p)."""
+    base: dict[str, Any] = {"dataset": args.dataset}
+    for key, value in (("dataset_id", args.dataset_id), ("encoder", args.encoder), ("encoder_id", args.encoder_id)):
+        if value is not None:
+            base[key] = value
+    body = {"base": base, "grid": {"loss": [v for v in args.losses.split(",") if v.strip()]},
+            "fewshot": {"shots": args.shots, "splits": args.splits, "seed": args.seed}}
+    queued = _call(args, "POST", "/sweeps", json=body)
+    print(f"sweep {queued['id']}: {queued['size']} members ({args.url.rstrip('/')}/ui/sweeps/{queued['id']})")
+    if args.no_wait:
+        return 0
+    while not (sweep := _call(args, "GET", f"/sweeps/{queued['id']}"))["finished"]:
+        time.sleep(1.0)
+    report = _call(args, "GET", f"/sweeps/{queued['id']}/report")["fewshot"]
+    rows = [[r["shots"], r["method"] + ("*" if r["method"] == r["best"] else ""), f"{100 * r['mean']:.1f}",
+             f"{100 * r['sd']:.1f}", f"{100 * r['min']:.1f}", f"{100 * r['max']:.1f}",
+             "-" if r["method"] == r["best"] else f"{100 * r['diff']:+.1f}", "-" if r["p"] is None else f"{r['p']:.3g}",
+             r["splits"]] for r in report["summary"]]
+    print(_table(rows, ["N", "method", "mean %", "sd", "min %", "max %", "diff", "p", "draws"]))
+    failed = sweep["counts"].get(Status.FAILED, 0)
+    if failed:
+        raise SystemExit(f"corel: {failed} of the sweep's members failed (GET /experiments?sweep_id={queued['id']})")
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("embed", help="representations of inputs from a running service",
                        description="POST /embed: the final hidden layer of each input (the head's h, "
@@ -288,6 +322,28 @@ def register(sub: Any) -> None:
                    help="geometry (default: the loss's own, as GET /losses lists it)")
     p.add_argument("--on", choices=("test", "validation"), help="split (default: test)")
     p.set_defaults(func=cluster)
+
+    p = sub.add_parser("fewshot-sweep", help="a few-shot sweep on a running service",
+                       description="POST /sweeps with fewshot: each loss trained as a head on seeded "
+                       "draws of N examples per class, each tested on the same evaluation rows; waits, "
+                       "then prints the table per N and method (* the best; diff and p: paired "
+                       "against it). Every member serves like any run.")
+    p.add_argument("--url", default=os.environ.get("COREL_URL", "http://127.0.0.1:8000"),
+                   help="service base URL (default: $COREL_URL or http://127.0.0.1:8000)")
+    p.add_argument("--token", default=os.environ.get("COREL_API_TOKEN"),
+                   help="bearer token (default: $COREL_API_TOKEN)")
+    p.add_argument("--dataset", required=True, help="a built-in dataset, or the kind of an upload "
+                   "(npz, text, images) with --dataset-id")
+    p.add_argument("--dataset-id", type=_positive, help="an uploaded dataset (POST /datasets)")
+    p.add_argument("--encoder", help="a frozen pretrained encoder (GET /encoders), e.g. minilm")
+    p.add_argument("--encoder-id", type=_positive, help="your own uploaded encoder (POST /encoders)")
+    p.add_argument("--losses", default="cce,cosine,gaussian,center",
+                   help="comma-separated losses, each a method (default: the paper's four)")
+    p.add_argument("--shots", type=_numbers, default=[8, 16, 64], help="examples per class (default 8,16,64)")
+    p.add_argument("--splits", type=_positive, default=10, help="seeded draws at each N (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="the protocol's seed (default 0)")
+    p.add_argument("--no-wait", action="store_true", help="print the sweep's id and return")
+    p.set_defaults(func=fewshot_sweep)
 
     p = sub.add_parser("export", help="download a trained model as one ONNX or TorchScript file",
                        description="GET /experiments/{id}/export: the encoder and head in one "

@@ -127,6 +127,8 @@ class Sweep(Base):
     # The members' ids by the group they were queued and trained in, together as one stacked
     # model (corel.train.grouping.group_specs); None for a sweep made before groups were kept.
     member_groups: Mapped[list[list[int]] | None] = mapped_column(JSON, nullable=True)
+    # A few-shot sweep's protocol ({"shots": [...], "splits": S, "seed": s}); None for a grid.
+    fewshot: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # Who created it (app.access.policy): None when created with no users (open mode)
     # or by the bootstrap admin (COREL_API_TOKEN). A plain indexed column, not a foreign

@@ -17,10 +17,14 @@ from app.core.lookup import get_or_404, page_of
 from app.core.models import FINISHED, STATUSES, Experiment, Status, Sweep, utcnow
 from app.core.schemas.experiments import ExperimentCreate
 from app.core.schemas.sweeps import SweepCreate
+from app.core.settings import Settings
+from app.services import builtin
 from app.services.clustering import clustering_report
 from app.services.retrieval import retrieval_report
+from app.storage.local_copies import materialise_upload
 from corel import report
 from corel.loss_catalog import DECLARATIONS, declaration
+from corel.spec import ExperimentSpec, FewShotDraw
 from corel.train import group_specs
 
 
@@ -73,23 +77,87 @@ def expand(body: SweepCreate, limit: int) -> list[ExperimentCreate]:
     return members
 
 
+FULL_BATCH = 65_536
+"""A few-shot member's batch size: every shot in one batch (the spec's largest batch)."""
+
+
+def fewshot_members(body: SweepCreate, grid: list[ExperimentCreate], limit: int) -> list[ExperimentCreate]:
+    """A few-shot sweep's members: each of the grid's for each N and each draw, as the
+    protocol sets them (corel.fewshot.HeadSettings: full batch, its learning rate and steps;
+    the draw; the draw's seed, as corel.fewshot.run_fewshot seeds it)."""
+    from corel.fewshot import HeadSettings
+
+    assert body.fewshot is not None
+    protocol, head = body.fewshot, HeadSettings()
+    size = len(grid) * len(protocol.shots) * protocol.splits
+    if size > limit:
+        raise InvalidInput(f"the few-shot sweep has {size} members ({len(grid)} from the grid x "
+                           f"{len(protocol.shots)} shots x {protocol.splits} splits); the limit is {limit} per sweep")
+    out = []
+    for spec in grid:
+        for n in protocol.shots:
+            for k in range(protocol.splits):
+                member = spec.model_copy(update={
+                    "epochs": head.steps, "lr": head.lr, "batch_size": FULL_BATCH, "seed": protocol.seed * 1000 + k,
+                    "fewshot": FewShotDraw(shots=n, split=k, seed=protocol.seed)})
+                try:
+                    member.to_spec()  # the library's checks of a member (a fine-tuned encoder, ...)
+                except ValidationError as exc:
+                    raise InvalidInput("fewshot: " + describe_errors(exc.errors(), whole="spec")) from exc
+                out.append(member)
+    return out
+
+
+def check_fewshot(session: Session, settings: Settings, body: SweepCreate, member: ExperimentCreate) -> None:
+    """A 422 for a few-shot protocol its dataset cannot give (an N larger than some class's
+    pool, naming the class and its size; one class), read from the dataset's labels alone
+    (corel.fewshot.protocol_labels). A built-in dataset not on this server yet is checked by
+    the worker that downloads it (its members fail with the same message)."""
+    from corel.data.base import DatasetNotFoundError
+    from corel.fewshot import draw_splits, protocol_labels
+
+    assert body.fewshot is not None
+    data = member.model_dump(exclude={"dataset_id", "encoder_id"})
+    data.update(encoder=None, encoder_mode=None, encoder_path=None, fewshot=None, precision="auto")
+    if member.dataset_id is not None:
+        data["dataset_path"] = str(materialise_upload(session, member.dataset_id, settings))
+    elif builtin.needs_download(settings, member.dataset):
+        return
+    try:
+        labels, names = protocol_labels(ExperimentSpec.model_validate(data),
+                                        builtin.data_dir_for(settings, member.dataset))
+    except DatasetNotFoundError:
+        return
+    except ValueError as exc:
+        raise InvalidInput(f"fewshot: the dataset's labels cannot be read: {exc}") from exc
+    try:
+        draw_splits(labels, body.fewshot.shots, body.fewshot.splits, body.fewshot.seed, names)
+    except ValueError as exc:
+        raise InvalidInput(f"fewshot: {exc}") from exc
+
+
 def create_sweep(session: Session, body: SweepCreate, limit: int,
-                 group_limit: int) -> tuple[Sweep, list[list[int]]]:
+                 group_limit: int, settings: Settings | None = None) -> tuple[Sweep, list[list[int]]]:
     """Rows for the sweep and its members; returns the id groups to queue together."""
     members = expand(body, limit)
+    if body.fewshot is not None:
+        members = fewshot_members(body, members, limit)
     if body.vectorize:
         groups = group_specs([m.to_spec() for m in members], group_limit)
     else:
         groups = [[i] for i in range(len(members))]
     prune = None if body.prune is None else _check_prune(body, members, groups)
     sweep = Sweep(base=body.base, grid=body.grid, lam_by_loss=body.lam_by_loss, size=len(members),
-                  vectorize=body.vectorize, prune=prune, created_at=utcnow())
+                  vectorize=body.vectorize, prune=prune, created_at=utcnow(),
+                  fewshot=body.fewshot.model_dump() if body.fewshot is not None else None)
     session.add(sweep)
     session.flush()
     experiments = [experiments_service.create_experiment(session, m) for m in members]
     for exp in experiments:
         exp.sweep_id = sweep.id
     session.flush()
+    if body.fewshot is not None and settings is not None:  # the data the caller may read, checked
+        check_fewshot(session, settings, body, members[0])
     sweep.member_groups = [[experiments[i].id for i in group] for group in groups]
     return sweep, sweep.member_groups
 
@@ -159,7 +227,7 @@ def progress(session: Session, sweep: Sweep) -> dict[str, Any]:
     ids = member_ids(session, sweep.id)
     return {"id": sweep.id, "base": sweep.base, "grid": sweep.grid,
             "losses": losses_of(sweep.base, sweep.grid), "lam_by_loss": sweep.lam_by_loss, "size": sweep.size,
-            "vectorize": sweep.vectorize, "prune": sweep.prune, "counts": counts, "done": done,
+            "vectorize": sweep.vectorize, "prune": sweep.prune, "fewshot": sweep.fewshot, "counts": counts, "done": done,
             "finished": done == sweep.size, "experiment_ids": ids, "member_groups": sweep.member_groups,
             "created_at": sweep.created_at,
             "owner": sweep.owner}
@@ -220,6 +288,7 @@ def _record(exp: Experiment) -> dict[str, Any]:
 def build_report(session: Session, sweep_id: int, *, clustering: bool = True) -> dict[str, Any]:
     sweep = get_sweep(session, sweep_id)
     exps = members(session, sweep_id)
+    clustering = clustering and sweep.fewshot is None  # a few-shot sweep's figures are its own
     done = [e for e in exps if e.status == Status.SUCCEEDED]
     records = [_record(e) for e in done]
     tuning = report.lambda_tuning(records)
@@ -253,6 +322,7 @@ def build_report(session: Session, sweep_id: int, *, clustering: bool = True) ->
         # The paper's Table 1 row (test accuracy %, by loss), where the paper has one.
         "paper_table1": report.PAPER_TABLE1.get(setting),
         "pruning": _pruning(sweep, exps),
+        "fewshot": fewshot_report(sweep, exps),
     }
 
 
@@ -271,3 +341,41 @@ def _pruning(sweep: Sweep, exps: list[Experiment]) -> dict[str, Any] | None:
         alive -= left
     return {"prune": sweep.prune, "rungs": rungs,
             "pruned": [{**_record(e), "rung": why["rung"], "reason": why["reason"]} for e, why in gone]}
+
+
+def _method(exp: Experiment, grid: dict[str, Any]) -> str:
+    """A few-shot member's method as the report names it: its loss (with the options its spec
+    sets), and its lambda where the grid tries several."""
+    name = _variant(exp.loss, exp.spec)
+    if "lam" in grid and "lam" in declaration(exp.loss).params:
+        name += f" (lam={exp.spec.get('lam'):g})"
+    return name
+
+
+def fewshot_report(sweep: Sweep, exps: list[Experiment]) -> dict[str, Any] | None:
+    """A few-shot sweep's figures (corel.fewshot.FewShotReport.summary) from its succeeded
+    members: per N and method the mean, sd, min and max test accuracy over the draws, the
+    training seconds, and the paired difference against the best method with its t-test's
+    p-value. Only the draws every method of that N has finished are compared (``draws``
+    says how many of ``splits``); None for a sweep that is not few-shot."""
+    from corel.fewshot import FewShotReport, FewShotResult
+
+    if sweep.fewshot is None:
+        return None
+    results = [FewShotResult(method=_method(e, sweep.grid), shots=int(e.spec["fewshot"]["shots"]),
+                             split=int(e.spec["fewshot"]["split"]), accuracy=float(e.test_accuracy),
+                             seconds=float(e.train_seconds or 0.0))
+               for e in exps if e.status == Status.SUCCEEDED and e.test_accuracy is not None
+               and e.spec.get("fewshot")]
+    methods = list(dict.fromkeys(_method(e, sweep.grid) for e in exps))
+    draws: dict[int, int] = {}
+    kept: list[FewShotResult] = []
+    for n in sweep.fewshot["shots"]:
+        done = [{r.split for r in results if r.shots == n and r.method == m} for m in methods]
+        complete = sorted(set.intersection(*done)) if done else []
+        draws[n] = len(complete)
+        kept += [r for r in results if r.shots == n and r.split in complete]
+    summary = FewShotReport(kept, evaluation_rows=0).summary() if kept else []
+    return {"shots": sweep.fewshot["shots"], "splits": sweep.fewshot["splits"], "seed": sweep.fewshot["seed"],
+            "methods": methods, "draws": {str(n): k for n, k in draws.items()}, "summary": summary}
+

@@ -24,7 +24,7 @@ router = APIRouter(prefix="/sweeps", tags=["sweeps"])
              dependencies=[AuthDep], summary="Create and queue every experiment of a grid")
 def create(body: SweepCreate, session: SessionDep, queue: QueueDep, settings: SettingsDep):
     sweep, groups = sweeps_service.create_sweep(session, body, settings.max_sweep_size,
-                                                settings.max_group_size)
+                                                settings.max_group_size, settings)
     require_available(settings, sweeps_service.builtin_datasets(session, sweep.id))
     require_rows(settings, sweeps_service.builtin_subsets(session, sweep.id))
     # Committed before sending, as for a single experiment: workers must find the rows.

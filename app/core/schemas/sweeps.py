@@ -47,6 +47,32 @@ class PruneCreate(BaseModel):
                             "below the spec's epochs.")
 
 
+FEWSHOT_SETS = ("fewshot", "train_subset", "epochs", "lr", "batch_size", "budget")
+"""Fields of a few-shot sweep's members that its protocol sets (beside each draw's seed)."""
+
+
+class FewShotCreate(BaseModel):
+    """A few-shot protocol (corel.fewshot): for each N of ``shots`` and each of ``splits``
+    seeded draws of N rows per class, every member of the grid trains a head on the draw alone
+    and is tested on the same evaluation rows."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    shots: list[int] = Field(default=[8, 16, 64], min_length=1, max_length=20,
+                             description="Examples per class, each N of them (default 8, 16, 64).")
+    splits: int = Field(default=10, ge=1, le=100, description="Seeded draws at each N (1 to 100).")
+    seed: int = Field(default=0, ge=0, le=2_000_000, description="The protocol's seed: the same seed "
+                      "and dataset, the same evaluation rows and draws.")
+
+    @model_validator(mode="after")
+    def _check_shots(self) -> FewShotCreate:
+        if any(n < 1 or n > 100_000 for n in self.shots):
+            raise ValueError(f"shots must be numbers of examples per class from 1 to 100000; got {self.shots}")
+        if len(set(self.shots)) != len(self.shots):
+            raise ValueError(f"shots must not repeat a number; got {self.shots}")
+        return self
+
+
 class SweepCreate(BaseModel):
     """A base spec and a grid; every combination of the grid's values is one experiment."""
 
@@ -72,6 +98,15 @@ class SweepCreate(BaseModel):
         "configurations by the metric (seeds of a configuration judged by their mean); the "
         "others end 'pruned', with their best checkpoint. Needs vectorize and groups of at "
         "least 2 members.")
+    fewshot: FewShotCreate | None = Field(
+        default=None,
+        description="A few-shot sweep: each grid combination is trained, as a head over the "
+        "inputs (a frozen encoder's features), on each seeded draw of N rows per class for each "
+        "N of shots, and tested on the same evaluation rows (half of each class of the dataset's "
+        "training and validation rows; the draws come from the other half). The protocol sets "
+        "each member's " + ", ".join(FEWSHOT_SETS) + " and seed: neither the base nor the grid "
+        "may. The report's fewshot part gives, per N and method, the mean, sd, min, max and the "
+        "paired difference against the best with its p-value.")
     lam_by_loss: dict[str, float] | None = Field(
         default=None,
         description="lambda per loss, in place of the base's and the grid's for that loss: "
@@ -90,6 +125,18 @@ class SweepCreate(BaseModel):
                 raise ValueError(f"lam_by_loss: {loss} must be a number in (0, 1]; got {lam!r}")
         if not self.grid:
             raise ValueError(f"grid is empty; give values for any of {', '.join(GRID_KEYS)}")
+        if self.fewshot is not None:
+            if "seed" in self.grid:
+                raise ValueError("grid field 'seed' is set by the few-shot protocol (each draw's own); "
+                                 "allowed with fewshot: " + ", ".join(k for k in GRID_KEYS if k != "seed"))
+            set_ = [k for k in FEWSHOT_SETS if self.base.get(k) is not None] + \
+                (["seed"] if self.base.get("seed") not in (None, 0) else [])
+            if set_:
+                raise ValueError(f"base field {set_[0]!r} is set by the few-shot protocol; leave "
+                                 f"{', '.join(FEWSHOT_SETS)} and seed out of a few-shot sweep")
+            if self.prune is not None:
+                raise ValueError("prune does not apply to a few-shot sweep: its members train on "
+                                 "their own draws, each to the end")
         for key, values in self.grid.items():
             if key not in GRID_KEYS:
                 raise ValueError(f"grid field {key!r} is not allowed; allowed: {', '.join(GRID_KEYS)}")
@@ -133,6 +180,8 @@ class SweepRead(SweepSummary):
 
     vectorize: bool
     prune: dict[str, Any] | None = Field(default=None, description="Its successive halving, if it prunes.")
+    fewshot: dict[str, Any] | None = Field(default=None, description="Its few-shot protocol (shots, "
+                                           "splits, seed), if it is one.")
     experiment_ids: list[int]
     member_groups: list[list[int]] | None = Field(
         default=None, description=MEMBER_GROUPS + " Null for a sweep made before groups were kept.")

@@ -4,7 +4,8 @@
 corel.pages.new = async function () {
   const { api, el, flash } = corel;
   // Server paths are not accepted over HTTP (uploads go by dataset_id).
-  const HIDDEN = new Set(["dataset_path", "word_vectors"]);
+  // fewshot: a few-shot sweep sets it on its members (POST /sweeps), not a run of its own.
+  const HIDDEN = new Set(["dataset_path", "word_vectors", "fewshot"]);
   const LABELS = { lam: "λ (lam)", gamma: "γ (gamma)", learn_gamma: "Learn γ", alpha: "α (alpha)", lr: "Learning rate (lr)",
     batch_size: "Batch size", hidden: "Hidden width", train_subset: "Train subset", dataset_id: "Uploaded dataset id" };
   const form = document.getElementById("spec-form");

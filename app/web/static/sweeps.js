@@ -207,7 +207,7 @@ corel.pages.sweep = async function () {
       stackCell(e),
       el("td", {}, LOSS_NAMES[e.spec.loss] || e.spec.loss),
       el("td", { class: "num" }, corel.LOSSES[e.spec.loss] && !corel.LOSSES[e.spec.loss].lam ? "–" : e.spec.lam),
-      el("td", { class: "num" }, e.spec.seed),
+      el("td", { class: "num" }, e.spec.fewshot ? "N=" + e.spec.fewshot.shots + ", draw " + (e.spec.fewshot.split + 1) : e.spec.seed),
       el("td", {}, badge(e.status)), el("td", {}, progressBar(e)),
       el("td", { class: "num" }, pct(e.best_val_accuracy)), el("td", { class: "num" }, pct(e.test_accuracy)));
   }
@@ -223,8 +223,10 @@ corel.pages.sweep = async function () {
     document.getElementById("cancel").hidden = done === all.length;
     const b = sweep.base;
     document.getElementById("subtitle").textContent = (b.dataset || "?") + " / " + corel.modelLabel(b) + ", " +
-      sweep.losses.map((l) => LOSS_NAMES[l] || l).join(", ") + ", " + (b.epochs || ({ quick: 10 }[b.budget]) || 150) + " epochs; grid " + Object.entries(sweep.grid).map(([k, v]) => k + " " + v.join(", ")).join("; ") +
-      (sweep.lam_by_loss ? "; λ by loss " + JSON.stringify(sweep.lam_by_loss) : "");
+      sweep.losses.map((l) => LOSS_NAMES[l] || l).join(", ") + ", " +
+      (sweep.fewshot ? "a head over the inputs, full batch" : (b.epochs || ({ quick: 10 }[b.budget]) || 150) + " epochs") + "; grid " + Object.entries(sweep.grid).map(([k, v]) => k + " " + v.join(", ")).join("; ") +
+      (sweep.lam_by_loss ? "; λ by loss " + JSON.stringify(sweep.lam_by_loss) : "") +
+      (sweep.fewshot ? "; few-shot: N = " + sweep.fewshot.shots.join(", ") + ", " + sweep.fewshot.splits + " draws each" : "");
   }
 
   // What a table's paired t-test says, of the table's own figure ("test accuracy", "MAP@R").
@@ -253,6 +255,7 @@ corel.pages.sweep = async function () {
       return { label: k, values: values.map((v) => names.indexOf(String(v))), tickvals: names.map((_, i) => i),
                ticktext: names.map((n) => LOSS_NAMES[n] || n) };
     });
+    if (sweep.fewshot) dims.push({ label: "N", values: all.map((e) => e.spec.fewshot.shots) });
     dims.push({ label: "best val %", values: all.map((e) => e.best_val_accuracy === null ? 0 : 100 * e.best_val_accuracy) });
     dims.push({ label: "test %", values: all.map((e) => e.test_accuracy === null ? 0 : 100 * e.test_accuracy) });
     const ended = all.map((e) => (e.status === "pruned" ? 0 : e.status === "succeeded" ? 1 : 0.5));
@@ -277,9 +280,36 @@ corel.pages.sweep = async function () {
       el("td", { class: "num" }, r.seed), el("td", { class: "num" }, r.rung), el("td", {}, r.reason))));
   }
 
+  // A few-shot sweep: each method's mean test accuracy against N, its sd over the draws as
+  // error bars; the table beside it (paired differences against the best at each N).
+  function fewshot(f) {
+    document.getElementById("fewshot-box").hidden = !f;
+    document.getElementById("report-box").hidden = !!f;
+    if (!f) return;
+    const complete = f.shots.map((n) => "N=" + n + ": " + f.draws[String(n)] + " of " + f.splits).join(", ");
+    document.getElementById("fewshot-note").textContent = "Each method trained on " + f.splits + " seeded draws (seed " +
+      f.seed + ") of N examples per class, every one tested on the same evaluation rows; compared over the draws " +
+      "every method has finished (" + complete + ").";
+    const traces = f.methods.map((m, i) => {
+      const rows = f.summary.filter((r) => r.method === m).sort((a, b) => a.shots - b.shots);
+      return { x: rows.map((r) => r.shots), y: rows.map((r) => 100 * r.mean), name: LOSS_NAMES[m] || m,
+        error_y: { type: "data", array: rows.map((r) => 100 * r.sd), visible: true },
+        mode: "lines+markers", line: { color: COLOURS[i % COLOURS.length] } };
+    }).filter((t) => t.x.length);
+    Plotly.react("fewshot-plot", traces, { margin: { t: 10, r: 10, b: 45, l: 55 },
+      xaxis: { title: { text: "examples per class (N)" }, type: "log", tickvals: f.shots },
+      yaxis: { title: { text: "test accuracy %" } }, legend: { orientation: "h", y: -0.25 } }, { responsive: true, displaylogo: false });
+    document.querySelector("#fewshot-table tbody").replaceChildren(...f.summary.map((r) => el("tr", { "data-shots": r.shots, "data-method": r.method },
+      el("td", { class: "num" }, r.shots), el("td", {}, (LOSS_NAMES[r.method] || r.method) + (r.method === r.best ? " ★" : "")),
+      el("td", { class: "num" }, pct(r.mean)), el("td", { class: "num" }, pct(r.sd)), el("td", { class: "num" }, pct(r.min)),
+      el("td", { class: "num" }, pct(r.max)), el("td", { class: "num" }, r.method === r.best ? "–" : (100 * r.diff).toFixed(1)),
+      el("td", { class: "num" }, r.p === null ? "–" : r.p.toPrecision(2)), el("td", { class: "num" }, r.splits))));
+  }
+
   async function report() {
     const rep = await api("/sweeps/" + id + "/report");
     pruning(rep.pruning);
+    fewshot(rep.fewshot);
     parcoords();
     const paper = rep.paper_table1 || {};
     document.querySelector("#table1 tbody").replaceChildren(...rep.test_accuracy.rows.map((r) => el("tr", { "data-loss": r.loss },

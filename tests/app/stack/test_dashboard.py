@@ -679,6 +679,38 @@ def test_a_pruned_sweep_page_shows_its_rungs_and_the_grid_in_parallel_coordinate
     shot(page, "sweep-pruned")
 
 
+def test_a_fewshot_sweep_page_plots_accuracy_against_shots_with_error_bars(page, client, worker):
+    """Issue 71: a few-shot sweep's page shows each method's mean test accuracy against N with
+    its sd over the draws as error bars, and the table of the report; the paper's tables, which
+    a few-shot sweep has none of, are not shown."""
+    r = client.post("/sweeps", json={"base": {"dataset": "digits"}, "grid": {"loss": ["cosine", "cce"]},
+                                     "fewshot": {"shots": [2, 4], "splits": 2}})
+    assert r.status_code == 202, r.text
+    sweep_id = r.json()["id"]
+    page.goto(f"/ui/sweeps/{sweep_id}")
+    page.wait_for_function("document.querySelectorAll('#members tr[data-status=succeeded]').length === 8",
+                           timeout=180_000)
+    report = client.get(f"/sweeps/{sweep_id}/report").json()["fewshot"]
+    assert len(report["summary"]) == 4
+    # The page redraws a second after a member ends: until then it may show a draw fewer.
+    page.wait_for_function("[...document.querySelectorAll('#fewshot-table tbody tr td:last-child')]"
+                           ".map(td => td.textContent).join() === '2,2,2,2'", timeout=15_000)
+    assert not page.locator("#fewshot-box").is_hidden() and page.locator("#report-box").is_hidden()
+    assert "few-shot: N = 2, 4, 2 draws each" in page.inner_text("#subtitle")
+    page.wait_for_function("(document.getElementById('fewshot-plot').data || []).length === 2")
+    traces = page.evaluate("document.getElementById('fewshot-plot').data.map(t => [t.name, t.x, t.y, t.error_y.array])")
+    want = {m: sorted((row["shots"], 100 * row["mean"], 100 * row["sd"]) for row in report["summary"] if row["method"] == m)
+            for m in ("cosine", "cce")}
+    names = {"cosine": "Cosine-COREL", "cce": "CCE"}
+    for name, x, y, err in traces:
+        method = next(m for m, shown in names.items() if shown == name)
+        assert [(a, pytest.approx(b), pytest.approx(c)) for a, b, c in zip(x, y, err, strict=True)] == want[method]
+    best = next(row for row in report["summary"] if row["shots"] == 4 and row["method"] == row["best"])
+    cells = page.locator(f"#fewshot-table tr[data-shots='4'][data-method='{best['method']}'] td")
+    assert cells.nth(1).inner_text().endswith("★") and cells.nth(2).inner_text() == f"{100 * best['mean']:.2f}"
+    shot(page, "sweep-fewshot")
+
+
 def _no_row_cut(page: Any, table: str) -> bool:
     """No row of a scrolled table's box is cut across by the box's bottom edge."""
     return page.evaluate("""(sel) => {
