@@ -10,7 +10,15 @@ from pydantic.json_schema import SkipJsonSchema
 from app.core.errors import MAX_ID
 from app.core.schemas.common import OWNER, OwnerRead, Status, Timestamp
 from corel.loss_catalog import DECLARATIONS, OPTION_FIELDS
-from corel.spec import MODALITY, MODELS, MODELS_BY_MODALITY, UPLOADED, ExperimentSpec, spec_warnings
+from corel.spec import (
+    MODALITY,
+    MODELS,
+    MODELS_BY_MODALITY,
+    UPLOADED,
+    ExperimentSpec,
+    FewShotDraw,
+    spec_warnings,
+)
 
 
 def _combination_rules() -> dict[str, Any]:
@@ -79,6 +87,10 @@ class ExperimentCreate(ExperimentSpec):
                               json_schema_extra=lambda schema: schema.update(_combination_rules()))
 
     dataset_path: SkipJsonSchema[str | None] = None
+    # A few-shot sweep's member's (POST /sweeps with fewshot documents the protocol): out of
+    # this body's document, whose one nested object it would be (schemathesis cannot generate
+    # from the spec's rules with it).
+    fewshot: SkipJsonSchema[FewShotDraw | None] = None
     word_vectors: SkipJsonSchema[str | None] = None
     encoder_path: SkipJsonSchema[str | None] = None
     encoder_id: int | None = Field(
