@@ -15,7 +15,15 @@ rows, one epoch; its features on the path corel's gate picks), then, in one run:
 Target (issue 60): (b)'s p99 under 15 ms on this 2-core machine. The sentences differ per
 request (AG News test headlines), so no cache answers them.
 
-Last lines: ``embed one text p50/p99 ms, 1 client: A / B`` and ``... 16 clients: C / D``.
+Then, unless ``--infinity none``, the same (b) and (c) against Infinity (PyPI's ``infinity-emb``,
+in an environment of its own made under ``--infinity`` the first time: harness/infinity.py),
+serving the same MiniLM files on the same cores, after corel's stack has stopped answering; and
+corel's ``layer: "encoder"`` against Infinity's embeddings of the same texts (cosine). The run's
+features path is ``--precision`` (default fp32, Infinity's own; ``auto``: what corel's gate picks).
+
+Last lines: ``embed one text p50/p99 ms, 1 client: A / B`` and ``... 16 clients: C / D``; with
+Infinity, its two lines and ``ratio p99 corel / infinity, 1 client: R; 16 clients: S;
+requests/s corel / infinity, 16 clients: T``.
 Run: ``.venv/bin/python bench/text_latency.py [--requests 300]``; ``--smoke``: seconds (200 AG
 News rows uploaded as a text table instead of the built-in dataset).
 """
@@ -31,7 +39,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -60,9 +70,9 @@ def upload(base: str, data_dir: Path, n: int) -> int:
     return int(r.json()["id"])
 
 
-def train(base: str, subset: int, dataset_id: int | None = None) -> int:
+def train(base: str, subset: int, dataset_id: int | None = None, precision: str = "auto") -> int:
     spec = {"dataset": "ag-news", "encoder": "minilm", "loss": "cosine", "lam": 0.85, "epochs": 1,
-            "lr": 1e-3, "hidden": 128, "batch_size": 32, "train_subset": subset}
+            "lr": 1e-3, "hidden": 128, "batch_size": 32, "train_subset": subset, "precision": precision}
     if dataset_id is not None:  # the whole upload, its own split
         spec = {**spec, "dataset": "text", "dataset_id": dataset_id, "train_subset": None, "epochs": 6,
                 "batch_size": 16}
@@ -84,18 +94,23 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1000, q))
 
 
-def clients(base: str, eid: int, texts: list[str], n_clients: int, per_client: int) -> tuple[list[float], float]:
+def clients(base: str, body: Callable[[str], tuple[str, dict[str, Any]]], texts: list[str], n_clients: int,
+            per_client: int) -> tuple[list[float], float]:
+    """``n_clients`` threads, each on its own keep-alive connection, one request at a time:
+    ``body(text)`` is the request's (path, JSON). The latencies and the requests per second."""
     latencies: list[float] = []
     lock = threading.Lock()
 
     def one(k: int) -> None:
         mine = []
         with httpx.Client(base_url=base, timeout=60) as c:
-            c.post("/embed", json={"experiment_id": eid, "texts": [texts[k]]}).raise_for_status()  # warm
+            path, payload = body(texts[k])
+            c.post(path, json=payload).raise_for_status()  # warm
             for i in range(per_client):
                 text = texts[(k * per_client + i) % len(texts)]
+                path, payload = body(text)
                 started = time.perf_counter()
-                r = c.post("/embed", json={"experiment_id": eid, "texts": [text]})
+                r = c.post(path, json=payload)
                 mine.append(time.perf_counter() - started)
                 r.raise_for_status()
         with lock:
@@ -110,6 +125,11 @@ def clients(base: str, eid: int, texts: list[str], n_clients: int, per_client: i
     return latencies, len(latencies) / (time.perf_counter() - started)
 
 
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return np.asarray((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
+
+
 def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
     """``stack``: a running corel to measure (its run trained here); by default ``corel
     serve`` on the embedded default in a temporary directory, stopped at the end."""
@@ -117,16 +137,25 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
     ap.add_argument("--data-dir", default=os.environ.get("COREL_DATA_DIR") or "../shared/datasets")
     ap.add_argument("--requests", type=int, default=300, help="requests of (a) and (b); (c): 16 x this / 8")
     ap.add_argument("--train-subset", type=int, default=1000)
-    ap.add_argument("--smoke", action="store_true", help="a few requests: that it runs (figures mean nothing)")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "auto", "bf16", "int8"),
+                    help="the run's features path (default fp32: Infinity's; auto: the fastest the "
+                    "parity gate allows, int8 on most of these CPUs)")
+    ap.add_argument("--infinity", default="build/peers/infinity",
+                    help="Infinity's own environment (made here the first time); 'none': corel alone")
+    ap.add_argument("--smoke", action="store_true", help="a few requests: that it runs (figures mean nothing; "
+                    "corel alone unless --infinity names an environment)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.requests, args.train_subset = 16, 256
+        if "--infinity" not in (argv if argv is not None else sys.argv):
+            args.infinity = "none"
     texts = headlines(Path(args.data_dir), 2000)
     from sentence_transformers import SentenceTransformer
 
     from corel.encoders import files
 
-    model = SentenceTransformer(str(files.installed("minilm", "text")), device="cpu", local_files_only=True)
+    minilm = files.installed("minilm", "text")
+    model = SentenceTransformer(str(minilm), device="cpu", local_files_only=True)
     peer = []
     with torch.inference_mode():
         model.encode(texts[:1], show_progress_bar=False)
@@ -134,24 +163,57 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
             started = time.perf_counter()
             model.encode([text], show_progress_bar=False)
             peer.append(time.perf_counter() - started)
+    same = texts[:100]
     with tempfile.TemporaryDirectory() as tmp, (
             contextlib.nullcontext(stack) if stack is not None
             else Stack.embedded(Path(tmp), COREL_DATA_DIR=str(Path(args.data_dir).resolve()))) as stack:
         base = stack.url
         own = upload(base, Path(args.data_dir), 200) if args.smoke else None
-        eid = train(base, args.train_subset, own)
+        eid = train(base, args.train_subset, own, args.precision)
         record = httpx.get(f"{base}/experiments/{eid}", timeout=30).json().get("features") or {}
         print(f"experiment {eid}: frozen MiniLM on AG News, features path {record.get('precision')} "
               f"(asked {record.get('asked')}); torch {torch.__version__}, {torch.get_num_threads()} threads")
-        one, _ = clients(base, eid, texts, 1, args.requests)
-        many, rate = clients(base, eid, texts, 16, max(2, args.requests // 8))
+
+        def corel_body(text: str) -> tuple[str, dict[str, Any]]:
+            return "/embed", {"experiment_id": eid, "texts": [text]}
+
+        one, _ = clients(base, corel_body, texts, 1, args.requests)
+        many, rate = clients(base, corel_body, texts, 16, max(2, args.requests // 8))
+        r = httpx.post(f"{base}/embed", json={"experiment_id": eid, "texts": same, "layer": "encoder"}, timeout=120)
+        r.raise_for_status()
+        ours = np.asarray(r.json()["embeddings"])
     print(f"(a) sentence-transformers encode, in process: p50 {pct(peer, 50):.1f} ms, p99 {pct(peer, 99):.1f} ms")
     print(f"(b) POST /embed, 1 client:   p50 {pct(one, 50):.1f} ms, p99 {pct(one, 99):.1f} ms "
           f"({len(one)} requests; median {statistics.median(one) * 1000:.1f} ms)")
     print(f"(c) POST /embed, 16 clients: p50 {pct(many, 50):.1f} ms, p99 {pct(many, 99):.1f} ms, "
           f"{rate:.1f} requests/s ({len(many)} requests)")
+    theirs_one = theirs_many = None
+    if args.infinity != "none":
+        from harness.infinity import VERSION, Infinity, environment
+
+        root = Path(args.infinity).resolve()
+        command = environment(root)
+        with Infinity(command, minilm, root / "infinity.log") as inf:
+            def inf_body(text: str) -> tuple[str, dict[str, Any]]:
+                return "/embeddings", {"model": inf.name, "input": [text]}
+
+            theirs_one, _ = clients(inf.url, inf_body, texts, 1, args.requests)
+            theirs_many, theirs_rate = clients(inf.url, inf_body, texts, 16, max(2, args.requests // 8))
+            theirs = np.asarray(inf.embed(same))
+        print(f"(b') Infinity {VERSION} POST /embeddings, 1 client:   p50 {pct(theirs_one, 50):.1f} ms, "
+              f"p99 {pct(theirs_one, 99):.1f} ms ({len(theirs_one)} requests)")
+        print(f"(c') Infinity {VERSION} POST /embeddings, 16 clients: p50 {pct(theirs_many, 50):.1f} ms, "
+              f"p99 {pct(theirs_many, 99):.1f} ms, {theirs_rate:.1f} requests/s ({len(theirs_many)} requests)")
+        print(f"encoder layer against Infinity's embeddings of the same {len(same)} texts: cosine min "
+              f"{cosines(ours, theirs).min():.7f} (1 - cosine at most {1 - cosines(ours, theirs).min():.1e})")
     print(f"embed one text p50/p99 ms, 1 client: {pct(one, 50):.1f} / {pct(one, 99):.1f}")
     print(f"embed one text p50/p99 ms, 16 clients: {pct(many, 50):.1f} / {pct(many, 99):.1f}")
+    if theirs_one is not None and theirs_many is not None:
+        print(f"infinity one text p50/p99 ms, 1 client: {pct(theirs_one, 50):.1f} / {pct(theirs_one, 99):.1f}")
+        print(f"infinity one text p50/p99 ms, 16 clients: {pct(theirs_many, 50):.1f} / {pct(theirs_many, 99):.1f}")
+        print(f"ratio p99 corel / infinity, 1 client: {pct(one, 99) / pct(theirs_one, 99):.2f}; "
+              f"16 clients: {pct(many, 99) / pct(theirs_many, 99):.2f}; requests/s corel / infinity, 16 clients: "
+              f"{rate / theirs_rate:.2f}")
 
 
 if __name__ == "__main__":
