@@ -89,7 +89,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.model_cache = ModelCache(settings.model_cache_size)
         # What /neighbors searches: built indexes, and training splits searched exactly.
         state.references = LoadOnceCache[Reference](settings.index_cache_size)
-        state.inference = InferenceRunner(settings.api_batch_threads, settings.max_image_pixels)
+        state.inference = InferenceRunner(
+            settings.api_batch_threads, settings.max_image_pixels,
+            max_text_bytes=settings.max_text_bytes, batch_tokens=settings.text_batch_tokens,
+            queue_max_inputs=settings.text_queue_max_inputs, observer=metrics)
+        metrics.watch_text_queue(state.inference)
         state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
         state.events = EventHub(state.sessionmaker, settings.db_url)
         await state.events.start()

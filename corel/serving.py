@@ -31,7 +31,7 @@ import torch
 
 from corel.data import prepare_images, prepare_texts, prepare_vectors, text_warnings
 from corel.device import ieee_float32
-from corel.encoders import Encoder, EncoderRecord, load, model_inputs
+from corel.encoders import Encoder, EncoderRecord, load, model_inputs, text_tokens
 from corel.layers import LAYERS, Layer
 from corel.loss_catalog import declaration
 from corel.models import Classifier
@@ -163,6 +163,15 @@ class ServedModel:
         if self.modality == "text" and not isinstance(raw, np.ndarray | torch.Tensor):
             return text_warnings(list(raw), self.preprocessing, self.encoder)
         return [None] * len(raw)
+
+    def tokens(self, texts: Sequence[str]) -> list[int]:
+        """For each text, the tokens a pretrained text encoder reads of it (what it costs to
+        compute); words for a model on word vectors."""
+        if self.modality != "text":
+            raise ValueError(f"this model takes {self.modality} inputs, not texts")
+        if "encoder" in self.preprocessing:
+            return text_tokens(list(texts), self.encoder or self.preprocessing)
+        return [max(1, len(text.split())) for text in texts]
 
     @torch.inference_mode()
     def forward(self, x: torch.Tensor,

@@ -8,6 +8,9 @@ several apps in one process, as in the tests, count apart.
   number of series stays bounded; paths that match no route share one label).
 * Inference: inputs per answered ``/embed`` and ``/predict`` request, and the time
   to decode, preprocess and run the model for it.
+* The text queue (texts waiting for a frozen text encoder): texts and tokens per forward
+  pass, each request's seconds queued apart from the pass's seconds computing, the texts
+  refused (429) or dropped (client gone), and the queue's length now.
 * State read at scrape time (:class:`ServiceCollector`): experiments by status and the
   newest heartbeat of a running one from one grouped query, the broker's queue
   length, and the model cache's hits and misses. A database or broker that is down
@@ -22,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from fastapi import APIRouter, Request, Response
@@ -30,6 +33,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -49,7 +53,18 @@ METRICS_PATH = "/metrics"
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 SCRAPE_TIMEOUT = 1.5  # seconds the database and the broker each get per scrape
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 INFERENCE_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0)
+
+
+class TextQueue(Protocol):
+    """What a scrape reads of the text queue (app.serving.inference.InferenceRunner)."""
+
+    @property
+    def queued_inputs(self) -> int: ...
+
+    @property
+    def queued_requests(self) -> int: ...
 
 
 class ApiMetrics:
@@ -73,12 +88,49 @@ class ApiMetrics:
             "Seconds to decode, preprocess and run the model for one /embed or /predict "
             "request (waiting for a shared forward pass included, loading the model not).",
             ["endpoint"], buckets=INFERENCE_BUCKETS, registry=self.registry)
+        # The queue of texts waiting for a frozen text encoder (app.serving.inference).
+        self.text_batch_inputs = Histogram(
+            "corel_text_batch_inputs", "Texts per forward pass of the text queue.",
+            buckets=BATCH_BUCKETS, registry=self.registry)
+        self.text_batch_tokens = Histogram(
+            "corel_text_batch_tokens", "Tokens (as the encoder's tokenizer counts them) per "
+            "forward pass of the text queue.", buckets=TOKEN_BUCKETS, registry=self.registry)
+        self.text_queued_seconds = Histogram(
+            "corel_text_queued_seconds", "Seconds a request's texts waited in the queue, from "
+            "their arrival to the start of their forward pass.", buckets=INFERENCE_BUCKETS,
+            registry=self.registry)
+        self.text_compute_seconds = Histogram(
+            "corel_text_compute_seconds", "Seconds of one forward pass of the text queue "
+            "(tokenizing, the encoder, the head).", buckets=INFERENCE_BUCKETS, registry=self.registry)
+        self.text_refused = Counter(
+            "corel_text_refused_inputs", "Texts not computed: reason queue_full (answered 429) "
+            "or client_gone (dropped from the queue when the client disconnected).",
+            ["reason"], registry=self.registry)
+        self.text_queue_inputs = Gauge(
+            "corel_text_queue_inputs", "Texts waiting in the queue now.", registry=self.registry)
+        self.text_queue_requests = Gauge(
+            "corel_text_queue_requests", "Requests waiting in the queue now.", registry=self.registry)
         self.service = ServiceCollector(settings)
         self.registry.register(self.service)
 
     def observe_inference(self, endpoint: str, inputs: int, seconds: float) -> None:
         self.inference_batch.labels(endpoint).observe(inputs)
         self.inference_seconds.labels(endpoint).observe(seconds)
+
+    def observe_text_batch(self, inputs: int, tokens: int, queued: list[float], compute: float) -> None:
+        self.text_batch_inputs.observe(inputs)
+        self.text_batch_tokens.observe(tokens)
+        for seconds in queued:
+            self.text_queued_seconds.observe(seconds)
+        self.text_compute_seconds.observe(compute)
+
+    def observe_text_refused(self, reason: str, inputs: int) -> None:
+        self.text_refused.labels(reason).inc(inputs)
+
+    def watch_text_queue(self, runner: TextQueue) -> None:
+        """Read the queue's length from ``runner`` at each scrape."""
+        self.text_queue_inputs.set_function(lambda: runner.queued_inputs)
+        self.text_queue_requests.set_function(lambda: runner.queued_requests)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

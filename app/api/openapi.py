@@ -54,7 +54,8 @@ DESCRIPTIONS = {
     "409": "Not in a state that allows this",
     "413": "The body is larger than this route takes",
     "422": "Invalid input: what is wrong and what is allowed",
-    "429": "Too many failed authentications from this address; retry after Retry-After "
+    "429": "Too many failed authentications from this address, or (texts for a frozen "
+           "encoder) its queue is at COREL_TEXT_QUEUE_MAX_INPUTS; retry after Retry-After "
            "seconds",
     "503": "The database or the broker is unavailable; retry after Retry-After seconds",
 }

@@ -82,6 +82,26 @@ class ServiceUnavailable(DomainError):
     error = "service_unavailable"
 
 
+class QueueFull(DomainError):
+    """A 429: the inputs waiting for a model are at their cap; ``retry_after`` (seconds,
+    sent as Retry-After) is how long the waiting ones take to compute."""
+
+    status_code = 429
+    error = "queue_full"
+
+    def __init__(self, detail: str, retry_after: int, **extra: Any) -> None:
+        super().__init__(detail, retry_after=retry_after, **extra)
+        self.retry_after = retry_after
+
+
+class ClientGone(DomainError):
+    """The client closed its connection before its answer was computed (nginx's 499): its
+    inputs were dropped from the queue; the answer reaches no one."""
+
+    status_code = 499
+    error = "client_closed_request"
+
+
 BODY_EXAMPLES: dict[str, str] = {
     "/experiments": '{"dataset": "digits", "budget": "quick"}',
     "/sweeps": '{"base": {"dataset": "digits", "budget": "quick"}, "grid": {"lam": [0.3, 0.6]}}',
@@ -249,7 +269,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(DomainError)
     async def _domain_error(_: Request, exc: DomainError) -> JSONResponse:
-        headers = {"Retry-After": str(RETRY_AFTER)} if exc.status_code == 503 else None
+        headers = ({"Retry-After": str(RETRY_AFTER)} if exc.status_code == 503 else
+                   {"Retry-After": str(exc.retry_after)} if isinstance(exc, QueueFull) else None)
         return JSONResponse(
             status_code=exc.status_code, content={"error": exc.error, "detail": exc.detail, **exc.extra},
             headers=headers,

@@ -127,6 +127,20 @@ class Settings(BaseSettings):
     max_inference_bytes: int = Field(
         default=64 * 1024 * 1024, gt=0, description="Body limit of POST /embed and /predict.")
     max_embed_batch: int = Field(default=4096, gt=0)
+    max_text_bytes: int = Field(
+        default=256 * 1024, gt=0,
+        description="The most UTF-8 bytes one text of /embed, /predict or /neighbors may have; "
+        "past it the answer is a 413 naming the input and this limit.")
+    text_batch_tokens: int = Field(
+        default=16384, gt=0,
+        description="Token budget of one forward pass over queued texts (a frozen text "
+        "encoder's): the waiting requests are taken first in first out while their tokens "
+        "(as the encoder's tokenizer counts them) fit; a request larger than it goes alone.")
+    text_queue_max_inputs: int = Field(
+        default=8192, gt=0,
+        description="The most texts waiting for a frozen text encoder in one API process; a "
+        "request that would pass it is a 429 with Retry-After (the seconds the waiting texts "
+        "take to compute at the measured rate).")
     max_image_pixels: int = Field(
         default=MAX_PIXELS, gt=0,
         description="The most pixels (width x height) an image may declare, checked before it is "

@@ -7,10 +7,10 @@ import binascii
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pybase64
@@ -19,7 +19,7 @@ from fastapi.concurrency import run_in_threadpool
 from PIL import Image, UnidentifiedImageError
 
 from app.core.db import session_scope
-from app.core.errors import InvalidInput, PayloadTooLarge
+from app.core.errors import ClientGone, InvalidInput, PayloadTooLarge, QueueFull
 from app.core.schemas.inference import INPUT_KINDS, BinaryArray, InferenceRequest
 from app.serving.model_cache import LoadedModel, load_from_database
 from app.serving.state import ServingState
@@ -27,6 +27,8 @@ from corel.data.image_folders import MAX_PIXELS, ImageTooLarge, open_image, why_
 from corel.data.tables import texts_of_rows
 from corel.encoders.record import EncoderRecord
 from corel.layers import Layer
+
+MAX_TEXT_BYTES = 256 * 1024  # Settings.max_text_bytes's default
 
 ACCEPTS = {
     "image": ("images", "arrays", "binary"),
@@ -140,16 +142,18 @@ def _per_item_arrays(arrays: list[Any]) -> np.ndarray:
     return out
 
 
-def model_inputs(req: InferenceRequest, loaded: LoadedModel, max_pixels: int = MAX_PIXELS) -> torch.Tensor:
+def model_inputs(req: InferenceRequest, loaded: LoadedModel, max_pixels: int = MAX_PIXELS,
+                 max_text_bytes: int = MAX_TEXT_BYTES) -> torch.Tensor:
     """The request's inputs as the model's input tensor, preprocessed exactly as in training."""
-    return prepare(decode(req, loaded, max_pixels), loaded)
+    return prepare(decode(req, loaded, max_pixels, max_text_bytes), loaded)
 
 
-def decode(req: InferenceRequest, loaded: LoadedModel,
-           max_pixels: int = MAX_PIXELS) -> np.ndarray | list[str]:
+def decode(req: InferenceRequest, loaded: LoadedModel, max_pixels: int = MAX_PIXELS,
+           max_text_bytes: int = MAX_TEXT_BYTES) -> np.ndarray | list[str]:
     """The request's inputs, one per row, before the training preprocessing: pixel or
     vector arrays, or texts. Checks the modality, the encodings and the values; an image
-    that declares more than ``max_pixels`` is refused (413) before it is decoded."""
+    that declares more than ``max_pixels``, or a text of more than ``max_text_bytes``, is
+    refused (413) before it is decoded."""
     kind = next(k for k in INPUT_KINDS if getattr(req, k) is not None)
     if kind not in ACCEPTS[loaded.modality]:
         raise InvalidInput(
@@ -160,9 +164,12 @@ def decode(req: InferenceRequest, loaded: LoadedModel,
         texts = texts_of(req, loaded)
         for i, text in enumerate(texts):
             try:
-                text.encode("utf-8")
+                size = len(text.encode("utf-8"))
             except UnicodeEncodeError as exc:
                 raise InvalidInput(f"input {i}: text is not valid UTF-8 ({exc.reason})") from exc
+            if size > max_text_bytes:
+                raise PayloadTooLarge(f"input {i}: the text is {size:,} bytes of UTF-8; a text may "
+                                      f"have at most {max_text_bytes:,} (COREL_MAX_TEXT_BYTES)")
         return texts
     if kind == "images":
         return np.stack([_decode_image(_b64(s, f"input {i}"), i, loaded, max_pixels)
@@ -205,48 +212,88 @@ def prepare(raw: np.ndarray | list[str], loaded: LoadedModel) -> torch.Tensor:
         raise InvalidInput(str(exc)) from exc
 
 
+class TextBatchObserver(Protocol):
+    """Where the text queue's batches are counted (the API's metrics)."""
+
+    def observe_text_batch(self, inputs: int, tokens: int, queued: list[float], compute: float) -> None:
+        """One forward pass: its texts, their tokens, each request's seconds in the queue
+        (arrival to the pass's start), and the pass's seconds."""
+
+    def observe_text_refused(self, reason: str, inputs: int) -> None:
+        """Inputs not computed: ``"queue_full"`` (a 429) or ``"client_gone"``."""
+
+
 class InferenceRunner:
     """Runs the encoder and head for the API, so that it keeps up with many clients.
 
     Small requests run on the event loop, on the API's one torch thread (setting
     ``api_torch_threads``), and those that arrive together share one forward pass:
     a request waits for the end of the loop's current round, never for a timer, so a
-    lone request is not delayed. Raw texts for a frozen pretrained encoder are batched the
-    same way, but computed off the loop, one batch at a time: the texts that arrive while a
-    batch is computed make the next one (the encoder costs far more than the head). A large batch (``LARGE_BATCH`` inputs or more) is
+    lone request is not delayed. A large batch (``LARGE_BATCH`` inputs or more) is
     prepared and computed on a team of ``threads`` threads, split into one slice per
     thread, while the event loop goes on reading the next requests. Rows come out
     the same up to float32 rounding whatever they were batched with.
+
+    Raw texts for a frozen pretrained encoder (which costs far more than the head) wait in
+    a queue of their own, as text-embeddings-inference batches them:
+
+    * no timer: whenever the encoder is free, the next batch is taken at once;
+    * a token budget (``batch_tokens``, counted by the encoder's own tokenizer as each
+      request arrives, beside the pass under way) rather than a row count: the waiting
+      requests of one model and layer are taken first in first out while their tokens fit
+      (a first request larger than the budget goes alone); within a batch the encoder
+      sorts the texts by length and pads each of its own batches to its longest;
+    * the pass runs off the event loop, which meanwhile reads, checks and counts the next
+      requests;
+    * a request whose client has gone (``gone`` returns) leaves the queue at once and is
+      never computed; one already in a pass gets no answer;
+    * past ``queue_max_inputs`` waiting texts a request is refused (:class:`QueueFull`, a
+      429) with the seconds the waiting tokens take at the rate measured so far.
     """
 
     LARGE_BATCH = 256
 
-    def __init__(self, threads: int, max_image_pixels: int = MAX_PIXELS) -> None:
+    def __init__(self, threads: int, max_image_pixels: int = MAX_PIXELS, *,
+                 max_text_bytes: int = MAX_TEXT_BYTES, batch_tokens: int = 16384,
+                 queue_max_inputs: int = 8192, observer: TextBatchObserver | None = None) -> None:
         self.threads = threads
         self.max_image_pixels = max_image_pixels
+        self.max_text_bytes = max_text_bytes
+        self.batch_tokens = batch_tokens
+        self.queue_max_inputs = queue_max_inputs
+        self.observer = observer
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="corel-inference")
         # Requests waiting for the flush at the end of this loop round (scheduled by the first).
         self._pending: dict[tuple[int, tuple[int, ...]], list[_Pending]] = {}
         self.forward_passes = 0  # for tests and curiosity: small requests share them
-        # Texts waiting for a frozen encoder, and whether a drain of them is under way.
+        # Texts waiting for a frozen encoder (oldest first), and whether a drain is under way.
         self._texts: list[_PendingTexts] = []
+        self.queued_inputs = 0
+        self.queued_tokens = 0
         self._draining = False
         self._drain: asyncio.Future[None] | None = None
+        self._tokens_per_second = 0.0  # measured over the passes so far (for Retry-After)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    @property
+    def queued_requests(self) -> int:
+        return len(self._texts)
+
     async def run(
-        self, req: InferenceRequest, loaded: LoadedModel, similarities: bool, layer: Layer = "head"
+        self, req: InferenceRequest, loaded: LoadedModel, similarities: bool, layer: Layer = "head",
+        gone: Callable[[], Awaitable[object]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The request's representations (of ``layer``: the head's h, or a pretrained
-        encoder's features), and its similarities to every class if asked."""
+        encoder's features), and its similarities to every class if asked. ``gone``: returns
+        when the request's client has closed its connection (then :class:`ClientGone`)."""
         loop = asyncio.get_running_loop()
         if batch_size(req) >= self.LARGE_BATCH:
             # Decoding a binary array is a view of the body; images are decoded in the team.
             raw = (decode(req, loaded) if req.binary is not None
                    else await loop.run_in_executor(self._pool, decode, req, loaded,
-                                                   self.max_image_pixels))
+                                                   self.max_image_pixels, self.max_text_bytes))
             total, n = len(raw), self.threads if loaded.device.type == "cpu" else 1
             # Each slice writes its rows straight into the answer, in its own thread.
             h = np.empty((total, loaded.served.width(layer)), np.float32)
@@ -263,15 +310,8 @@ class InferenceRunner:
             self.forward_passes += 1
             return torch.from_numpy(h), None if sims is None else torch.from_numpy(sims)
         if loaded.modality == "text" and _frozen_encoder(loaded):
-            texts = decode(req, loaded)
-            assert isinstance(texts, list)  # a text model's inputs decode to strings
-            waiting = _PendingTexts(loaded, texts, similarities, layer, loop.create_future())
-            self._texts.append(waiting)
-            if not self._draining:
-                self._draining = True
-                self._drain = asyncio.ensure_future(self._drain_texts())
-            return await waiting.result
-        x = model_inputs(req, loaded, self.max_image_pixels)
+            return await self._queue_texts(req, loaded, similarities, layer, gone)
+        x = model_inputs(req, loaded, self.max_image_pixels, self.max_text_bytes)
         if layer == "encoder":  # a frozen encoder's features are the head's prepared input
             return loaded.served.embed(x, "encoder"), None
         pending = _Pending(loaded, x, similarities, loop.create_future())
@@ -280,24 +320,105 @@ class InferenceRunner:
         self._pending.setdefault((id(loaded), tuple(x.shape[1:])), []).append(pending)
         return await pending.result
 
+    async def _queue_texts(
+        self, req: InferenceRequest, loaded: LoadedModel, similarities: bool, layer: Layer,
+        gone: Callable[[], Awaitable[object]] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        texts = decode(req, loaded, self.max_image_pixels, self.max_text_bytes)
+        assert isinstance(texts, list)  # a text model's inputs decode to strings
+        if self.queued_inputs + len(texts) > self.queue_max_inputs:
+            if self.observer is not None:
+                self.observer.observe_text_refused("queue_full", len(texts))
+            raise QueueFull(
+                f"{self.queued_inputs:,} texts are waiting for the encoder and this request's "
+                f"{len(texts):,} would pass the queue's cap of {self.queue_max_inputs:,} "
+                f"(COREL_TEXT_QUEUE_MAX_INPUTS); retry after Retry-After seconds",
+                retry_after=self.retry_after())
+        tokens = sum(loaded.served.tokens(texts))  # the fast tokenizer, beside the pass under way
+        loop = asyncio.get_running_loop()
+        waiting = _PendingTexts(loaded, texts, similarities, layer, loop.create_future(), tokens,
+                                time.perf_counter())
+        self._texts.append(waiting)
+        self.queued_inputs += len(texts)
+        self.queued_tokens += tokens
+        if not self._draining:
+            self._draining = True
+            self._drain = asyncio.ensure_future(self._drain_texts())
+        watcher = None if gone is None else asyncio.ensure_future(gone())
+        if watcher is not None:
+            watcher.add_done_callback(lambda done: self._client_gone(waiting, done))
+        try:
+            return await waiting.result
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    def retry_after(self) -> int:
+        """Whole seconds the waiting tokens take at the measured rate (at least 1)."""
+        if self._tokens_per_second <= 0:
+            return 1
+        return max(1, math.ceil(self.queued_tokens / self._tokens_per_second))
+
+    def _client_gone(self, waiting: _PendingTexts, watcher: asyncio.Future[object]) -> None:
+        if watcher.cancelled() or watcher.exception() is not None or waiting.result.done():
+            return
+        if waiting in self._texts:  # still waiting: out of the queue, never computed
+            self._texts.remove(waiting)
+            self._dequeued(waiting)
+            if self.observer is not None:
+                self.observer.observe_text_refused("client_gone", len(waiting.texts))
+        waiting.result.set_exception(ClientGone("the client closed its connection"))
+
+    def _dequeued(self, waiting: _PendingTexts) -> None:
+        self.queued_inputs -= len(waiting.texts)
+        self.queued_tokens -= waiting.tokens
+
+    def _take(self) -> list[_PendingTexts]:
+        """The next batch: the oldest waiting request's model and layer, and the requests
+        of the same after it, first in first out, while their tokens fit the budget."""
+        first = self._texts[0]
+        key = (id(first.loaded), first.layer)
+        batch, tokens, rest = [first], first.tokens, []
+        for i, w in enumerate(self._texts[1:], 1):
+            if (id(w.loaded), w.layer) != key:
+                rest.append(w)
+                continue
+            if tokens + w.tokens > self.batch_tokens:
+                rest.extend(self._texts[i:])
+                break
+            batch.append(w)
+            tokens += w.tokens
+        self._texts = rest
+        for w in batch:
+            self._dequeued(w)
+        return batch
+
     async def _drain_texts(self) -> None:
-        """Compute the waiting texts, a batch per model and layer at a time, until none wait."""
+        """Compute the waiting texts, a batch at a time, until none wait."""
         loop = asyncio.get_running_loop()
         try:
             while self._texts:
                 await asyncio.sleep(0)  # the end of this round: the texts that arrived together
-                waiting, self._texts = self._texts, []
-                groups: dict[tuple[int, str], list[_PendingTexts]] = {}
-                for w in waiting:
-                    groups.setdefault((id(w.loaded), w.layer), []).append(w)
-                for group in groups.values():
-                    self.forward_passes += 1
-                    try:
-                        h, sims = await loop.run_in_executor(self._pool, _texts_batch, group)
-                    except Exception as exc:
-                        _hand_out(group, [len(w.texts) for w in group], exc)
-                        continue
-                    _hand_out(group, [len(w.texts) for w in group], (h, sims))
+                if not self._texts:  # their clients have all gone
+                    break
+                group = self._take()
+                self.forward_passes += 1
+                started = time.perf_counter()
+                try:
+                    outcome: tuple[torch.Tensor, torch.Tensor | None] | Exception = (
+                        await loop.run_in_executor(self._pool, _texts_batch, group))
+                except Exception as exc:
+                    outcome = exc
+                compute = time.perf_counter() - started
+                tokens = sum(w.tokens for w in group)
+                if not isinstance(outcome, Exception) and compute > 0:
+                    rate = tokens / compute
+                    self._tokens_per_second = (rate if self._tokens_per_second <= 0 else
+                                               0.8 * self._tokens_per_second + 0.2 * rate)
+                if self.observer is not None:
+                    self.observer.observe_text_batch(sum(len(w.texts) for w in group), tokens,
+                                                     [started - w.arrived for w in group], compute)
+                _hand_out(group, [len(w.texts) for w in group], outcome)
         finally:
             self._draining = False
 
@@ -331,13 +452,15 @@ def _hand_out(group: Sequence[_Pending | _PendingTexts], sizes: list[int],
         start = stop
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the queue removes this one, not an equal one
 class _PendingTexts:
     loaded: LoadedModel
     texts: list[str]
     similarities: bool
     layer: Layer
     result: asyncio.Future[tuple[torch.Tensor, torch.Tensor | None]]
+    tokens: int
+    arrived: float  # time.perf_counter() when it was queued
 
 
 def _frozen_encoder(loaded: LoadedModel) -> bool:
@@ -402,10 +525,13 @@ async def model_for(state: ServingState, experiment_id: int) -> LoadedModel:
 
 
 async def infer(state: ServingState, req: InferenceRequest, similarities: bool,
-                layer: Layer = "head") -> tuple[LoadedModel, torch.Tensor, torch.Tensor | None]:
+                layer: Layer = "head", gone: Callable[[], Awaitable[object]] | None = None,
+                ) -> tuple[LoadedModel, torch.Tensor, torch.Tensor | None]:
     """The one service behind /embed and /predict: the batch checked, the model got, the
     inputs run through it (batched with other requests'), the time recorded. ``layer``: the
-    head's representations, or a pretrained encoder's own (a 422 for a run without one)."""
+    head's representations, or a pretrained encoder's own (a 422 for a run without one).
+    ``gone``: returns once the client has closed its connection (its texts then leave the
+    queue)."""
     check_batch(req, state.settings.max_embed_batch)
     loaded = await model_for(state, req.experiment_id)
     try:
@@ -413,7 +539,7 @@ async def infer(state: ServingState, req: InferenceRequest, similarities: bool,
     except ValueError as exc:
         raise InvalidInput(f"experiment {loaded.experiment_id}: {exc}") from exc
     started = time.perf_counter()
-    h, sims = await state.inference.run(req, loaded, similarities, layer)
+    h, sims = await state.inference.run(req, loaded, similarities, layer, gone)
     state.metrics.observe_inference("predict" if similarities else "embed", batch_size(req),
                                     time.perf_counter() - started)
     return loaded, h, sims

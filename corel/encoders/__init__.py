@@ -40,7 +40,7 @@ from corel.encoders.record import Encoder, EncoderRecord
 
 __all__ = ["FAMILIES", "Encoder", "EncoderRecord", "ExportPart", "Family", "FeaturesProgress", "build_encoder",
            "choose_features", "cut_texts", "export_part", "family_of", "features_progress", "fine_tuned", "load",
-           "model_inputs", "run_preprocessing", "upload_summary"]
+           "model_inputs", "run_preprocessing", "text_tokens", "upload_summary"]
 
 Recorded = dict[str, Any] | Encoder
 """A model's encoder as the entry points take it: its run's recorded ``preprocessing``, or
@@ -108,6 +108,12 @@ def cut_texts(texts: list[str], preprocessing: Recorded) -> list[str | None]:
     """For each text, None, or what the recorded encoder leaves out of it (too long)."""
     enc = load(preprocessing)
     return enc.family.cut(texts, enc)
+
+
+def text_tokens(texts: list[str], preprocessing: Recorded) -> list[int]:
+    """For each text, the tokens the recorded encoder reads of it (its family's count)."""
+    enc = load(preprocessing)
+    return enc.family.tokens(texts, enc)
 
 
 def choose_features(preprocessing: dict[str, Any], held_out: Any, labels: torch.Tensor,

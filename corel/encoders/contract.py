@@ -116,6 +116,11 @@ class Family(ABC):
         reads): a served answer's warning. None for every text unless the family cuts them."""
         return [None] * len(texts)
 
+    def tokens(self, texts: list[str], enc: Encoder) -> list[int]:
+        """For each text, the tokens the encoder reads of it (what a batch of texts costs:
+        a server's token budget counts these). Words unless the family says more."""
+        return [max(1, len(text.split())) for text in texts]
+
     def blocks(self, decl: EncoderDeclaration, path: Path) -> int | None:
         """How many blocks ``trainable_blocks`` may count (None: none such)."""
         return decl.blocks

@@ -468,6 +468,13 @@ class SentenceTransformers(Family):
                        f"{len(text):,} characters)")
         return out
 
+    def tokens(self, texts: list[str], enc: Encoder) -> list[int]:
+        # The tokenizer's own ids, special tokens included, cut where the model cuts.
+        model = load(enc.path)
+        ids = model.tokenizer(texts, truncation=True, max_length=int(model.max_seq_length),
+                              add_special_tokens=True)["input_ids"]
+        return [len(row) for row in ids]
+
     def inputs(self, raw: Any, enc: Encoder) -> torch.Tensor:
         """Texts as a fine-tuned run takes them: (N, 2, max_length) float32, ids and mask."""
         texts = texts_of(raw)

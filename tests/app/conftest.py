@@ -402,10 +402,17 @@ def serving(app: Any) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def live_url(settings: Settings) -> Iterator[str]:
-    """The app served over real HTTP by uvicorn (for the CLI and benchmarks' clients)."""
-    with serving(create_app(settings)) as url:
-        yield url
+def live_app(settings: Settings) -> Iterator[tuple[Any, str]]:
+    """The app, and its URL: served over real HTTP by uvicorn (for the CLI and benchmarks'
+    clients, and what only a real connection shows: a client that disconnects)."""
+    built = create_app(settings)
+    with serving(built) as url:
+        yield built, url
+
+
+@pytest.fixture(scope="session")
+def live_url(live_app: tuple[Any, str]) -> str:
+    return live_app[1]
 
 
 @pytest.fixture(scope="session")

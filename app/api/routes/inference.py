@@ -312,7 +312,16 @@ async def _infer(
 ) -> tuple[LoadedModel, torch.Tensor, torch.Tensor | None]:
     """The request's model, and the representations (of ``layer``) and similarities of its inputs."""
     await require_access(request, "experiment", req.experiment_id)
-    return await inference.infer(state_of(request), req, similarities, layer)
+    return await inference.infer(state_of(request), req, similarities, layer,
+                                 gone=lambda: _disconnected(request))
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed its connection: after the body, the next message
+    the server sends the app is ``http.disconnect`` (at the latest when the answer is sent;
+    the runner stops listening before that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _run(

@@ -18,6 +18,7 @@ import csv
 import io
 import json
 import zipfile
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -28,6 +29,7 @@ from PIL import Image
 from corel.data import prepare_images
 from corel.serving import ServedModel
 from corel.train import checkpoint_from_bytes
+from harness.wait import wait_until
 from tests.app.conftest import clothes_upload, finished, wait_body, wait_for
 from tests.conftest import assert_rows_close
 
@@ -309,3 +311,267 @@ def test_images_wider_than_the_encoder_s_export_to_torchscript_only(client, lite
         embeddings, _, features = module(prepare_images(raw, preprocessing["pixels"]))
     assert_rows_close(features.numpy(), x.numpy())
     assert_rows_close(embeddings.numpy(), served.embed(x).numpy())
+
+
+# The text queue (app.serving.inference.InferenceRunner): a token budget, first in first out,
+# a cap answered 429, and clients that leave dropped before their pass.
+
+class _Batches:
+    """An observer that keeps what the runner reports."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, int]] = []  # (texts, tokens) per pass
+        self.refused: list[tuple[str, int]] = []
+
+    def observe_text_batch(self, inputs, tokens, queued, compute):
+        assert len(queued) >= 1 and all(q >= 0 for q in queued) and compute > 0
+        self.batches.append((inputs, tokens))
+
+    def observe_text_refused(self, reason, inputs):
+        self.refused.append((reason, inputs))
+
+
+def _served(settings, minilm):
+    from app.core.db import make_engine, make_sessionmaker, session_scope
+    from app.serving.model_cache import load_from_database
+    from app.storage import ensure
+
+    engine = make_engine(settings.db_url)
+    with session_scope(ensure(make_sessionmaker(engine), settings)) as session:
+        loaded = load_from_database(session, minilm["id"], "cpu")
+    engine.dispose()
+    return loaded
+
+
+class _Held:
+    """Every thread of a runner's pool held busy until released: its next pass waits."""
+
+    def __init__(self, runner) -> None:
+        import threading
+
+        self.release = threading.Event()
+        started = [threading.Event() for _ in range(runner.threads)]
+
+        def hold(i):
+            started[i].set()
+            self.release.wait(60)
+
+        for i in range(runner.threads):
+            runner._pool.submit(hold, i)
+        for event in started:
+            assert event.wait(10)
+
+
+def test_the_tokens_counted_are_the_encoder_s_own(settings, minilm):
+    from sentence_transformers import SentenceTransformer
+
+    from corel.encoders.files import installed
+
+    served = _served(settings, minilm).served
+    st = SentenceTransformer(str(installed("minilm", "text")), device="cpu", local_files_only=True)
+    want = [int(st.tokenize([t])["attention_mask"].sum()) for t in SENTENCES]
+    assert served.tokens(SENTENCES) == want
+    assert want[2] == 3 and want[3] == 256  # [CLS] short [SEP]; cut where the encoder cuts
+
+
+def test_queued_texts_are_batched_first_in_first_out_within_the_token_budget(settings, minilm):
+    """Twelve requests of two layers arrive together; the budget lets two or three through at
+    a time. Each pass takes the oldest request's layer and the same layer's requests after it
+    in order while their tokens fit; each request gets its own rows."""
+    import asyncio
+
+    from app.core.schemas.inference import InferenceRequest
+    from app.serving.inference import InferenceRunner
+
+    loaded = _served(settings, minilm)
+    served = loaded.served
+    texts = minilm["texts"]
+    requests = [(texts[3 * i:3 * i + 1 + i % 3], "encoder" if i % 4 == 0 else "head") for i in range(12)]
+    tokens = [sum(served.tokens(t)) for t, _ in requests]
+    budget = max(tokens) + min(tokens)  # two or three requests a pass
+    want, queue = [], list(range(12))
+    while queue:  # the batches the rule gives
+        layer, batch, used, rest = requests[queue[0]][1], [], 0, []
+        for j, i in enumerate(queue):
+            if requests[i][1] != layer:
+                rest.append(i)
+            elif batch and used + tokens[i] > budget:
+                rest.extend(k for k in queue[j:])
+                break
+            else:
+                batch.append(i)
+                used += tokens[i]
+        queue = rest
+        want.append((sum(len(requests[i][0]) for i in batch), used))
+    assert len(want) >= 5  # the budget splits the head's requests, the layers split the rest
+    seen = _Batches()
+    runner = InferenceRunner(threads=2, batch_tokens=budget, observer=seen)
+
+    async def together():
+        return await asyncio.gather(*(
+            runner.run(InferenceRequest.model_validate({"experiment_id": minilm["id"], "texts": t}),
+                       loaded, similarities=False, layer=layer) for t, layer in requests))
+
+    try:
+        results = asyncio.run(together())
+    finally:
+        runner.close()
+    assert seen.batches == want
+    assert runner.forward_passes == len(want) and runner.queued_inputs == 0 == runner.queued_tokens
+    for (t, layer), (h, _) in zip(requests, results, strict=True):
+        assert_rows_close(h.numpy(), served.embed(served.prepare(t), layer).numpy())
+
+
+def test_a_full_queue_is_refused_at_once_and_a_client_that_leaves_is_never_computed(settings, minilm):
+    import asyncio
+
+    from app.core.errors import ClientGone, QueueFull
+    from app.core.schemas.inference import InferenceRequest
+    from app.serving.inference import InferenceRunner
+
+    loaded = _served(settings, minilm)
+    texts = minilm["texts"]
+    seen = _Batches()
+    runner = InferenceRunner(threads=2, queue_max_inputs=3, observer=seen)
+
+    def request(n):
+        return InferenceRequest.model_validate({"experiment_id": minilm["id"], "texts": texts[:n]})
+
+    async def scenario():
+        held = _Held(runner)  # the first request's pass waits for the pool
+        first = asyncio.ensure_future(runner.run(request(1), loaded, False))
+        while runner.forward_passes == 0:
+            await asyncio.sleep(0.001)
+        left = asyncio.Event()
+        second = asyncio.ensure_future(runner.run(request(2), loaded, True, gone=left.wait))
+        await asyncio.sleep(0.01)
+        assert (runner.queued_inputs, runner.queued_requests) == (2, 1)
+        with pytest.raises(QueueFull) as full:
+            await runner.run(request(2), loaded, False)  # 2 + 2 > 3
+        assert full.value.status_code == 429 and full.value.retry_after >= 1
+        assert "COREL_TEXT_QUEUE_MAX_INPUTS" in full.value.detail and "cap of 3" in full.value.detail
+        third = asyncio.ensure_future(runner.run(request(1), loaded, False))  # 2 + 1 fits
+        await asyncio.sleep(0.01)
+        left.set()  # the second's client leaves while it waits
+        with pytest.raises(ClientGone):
+            await second
+        assert (runner.queued_inputs, runner.queued_requests) == (1, 1)  # the third alone
+        held.release.set()
+        h1, _ = await first
+        h3, _ = await third
+        return h1, h3
+
+    try:
+        h1, h3 = asyncio.run(scenario())
+    finally:
+        runner.close()
+    assert seen.refused == [("queue_full", 2), ("client_gone", 2)]
+    assert [n for n, _ in seen.batches] == [1, 1]  # the first's and the third's: never the second's
+    assert h1.shape == h3.shape == (1, 64)
+    assert runner.queued_inputs == 0 == runner.queued_tokens
+
+
+def test_the_service_answers_a_full_text_queue_with_429_and_retry_after(client, minilm):
+    """Through HTTP: one request in a pass held back, one waiting; the next, past the cap,
+    is a 429 with Retry-After at once, and /metrics counts each."""
+    import threading
+
+    from app.api.state import state_of
+
+    runner = state_of(client.app).inference
+    eid, texts = minilm["id"], minilm["texts"]
+    assert client.post("/embed", json={"experiment_id": eid, "texts": texts[:1]}).status_code == 200
+
+    def metric(name, text=None):
+        text = text or client.get("/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+    before = client.get("/metrics").text
+    cap, passes = runner.queue_max_inputs, runner.forward_passes
+    held = _Held(runner)
+    answers: dict[str, Any] = {}
+
+    def post(name, n):
+        answers[name] = client.post("/embed", json={"experiment_id": eid, "texts": texts[:n]})
+
+    threads = [threading.Thread(target=post, args=("first", 1))]
+    try:
+        threads[0].start()
+        wait_until(lambda: runner.forward_passes == passes + 1, 30, "the first request's pass")
+        threads.append(threading.Thread(target=post, args=("second", 4)))
+        threads[1].start()
+        wait_until(lambda: runner.queued_inputs == 4, 30, "the second request to wait")
+        runner.queue_max_inputs = 5
+        full = client.post("/embed", json={"experiment_id": eid, "texts": texts[:2]})
+        during = client.get("/metrics").text
+    finally:
+        runner.queue_max_inputs = cap
+        held.release.set()
+        for t in threads:
+            t.join(60)
+    assert full.status_code == 429, full.text
+    assert int(full.headers["retry-after"]) >= 1
+    assert full.json()["error"] == "queue_full" and "cap of 5" in full.json()["detail"]
+    assert answers["first"].status_code == 200 and answers["second"].status_code == 200
+    assert metric("corel_text_queue_inputs", during) == 4
+    assert metric("corel_text_queue_requests", during) == 1
+    assert metric('corel_text_refused_inputs_total{reason="queue_full"}') - metric(
+        'corel_text_refused_inputs_total{reason="queue_full"}', before) == 2
+    assert metric("corel_text_batch_inputs_count") - metric("corel_text_batch_inputs_count", before) == 2
+    assert metric("corel_text_batch_inputs_sum") - metric("corel_text_batch_inputs_sum", before) == 5
+    for name in ("corel_text_batch_tokens_sum", "corel_text_queued_seconds_count",
+                 "corel_text_compute_seconds_sum"):
+        assert metric(name) > metric(name, before)
+
+
+def test_a_client_that_disconnects_is_dropped_from_the_queue(live_app, client, minilm):
+    """Over a real connection (uvicorn): a request waiting behind a held pass, whose client
+    closes its socket, leaves the queue and is never computed."""
+    import socket
+    import threading
+
+    import httpx
+
+    from app.api.state import state_of
+
+    app, url = live_app
+    runner = state_of(app).inference
+    eid, texts = minilm["id"], minilm["texts"]
+    headers = {"authorization": client.headers["authorization"]} if "authorization" in client.headers else {}
+    assert httpx.post(f"{url}/embed", json={"experiment_id": eid, "texts": texts[:1]},
+                      headers=headers, timeout=60).status_code == 200  # the model loaded
+    passes = runner.forward_passes
+    held = _Held(runner)
+    answers = []
+    first = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{url}/embed", json={"experiment_id": eid, "texts": texts[:1]}, headers=headers, timeout=60)))
+    try:
+        first.start()
+        wait_until(lambda: runner.forward_passes == passes + 1, 30, "the first request's pass")
+        body = json.dumps({"experiment_id": eid, "texts": texts[:3]}).encode()
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     + b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items())
+                     + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        wait_until(lambda: runner.queued_inputs == 3, 30, "the second request to wait")
+        sock.close()
+        wait_until(lambda: runner.queued_inputs == 0, 30, "the gone client's texts to leave")
+    finally:
+        held.release.set()
+        first.join(60)
+    assert answers[0].status_code == 200
+    wait_until(lambda: not runner._draining, 30, "the queue to drain")
+    assert runner.forward_passes == passes + 1  # the first's pass alone
+    text = httpx.get(f"{url}/metrics", headers=headers).text
+    assert 'corel_text_refused_inputs_total{reason="client_gone"} 3.0' in text
+
+
+def test_a_text_over_the_byte_limit_is_413_naming_it(client, minilm):
+    r = client.post("/embed", json={"experiment_id": minilm["id"],
+                                    "texts": ["fine", "é" * (128 * 1024 + 1)]})
+    assert r.status_code == 413, r.text
+    assert r.json()["detail"] == ("input 1: the text is 262,146 bytes of UTF-8; a text may have at "
+                                  "most 262,144 (COREL_MAX_TEXT_BYTES)")
+    r = client.post("/embed", json={"experiment_id": minilm["id"], "texts": []})
+    assert r.status_code == 422 and "texts" in r.text
