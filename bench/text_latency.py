@@ -8,9 +8,11 @@ rows, one epoch; its features on the path corel's gate picks), then, in one run:
 (a) in-process, sentence-transformers' own ``encode`` of the one sentence (the peer: what a
     user's own Python would pay for the features alone);
 (b) ``POST /embed`` of one sentence, one client, one keep-alive connection, one request at a
-    time: p50 and p99;
+    time: p50 and p99; for ``layer: "encoder"`` (MiniLM's own vectors, what Infinity serves)
+    and ``layer: "head"`` (the COREL head's h over them);
 (c) the same from 16 concurrent clients (each its own connection): p50 and p99, and
-    requests/s.
+    requests/s; then the text queue's passes, texts and tokens a pass, and the time queued
+    apart from the time computing (from the service's /metrics).
 
 Target (issue 60): (b)'s p99 under 15 ms on this 2-core machine. The sentences differ per
 request (AG News test headlines), so no cache answers them.
@@ -21,9 +23,11 @@ serving the same MiniLM files on the same cores, after corel's stack has stopped
 corel's ``layer: "encoder"`` against Infinity's embeddings of the same texts (cosine). The run's
 features path is ``--precision`` (default fp32, Infinity's own; ``auto``: what corel's gate picks).
 
-Last lines: ``embed one text p50/p99 ms, 1 client: A / B`` and ``... 16 clients: C / D``; with
-Infinity, its two lines and ``ratio p99 corel / infinity, 1 client: R; 16 clients: S;
-requests/s corel / infinity, 16 clients: T``.
+Last lines: ``embed one text p50/p99 ms, 1 client: A / B`` and ``... 16 clients: C / D`` (the
+encoder layer); with Infinity, its two lines, ``ratio p99 corel / infinity, 1 client: R; 16
+clients: S; requests/s corel / infinity, 16 clients: T``, and issue 73's three:
+``text embed one client p99 ms corel / infinity: A / B``, ``text embed 16 clients requests/s
+corel / infinity: C / D``, ``ratio corel / infinity requests/s: R``.
 Run: ``.venv/bin/python bench/text_latency.py [--requests 300]``; ``--smoke``: seconds (200 AG
 News rows uploaded as a text table instead of the built-in dataset).
 """
@@ -130,6 +134,22 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
 
 
+def queue_metrics(base: str) -> dict[str, float]:
+    """The text queue's totals from the service's /metrics: passes, texts, tokens, and the
+    mean seconds a request waited and a pass computed."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+
+    def total(name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + " ") or line.startswith(name + "{"))
+
+    waited = total("corel_text_queued_seconds_count")
+    return {"batches": total("corel_text_batch_inputs_count"), "texts": total("corel_text_batch_inputs_sum"),
+            "tokens": total("corel_text_batch_tokens_sum"),
+            "queued": total("corel_text_queued_seconds_sum") / max(waited, 1),
+            "compute": total("corel_text_compute_seconds_sum") / max(total("corel_text_compute_seconds_count"), 1)}
+
+
 def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
     """``stack``: a running corel to measure (its run trained here); by default ``corel
     serve`` on the embedded default in a temporary directory, stopped at the end."""
@@ -140,15 +160,16 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
     ap.add_argument("--precision", default="fp32", choices=("fp32", "auto", "bf16", "int8"),
                     help="the run's features path (default fp32: Infinity's; auto: the fastest the "
                     "parity gate allows, int8 on most of these CPUs)")
-    ap.add_argument("--infinity", default="build/peers/infinity",
-                    help="Infinity's own environment (made here the first time); 'none': corel alone")
+    ap.add_argument("--infinity", default=None,
+                    help="Infinity's own environment (made here the first time; default "
+                    "build/peers/infinity, and 'none' with --smoke); 'none': corel alone")
     ap.add_argument("--smoke", action="store_true", help="a few requests: that it runs (figures mean nothing; "
                     "corel alone unless --infinity names an environment)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.requests, args.train_subset = 16, 256
-        if "--infinity" not in (argv if argv is not None else sys.argv):
-            args.infinity = "none"
+    if args.infinity is None:
+        args.infinity = "none" if args.smoke else "build/peers/infinity"
     texts = headlines(Path(args.data_dir), 2000)
     from sentence_transformers import SentenceTransformer
 
@@ -174,19 +195,31 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
         print(f"experiment {eid}: frozen MiniLM on AG News, features path {record.get('precision')} "
               f"(asked {record.get('asked')}); torch {torch.__version__}, {torch.get_num_threads()} threads")
 
-        def corel_body(text: str) -> tuple[str, dict[str, Any]]:
-            return "/embed", {"experiment_id": eid, "texts": [text]}
+        def corel_body(layer: str) -> Callable[[str], tuple[str, dict[str, Any]]]:
+            return lambda text: ("/embed", {"experiment_id": eid, "texts": [text], "layer": layer})
 
-        one, _ = clients(base, corel_body, texts, 1, args.requests)
-        many, rate = clients(base, corel_body, texts, 16, max(2, args.requests // 8))
+        # The encoder's own layer (what Infinity serves), then the head's h over it.
+        one, _ = clients(base, corel_body("encoder"), texts, 1, args.requests)
+        many, rate = clients(base, corel_body("encoder"), texts, 16, max(2, args.requests // 8))
+        head_one, _ = clients(base, corel_body("head"), texts, 1, args.requests)
+        head_many, head_rate = clients(base, corel_body("head"), texts, 16, max(2, args.requests // 8))
+        queue = queue_metrics(base)
         r = httpx.post(f"{base}/embed", json={"experiment_id": eid, "texts": same, "layer": "encoder"}, timeout=120)
         r.raise_for_status()
         ours = np.asarray(r.json()["embeddings"])
     print(f"(a) sentence-transformers encode, in process: p50 {pct(peer, 50):.1f} ms, p99 {pct(peer, 99):.1f} ms")
-    print(f"(b) POST /embed, 1 client:   p50 {pct(one, 50):.1f} ms, p99 {pct(one, 99):.1f} ms "
-          f"({len(one)} requests; median {statistics.median(one) * 1000:.1f} ms)")
-    print(f"(c) POST /embed, 16 clients: p50 {pct(many, 50):.1f} ms, p99 {pct(many, 99):.1f} ms, "
-          f"{rate:.1f} requests/s ({len(many)} requests)")
+    for layer, (a, b, ab_rate) in {"encoder": (one, many, rate),
+                                    "head": (head_one, head_many, head_rate)}.items():
+        print(f"(b) POST /embed layer {layer}, 1 client:   p50 {pct(a, 50):.1f} ms, p99 {pct(a, 99):.1f} ms "
+              f"({len(a)} requests; median {statistics.median(a) * 1000:.1f} ms)")
+        print(f"(c) POST /embed layer {layer}, 16 clients: p50 {pct(b, 50):.1f} ms, p99 {pct(b, 99):.1f} ms, "
+              f"{ab_rate:.1f} requests/s ({len(b)} requests)")
+    print(f"corel's text queue over the run: {queue['batches']:.0f} passes, mean "
+          f"{queue['texts'] / max(queue['batches'], 1):.1f} texts and "
+          f"{queue['tokens'] / max(queue['batches'], 1):.0f} tokens a pass; per request mean "
+          f"{queue['queued'] * 1000:.2f} ms queued, per pass mean {queue['compute'] * 1000:.2f} ms computing")
+    print(f"head layer / encoder layer: p99 1 client {pct(head_one, 99) / pct(one, 99):.2f}, "
+          f"requests/s 16 clients {head_rate / rate:.2f}")
     theirs_one = theirs_many = None
     if args.infinity != "none":
         from harness.infinity import VERSION, Infinity, environment
@@ -214,6 +247,9 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
         print(f"ratio p99 corel / infinity, 1 client: {pct(one, 99) / pct(theirs_one, 99):.2f}; "
               f"16 clients: {pct(many, 99) / pct(theirs_many, 99):.2f}; requests/s corel / infinity, 16 clients: "
               f"{rate / theirs_rate:.2f}")
+        print(f"text embed one client p99 ms corel / infinity: {pct(one, 99):.1f} / {pct(theirs_one, 99):.1f}")
+        print(f"text embed 16 clients requests/s corel / infinity: {rate:.1f} / {theirs_rate:.1f}")
+        print(f"ratio corel / infinity requests/s: {rate / theirs_rate:.2f}")
 
 
 if __name__ == "__main__":
