@@ -27,6 +27,7 @@ from app.api.routes import (
     indexes,
     inference,
     losses,
+    models,
     shares,
     sweeps,
     users,
@@ -147,6 +148,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(losses.router)
     app.include_router(encoders.router)
     app.include_router(shares.router)
+    app.include_router(models.router)
     app.include_router(users.router)
     app.include_router(web_router)  # the dashboard: / and /ui/...
     app.include_router(metrics_router)

@@ -33,7 +33,7 @@ from urllib.parse import urlencode, urlsplit
 
 import numpy as np
 
-__all__ = ["Client", "CorelError", "Embeddings", "Experiment", "Predictions", "Sweep"]
+__all__ = ["Client", "CorelError", "Embeddings", "Experiment", "Model", "Predictions", "Sweep"]
 
 CHUNK = 1 << 20
 """Bytes an upload sends at a time."""
@@ -61,6 +61,7 @@ class Embeddings:
     layer: str
     checkpoint: dict[str, Any]
     warnings: list[str | None] = field(default_factory=list)
+    model_version: int | None = None  # the version that answered, when a model was named
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Predictions:
     similarities: np.ndarray
     names: list[str]
     warnings: list[str | None] = field(default_factory=list)
+    model_version: int | None = None  # the version that answered, when a model was named
 
 
 class Client:
@@ -121,6 +123,19 @@ class Client:
         sweep = Sweep(self, int(body["id"]))
         sweep.refresh()
         return sweep
+
+    def create_model(self, name: str, description: str | None = None) -> Model:
+        """``POST /models``: a new model with a name (you own it)."""
+        self.request("POST", "/models", json_body={"name": name, "description": description})
+        model = Model(self, name)
+        model.refresh()
+        return model
+
+    def model(self, name: str) -> Model:
+        """An existing model, by name."""
+        model = Model(self, name)
+        model.refresh()
+        return model
 
     def upload(self, path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any]:
         """Upload a dataset file (``POST /datasets``), streamed from disk: its row (``id``,
@@ -215,6 +230,63 @@ def _inputs(texts: Sequence[str] | None, arrays: Any, images: Sequence[str | os.
     return {"images": [base64.b64encode(Path(p).read_bytes()).decode() for p in images or []]}
 
 
+def _embed(client: Client, which: dict[str, Any], inputs: dict[str, Any], layer: str) -> Embeddings:
+    body = client.request("POST", "/embed", json_body={**which, "layer": layer, **inputs})
+    return Embeddings(np.asarray(body["embeddings"], dtype=np.float32), body["layer"], body["checkpoint"],
+                      list(body.get("warnings") or [None] * int(body["n"])), body.get("model_version"))
+
+
+def _predict(client: Client, which: dict[str, Any], inputs: dict[str, Any]) -> Predictions:
+    body = client.request("POST", "/predict", json_body={**which, **inputs})
+    rows = body["predictions"]
+    return Predictions([int(p["class_index"]) for p in rows], list(body["class_names"]),
+                       np.asarray([p["similarities"] for p in rows], dtype=np.float32),
+                       [str(p["class_name"]) for p in rows], [p.get("warning") for p in rows],
+                       body.get("model_version"))
+
+
+class Model:
+    """A model with a name (``/models/{name}``): its numbered versions, each a run, served
+    by name (``"name:N"``)."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self.client = client
+        self.name = name
+        self.body: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r})"
+
+    def refresh(self) -> dict[str, Any]:
+        """``GET /models/{name}``: its contract and versions."""
+        self.body = self.client.request("GET", f"/models/{self.name}")
+        return self.body
+
+    @property
+    def versions(self) -> dict[int, int]:
+        """Each version's run (experiment id), as last read."""
+        return {int(v["version"]): int(v["experiment_id"]) for v in self.body.get("versions", [])}
+
+    def add_version(self, experiment: Experiment | int) -> int:
+        """``POST /models/{name}/versions``: the run as the next version; its number."""
+        run = experiment.id if isinstance(experiment, Experiment) else int(experiment)
+        body = self.client.request("POST", f"/models/{self.name}/versions", json_body={"experiment_id": run})
+        self.refresh()
+        return int(body["version"])
+
+    def embed(self, texts: Sequence[str] | None = None, arrays: Any = None,
+              images: Sequence[str | os.PathLike[str]] | None = None, *, version: int,
+              layer: str = "head") -> Embeddings:
+        """``/embed`` by version ``version`` of the model."""
+        return _embed(self.client, {"model": f"{self.name}:{int(version)}"}, _inputs(texts, arrays, images),
+                      layer)
+
+    def predict(self, texts: Sequence[str] | None = None, arrays: Any = None,
+                images: Sequence[str | os.PathLike[str]] | None = None, *, version: int) -> Predictions:
+        """``/predict`` by version ``version`` of the model."""
+        return _predict(self.client, {"model": f"{self.name}:{int(version)}"}, _inputs(texts, arrays, images))
+
+
 class Experiment:
     """One experiment of the service: its state (:meth:`refresh`), and once it succeeded
     (or was cancelled with a best checkpoint), its model."""
@@ -270,20 +342,12 @@ class Experiment:
     def embed(self, texts: Sequence[str] | None = None, arrays: Any = None,
               images: Sequence[str | os.PathLike[str]] | None = None, layer: str = "head") -> Embeddings:
         """``/embed``: the representations of new inputs (texts, arrays, or image files)."""
-        body = self.client.request("POST", "/embed", json_body={
-            "experiment_id": self.id, "layer": layer, **_inputs(texts, arrays, images)})
-        return Embeddings(np.asarray(body["embeddings"], dtype=np.float32), body["layer"], body["checkpoint"],
-                          list(body.get("warnings") or [None] * int(body["n"])))
+        return _embed(self.client, {"experiment_id": self.id}, _inputs(texts, arrays, images), layer)
 
     def predict(self, texts: Sequence[str] | None = None, arrays: Any = None,
                 images: Sequence[str | os.PathLike[str]] | None = None) -> Predictions:
         """``/predict``: each input's class and its similarity to every class."""
-        body = self.client.request("POST", "/predict", json_body={"experiment_id": self.id,
-                                                                  **_inputs(texts, arrays, images)})
-        rows = body["predictions"]
-        return Predictions([int(p["class_index"]) for p in rows], list(body["class_names"]),
-                           np.asarray([p["similarities"] for p in rows], dtype=np.float32),
-                           [str(p["class_name"]) for p in rows], [p.get("warning") for p in rows])
+        return _predict(self.client, {"experiment_id": self.id}, _inputs(texts, arrays, images))
 
     def neighbors(self, texts: Sequence[str] | None = None, arrays: Any = None,
                   images: Sequence[str | os.PathLike[str]] | None = None, k: int = 10) -> list[dict[str, Any]]:

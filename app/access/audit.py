@@ -37,6 +37,9 @@ log = logging.getLogger("corel.api")
 # What a created row is called in the log.
 CREATED: dict[type[Any], str] = {**{model: kind for kind, (model, _) in policy.KINDS.items()},
            User: "user", ApiToken: "token", Share: "share"}
+# Where a service that finds the row a write acts on by another key than an id in the path
+# (a model by name) leaves (kind, id) for the entry: ``session.info[AUDIT_RESOURCE]``.
+AUDIT_RESOURCE = "audit_resource"
 PATH_KINDS = {**policy.PATH_PARAMS, "user_id": "user", "token_id": "token"}
 
 
@@ -97,6 +100,8 @@ def begin(session: Session, request: Request) -> Draft | None:
                 return
 
     def before_commit(s: Session) -> None:
+        if draft.resource is None and AUDIT_RESOURCE in s.info:  # a row named otherwise than by id
+            draft.resource, draft.resource_id = s.info[AUDIT_RESOURCE]
         if draft.entry is None:
             draft.entry = draft.row("ok", draft.status)
             s.add(draft.entry)

@@ -1,7 +1,7 @@
 """What a principal may see and change: owners, shares, public rows.
 
 - An admin (the open mode, the bootstrap admin, an admin token) may do anything.
-- Experiments, sweeps, uploads and uploaded encoders are private to their owner, who (or an admin) may share
+- Experiments, sweeps, uploads, uploaded encoders and models (by name) are private to their owner, who (or an admin) may share
   one with another user for reading or writing, or make it readable by every user. A
   sweep's members are readable (writable) by whoever may read (write) the sweep.
 - Embedding jobs and indexes belong to who created them, and are made under an
@@ -39,6 +39,7 @@ from app.core.models import (
     EncoderUpload,
     Experiment,
     NeighborIndex,
+    RegisteredModel,
     Share,
     Sweep,
     User,
@@ -56,12 +57,13 @@ KINDS: dict[str, tuple[type[Any], str]] = {
     "encoder": (EncoderUpload, "encoder"),
     "embedding_job": (EmbeddingJob, "embedding job"),
     "index": (NeighborIndex, "index"),
+    "model": (RegisteredModel, "model"),
 }
 PATH_PARAMS = {"experiment_id": "experiment", "sweep_id": "sweep", "dataset_id": "dataset",
                "encoder_id": "encoder",
                "job_id": "embedding_job", "index_id": "index"}
 SHARE_COLUMNS = {"experiment": Share.experiment_id, "sweep": Share.sweep_id,
-                 "dataset": Share.dataset_id, "encoder": Share.encoder_id}
+                 "dataset": Share.dataset_id, "encoder": Share.encoder_id, "model": Share.model_id}
 # Rows made under an experiment (POST /experiments/{id}/embeddings, /index).
 MADE_UNDER = ("embedding_job", "index")
 OWNED = tuple(model for model, _ in KINDS.values())

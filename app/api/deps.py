@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.dependencies.utils import request_params_to_args
 from sqlalchemy.orm import Session
 
+import app.services.models as models_service
 from app.access import audit, policy
 from app.access.tokens import Principal
 from app.api.state import state_of
@@ -17,6 +18,7 @@ from app.core.db import read_session, session_scope
 from app.core.errors import DomainError, Forbidden, Unauthorized
 from app.core.settings import Settings
 from app.jobs.queue import TaskQueue
+from app.services.models import Served
 
 
 def get_settings(request: Request) -> Settings:
@@ -105,6 +107,19 @@ async def require_access(request: Request, kind: str, row_id: int, need: policy.
             policy.check(session, principal, kind, row_id, need)
 
     await anyio.to_thread.run_sync(check)
+
+
+async def resolve_model(request: Request, ref: str) -> Served:
+    """The run that answers for model reference ``ref`` (``"news:3"``), if the request's
+    principal may read the model (app.services.models.resolve), in a session of its own."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+
+    def resolve() -> Served:
+        with read_session(state_of(request).sessionmaker) as session:
+            session.info["principal"] = principal
+            return models_service.resolve(session, ref)
+
+    return await anyio.to_thread.run_sync(resolve)
 
 
 async def check_path_access(request: Request) -> None:

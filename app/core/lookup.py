@@ -62,6 +62,22 @@ def succeeded_experiment(session: Session, experiment_id: int, needs: str) -> Ex
     return exp
 
 
+def servable_experiment(session: Session, experiment_id: int) -> Experiment:
+    """The experiment, if it can embed and predict: succeeded, or cancelled or pruned with a
+    best checkpoint. NotFound, or Conflict saying why not."""
+    exp = get_or_404(session, Experiment, experiment_id, "experiment")
+    if exp.status not in (Status.SUCCEEDED, Status.CANCELLED, Status.PRUNED):
+        raise Conflict(
+            f"experiment {experiment_id} is {exp.status}; only a succeeded experiment (or a "
+            "cancelled or pruned one with a best checkpoint) can embed or predict"
+        )
+    if exp.status == Status.CANCELLED and best_checkpoint(session, experiment_id, Checkpoint.id,
+                                                          missing=None) is None:
+        raise Conflict(f"experiment {experiment_id} was cancelled before its first epoch ended: it has no "
+                       "checkpoint to embed or predict with")
+    return exp
+
+
 _RAISE = object()
 
 

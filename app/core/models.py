@@ -402,6 +402,43 @@ class NeighborIndex(LeasedJob, Base):
     sha256: Mapped[str | None] = mapped_column(String(64), index=True)  # set when built
 
 
+# --- models with names: versions (app/services/models.py) ---
+
+class RegisteredModel(Base):
+    """A model with a name (POST /models): numbered versions, each a servable run. Version
+    1 fixes its ``contract`` (the inputs it takes and its class names), which every later
+    version must keep."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str | None] = mapped_column(Text)
+    contract: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # set by version 1
+    eval_dataset_id: Mapped[int | None] = mapped_column(
+        ForeignKey("datasets.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    owner_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    owner: Mapped[User | None] = relationship(
+        primaryjoin="foreign(RegisteredModel.owner_id) == User.id", viewonly=True)
+
+
+class ModelVersion(Base):
+    """Version ``version`` of a model: the run that answers for it."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    # A run that is a version cannot be deleted (app/services/experiments.py says which).
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_by: Mapped[int | None] = mapped_column(Integer)  # the user who added it
+
+
 # --- users, their tokens, sharing, and the audit log (app/access/tokens.py, app/access/policy.py) ---
 
 class User(Base):
@@ -433,15 +470,16 @@ class ApiToken(Base):
 
 
 class Share(Base):
-    """One user's access ("read" or "write") to an experiment, a sweep, an upload or an
-    uploaded encoder: one of the four ids is set. Foreign keys with cascades, so that a deleted resource's
+    """One user's access ("read" or "write") to an experiment, a sweep, an upload, an
+    uploaded encoder or a model: one of the five ids is set. Foreign keys with cascades, so that a deleted resource's
     shares go with it and never grant access to a later row with the same id."""
 
     __tablename__ = "shares"
     __table_args__ = (UniqueConstraint("experiment_id", "user_id"),
                       UniqueConstraint("sweep_id", "user_id"),
                       UniqueConstraint("dataset_id", "user_id"),
-                      UniqueConstraint("encoder_id", "user_id"))
+                      UniqueConstraint("encoder_id", "user_id"),
+                      UniqueConstraint("model_id", "user_id"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -450,6 +488,7 @@ class Share(Base):
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
     dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
     encoder_id: Mapped[int | None] = mapped_column(ForeignKey("encoders.id", ondelete="CASCADE"))
+    model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
     access: Mapped[str] = mapped_column(String(8))  # "read" | "write"
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

@@ -15,6 +15,7 @@ from app.core.schemas.experiments import ExperimentCreate
 from app.jobs import lifecycle
 from app.services.datasets import referenced_upload
 from app.services.encoders import check_spec_encoder, referenced_encoder
+from app.services.models import versions_of_experiment
 from app.storage import release_after_commit
 from app.storage.refs import of_experiment
 from corel.spec import ExperimentSpec
@@ -141,6 +142,10 @@ def delete_experiment(session: Session, experiment_id: int) -> None:
             f"experiment {experiment_id} is {exp.status}; cancel it first (POST "
             f"/experiments/{experiment_id}/cancel), then delete it"
         )
+    named = versions_of_experiment(session, experiment_id)
+    if named:
+        raise Conflict(f"experiment {experiment_id} answers for model version(s) {', '.join(named)}; "
+                       "a model's versions keep their runs, so it cannot be deleted")
     # Its artifacts go once the delete has committed, those nothing else references.
     release_after_commit(session, of_experiment(session, experiment_id))
     session.execute(delete(Experiment).where(Experiment.id == experiment_id))

@@ -533,6 +533,7 @@ async def infer(state: ServingState, req: InferenceRequest, similarities: bool,
     ``gone``: returns once the client has closed its connection (its texts then leave the
     queue)."""
     check_batch(req, state.settings.max_embed_batch)
+    assert req.experiment_id is not None  # a model named by version is resolved to its run first
     loaded = await model_for(state, req.experiment_id)
     try:
         loaded.served.check_layer(layer)

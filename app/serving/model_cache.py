@@ -12,9 +12,8 @@ from typing import Any, Generic, TypeVar
 import torch
 from sqlalchemy.orm import Session
 
-from app.core.errors import Conflict
-from app.core.lookup import best_checkpoint, get_or_404
-from app.core.models import Checkpoint, DatasetUpload, Experiment, Status
+from app.core.lookup import best_checkpoint, servable_experiment
+from app.core.models import Checkpoint, DatasetUpload
 from app.core.settings import Settings, get_settings
 from app.storage import read as read_artifact
 from app.storage.local_copies import files_for_model
@@ -72,16 +71,7 @@ class LoadedModel:
 
 def load_from_database(session: Session, experiment_id: int, device: str | None,
                        settings: Settings | None = None) -> LoadedModel:
-    exp = get_or_404(session, Experiment, experiment_id, "experiment")
-    if exp.status not in (Status.SUCCEEDED, Status.CANCELLED, Status.PRUNED):
-        raise Conflict(
-            f"experiment {experiment_id} is {exp.status}; only a succeeded experiment (or a "
-            "cancelled or pruned one with a best checkpoint) can embed or predict"
-        )
-    if exp.status == Status.CANCELLED and best_checkpoint(session, experiment_id, Checkpoint.id,
-                                                          missing=None) is None:
-        raise Conflict(f"experiment {experiment_id} was cancelled before its first epoch ended: it has no "
-                       "checkpoint to embed or predict with")
+    exp = servable_experiment(session, experiment_id)
     row = best_checkpoint(session, experiment_id, Checkpoint)
     checkpoint = checkpoint_from_bytes(read_artifact(session, row.sha256))
     # A model on the user's own encoder: its files on this machine first (one copy of each

@@ -32,7 +32,7 @@ router = APIRouter(include_in_schema=False)
 
 # Pages: (template, title) by path; the nav shows those with a label.
 NAV = (("/", "Experiments"), ("/ui/new", "New experiment"), ("/ui/sweeps", "Sweeps"),
-       ("/ui/datasets", "Uploads"), ("/ui/compare", "Compare"), ("/ui/playground", "Playground"))
+       ("/ui/datasets", "Uploads"), ("/ui/models", "Models"), ("/ui/compare", "Compare"), ("/ui/playground", "Playground"))
 # Shown only when GET /me says the token is an admin's (app.js); the API refuses the rest.
 ADMIN_NAV = (("/ui/audit", "Audit"),)
 CACHE = {"cache-control": "public, max-age=3600"}
@@ -65,6 +65,7 @@ PAGES = (
     ("/ui/sweeps/{sweep_id:int}", "sweep.html", "Sweep {sweep_id}"),
     ("/ui/playground", "playground.html", "Playground"),
     ("/ui/datasets", "datasets.html", "Uploads"),
+    ("/ui/models", "models.html", "Models"),
     ("/ui/audit", "audit.html", "Audit"),
 )
 

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from app.api.deps import require_access
+from app.api.deps import require_access, resolve_model
 from app.api.openapi import without_nulls
 from app.api.state import state_of
 from app.core.errors import (
@@ -148,7 +148,7 @@ def _raw_request(request: Request, data: bytes, schema: type[Req],
         raise InvalidInput("shape: give the array's shape as comma-separated integers") from exc
     body = {"experiment_id": q.get("experiment_id"), "output": q.get("output", "json"),
             "binary": {"dtype": q.get("dtype", ""), "shape": shape, "data": ""},
-            **{k: q[k] for k in schema.EXTRA_FIELDS if k in q}}
+            **{k: q[k] for k in ("model", *schema.EXTRA_FIELDS) if k in q}}
     _from_path(body, path_id)
     try:
         req = schema.model_validate(body)
@@ -195,10 +195,13 @@ async def _read_request(request: Request, schema: type[Req] = InferenceRequest, 
         output = form.get("output") or "json"
         body: dict[str, Any] = {"output": output,
                                 **{k: form.get(k) for k in schema.EXTRA_FIELDS if form.get(k)}}
-        if path_id is None:
+        model = form.get("model")
+        if path_id is None and isinstance(model, str) and experiment_id is None:
+            body["model"] = model
+        elif path_id is None:
             if not isinstance(experiment_id, str) or not experiment_id.strip().isdigit():
                 raise InvalidInput("experiment_id: a multipart request needs an integer "
-                                   "experiment_id field")
+                                   "experiment_id field (or a model field: \"name:N\")")
             body["experiment_id"] = int(experiment_id)
         else:
             body["experiment_id"] = experiment_id if isinstance(experiment_id, str) else None
@@ -300,6 +303,12 @@ async def neighbors_of_files(experiment_id: int, request: Request) -> Response:
     return await neighbors(experiment_id, request)
 
 
+def _named(req: InferenceRequest) -> dict[str, Any]:
+    """The model and version that answered, for a request that named one."""
+    served = req._served
+    return {} if served is None else {"model": served.model, "model_version": served.version}
+
+
 def _json(content: dict[str, Any]) -> Response:
     # orjson writes numpy arrays directly; through jsonable_encoder and json.dumps the float
     # lists cost more than the model does.
@@ -310,8 +319,15 @@ def _json(content: dict[str, Any]) -> Response:
 async def _infer(
     request: Request, req: InferenceRequest, similarities: bool, layer: Layer = "head"
 ) -> tuple[LoadedModel, torch.Tensor, torch.Tensor | None]:
-    """The request's model, and the representations (of ``layer``) and similarities of its inputs."""
-    await require_access(request, "experiment", req.experiment_id)
+    """The request's model, and the representations (of ``layer``) and similarities of its
+    inputs. A model named by version (``req.model``) is served to whoever may read the model;
+    ``req.experiment_id`` is then its run."""
+    if req.model is not None:
+        served = await resolve_model(request, req.model)
+        req.experiment_id, req._served = served.experiment_id, served
+    else:
+        assert req.experiment_id is not None  # the schema asks for one of the two
+        await require_access(request, "experiment", req.experiment_id)
     return await inference.infer(state_of(request), req, similarities, layer,
                                  gone=lambda: _disconnected(request))
 
@@ -350,6 +366,7 @@ async def embed(request: Request) -> Response:
                                  "X-Corel-Layer": req.layer})
     out: dict[str, Any] = {
         "experiment_id": loaded.experiment_id,
+        **_named(req),
         "checkpoint": loaded.checkpoint,
         "layer": req.layer,
         "dim": int(h.shape[1]),
@@ -399,6 +416,7 @@ async def predict(request: Request) -> Response:
             prediction["warning"] = warning
     return _json({
         "experiment_id": loaded.experiment_id,
+        **_named(req),
         "checkpoint": loaded.checkpoint,
         "similarity": loaded.similarity,
         "class_names": names,

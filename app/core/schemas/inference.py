@@ -30,7 +30,12 @@ class InferenceRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "oneOf": [{"required": [kind]} for kind in INPUT_KINDS]})
 
-    experiment_id: int = Field(ge=1, le=MAX_ID)
+    experiment_id: int | None = Field(default=None, ge=1, le=MAX_ID,
+                                      description="The run that answers; or name a model's version "
+                                      "in model.")
+    model: str | None = Field(default=None, max_length=200,
+                              description='A model\'s version by name, in place of experiment_id: '
+                              '"news:3" (version 3 of model news).')
     # Absent (or null) when not given: exactly one input kind is present (the schema's
     # oneOf; app/api/openapi.py drops the nulls from the document, as a client need not send them).
     images: Annotated[list[str], Field(min_length=1)] | None = Field(
@@ -57,6 +62,8 @@ class InferenceRequest(BaseModel):
     _raw: bytes | None = PrivateAttr(default=None)
     # Multipart: each input's file name ("iris.csv, row 3" for a CSV's rows), echoed back.
     _names: list[str] | None = PrivateAttr(default=None)
+    # The model version ``model`` named, once resolved (app.services.models.Served).
+    _served: Any = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -69,6 +76,9 @@ class InferenceRequest(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> InferenceRequest:
+        if (self.experiment_id is None) == (self.model is None):
+            raise ValueError("name the model that answers: experiment_id (a run's id) or model "
+                             '("name:N", a model\'s version), exactly one of the two')
         given = [k for k in INPUT_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
@@ -121,6 +131,9 @@ class EmbedRead(BaseModel):
     """POST /embed's answer."""
 
     experiment_id: int
+    model: str | None = Field(default=None, description="The model named in the request (absent "
+                              "when it named an experiment).")
+    model_version: int | None = Field(default=None, description="The version that answered.")
     checkpoint: CheckpointRef
     layer: Layer
     dim: int = Field(description="Width of each representation.")
@@ -146,6 +159,9 @@ class PredictRead(BaseModel):
     """POST /predict's answer."""
 
     experiment_id: int
+    model: str | None = Field(default=None, description="The model named in the request (absent "
+                              "when it named an experiment).")
+    model_version: int | None = Field(default=None, description="The version that answered.")
     checkpoint: CheckpointRef
     similarity: str = Field(description="The head's similarity function.")
     class_names: list[str]

@@ -226,7 +226,7 @@ const corel = (() => {
 
   // Sharing a row (an experiment, a sweep, an upload) through its /shares routes: who has
   // it, share it with a user id for reading or writing, remove a share, make it public.
-  const SHARE_PATHS = { experiment: "/experiments/", sweep: "/sweeps/", dataset: "/datasets/" };
+  const SHARE_PATHS = { experiment: "/experiments/", sweep: "/sweeps/", dataset: "/datasets/", model: "/models/" };
   function shareControl(box, kind, id) {
     const base = SHARE_PATHS[kind] + id + "/shares";
     const note = el("p", { class: "error share-error" });

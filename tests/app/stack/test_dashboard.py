@@ -1163,3 +1163,26 @@ def test_every_page_shows_times_in_the_browser_s_zone(browser, team):
     assert shown == tokyo(entry["at"]), (shown, entry["at"])
     shot(pg, "audit-tokyo")
     assert not errors, errors
+
+
+def test_the_models_page_lists_each_model_s_contract_and_versions(page, client, digits_runs):
+    import uuid
+
+    name = f"page-{uuid.uuid4().hex[:8]}"
+    assert client.post("/models", json={"name": name, "description": "two heads"}).status_code == 201
+    for run in (digits_runs["cosine"], digits_runs["gaussian"]):
+        assert client.post(f"/models/{name}/versions", json={"experiment_id": run}).status_code == 201
+    page.goto("/ui/models")
+    row = f'#models tr[data-name="{name}"]'
+    page.wait_for_selector(row)
+    assert page.inner_text(f"{row} td.inputs") == "images 1×8×8"
+    assert page.inner_text(f"{row} td.num") == "10"
+    links = page.locator(f"{row} td.versions a")
+    assert links.all_inner_texts() == ["v1", "v2"]
+    assert [links.nth(i).get_attribute("href") for i in range(2)] == [
+        f"/ui/experiments/{digits_runs['cosine']}", f"/ui/experiments/{digits_runs['gaussian']}"]
+    shot(page, "models")
+    page.click(f'{row} button[data-action="share"]')
+    page.wait_for_selector("#share .share-form")
+    assert name in page.inner_text("#share-title")
+    assert not page.errors, page.errors

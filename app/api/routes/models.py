@@ -1,0 +1,64 @@
+"""/models: models with names, their numbered versions, and who may use them (shares, as on
+experiments). /embed and /predict serve a version by name (``"model": "news:3"``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, status
+
+import app.services.models as models_service
+from app.api.deps import AuthDep, ReadSessionDep, SessionDep
+from app.api.routes.shares import SHARE_SUMMARY, UNSHARE_SUMMARY, _share, _shares, _unshare
+from app.core.errors import MAX_OFFSET
+from app.core.schemas.access import ShareCreate, SharesRead
+from app.core.schemas.common import Page
+from app.core.schemas.models import ModelCreate, ModelRead, VersionCreate, VersionRead
+
+router = APIRouter(prefix="/models", tags=["models"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelRead,
+             dependencies=[AuthDep], summary="Create a model with a name (its caller owns it)")
+def create(body: ModelCreate, session: SessionDep):
+    return models_service.create_model(session, body)
+
+
+@router.get("", response_model=Page[ModelRead], summary="The models you may read, by name")
+def list_(session: ReadSessionDep, limit: Annotated[int, Query(ge=1, le=200)] = 50,
+          offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0):
+    return models_service.list_models(session, limit, offset)
+
+
+@router.get("/{name}", response_model=ModelRead, summary="A model: its contract and versions")
+def get(name: str, session: ReadSessionDep):
+    return models_service.get_model(session, name)
+
+
+@router.post("/{name}/versions", status_code=status.HTTP_201_CREATED, response_model=VersionRead,
+             dependencies=[AuthDep], summary="Add a version: a servable run of the model's contract "
+             "(write access to the model, read access to the run)")
+def add_version(name: str, body: VersionCreate, session: SessionDep):
+    return models_service.add_version(session, name, body)
+
+
+def _id(session: SessionDep, name: str) -> int:
+    return models_service.model_id(session, name)
+
+
+@router.post("/{name}/shares", response_model=SharesRead, summary=SHARE_SUMMARY)
+def share(name: str, body: ShareCreate, session: SessionDep):
+    return _share(session, "model", _id(session, name), body)
+
+
+@router.get("/{name}/shares", response_model=SharesRead, summary="Who may read or change a model")
+def shares(name: str, session: SessionDep):
+    return _shares(session, "model", _id(session, name))
+
+
+@router.delete("/{name}/shares/{share_id:int}", response_model=SharesRead, summary=UNSHARE_SUMMARY)
+def unshare(name: str, share_id: int, session: SessionDep):
+    return _unshare(session, "model", _id(session, name), share_id)
+
+
+

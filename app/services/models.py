@@ -1,0 +1,193 @@
+"""Models with names: a model (POST /models), its numbered versions (each a servable run
+whose inputs and classes keep the model's contract), and the name by which /embed and
+/predict serve one (``"news:3"``).
+
+Access is the model's own, as for any owned row (app/access/policy.py): creating one makes
+its caller its owner; adding a version needs write access to the model and read access to
+the run; serving by name needs read access to the model alone (a read share serves).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.access import policy
+from app.access.audit import AUDIT_RESOURCE
+from app.core.errors import Conflict, InvalidInput, NotFound
+from app.core.lookup import page_of, servable_experiment
+from app.core.models import ModelVersion, RegisteredModel
+from app.core.schemas.common import OwnerRead, Page
+from app.core.schemas.models import NAME, ModelCreate, ModelRead, VersionCreate, VersionRead
+from app.storage.artifacts import best_checkpoint_bytes
+from corel.train import checkpoint_from_bytes
+
+
+def _by_name(session: Session, name: str, need: policy.Need = "read") -> RegisteredModel:
+    """The model named ``name``, if the request's principal may do ``need`` with it: a
+    404 naming it when it may not read it (or there is none), a 403 when it may read only."""
+    if not NAME.match(name):
+        raise NotFound(f"model {name!r} does not exist (names match [a-z0-9][a-z0-9._-]{{0,63}})")
+    row_id = session.scalar(select(RegisteredModel.id).where(RegisteredModel.name == name))
+    if row_id is None:
+        raise NotFound(f"model {name!r} does not exist")
+    try:
+        row: RegisteredModel = policy.require(session, "model", row_id, need)
+    except policy.Hidden:
+        raise NotFound(f"model {name!r} does not exist") from None
+    except policy.Denied as exc:
+        raise policy.Denied(exc.detail.replace(f"model {row_id}", f"model {name!r}")) from None
+    if need != "read":
+        session.info[AUDIT_RESOURCE] = ("model", row.id)  # the write's audit entry names it
+    return row
+
+
+def model_id(session: Session, name: str) -> int:
+    """The id of the model named ``name``, if the request's principal may read it (a 404 by
+    name otherwise): what the shares' routes take."""
+    return _by_name(session, name).id
+
+
+def create_model(session: Session, body: ModelCreate) -> ModelRead:
+    if session.scalar(select(RegisteredModel.id).where(RegisteredModel.name == body.name)) is not None:
+        raise Conflict(f"a model named {body.name!r} already exists; choose another name, or add a "
+                       f"version to it (POST /models/{body.name}/versions)")
+    if body.eval_dataset_id is not None:
+        policy.require(session, "dataset", body.eval_dataset_id, "read")
+    row = RegisteredModel(name=body.name, description=body.description,
+                          eval_dataset_id=body.eval_dataset_id)
+    session.add(row)
+    try:
+        with session.begin_nested():
+            session.flush()
+    except IntegrityError:  # the same name, created by another request meanwhile
+        raise Conflict(f"a model named {body.name!r} already exists; choose another name") from None
+    return _read(session, row)
+
+
+def list_models(session: Session, limit: int, offset: int) -> Page[ModelRead]:
+    query = (select(RegisteredModel).where(policy.readable(policy.principal_of(session), RegisteredModel))
+             .order_by(RegisteredModel.name))
+    rows, total = page_of(session, query, limit, offset)
+    return Page(items=[_read(session, r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+def get_model(session: Session, name: str) -> ModelRead:
+    return _read(session, _by_name(session, name))
+
+
+def contract_of(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """What a run takes and answers, as a model's contract compares it: the input kind
+    (texts, images, arrays: what /embed accepts), the raw inputs' shape (an image's
+    channels, height and width; a vector's width; none for texts) and the class names."""
+    pre = json.loads(checkpoint["preprocessing"])
+    modality = pre.get("modality")
+    if modality == "text":
+        inputs, shape = "texts", None
+    elif modality == "image":
+        inputs, shape = "images", list(pre.get("pixels", pre)["input_shape"])
+    else:
+        inputs, shape = "arrays", list(pre["input_shape"])
+    return {"inputs": inputs, "shape": shape, "class_names": [str(c) for c in checkpoint["class_names"]]}
+
+
+def _differences(fixed: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    out = []
+    if fixed["inputs"] != got["inputs"]:
+        out.append(f"it takes {got['inputs']}, the model {fixed['inputs']}")
+    elif fixed["shape"] != got["shape"]:
+        out.append(f"its inputs are of shape {got['shape']}, the model's {fixed['shape']}")
+    if fixed["class_names"] != got["class_names"]:
+        missing = [c for c in fixed["class_names"] if c not in got["class_names"]]
+        extra = [c for c in got["class_names"] if c not in fixed["class_names"]]
+        out.append("its classes differ: " + "; ".join(
+            part for part in (f"without {missing}" if missing else "", f"with {extra}" if extra else "",
+                              "in another order" if not missing and not extra else "") if part)
+            + f" (the model's: {fixed['class_names']})")
+    return out
+
+
+def add_version(session: Session, name: str, body: VersionCreate) -> VersionRead:
+    """The model's next version, answered by run ``body.experiment_id``: servable, readable
+    by the caller, and of the model's contract (version 1 fixes it)."""
+    model = _by_name(session, name, "write")
+    policy.require(session, "experiment", body.experiment_id, "read")
+    servable_experiment(session, body.experiment_id)
+    contract = contract_of(checkpoint_from_bytes(best_checkpoint_bytes(session, body.experiment_id)))
+    # One version at a time per model: the row lock orders concurrent additions (PostgreSQL;
+    # SQLite writes one transaction at a time anyway).
+    session.refresh(model, with_for_update=True)
+    if model.contract is None:
+        model.contract = contract
+    else:
+        wrong = _differences(model.contract, contract)
+        if wrong:
+            raise InvalidInput(f"experiment {body.experiment_id} does not keep model {name!r}'s "
+                               f"contract (fixed by version 1): {'; '.join(wrong)}")
+    number = (session.scalar(select(func.max(ModelVersion.version))
+                             .where(ModelVersion.model_id == model.id)) or 0) + 1
+    principal = policy.principal_of(session)
+    row = ModelVersion(model_id=model.id, version=number, experiment_id=body.experiment_id,
+                       created_by=principal.user_id if principal is not None else None)
+    session.add(row)
+    session.flush()
+    return _version(model, row)
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a model reference names: the model, the version and the run that answers."""
+
+    model: str
+    version: int
+    experiment_id: int
+
+
+def resolve(session: Session, ref: str) -> Served:
+    """``"name:3"`` (version 3) to the run that answers for it, if the request's principal
+    may read the model. ``"name@alias"`` is refused with what exists."""
+    if "@" in ref:
+        name, _, alias = ref.partition("@")
+        _by_name(session, name)
+        raise NotFound(f"model {name!r} has no alias {alias!r} (this server serves a model by "
+                       f"version): name one, \"{name}:N\" (GET /models/{name} lists them)")
+    name, sep, number = ref.partition(":")
+    if not sep or not number.isdigit():
+        raise InvalidInput(f"model: {ref!r} names no version; write \"name:N\" (version N of "
+                           "model name)")
+    model = _by_name(session, name)
+    version = session.scalar(select(ModelVersion).where(ModelVersion.model_id == model.id,
+                                                        ModelVersion.version == int(number)))
+    if version is None:
+        count = session.scalar(select(func.count()).where(ModelVersion.model_id == model.id)) or 0
+        raise NotFound(f"model {name!r} has no version {int(number)} (it has "
+                       f"{'versions 1 to ' + str(count) if count else 'no versions yet'})")
+    return Served(model=name, version=version.version, experiment_id=version.experiment_id)
+
+
+def versions_of_experiment(session: Session, experiment_id: int) -> list[str]:
+    """``name:N`` for each model version the run answers for."""
+    rows = session.execute(select(RegisteredModel.name, ModelVersion.version)
+                           .join(ModelVersion, ModelVersion.model_id == RegisteredModel.id)
+                           .where(ModelVersion.experiment_id == experiment_id)).all()
+    return [f"{n}:{v}" for n, v in rows]
+
+
+def _version(model: RegisteredModel, row: ModelVersion) -> VersionRead:
+    return VersionRead(model=model.name, version=row.version, experiment_id=row.experiment_id,
+                       created_at=row.created_at, created_by=row.created_by)
+
+
+def _read(session: Session, model: RegisteredModel) -> ModelRead:
+    versions = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
+                               .order_by(ModelVersion.version))
+    return ModelRead(name=model.name, description=model.description,
+                     eval_dataset_id=model.eval_dataset_id, contract=model.contract,
+                     versions=[_version(model, v) for v in versions], created_at=model.created_at,
+                     public=model.public,
+                     owner=None if model.owner is None else OwnerRead.model_validate(model.owner))

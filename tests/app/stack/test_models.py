@@ -1,0 +1,184 @@
+"""Models with names (issue 72): versions of the model's contract, served by name, and the
+model's own access. On the session's digits runs (a Cosine- and a Gaussian-COREL run of the
+same contract) and a run on three-class blobs (another contract)."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+from app.access.users import create_token, create_user
+from app.core.db import make_engine, make_sessionmaker, session_scope
+from app.core.models import AuditEntry, RegisteredModel
+from tests.app.api.test_datasets import blobs
+from tests.app.conftest import AS_USER, finished, npz_bytes, wait_for
+
+DIGITS = [str(d) for d in range(10)]
+
+
+def _name(prefix: str = "digits") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _model(client, *runs: int, **body) -> str:
+    name = _name()
+    r = client.post("/models", json={"name": name, **body})
+    assert r.status_code == 201, r.text
+    for run in runs:
+        assert client.post(f"/models/{name}/versions", json={"experiment_id": run}).status_code == 201
+    return name
+
+
+@pytest.fixture(scope="module")
+def blobs_run(client, worker) -> int:
+    x, y = blobs()
+    up = client.post("/datasets", files={"file": ("blobs.npz", npz_bytes(
+        x=x, y=y, class_names=np.array(["red", "green", "blue"])))})
+    assert up.status_code == 201, up.text
+    r = client.post("/experiments", json={"dataset": "npz", "dataset_id": up.json()["id"], "epochs": 2,
+                                          "lr": 3e-3, "loss": "cosine", "lam": 0.7})
+    assert r.status_code == 202, r.text
+    body = wait_for(client, r.json()["id"], finished)
+    assert body["status"] == "succeeded", body
+    return int(body["id"])
+
+
+def test_a_model_s_versions_are_numbered_and_served_by_name(client, digits_runs):
+    cosine, gaussian = digits_runs["cosine"], digits_runs["gaussian"]
+    name = _name()
+    r = client.post("/models", json={"name": name, "description": "digits, two heads"})
+    assert r.status_code == 201, r.text
+    created = r.json()
+    assert created["versions"] == [] and created["contract"] is None
+    assert (created["owner"] is not None) == AS_USER
+    again = client.post("/models", json={"name": name})
+    assert again.status_code == 409 and name in again.json()["detail"]
+    for bad in ("News", "-news", "n" * 65, "news/1", ""):
+        assert client.post("/models", json={"name": bad}).status_code == 422, bad
+
+    first = client.post(f"/models/{name}/versions", json={"experiment_id": cosine})
+    second = client.post(f"/models/{name}/versions", json={"experiment_id": gaussian})
+    assert first.status_code == second.status_code == 201, (first.text, second.text)
+    assert (first.json()["version"], first.json()["experiment_id"]) == (1, cosine)
+    assert (second.json()["version"], second.json()["experiment_id"]) == (2, gaussian)
+    got = client.get(f"/models/{name}").json()
+    assert [(v["version"], v["experiment_id"]) for v in got["versions"]] == [(1, cosine), (2, gaussian)]
+    assert got["contract"] == {"inputs": "images", "shape": [1, 8, 8], "class_names": DIGITS}
+    assert name in [m["name"] for m in client.get("/models", params={"limit": 200}).json()["items"]]
+
+    rows = np.random.default_rng(0).uniform(0, 16, (5, 8, 8)).tolist()
+    for ref, run in ((f"{name}:1", cosine), (f"{name}:2", gaussian)):
+        by_name = client.post("/embed", json={"model": ref, "arrays": rows}).json()
+        by_id = client.post("/embed", json={"experiment_id": run, "arrays": rows}).json()
+        assert (by_name["model"], by_name["model_version"], by_name["experiment_id"]) == (
+            name, int(ref[-1]), run)
+        assert by_name["embeddings"] == by_id["embeddings"]
+        assert "model" not in by_id
+        predicted = client.post("/predict", json={"model": ref, "arrays": rows}).json()
+        direct = client.post("/predict", json={"experiment_id": run, "arrays": rows}).json()
+        assert predicted["model_version"] == int(ref[-1])
+        assert predicted["predictions"] == direct["predictions"]
+
+    for ref, status, words in ((f"{name}:3", 404, "versions 1 to 2"), (name, 422, '"name:N"'),
+                               (f"nope-{name}:1", 404, "does not exist"),
+                               (f"{name}@production", 404, "no alias 'production'")):
+        r = client.post("/embed", json={"model": ref, "arrays": rows})
+        assert r.status_code == status and words in r.json()["detail"], (ref, r.text)
+    both = client.post("/embed", json={"model": f"{name}:1", "experiment_id": cosine, "arrays": rows})
+    assert both.status_code == 422 and "exactly one of the two" in both.text
+    neither = client.post("/embed", json={"arrays": rows})
+    assert neither.status_code == 422 and "experiment_id" in neither.text
+
+    kept = client.delete(f"/experiments/{cosine}")
+    assert kept.status_code == 409 and f"{name}:1" in kept.json()["detail"]
+    assert client.get(f"/experiments/{cosine}").status_code == 200
+
+
+def test_a_version_keeps_the_contract_and_is_servable(client, digits_runs, blobs_run):
+    name = _model(client, digits_runs["cosine"])
+    other = client.post(f"/models/{name}/versions", json={"experiment_id": blobs_run})
+    assert other.status_code == 422, other.text
+    detail = other.json()["detail"]
+    assert "it takes arrays, the model images" in detail
+    assert "without ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']" in detail
+    assert "with ['red', 'green', 'blue']" in detail
+    # A run of blobs founds a model of its own contract.
+    own = _model(client, blobs_run)
+    assert client.get(f"/models/{own}").json()["contract"] == {
+        "inputs": "arrays", "shape": [5], "class_names": ["red", "green", "blue"]}
+
+    queued = client.post("/experiments", json={"dataset": "digits", "epochs": 1}).json()["id"]
+    try:
+        r = client.post(f"/models/{name}/versions", json={"experiment_id": queued})
+        assert r.status_code == 409 and "can embed or predict" in r.json()["detail"], r.text
+    finally:
+        client.post(f"/experiments/{queued}/cancel")
+    assert client.post(f"/models/{name}/versions", json={"experiment_id": 2_000_000_000}).status_code == 404
+    assert [v["version"] for v in client.get(f"/models/{name}").json()["versions"]] == [1]
+
+
+@pytest.mark.skipif(not AS_USER, reason="the open mode has no users to share with")
+def test_a_read_share_serves_by_name_and_adds_no_version(client, settings, digits_runs):
+    engine = make_engine(settings.db_url)
+    with session_scope(make_sessionmaker(engine)) as session:
+        reader = create_user(session, f"reader-{uuid.uuid4().hex[:6]}")
+        _, token = create_token(session, reader.id, "write")
+        reader_id = reader.id
+    engine.dispose()
+    as_reader = {"authorization": f"Bearer {token}"}
+    name = _model(client, digits_runs["cosine"])
+    rows = [[[8.0] * 8] * 8]
+
+    # Not shared: as if there were no such model.
+    assert client.get(f"/models/{name}", headers=as_reader).status_code == 404
+    r = client.post("/embed", json={"model": f"{name}:1", "arrays": rows}, headers=as_reader)
+    assert r.status_code == 404 and f"model {name!r} does not exist" in r.json()["detail"]
+    assert name not in [m["name"] for m in client.get("/models", headers=as_reader).json()["items"]]
+
+    shared = client.post(f"/models/{name}/shares", json={"user_id": reader_id, "access": "read"})
+    assert shared.status_code == 200, shared.text
+    assert [s["user_id"] for s in client.get(f"/models/{name}/shares").json()["shares"]] == [reader_id]
+    assert client.get(f"/models/{name}", headers=as_reader).status_code == 200
+    # The run itself is not shared with the reader: the model's share is what serves.
+    assert client.get(f"/experiments/{digits_runs['cosine']}", headers=as_reader).status_code == 404
+    served = client.post("/embed", json={"model": f"{name}:1", "arrays": rows}, headers=as_reader)
+    assert served.status_code == 200 and served.json()["model_version"] == 1
+    refused = client.post(f"/models/{name}/versions", json={"experiment_id": digits_runs["gaussian"]},
+                          headers=as_reader)
+    assert refused.status_code == 403 and "reading only" in refused.json()["detail"], refused.text
+    assert client.post(f"/models/{name}/shares", json={"user_id": reader_id, "access": "write"},
+                       headers=as_reader).status_code == 403
+    engine = make_engine(settings.db_url)
+    with session_scope(make_sessionmaker(engine)) as session:
+        model_id = session.scalar(select(RegisteredModel.id).where(RegisteredModel.name == name))
+        logged = session.execute(select(AuditEntry.user_id, AuditEntry.outcome, AuditEntry.status,
+                                        AuditEntry.resource_id, AuditEntry.detail).where(
+            AuditEntry.action == "POST /models/{name}/versions")).all()
+    engine.dispose()
+    assert any(user == reader_id and outcome == "refused" and status == 403 and repr(name) in detail
+               for user, outcome, status, _, detail in logged)
+    assert any(outcome == "ok" and status == 201 and resource == model_id
+               for _, outcome, status, resource, _ in logged)
+
+
+def test_the_client_adds_versions_and_serves_by_name(live_url, client, digits_runs):
+    from corel.client import Client, CorelError
+
+    token = client.headers.get("authorization", "").removeprefix("Bearer ") or None
+    api = Client(live_url, token)
+    model = api.create_model(_name(), "from the client")
+    assert model.add_version(digits_runs["cosine"]) == 1
+    assert model.add_version(api.experiment(digits_runs["gaussian"])) == 2
+    assert model.versions == {1: digits_runs["cosine"], 2: digits_runs["gaussian"]}
+    rows = np.random.default_rng(1).uniform(0, 16, (3, 8, 8))
+    got = model.embed(arrays=rows, version=2)
+    assert got.model_version == 2
+    np.testing.assert_array_equal(got.h, api.experiment(digits_runs["gaussian"]).embed(arrays=rows).h)
+    assert model.predict(arrays=rows, version=1).classes == api.experiment(
+        digits_runs["cosine"]).predict(arrays=rows).classes
+    with pytest.raises(CorelError) as missing:
+        model.embed(arrays=rows, version=9)
+    assert missing.value.status == 404
