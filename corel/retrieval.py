@@ -64,12 +64,8 @@ def _tensor(values: ArrayLike) -> torch.Tensor:
     return torch.as_tensor(array if array.flags.writeable else array.copy())
 
 
-def retrieval_metrics(queries: ArrayLike, query_labels: ArrayLike, reference: ArrayLike,
-                      reference_labels: ArrayLike, geometry: Geometry = "euclidean",
-                      chunk: int = 1024) -> dict[str, Any]:
-    """precision@1, R-precision and MAP@R of ``queries`` against ``reference`` (see the
-    module). Raises ValueError for shapes that do not match or a query class with no
-    reference row."""
+def _checked(queries: ArrayLike, query_labels: ArrayLike, reference: ArrayLike,
+             reference_labels: ArrayLike) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     q, r = _tensor(queries), _tensor(reference)
     qy, ry = _tensor(query_labels).long().reshape(-1), _tensor(reference_labels).long().reshape(-1)
     if q.ndim != 2 or r.ndim != 2 or q.shape[1] != r.shape[1]:
@@ -81,6 +77,16 @@ def retrieval_metrics(queries: ArrayLike, query_labels: ArrayLike, reference: Ar
         raise ValueError("retrieval needs at least one query and one reference row")
     if q.dtype != r.dtype:
         q, r = q.double(), r.double()
+    return q, qy, r, ry
+
+
+def per_query(queries: ArrayLike, query_labels: ArrayLike, reference: ArrayLike,
+              reference_labels: ArrayLike, geometry: Geometry = "euclidean",
+              chunk: int = 1024) -> dict[str, np.ndarray]:
+    """Each query's own figures (float64 arrays, one entry per query): ``hit_at_1`` (its
+    nearest reference row is of its class), ``r_precision`` and ``average_precision_at_r``
+    (their means are :func:`retrieval_metrics`'). ValueError as there."""
+    q, qy, r, ry = _checked(queries, query_labels, reference, reference_labels)
     counts = torch.bincount(ry, minlength=int(max(qy.max(), ry.max())) + 1)
     per_query_r = counts[qy]
     if bool((per_query_r == 0).any()):
@@ -88,7 +94,7 @@ def retrieval_metrics(queries: ArrayLike, query_labels: ArrayLike, reference: Ar
         raise ValueError(f"class(es) {missing} have queries but no reference row")
     k = int(per_query_r.max())
     ranks = torch.arange(1, k + 1, dtype=torch.float64)
-    p1 = r_prec = map_r = 0.0
+    hit1, r_prec, ap = [], [], []
     for start in range(0, len(q), chunk):  # a chunk of queries at a time: memory stays small
         stop = start + chunk
         _, idx = neighbours(q[start:stop], r, k, geometry, chunk)
@@ -96,15 +102,28 @@ def retrieval_metrics(queries: ArrayLike, query_labels: ArrayLike, reference: Ar
         hits = (ry[idx] == qy[start:stop, None]).double()  # a neighbour of the query's class
         hits_r = hits * (ranks[None, :] <= rr[:, None])  # ... among the first R
         precision_at_i = torch.cumsum(hits_r, dim=1) / ranks
-        p1 += float(hits[:, 0].sum())
-        r_prec += float((hits_r.sum(1) / rr).sum())
-        map_r += float(((precision_at_i * hits_r).sum(1) / rr).sum())
-    n = len(q)
+        hit1.append(hits[:, 0])
+        r_prec.append(hits_r.sum(1) / rr)
+        ap.append((precision_at_i * hits_r).sum(1) / rr)
+    return {"hit_at_1": torch.cat(hit1).numpy(), "r_precision": torch.cat(r_prec).numpy(),
+            "average_precision_at_r": torch.cat(ap).numpy()}
+
+
+def retrieval_metrics(queries: ArrayLike, query_labels: ArrayLike, reference: ArrayLike,
+                      reference_labels: ArrayLike, geometry: Geometry = "euclidean",
+                      chunk: int = 1024) -> dict[str, Any]:
+    """precision@1, R-precision and MAP@R of ``queries`` against ``reference`` (see the
+    module). Raises ValueError for shapes that do not match or a query class with no
+    reference row."""
+    each = per_query(queries, query_labels, reference, reference_labels, geometry, chunk)
+    n, n_reference = len(each["hit_at_1"]), len(_tensor(reference))
+    p1, r_prec, map_r = (float(each[key].sum()) for key in
+                         ("hit_at_1", "r_precision", "average_precision_at_r"))
     return {
         "precision_at_1": p1 / n,
         "r_precision": r_prec / n,
         "mean_average_precision_at_r": map_r / n,
         "geometry": geometry,
         "n_queries": n,
-        "n_reference": len(r),
+        "n_reference": n_reference,
     }

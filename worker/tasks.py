@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.db import make_engine, make_sessionmaker
 from app.core.logging import configure_logging
 from app.core.settings import Settings
-from app.jobs.broker import EMBED_TASK, INDEX_TASK, broker_memory_since
+from app.jobs.broker import EMBED_TASK, INDEX_TASK, PROMOTE_TASK, broker_memory_since
 from app.jobs.lifecycle import next_lease_expiry, reconcile
 from app.storage import attach, make_store
-from worker import embedding, host_share, indexing, runner
+from worker import embedding, host_share, indexing, promotion, runner
 from worker.celery_app import TRAIN_GROUP_TASK, TRAIN_TASK, celery
 from worker.metrics import METRICS
 
@@ -80,6 +80,13 @@ def build_index(index_id: int) -> str:
     iid = int(index_id)
     return runner.with_retries(lambda: indexing.build_index(iid, _factory(), _settings()),
                                _settings(), f"index {iid}")
+
+
+@celery.task(name=PROMOTE_TASK, acks_late=True, reject_on_worker_lost=True)
+def promote(promotion_id: int) -> str:
+    pid = int(promotion_id)
+    return runner.with_retries(lambda: promotion.promote(pid, _factory(), _settings()),
+                               _settings(), f"promotion {pid}")
 
 
 def _send(task: str, row_id: int) -> None:

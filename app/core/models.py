@@ -439,6 +439,61 @@ class ModelVersion(Base):
     created_by: Mapped[int | None] = mapped_column(Integer)  # the user who added it
 
 
+class ModelAlias(Base):
+    """An alias of a model (``news@production``) and the version it names now. It moves only
+    by a promotion (app/services/promotions.py, worker/promotion.py); a ``protected`` one
+    only by the model's owner or an admin."""
+
+    __tablename__ = "model_aliases"
+    __table_args__ = (UniqueConstraint("model_id", "name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer)
+    protected: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Promotion(LeasedJob, Base):
+    """A request to point a model's alias at a version: gated on a worker, then flipped in
+    one transaction if the alias still names ``expected_version``. The job's ``status`` is
+    the lease's (queued, running, succeeded, failed); ``phase`` where it is while it runs
+    (gating, embedding), ``outcome`` its verdict: succeeded, refused (the gate said no) or
+    conflict (the alias moved meanwhile)."""
+
+    __tablename__ = "promotions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    alias: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer)
+    expected_version: Mapped[int | None] = mapped_column(Integer)
+    force: Mapped[bool] = mapped_column(Boolean, default=False)
+    protect: Mapped[bool | None] = mapped_column(Boolean)  # mark the alias protected (or not) at the flip
+    margin: Mapped[float] = mapped_column(Float)
+    phase: Mapped[str | None] = mapped_column(String(16))
+    outcome: Mapped[str | None] = mapped_column(String(16))
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class AliasMove(Base):
+    """One move of an alias: from which version to which, who asked, when, by which
+    promotion, and its gate's summary."""
+
+    __tablename__ = "alias_history"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    alias: Mapped[str] = mapped_column(String(64))
+    from_version: Mapped[int | None] = mapped_column(Integer)
+    to_version: Mapped[int] = mapped_column(Integer)
+    user_id: Mapped[int | None] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    promotion_id: Mapped[int | None] = mapped_column(ForeignKey("promotions.id", ondelete="SET NULL"))
+    gate: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
 # --- users, their tokens, sharing, and the audit log (app/access/tokens.py, app/access/policy.py) ---
 
 class User(Base):

@@ -56,21 +56,23 @@ from app.core.models import (
     EmbeddingJob,
     Experiment,
     NeighborIndex,
+    Promotion,
     Status,
     Sweep,
     as_utc,
     utcnow,
 )
 from app.core.settings import Settings
-from app.jobs.broker import EMBED_TASK, INDEX_TASK, TRAIN_TASK
+from app.jobs.broker import EMBED_TASK, INDEX_TASK, PROMOTE_TASK, TRAIN_TASK
 from app.jobs.events import publish
 from app.jobs.queue import BrokerUnavailable
 
 log = logging.getLogger("corel.lifecycle")
 
 Send = Callable[[str, int], None]
-Job = type[Experiment] | type[EmbeddingJob] | type[NeighborIndex]  # the tables of jobs with a lease
-J = TypeVar("J", Experiment, EmbeddingJob, NeighborIndex)
+# the tables of jobs with a lease
+Job = type[Experiment] | type[EmbeddingJob] | type[NeighborIndex] | type[Promotion]
+J = TypeVar("J", Experiment, EmbeddingJob, NeighborIndex, Promotion)
 
 # This worker process, as it signs the rows it claims.
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -88,7 +90,8 @@ class JobKind:
 
 JOB_KINDS = (JobKind("experiment", Experiment, TRAIN_TASK, True),
              JobKind("embedding job", EmbeddingJob, EMBED_TASK, False),
-             JobKind("index build", NeighborIndex, INDEX_TASK, False))
+             JobKind("index build", NeighborIndex, INDEX_TASK, False),
+             JobKind("promotion", Promotion, PROMOTE_TASK, False))
 
 
 def announce(session: Session, model: Job, ids: Iterable[int]) -> None:

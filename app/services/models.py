@@ -19,11 +19,20 @@ from sqlalchemy.orm import Session
 
 from app.access import policy
 from app.access.audit import AUDIT_RESOURCE
-from app.core.errors import Conflict, InvalidInput, NotFound
+from app.core.errors import MAX_ID, Conflict, InvalidInput, NotFound
 from app.core.lookup import page_of, servable_experiment
-from app.core.models import ModelVersion, RegisteredModel
+from app.core.models import AliasMove, ModelAlias, ModelVersion, Promotion, RegisteredModel, Status
 from app.core.schemas.common import OwnerRead, Page
-from app.core.schemas.models import NAME, ModelCreate, ModelRead, VersionCreate, VersionRead
+from app.core.schemas.models import (
+    NAME,
+    AliasMoveRead,
+    ModelCreate,
+    ModelRead,
+    PromotionCreate,
+    PromotionRead,
+    VersionCreate,
+    VersionRead,
+)
 from app.storage.artifacts import best_checkpoint_bytes
 from corel.train import checkpoint_from_bytes
 
@@ -153,9 +162,15 @@ def resolve(session: Session, ref: str) -> Served:
     may read the model. ``"name@alias"`` is refused with what exists."""
     if "@" in ref:
         name, _, alias = ref.partition("@")
-        _by_name(session, name)
-        raise NotFound(f"model {name!r} has no alias {alias!r} (this server serves a model by "
-                       f"version): name one, \"{name}:N\" (GET /models/{name} lists them)")
+        model = _by_name(session, name)
+        at = session.scalar(select(ModelAlias.version).where(ModelAlias.model_id == model.id,
+                                                             ModelAlias.name == alias))
+        if at is None:
+            names = list(session.scalars(select(ModelAlias.name).where(ModelAlias.model_id == model.id)
+                                         .order_by(ModelAlias.name)))
+            raise NotFound(f"model {name!r} has no alias {alias!r} (its aliases: "
+                           f"{', '.join(names) if names else 'none yet; a promotion makes one'})")
+        ref = f"{name}:{at}"
     name, sep, number = ref.partition(":")
     if not sep or not number.isdigit():
         raise InvalidInput(f"model: {ref!r} names no version; write \"name:N\" (version N of "
@@ -186,8 +201,84 @@ def _version(model: RegisteredModel, row: ModelVersion) -> VersionRead:
 def _read(session: Session, model: RegisteredModel) -> ModelRead:
     versions = session.scalars(select(ModelVersion).where(ModelVersion.model_id == model.id)
                                .order_by(ModelVersion.version))
+    aliases = list(session.scalars(select(ModelAlias).where(ModelAlias.model_id == model.id)
+                                   .order_by(ModelAlias.name)))
     return ModelRead(name=model.name, description=model.description,
                      eval_dataset_id=model.eval_dataset_id, contract=model.contract,
-                     versions=[_version(model, v) for v in versions], created_at=model.created_at,
+                     versions=[_version(model, v) for v in versions],
+                     aliases={a.name: a.version for a in aliases},
+                     protected_aliases=[a.name for a in aliases if a.protected], created_at=model.created_at,
                      public=model.public,
                      owner=None if model.owner is None else OwnerRead.model_validate(model.owner))
+
+
+# --- aliases: moved only by a promotion (worker/promotion.py runs it) ---
+
+def _is_owner(session: Session, model: RegisteredModel) -> bool:
+    """The model's owner or an admin (what a protected alias and ``force`` need)."""
+    return policy.level_of(session, policy.principal_of(session), "model", model) == "manage"
+
+
+def request_promotion(session: Session, name: str, alias: str, body: PromotionCreate) -> Promotion:
+    """A queued promotion of ``alias`` to ``body.version``, checked now: write access to the
+    model, the version, ``expected_version`` against the alias as it is (409), the alias not
+    already there (422), a protected alias or ``force`` or ``protected`` only for the owner
+    or an admin (403). The gate and the flip run on a worker."""
+    model = _by_name(session, name, "write")
+    if not NAME.match(alias):
+        raise InvalidInput(f"alias {alias!r}: an alias matches [a-z0-9][a-z0-9._-]{{0,63}}")
+    if session.scalar(select(ModelVersion.id).where(ModelVersion.model_id == model.id,
+                                                    ModelVersion.version == body.version)) is None:
+        raise NotFound(f"model {name!r} has no version {body.version}")
+    current = session.scalar(select(ModelAlias).where(ModelAlias.model_id == model.id,
+                                                      ModelAlias.name == alias))
+    now_at = None if current is None else current.version
+    if body.expected_version != now_at:
+        raise Conflict(f"{name}@{alias} names {'no version (a new alias)' if now_at is None else f'version {now_at}'}"
+                       f", not the expected_version {body.expected_version}: read GET /models/{name} and "
+                       f"send expected_version {'null' if now_at is None else now_at}")
+    if body.version == now_at:
+        raise InvalidInput(f"{name}@{alias} already names version {body.version}")
+    owner = _is_owner(session, model)
+    if current is not None and current.protected and not owner:
+        raise policy.Denied(f"{name}@{alias} is protected: only the model's owner or an admin moves it")
+    if body.force and not owner:
+        raise policy.Denied("force skips the gate: only the model's owner or an admin may use it")
+    if body.protected is not None and not owner:
+        raise policy.Denied("only the model's owner or an admin marks an alias protected")
+    principal = policy.principal_of(session)
+    row = Promotion(model_id=model.id, alias=alias, version=body.version,
+                    expected_version=body.expected_version, force=body.force, margin=body.margin,
+                    protect=body.protected, owner_id=principal.user_id if principal is not None else None)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def promotion_read(session: Session, row: Promotion, name: str) -> PromotionRead:
+    status = (row.outcome if row.outcome is not None else
+              Status.FAILED.value if row.status == Status.FAILED else
+              row.phase or ("queued" if row.status == Status.QUEUED else "gating"))
+    return PromotionRead(promotion_id=row.id, model=name, alias=row.alias, version=row.version,
+                         expected_version=row.expected_version, force=row.force, margin=row.margin,
+                         status=status, report=row.report, error=row.error, created_at=row.created_at,
+                         finished_at=row.finished_at)
+
+
+def get_promotion(session: Session, name: str, promotion_id: int) -> PromotionRead:
+    model = _by_name(session, name)
+    row = session.get(Promotion, promotion_id) if 1 <= promotion_id <= MAX_ID else None
+    if row is None or row.model_id != model.id:
+        raise NotFound(f"model {name!r} has no promotion {promotion_id}")
+    return promotion_read(session, row, name)
+
+
+def alias_history(session: Session, name: str, alias: str) -> list[AliasMoveRead]:
+    model = _by_name(session, name)
+    moves = list(session.scalars(select(AliasMove).where(AliasMove.model_id == model.id, AliasMove.alias == alias)
+                                 .order_by(AliasMove.id)))
+    if not moves and session.scalar(select(ModelAlias.id).where(ModelAlias.model_id == model.id,
+                                                                 ModelAlias.name == alias)) is None:
+        raise NotFound(f"model {name!r} has no alias {alias!r}")
+    return [AliasMoveRead(alias=m.alias, from_version=m.from_version, to_version=m.to_version,
+                          user_id=m.user_id, at=m.at, promotion_id=m.promotion_id, gate=m.gate) for m in moves]

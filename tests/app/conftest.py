@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
@@ -516,3 +517,26 @@ def clothes_upload(client: Any, fashion_dir: Path, classes: dict[int, str], per_
     assert upload.status_code == 201, upload.text
     return x, y, upload
 
+
+@contextmanager
+def held(workers: Workers) -> Iterator[Callable[[float], None]]:
+    """Every live worker stopped (SIGSTOP) until the block ends; the block's ``step(seconds)``
+    lets them run that long and stops them again. A run's progress is then a state the test
+    holds still while it looks at the page, not a race between the worker and the browser:
+    on a fast machine the worker finished 60 epochs before the page was drawn."""
+    procs = [p for p in workers.procs if p.poll() is None]
+
+    def signal_all(sig: int) -> None:
+        for proc in procs:
+            os.killpg(proc.pid, sig)
+
+    def step(seconds: float) -> None:
+        signal_all(signal.SIGCONT)
+        time.sleep(seconds)
+        signal_all(signal.SIGSTOP)
+
+    signal_all(signal.SIGSTOP)
+    try:
+        yield step
+    finally:
+        signal_all(signal.SIGCONT)

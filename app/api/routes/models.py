@@ -8,12 +8,22 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 import app.services.models as models_service
-from app.api.deps import AuthDep, ReadSessionDep, SessionDep
+from app.api.deps import AuthDep, QueueDep, ReadSessionDep, SessionDep
 from app.api.routes.shares import SHARE_SUMMARY, UNSHARE_SUMMARY, _share, _shares, _unshare
 from app.core.errors import MAX_OFFSET
+from app.core.models import Promotion
 from app.core.schemas.access import ShareCreate, SharesRead
 from app.core.schemas.common import Page
-from app.core.schemas.models import ModelCreate, ModelRead, VersionCreate, VersionRead
+from app.core.schemas.models import (
+    AliasMoveRead,
+    ModelCreate,
+    ModelRead,
+    PromotionCreate,
+    PromotionRead,
+    VersionCreate,
+    VersionRead,
+)
+from app.jobs.lifecycle import commit_and_send
 
 router = APIRouter(prefix="/models", tags=["models"])
 
@@ -40,6 +50,30 @@ def get(name: str, session: ReadSessionDep):
              "(write access to the model, read access to the run)")
 def add_version(name: str, body: VersionCreate, session: SessionDep):
     return models_service.add_version(session, name, body)
+
+
+@router.post("/{name}/aliases/{alias}", status_code=status.HTTP_202_ACCEPTED, response_model=PromotionRead,
+             dependencies=[AuthDep], summary="Promote a version to an alias: gated on a worker, then "
+             "flipped if the alias still names expected_version (the only way an alias moves)")
+def promote(name: str, alias: str, body: PromotionCreate, session: SessionDep, queue: QueueDep):
+    row = models_service.request_promotion(session, name, alias, body)
+    answer = models_service.promotion_read(session, row, name)
+    # Committed before sending, as for an experiment: the worker must find the row.
+    commit_and_send(session, Promotion, [answer.promotion_id],
+                    lambda: queue.enqueue_promotion(answer.promotion_id), "the promotion")
+    return answer
+
+
+@router.get("/{name}/promotions/{promotion_id:int}", response_model=PromotionRead,
+            summary="A promotion: its status and its gate's report")
+def promotion(name: str, promotion_id: int, session: ReadSessionDep):
+    return models_service.get_promotion(session, name, promotion_id)
+
+
+@router.get("/{name}/aliases/{alias}/history", response_model=list[AliasMoveRead],
+            summary="Every move of an alias: from, to, who, when, the promotion and its gate's summary")
+def history(name: str, alias: str, session: ReadSessionDep):
+    return models_service.alias_history(session, name, alias)
 
 
 def _id(session: SessionDep, name: str) -> int:

@@ -52,6 +52,52 @@ class ModelRead(BaseModel):
         description="What version 1 fixed and every version keeps: the inputs (texts, images "
         "or arrays, and their shape) and the class names; null before version 1.")
     versions: list[VersionRead]
+    aliases: dict[str, int] = Field(description="Each alias's version.")
+    protected_aliases: list[str] = Field(description="The aliases only the owner or an admin may move.")
     created_at: Timestamp
     public: bool
     owner: OwnerRead | None = OWNER
+
+
+class PromotionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: int = Field(ge=1, le=MAX_ID, description="The version the alias should name.")
+    expected_version: int | None = Field(
+        ge=1, le=MAX_ID, description="The version the alias names now (null for a new alias): "
+        "the flip happens only if it still does (compare and swap).")
+    force: bool = Field(default=False, description="Skip the gate (the model's owner or an admin).")
+    margin: float = Field(default=0.01, gt=0, le=1, description="How much worse than the incumbent "
+                          "the candidate may be, at the lower bound of the 95 % interval of accuracy "
+                          "and of MAP@R.")
+    protected: bool | None = Field(default=None, description="Mark the alias protected (moved only "
+                                   "by the owner or an admin) or not, at the flip (owner or admin).")
+
+
+class PromotionRead(BaseModel):
+    promotion_id: int
+    model: str
+    alias: str
+    version: int
+    expected_version: int | None
+    force: bool
+    margin: float
+    status: str = Field(description="queued; gating or embedding while it runs; then succeeded, "
+                        "refused (the gate said no), conflict (the alias moved meanwhile) or failed.")
+    report: dict[str, Any] | None = Field(default=None, description="The gate's report: both "
+                                          "versions' figures, the differences with their 95 % "
+                                          "intervals, per-class recall, passed, and the reason "
+                                          "when refused.")
+    error: str | None = None
+    created_at: Timestamp
+    finished_at: Timestamp | None = None
+
+
+class AliasMoveRead(BaseModel):
+    alias: str
+    from_version: int | None
+    to_version: int
+    user_id: int | None
+    at: Timestamp
+    promotion_id: int | None
+    gate: dict[str, Any] | None

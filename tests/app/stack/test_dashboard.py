@@ -12,10 +12,8 @@ import base64
 import io
 import os
 import shutil
-import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from PIL import Image
 from pydantic import SecretStr
 
 from app.main import create_app
-from tests.app.conftest import Workers, finished, serving, wait_for
+from tests.app.conftest import finished, held, serving, wait_for
 from tests.conftest import REPO, SHARED_DATASETS, require
 from tests.mirror import Mirror
 
@@ -82,30 +80,6 @@ def trained(client, worker) -> list[dict]:
 def shot(page: Any, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
-@contextmanager
-def held(workers: Workers) -> Iterator[Callable[[float], None]]:
-    """Every live worker stopped (SIGSTOP) until the block ends; the block's ``step(seconds)``
-    lets them run that long and stops them again. A run's progress is then a state the test
-    holds still while it looks at the page, not a race between the worker and the browser:
-    on a fast machine the worker finished 60 epochs before the page was drawn."""
-    procs = [p for p in workers.procs if p.poll() is None]
-
-    def signal_all(sig: int) -> None:
-        for proc in procs:
-            os.killpg(proc.pid, sig)
-
-    def step(seconds: float) -> None:
-        signal_all(signal.SIGCONT)
-        time.sleep(seconds)
-        signal_all(signal.SIGSTOP)
-
-    signal_all(signal.SIGSTOP)
-    try:
-        yield step
-    finally:
-        signal_all(signal.SIGCONT)
 
 
 def page_progress(page: Any) -> dict:

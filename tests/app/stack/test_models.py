@@ -13,8 +13,9 @@ from sqlalchemy import select
 from app.access.users import create_token, create_user
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.models import AuditEntry, RegisteredModel
+from harness.wait import wait_until
 from tests.app.api.test_datasets import blobs
-from tests.app.conftest import AS_USER, finished, npz_bytes, wait_for
+from tests.app.conftest import AS_USER, DIGITS_SPEC, finished, held, npz_bytes, wait_for
 
 DIGITS = [str(d) for d in range(10)]
 
@@ -182,3 +183,111 @@ def test_the_client_adds_versions_and_serves_by_name(live_url, client, digits_ru
     with pytest.raises(CorelError) as missing:
         model.embed(arrays=rows, version=9)
     assert missing.value.status == 404
+
+
+# --- aliases: moved only through a promotion (gated on the worker, flipped by compare and swap) ---
+
+ENDED = ("succeeded", "refused", "conflict", "failed")
+
+
+@pytest.fixture(scope="module")
+def worse_run(client, worker) -> int:
+    """A digits run on 30 training rows for two epochs: it learns, and is clearly worse."""
+    r = client.post("/experiments", json={**DIGITS_SPEC, "loss": "cosine", "lam": 0.8, "epochs": 2, "train_subset": 30})
+    assert r.status_code == 202, r.text
+    body = wait_for(client, r.json()["id"], finished)
+    assert body["status"] == "succeeded", body.get("error")
+    return int(body["id"])
+
+
+def _submit(client, name, alias, headers=None, **body):
+    return client.post(f"/models/{name}/aliases/{alias}", json=body, headers=headers or {})
+
+
+def _ended(client, name, promotion_id) -> dict:
+    return wait_until(lambda: (lambda b: b if b["status"] in ENDED else None)(
+        client.get(f"/models/{name}/promotions/{promotion_id}").json()), 120, f"promotion {promotion_id}")
+
+
+def _promote(client, name, alias, **body) -> dict:
+    r = _submit(client, name, alias, **body)
+    assert r.status_code == 202, r.text
+    assert r.json()["status"] == "queued"
+    return _ended(client, name, r.json()["promotion_id"])
+
+
+def test_an_alias_moves_only_through_the_gate(client, workers, digits_runs, worse_run):
+    cosine, gaussian = digits_runs["cosine"], digits_runs["gaussian"]
+    name = _model(client, cosine, gaussian, worse_run)  # versions 1, 2, 3
+    first = _promote(client, name, "production", version=1, expected_version=None)
+    assert first["status"] == "succeeded" and first["report"]["passed"], first
+    assert first["report"]["incumbent"] is None  # a first alias has none, and passes
+    assert client.get(f"/models/{name}").json()["aliases"] == {"production": 1}
+    served = client.post("/embed", json={"model": f"{name}@production", "arrays": [[[8.0] * 8] * 8]}).json()
+    assert (served["model_version"], served["experiment_id"]) == (1, cosine)
+
+    refused = _promote(client, name, "production", version=3, expected_version=1, margin=0.05)
+    report = refused["report"]
+    assert refused["status"] == "refused" and not report["passed"], refused
+    assert report["reason"].startswith("worse: the candidate's accuracy")
+    accuracy = report["figures"]["accuracy"]
+    assert accuracy["candidate"] < accuracy["incumbent"] - 0.3 and accuracy["interval"][1] < -0.05
+    assert report["rows"] > 100 and len(report["class_recall"]) == 10
+    assert (report["candidate_experiment"], report["incumbent_experiment"]) == (worse_run, cosine)
+    assert client.get(f"/models/{name}").json()["aliases"] == {"production": 1}
+
+    for body, status, words in (({"version": 2, "expected_version": 3}, 409, "not the expected_version 3"),
+                                ({"version": 1, "expected_version": 1}, 422, "already names version 1"),
+                                ({"version": 9, "expected_version": 1}, 404, "no version 9")):
+        r = _submit(client, name, "production", **body)
+        assert r.status_code == status and words in r.json()["detail"], r.text
+    assert _submit(client, name, "Prod!", version=1, expected_version=None).status_code == 422
+    assert _submit(client, f"no-{name}", "production", version=1, expected_version=None).status_code == 404
+
+    # Two promotions from the same state, the worker held: the flip of one, then a conflict.
+    with held(workers):
+        ids = [_submit(client, name, "production", version=v, expected_version=1, force=True).json()["promotion_id"]
+               for v in (2, 3)]
+    ended = {p: _ended(client, name, p) for p in ids}
+    assert sorted(e["status"] for e in ended.values()) == ["conflict", "succeeded"], ended
+    won = next(e for e in ended.values() if e["status"] == "succeeded")
+    lost = next(e for e in ended.values() if e["status"] == "conflict")
+    assert "moved meanwhile" in lost["report"]["conflict"]
+    assert client.get(f"/models/{name}").json()["aliases"] == {"production": won["version"]}
+    again = client.post("/embed", json={"model": f"{name}@production", "arrays": [[[8.0] * 8] * 8]}).json()
+    assert again["model_version"] == won["version"]
+
+    history = client.get(f"/models/{name}/aliases/production/history").json()
+    assert [(m["from_version"], m["to_version"]) for m in history] == [(None, 1), (1, won["version"])]
+    assert [m["promotion_id"] for m in history] == [first["promotion_id"], won["promotion_id"]]
+    assert history[1]["gate"]["forced"] and not history[0]["gate"]["forced"]
+    assert client.get(f"/models/{name}/aliases/staging/history").status_code == 404
+
+
+@pytest.mark.skipif(not AS_USER, reason="the open mode has no users to share with")
+def test_a_protected_alias_and_force_are_the_owner_s(client, settings, digits_runs):
+    engine = make_engine(settings.db_url)
+    with session_scope(make_sessionmaker(engine)) as session:
+        writer = create_user(session, f"writer-{uuid.uuid4().hex[:6]}")
+        _, token = create_token(session, writer.id, "write")
+        writer_id = writer.id
+    engine.dispose()
+    as_writer = {"authorization": f"Bearer {token}"}
+    name = _model(client, digits_runs["cosine"], digits_runs["gaussian"])
+    assert client.post(f"/models/{name}/shares", json={"user_id": writer_id, "access": "write"}).status_code == 200
+    staged = _promote(client, name, "staging", version=1, expected_version=None, protected=True)
+    assert staged["status"] == "succeeded"
+    assert client.get(f"/models/{name}").json()["protected_aliases"] == ["staging"]
+
+    moved = _submit(client, name, "staging", as_writer, version=2, expected_version=1)
+    assert moved.status_code == 403 and "protected" in moved.json()["detail"], moved.text
+    forced = _submit(client, name, "canary", as_writer, version=2, expected_version=None, force=True)
+    assert forced.status_code == 403 and "force" in forced.json()["detail"]
+    marked = _submit(client, name, "canary", as_writer, version=2, expected_version=None, protected=True)
+    assert marked.status_code == 403
+    canary = _submit(client, name, "canary", as_writer, version=2, expected_version=None)
+    assert canary.status_code == 202, canary.text
+    assert _ended(client, name, canary.json()["promotion_id"])["status"] == "succeeded"
+    assert client.get(f"/models/{name}").json()["aliases"] == {"canary": 2, "staging": 1}
+    history = client.get(f"/models/{name}/aliases/canary/history").json()
+    assert history[0]["user_id"] == writer_id

@@ -1,0 +1,169 @@
+"""Promotions on a worker: the gate, then the flip (issue 72).
+
+Claimed with a lease as every job is (lifecycle.claim), so a promotion whose worker is lost
+is taken over and run again from its start: the gate reads only stored rows and writes
+nothing until the end, and the flip is one transaction. Phases: ``gating`` (both versions'
+runs evaluated on the same stored test rows: each row's prediction from the run's own head
+over its stored representation, and its average precision at R against the run's own
+training split; corel.gate compares them), then the flip: the alias is compared and
+swapped in one transaction with its history row, only if it still names the version the
+promotion expected (else the outcome is ``conflict``).
+
+Collections (datasets re-embedded and indexed with the candidate before the flip, the
+``embedding`` phase) are not built yet: the flip follows the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.core.db import session_scope
+from app.core.errors import DomainError
+from app.core.models import (
+    AliasMove,
+    LatentSpace,
+    ModelAlias,
+    ModelVersion,
+    Promotion,
+    Status,
+    utcnow,
+)
+from app.core.settings import Settings
+from app.jobs import lifecycle
+from app.jobs.lifecycle import LostLease
+from app.storage import ensure as ensure_store
+from app.storage.artifacts import best_checkpoint_dict, load_latent
+from app.storage.local_copies import files_for_model
+from corel.clustering import default_metric
+from corel.gate import Evaluated, compare
+from corel.retrieval import per_query
+from corel.serving import ServedModel
+
+log = logging.getLogger("corel.worker")
+
+
+class NoSharedRows(ValueError):
+    """The two versions' runs were not tested on the same rows."""
+
+
+def _evaluated(session: Session, settings: Settings, experiment_id: int) -> tuple[Evaluated, str | None, list[str]]:
+    """A run on its stored test split: each row right or not (its head over the stored
+    representation), its AP@R against the run's training split; the rows' digest."""
+    h_test, y_test = load_latent(session, experiment_id, "test")
+    h_train, y_train = load_latent(session, experiment_id, "train")
+    checkpoint = best_checkpoint_dict(session, experiment_id)
+    served = ServedModel.from_checkpoint(checkpoint, "cpu", files_for_model(
+        session, settings, json.loads(checkpoint["preprocessing"])))
+    sims = served.similarities(torch.from_numpy(np.ascontiguousarray(h_test)))
+    correct = (sims.argmax(1).numpy() == y_test).astype(np.float64)
+    ap = per_query(h_test, y_test, h_train, y_train, default_metric(served.spec.loss))["average_precision_at_r"]
+    rows = session.scalar(select(LatentSpace.rows_sha256).where(
+        LatentSpace.experiment_id == experiment_id, LatentSpace.split == "test"))
+    return Evaluated(correct, ap, np.asarray(y_test)), rows, list(served.class_names)
+
+
+def gate(session: Session, settings: Settings, candidate: int, incumbent: int, margin: float) -> dict[str, Any]:
+    """corel.gate's report of run ``candidate`` against run ``incumbent`` on their shared
+    test rows; NoSharedRows when they have none."""
+    cand, cand_rows, names = _evaluated(session, settings, candidate)
+    inc, inc_rows, _ = _evaluated(session, settings, incumbent)
+    if (len(cand.labels) != len(inc.labels) or not np.array_equal(cand.labels, inc.labels)
+            or (cand_rows is not None and inc_rows is not None and cand_rows != inc_rows)):
+        raise NoSharedRows(f"experiments {candidate} and {incumbent} were not tested on the same rows "
+                           f"({len(cand.labels)} and {len(inc.labels)} test rows), so the gate cannot "
+                           "compare them")
+    report = compare(cand, inc, names, margin=margin)
+    report["candidate_experiment"], report["incumbent_experiment"] = candidate, incumbent
+    return report
+
+
+def _run_of(session: Session, model_id: int, version: int) -> int:
+    run = session.scalar(select(ModelVersion.experiment_id).where(
+        ModelVersion.model_id == model_id, ModelVersion.version == version))
+    if run is None:
+        raise ValueError(f"version {version} no longer exists")
+    return int(run)
+
+
+def promote(promotion_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
+    """Claim, gate, flip; returns the outcome."""
+    factory = ensure_store(factory, settings)
+    with session_scope(factory) as session:
+        row = session.get(Promotion, promotion_id)
+        if row is None:
+            return "gone"
+        if not lifecycle.claim(session, promotion_id, settings, Promotion):
+            log.info("not claimed (finished, or running elsewhere)", extra={"promotion": promotion_id})
+            return "skipped"
+        session.refresh(row)
+        model_id, alias, version, force, margin = row.model_id, row.alias, row.version, row.force, row.margin
+        expected, protect, user = row.expected_version, row.protect, row.owner_id
+        lifecycle.progress(session, promotion_id, Promotion, phase="gating")
+    try:
+        with session_scope(factory) as session:
+            candidate = _run_of(session, model_id, version)
+            report: dict[str, Any]
+            if force:
+                report = {"passed": True, "forced": True}
+            elif expected is None:
+                report = {"passed": True, "incumbent": None, "candidate_experiment": candidate}
+            else:
+                try:
+                    report = gate(session, settings, candidate, _run_of(session, model_id, expected), margin)
+                except NoSharedRows as exc:
+                    report = {"passed": False, "reason": str(exc)}
+        if not report["passed"]:
+            with session_scope(factory) as session:
+                if not lifecycle.end(session, promotion_id, Status.SUCCEEDED, Promotion,
+                                     outcome="refused", report=report, phase=None):
+                    raise LostLease(f"promotion {promotion_id} is no longer ours")
+            log.info("promotion refused", extra={"promotion": promotion_id, "reason": report.get("reason")})
+            return "refused"
+        with session_scope(factory) as session:  # the flip: compare, swap, history, in one transaction
+            current = session.scalar(select(ModelAlias).where(
+                ModelAlias.model_id == model_id, ModelAlias.name == alias).with_for_update())
+            now_at = None if current is None else current.version
+            if now_at != expected:
+                outcome = "conflict"
+                report["conflict"] = (f"the alias names version {now_at} now, not {expected} as the "
+                                      "promotion expected: it moved meanwhile")
+            else:
+                outcome = "succeeded"
+                if current is None:
+                    session.add(ModelAlias(model_id=model_id, name=alias, version=version,
+                                           protected=bool(protect)))
+                else:
+                    current.version, current.updated_at = version, utcnow()
+                    if protect is not None:
+                        current.protected = protect
+                session.add(AliasMove(model_id=model_id, alias=alias, from_version=now_at, to_version=version,
+                                      user_id=user, promotion_id=promotion_id, gate=_summary(report)))
+            if not lifecycle.end(session, promotion_id, Status.SUCCEEDED, Promotion, outcome=outcome,
+                                 report=report, phase=None):
+                raise LostLease(f"promotion {promotion_id} is no longer ours")  # rolls the flip back
+    except LostLease:
+        log.warning("lost the lease; another worker continues", extra={"promotion": promotion_id})
+        return "lost"
+    except (ValueError, DomainError) as exc:  # a version or a run that is gone
+        log.warning("promotion failed", extra={"promotion": promotion_id, "error": str(exc)})
+        lifecycle.finish(factory, promotion_id, Status.FAILED, Promotion, outcome="failed", error=str(exc),
+                         phase=None)
+        return Status.FAILED
+    log.info("promotion ended", extra={"promotion": promotion_id, "outcome": outcome})
+    return outcome
+
+
+def _summary(report: dict[str, Any]) -> dict[str, Any]:
+    """What the alias's history keeps of the gate: passed or forced, and each figure's
+    difference with its interval."""
+    out: dict[str, Any] = {"passed": report.get("passed"), "forced": bool(report.get("forced"))}
+    for name, figure in (report.get("figures") or {}).items():
+        out[name] = {"delta": figure["delta"], "interval": figure["interval"]}
+    return out
