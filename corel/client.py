@@ -33,7 +33,7 @@ from urllib.parse import urlencode, urlsplit
 
 import numpy as np
 
-__all__ = ["Client", "CorelError", "Embeddings", "Experiment", "Model", "Predictions", "Sweep"]
+__all__ = ["Client", "CorelError", "Embeddings", "Experiment", "Model", "Predictions", "Promotion", "Sweep"]
 
 CHUNK = 1 << 20
 """Bytes an upload sends at a time."""
@@ -274,17 +274,84 @@ class Model:
         self.refresh()
         return int(body["version"])
 
+    @property
+    def aliases(self) -> dict[str, int]:
+        """Each alias's version, as last read."""
+        return {str(k): int(v) for k, v in self.body.get("aliases", {}).items()}
+
+    def promote(self, version: int, alias: str, *, force: bool = False, margin: float | None = None,
+                protected: bool | None = None) -> Promotion:
+        """``POST /models/{name}/aliases/{alias}``: move ``alias`` to ``version`` through the
+        gate, expecting the alias where it was last read (:meth:`refresh`); :meth:`Promotion.wait`
+        for its outcome."""
+        self.refresh()
+        body: dict[str, Any] = {"version": int(version), "expected_version": self.aliases.get(alias),
+                                "force": force}
+        if margin is not None:
+            body["margin"] = margin
+        if protected is not None:
+            body["protected"] = protected
+        answer = self.client.request("POST", f"/models/{self.name}/aliases/{alias}", json_body=body)
+        return Promotion(self, int(answer["promotion_id"]), answer)
+
+    def history(self, alias: str) -> list[dict[str, Any]]:
+        """Every move of ``alias``: from, to, who, when, the promotion and its gate's summary."""
+        return list(self.client.request("GET", f"/models/{self.name}/aliases/{alias}/history"))
+
+    def _which(self, version: int | None, alias: str | None) -> dict[str, Any]:
+        if (version is None) == (alias is None):
+            raise ValueError("give exactly one of version and alias")
+        return {"model": f"{self.name}:{int(version)}" if version is not None else f"{self.name}@{alias}"}
+
     def embed(self, texts: Sequence[str] | None = None, arrays: Any = None,
-              images: Sequence[str | os.PathLike[str]] | None = None, *, version: int,
-              layer: str = "head") -> Embeddings:
-        """``/embed`` by version ``version`` of the model."""
-        return _embed(self.client, {"model": f"{self.name}:{int(version)}"}, _inputs(texts, arrays, images),
-                      layer)
+              images: Sequence[str | os.PathLike[str]] | None = None, *, version: int | None = None,
+              alias: str | None = None, layer: str = "head") -> Embeddings:
+        """``/embed`` by a version of the model, or by an alias (the version it names now)."""
+        return _embed(self.client, self._which(version, alias), _inputs(texts, arrays, images), layer)
 
     def predict(self, texts: Sequence[str] | None = None, arrays: Any = None,
-                images: Sequence[str | os.PathLike[str]] | None = None, *, version: int) -> Predictions:
-        """``/predict`` by version ``version`` of the model."""
-        return _predict(self.client, {"model": f"{self.name}:{int(version)}"}, _inputs(texts, arrays, images))
+                images: Sequence[str | os.PathLike[str]] | None = None, *, version: int | None = None,
+                alias: str | None = None) -> Predictions:
+        """``/predict`` by a version of the model, or by an alias."""
+        return _predict(self.client, self._which(version, alias), _inputs(texts, arrays, images))
+
+
+class Promotion:
+    """A promotion of a model's alias (``/models/{name}/promotions/{id}``)."""
+
+    ENDED = ("succeeded", "refused", "conflict", "failed")
+
+    def __init__(self, model: Model, promotion_id: int, body: dict[str, Any]) -> None:
+        self.model = model
+        self.id = promotion_id
+        self.body = body
+
+    def __repr__(self) -> str:
+        return f"Promotion({self.model.name!r}, {self.id}, {self.status!r})"
+
+    @property
+    def status(self) -> str:
+        return str(self.body.get("status", "unknown"))
+
+    @property
+    def report(self) -> dict[str, Any] | None:
+        """The gate's report (figures, intervals, per-class recall, passed, reason)."""
+        return self.body.get("report")
+
+    def refresh(self) -> dict[str, Any]:
+        self.body = self.model.client.request("GET", f"/models/{self.model.name}/promotions/{self.id}")
+        return self.body
+
+    def wait(self, timeout: float | None = None, poll: float = 0.5) -> Promotion:
+        """Until it ends: succeeded, refused, conflict or failed (:attr:`status`, :attr:`report`).
+        CorelError when ``timeout`` seconds pass first."""
+        started = time.monotonic()
+        while self.refresh()["status"] not in self.ENDED:
+            if timeout is not None and time.monotonic() - started > timeout:
+                raise CorelError(0, f"promotion {self.id} is still {self.status} after {timeout:g} s")
+            time.sleep(poll)
+        self.model.refresh()
+        return self
 
 
 class Experiment:

@@ -275,7 +275,63 @@ def fewshot_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def models(args: argparse.Namespace) -> int:
+    """``corel models``: create, version, promote, show."""
+    name = args.name
+    if args.action == "create":
+        _call(args, "POST", "/models", json={"name": name, "description": args.description})
+        print(f"model {name}: created")
+    elif args.action == "version":
+        body = _call(args, "POST", f"/models/{name}/versions", json={"experiment_id": args.experiment})
+        print(f"{name}:{body['version']} = experiment {body['experiment_id']}")
+    elif args.action == "promote":
+        aliases = _call(args, "GET", f"/models/{name}")["aliases"]
+        request: dict[str, Any] = {"version": args.version, "expected_version": aliases.get(args.alias),
+                                   "force": args.force}
+        if args.margin is not None:
+            request["margin"] = args.margin
+        queued = _call(args, "POST", f"/models/{name}/aliases/{args.alias}", json=request)
+        pid = queued["promotion_id"]
+        while (p := _call(args, "GET", f"/models/{name}/promotions/{pid}"))["status"] not in (
+                "succeeded", "refused", "conflict", "failed"):
+            time.sleep(0.5)
+        report = p.get("report") or {}
+        figures = report.get("figures") or {}
+        print(f"promotion {pid}: {name}@{args.alias} -> version {args.version}: {p['status']}"
+              + (f" ({report['reason']})" if report.get("reason") else "")
+              + (f" ({p['report'].get('conflict')})" if p["status"] == "conflict" else ""))
+        for figure, values in figures.items():
+            lo, hi = values["interval"]
+            print(f"  {figure}: candidate {values['candidate']:.4f}, incumbent {values['incumbent']:.4f}, "
+                  f"difference {values['delta']:+.4f} [{lo:+.4f}, {hi:+.4f}]")
+        if p["status"] != "succeeded":
+            return 1
+    else:
+        body = _call(args, "GET", f"/models/{name}")
+        rows = [[v["version"], v["experiment_id"],
+                 ", ".join(a for a, at in body["aliases"].items() if at == v["version"])] for v in body["versions"]]
+        print(_table(rows, ["version", "experiment", "aliases"]))
+    return 0
+
+
 def register(sub: Any) -> None:
+    p = sub.add_parser("models", help="models with names: create, add versions, promote an alias",
+                       description="A model's versions are runs of its contract, served by name "
+                       "(name:N, name@alias); an alias moves only through a promotion's gate.")
+    p.add_argument("action", choices=("create", "version", "promote", "show"))
+    p.add_argument("name", help="the model's name")
+    p.add_argument("--url", default=os.environ.get("COREL_URL", "http://127.0.0.1:8000"),
+                   help="service base URL (default: $COREL_URL or http://127.0.0.1:8000)")
+    p.add_argument("--token", default=os.environ.get("COREL_API_TOKEN"),
+                   help="bearer token (default: $COREL_API_TOKEN)")
+    p.add_argument("--description", help="create: what the model is for")
+    p.add_argument("--experiment", type=_positive, help="version: the run to add")
+    p.add_argument("--alias", default="production", help="promote: the alias to move (default production)")
+    p.add_argument("--version", type=_positive, help="promote: the version the alias should name")
+    p.add_argument("--margin", type=float, help="promote: the gate's margin (default 0.01)")
+    p.add_argument("--force", action="store_true", help="promote: skip the gate (owner or admin)")
+    p.set_defaults(func=models)
+
     p = sub.add_parser("embed", help="representations of inputs from a running service",
                        description="POST /embed: the final hidden layer of each input (the head's h, "
                        "128-d by default), or a pretrained encoder's own output (--layer encoder).")

@@ -273,6 +273,16 @@ def get_promotion(session: Session, name: str, promotion_id: int) -> PromotionRe
     return promotion_read(session, row, name)
 
 
+def list_promotions(session: Session, name: str, alias: str | None, limit: int) -> list[PromotionRead]:
+    """The model's promotions (of ``alias`` only, if given), newest first."""
+    model = _by_name(session, name)
+    query = select(Promotion).where(Promotion.model_id == model.id)
+    if alias is not None:
+        query = query.where(Promotion.alias == alias)
+    rows = session.scalars(query.order_by(Promotion.id.desc()).limit(limit))
+    return [promotion_read(session, r, name) for r in rows]
+
+
 def alias_history(session: Session, name: str, alias: str) -> list[AliasMoveRead]:
     model = _by_name(session, name)
     moves = list(session.scalars(select(AliasMove).where(AliasMove.model_id == model.id, AliasMove.alias == alias)

@@ -64,6 +64,13 @@ def promote(name: str, alias: str, body: PromotionCreate, session: SessionDep, q
     return answer
 
 
+@router.get("/{name}/promotions", response_model=list[PromotionRead],
+            summary="A model's promotions, newest first (of one alias if given)")
+def promotions(name: str, session: ReadSessionDep, alias: str | None = None,
+               limit: Annotated[int, Query(ge=1, le=200)] = 50):
+    return models_service.list_promotions(session, name, alias, limit)
+
+
 @router.get("/{name}/promotions/{promotion_id:int}", response_model=PromotionRead,
             summary="A promotion: its status and its gate's report")
 def promotion(name: str, promotion_id: int, session: ReadSessionDep):

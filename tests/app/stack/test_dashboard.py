@@ -23,6 +23,7 @@ from PIL import Image
 from pydantic import SecretStr
 
 from app.main import create_app
+from harness.wait import wait_until
 from tests.app.conftest import finished, held, serving, wait_for
 from tests.conftest import REPO, SHARED_DATASETS, require
 from tests.mirror import Mirror
@@ -1155,6 +1156,28 @@ def test_the_models_page_lists_each_model_s_contract_and_versions(page, client, 
     assert links.all_inner_texts() == ["v1", "v2"]
     assert [links.nth(i).get_attribute("href") for i in range(2)] == [
         f"/ui/experiments/{digits_runs['cosine']}", f"/ui/experiments/{digits_runs['gaussian']}"]
+    # An alias: a first promotion, then a gated one (whatever its gate says, its report is shown).
+    for version, expected in ((1, None), (2, 1)):
+        r = client.post(f"/models/{name}/aliases/production",
+                        json={"version": version, "expected_version": expected, "margin": 1.0})
+        assert r.status_code == 202, r.text
+        pid = r.json()["promotion_id"]
+        wait_until(lambda pid=pid: client.get(f"/models/{name}/promotions/{pid}").json()[
+            "status"] in ("succeeded", "refused"), 120, "the promotion")
+    now = client.get(f"/models/{name}").json()["aliases"]["production"]
+    page.reload()
+    page.wait_for_selector(f'{row} td.aliases a[data-alias="production"]')
+    assert page.inner_text(f"{row} td.aliases") == f"production → v{now}"
+    page.click(f'{row} td.aliases a[data-alias="production"]')
+    page.wait_for_selector("#promotions tbody tr:nth-child(2)")
+    statuses = page.locator("#promotions td.status").all_inner_texts()
+    gated = client.get(f"/models/{name}/promotions", params={"alias": "production"}).json()
+    assert statuses == [p["status"] for p in gated] and statuses[1] == "succeeded"
+    assert page.locator("#history tbody tr").count() == (2 if now == 2 else 1)
+    page.wait_for_function("document.getElementById('recall-plot').data !== undefined")
+    bars = page.evaluate("document.getElementById('recall-plot').data.map((t) => t.y)")
+    recall = gated[0]["report"]["class_recall"]
+    assert bars == [[c["incumbent"] for c in recall], [c["candidate"] for c in recall]]
     shot(page, "models")
     page.click(f'{row} button[data-action="share"]')
     page.wait_for_selector("#share .share-form")

@@ -183,6 +183,14 @@ def test_the_client_adds_versions_and_serves_by_name(live_url, client, digits_ru
     with pytest.raises(CorelError) as missing:
         model.embed(arrays=rows, version=9)
     assert missing.value.status == 404
+    promoted = model.promote(2, alias="production").wait(timeout=120)
+    assert promoted.status == "succeeded" and promoted.report["passed"]
+    assert model.aliases == {"production": 2}
+    assert model.embed(arrays=rows, alias="production").model_version == 2
+    assert [(m["from_version"], m["to_version"]) for m in model.history("production")] == [(None, 2)]
+    with pytest.raises(CorelError) as moved:  # it expects the alias where it was read: at 2 now
+        model.promote(2, alias="production")
+    assert moved.value.status == 422
 
 
 # --- aliases: moved only through a promotion (gated on the worker, flipped by compare and swap) ---
@@ -291,3 +299,24 @@ def test_a_protected_alias_and_force_are_the_owner_s(client, settings, digits_ru
     assert client.get(f"/models/{name}").json()["aliases"] == {"canary": 2, "staging": 1}
     history = client.get(f"/models/{name}/aliases/canary/history").json()
     assert history[0]["user_id"] == writer_id
+
+
+def test_the_cli_versions_and_promotes(live_url, client, digits_runs, worse_run, capsys):
+    from corel.cli import main
+
+    name = _name()
+    url = ["--url", live_url]
+    assert main(["models", "create", name, *url, "--description", "from the CLI"]) == 0
+    assert main(["models", "version", name, *url, "--experiment", str(digits_runs["cosine"])]) == 0
+    assert main(["models", "version", name, *url, "--experiment", str(worse_run)]) == 0
+    assert main(["models", "promote", name, *url, "--version", "1"]) == 0
+    assert main(["models", "promote", name, *url, "--version", "2", "--margin", "0.05"]) == 1
+    out = capsys.readouterr().out
+    assert f"{name}:2 = experiment {worse_run}" in out
+    assert f"{name}@production -> version 1: succeeded" in out
+    assert f"{name}@production -> version 2: refused (worse: " in out
+    assert "  accuracy: candidate " in out
+    assert main(["models", "show", name, *url]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[2].split() == ["1", str(digits_runs["cosine"]), "production"]
+    assert shown[3].split() == ["2", str(worse_run)]
