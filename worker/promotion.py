@@ -9,14 +9,21 @@ training split; corel.gate compares them), then the flip: the alias is compared 
 swapped in one transaction with its history row, only if it still names the version the
 promotion expected (else the outcome is ``conflict``).
 
-Collections (datasets re-embedded and indexed with the candidate before the flip, the
-``embedding`` phase) are not built yet: the flip follows the gate.
+Between the gate and the flip, the ``embedding`` phase: every collection of the model
+embedded and indexed by the candidate's run (:func:`embed_collections`: a collection build
+per version, a batch embedding job and an index of its rows, each run here as its own worker
+would run it, so that a promotion taken over after a lost worker goes on from the jobs it
+made). A version's builds are kept, so a rollback embeds nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,13 +35,18 @@ from app.core.db import session_scope
 from app.core.errors import DomainError
 from app.core.models import (
     AliasMove,
+    CollectionBuild,
+    EmbeddingJob,
     LatentSpace,
     ModelAlias,
+    ModelCollection,
     ModelVersion,
+    NeighborIndex,
     Promotion,
     Status,
     utcnow,
 )
+from app.core.schemas.indexes import IndexCreate
 from app.core.settings import Settings
 from app.jobs import lifecycle
 from app.jobs.lifecycle import LostLease
@@ -84,6 +96,125 @@ def gate(session: Session, settings: Settings, candidate: int, incumbent: int, m
     return report
 
 
+def _heartbeat(factory: sessionmaker[Session], row_id: int, settings: Settings,
+               model: lifecycle.Job) -> tuple[threading.Event, threading.Thread]:
+    """Keep a job's lease while the jobs it runs inline (an embedding job, an index build)
+    keep theirs."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(settings.heartbeat_seconds):
+            try:
+                with session_scope(factory) as session:
+                    lifecycle.heartbeat(session, row_id, model)
+            except Exception as exc:  # the next beat, or the lease's expiry, deals with it
+                log.warning("heartbeat failed", extra={"job": row_id, "error": str(exc)[:200]})
+
+    thread = threading.Thread(target=beat, name=f"{model.__tablename__}-{row_id}-heartbeat", daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def _inline(run: Callable[[], str], factory: sessionmaker[Session], model: lifecycle.Job, row_id: int,
+            settings: Settings) -> str:
+    """Run a job here (``run`` claims it); when another worker holds it, wait for its end.
+    Its final status."""
+    run()
+    while True:
+        with session_scope(factory) as session:
+            status = session.scalar(select(model.status).where(model.id == row_id))
+        if status is None or status in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED):
+            return str(status)
+        time.sleep(min(settings.heartbeat_seconds, 1.0))
+        run()  # taken over if its worker was lost meanwhile
+
+
+def build_collection(build_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
+    """Claim the build; embed the collection's dataset by the version's run (a batch
+    embedding job) and index its rows, each run here as its own job would run; returns the
+    status. Resumable: a lost worker's build is taken over and goes on from the jobs it made."""
+    from app.services.embedding_jobs import create_job
+    from app.services.indexes import create_index
+    from worker.embedding import embed_dataset
+    from worker.indexing import build_index
+
+    factory = ensure_store(factory, settings)
+    with session_scope(factory) as session:
+        row = session.get(CollectionBuild, build_id)
+        if row is None:
+            return "gone"
+        if not lifecycle.claim(session, build_id, settings, CollectionBuild):
+            return "skipped"
+    stop, beater = _heartbeat(factory, build_id, settings, CollectionBuild)
+    try:
+        with session_scope(factory) as session:
+            row = session.get(CollectionBuild, build_id)
+            assert row is not None
+            if row.embedding_job_id is None:
+                dataset = session.scalar(select(ModelCollection.dataset_id).where(
+                    ModelCollection.id == row.collection_id))
+                assert dataset is not None
+                row.embedding_job_id = create_job(session, row.experiment_id, dataset).id
+            job_id, experiment_id = row.embedding_job_id, row.experiment_id
+        status = _inline(lambda: embed_dataset(job_id, factory, settings), factory, EmbeddingJob, job_id,
+                         settings)
+        if status != Status.SUCCEEDED:
+            with session_scope(factory) as session:
+                why = session.scalar(select(EmbeddingJob.error).where(EmbeddingJob.id == job_id))
+            raise ValueError(f"embedding job {job_id} is {status}" + (f": {why}" if why else ""))
+        with session_scope(factory) as session:
+            row = session.get(CollectionBuild, build_id)
+            assert row is not None
+            if row.index_id is None:
+                row.index_id = create_index(session, experiment_id, IndexCreate(embedding_job_id=job_id),
+                                            settings).id
+            index_id = row.index_id
+        status = _inline(lambda: build_index(index_id, factory, settings), factory, NeighborIndex, index_id,
+                         settings)
+        if status != Status.SUCCEEDED:
+            with session_scope(factory) as session:
+                why = session.scalar(select(NeighborIndex.error).where(NeighborIndex.id == index_id))
+            raise ValueError(f"index {index_id} is {status}" + (f": {why}" if why else ""))
+        with session_scope(factory) as session:
+            if not lifecycle.end(session, build_id, Status.SUCCEEDED, CollectionBuild):
+                raise LostLease(f"collection build {build_id} is no longer ours")
+    except LostLease:
+        return "lost"
+    except (ValueError, DomainError) as exc:
+        log.warning("collection build failed", extra={"build": build_id, "error": str(exc)})
+        lifecycle.finish(factory, build_id, Status.FAILED, CollectionBuild, error=str(exc))
+        return Status.FAILED
+    finally:
+        stop.set()
+        beater.join()
+    return Status.SUCCEEDED
+
+
+def embed_collections(factory: sessionmaker[Session], settings: Settings, model_id: int, version: int) -> None:
+    """Every collection of the model embedded and indexed by ``version``'s run (its builds
+    made where missing and run here); ValueError naming one that failed."""
+    with session_scope(factory) as session:
+        run = _run_of(session, model_id, version)
+        collections = list(session.scalars(select(ModelCollection.id).where(ModelCollection.model_id == model_id)))
+        builds = []
+        for collection in collections:
+            build = session.scalar(select(CollectionBuild).where(
+                CollectionBuild.collection_id == collection, CollectionBuild.version == version))
+            if build is None:
+                build = CollectionBuild(collection_id=collection, version=version, experiment_id=run,
+                                        status=Status.QUEUED, cancel_requested=False, attempts=0)
+                session.add(build)
+                session.flush()
+            builds.append(build.id)
+    for build_id in builds:
+        status = _inline(functools.partial(build_collection, build_id, factory, settings), factory,
+                         CollectionBuild, build_id, settings)
+        if status != Status.SUCCEEDED:
+            with session_scope(factory) as session:
+                error = session.scalar(select(CollectionBuild.error).where(CollectionBuild.id == build_id))
+            raise ValueError(f"collection build {build_id} (version {version}) is {status}: {error}")
+
+
 def _run_of(session: Session, model_id: int, version: int) -> int:
     run = session.scalar(select(ModelVersion.experiment_id).where(
         ModelVersion.model_id == model_id, ModelVersion.version == version))
@@ -126,6 +257,14 @@ def promote(promotion_id: int, factory: sessionmaker[Session], settings: Setting
                     raise LostLease(f"promotion {promotion_id} is no longer ours")
             log.info("promotion refused", extra={"promotion": promotion_id, "reason": report.get("reason")})
             return "refused"
+        with session_scope(factory) as session:
+            lifecycle.progress(session, promotion_id, Promotion, phase="embedding")
+        stop, beater = _heartbeat(factory, promotion_id, settings, Promotion)
+        try:  # the candidate's indexes of every collection, before the flip
+            embed_collections(factory, settings, model_id, version)
+        finally:
+            stop.set()
+            beater.join()
         with session_scope(factory) as session:  # the flip: compare, swap, history, in one transaction
             current = session.scalar(select(ModelAlias).where(
                 ModelAlias.model_id == model_id, ModelAlias.name == alias).with_for_update())

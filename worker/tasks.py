@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.db import make_engine, make_sessionmaker
 from app.core.logging import configure_logging
 from app.core.settings import Settings
-from app.jobs.broker import EMBED_TASK, INDEX_TASK, PROMOTE_TASK, broker_memory_since
+from app.jobs.broker import COLLECT_TASK, EMBED_TASK, INDEX_TASK, PROMOTE_TASK, broker_memory_since
 from app.jobs.lifecycle import next_lease_expiry, reconcile
 from app.storage import attach, make_store
 from worker import embedding, host_share, indexing, promotion, runner
@@ -87,6 +87,13 @@ def promote(promotion_id: int) -> str:
     pid = int(promotion_id)
     return runner.with_retries(lambda: promotion.promote(pid, _factory(), _settings()),
                                _settings(), f"promotion {pid}")
+
+
+@celery.task(name=COLLECT_TASK, acks_late=True, reject_on_worker_lost=True)
+def build_collection(build_id: int) -> str:
+    bid = int(build_id)
+    return runner.with_retries(lambda: promotion.build_collection(bid, _factory(), _settings()),
+                               _settings(), f"collection build {bid}")
 
 
 def _send(task: str, row_id: int) -> None:

@@ -18,7 +18,7 @@ from app.core.db import read_session, session_scope
 from app.core.errors import DomainError, Forbidden, Unauthorized
 from app.core.settings import Settings
 from app.jobs.queue import TaskQueue
-from app.services.models import Served
+from app.services.models import Searched, Served
 
 
 def get_settings(request: Request) -> Settings:
@@ -120,6 +120,19 @@ async def resolve_model(request: Request, ref: str) -> Served:
             return models_service.resolve(session, ref)
 
     return await anyio.to_thread.run_sync(resolve)
+
+
+async def search_collection(request: Request, name: str, alias: str, dataset_id: int) -> Searched:
+    """The version ``name@alias`` names and its index of collection ``dataset_id``, if the
+    request's principal may read the model (app.services.models.collection_index)."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+
+    def find() -> Searched:
+        with read_session(state_of(request).sessionmaker) as session:
+            session.info["principal"] = principal
+            return models_service.collection_index(session, name, alias, dataset_id)
+
+    return await anyio.to_thread.run_sync(find)
 
 
 async def check_path_access(request: Request) -> None:

@@ -477,6 +477,36 @@ class Promotion(LeasedJob, Base):
     report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
+class ModelCollection(Base):
+    """A dataset a model keeps embedded and indexed by each aliased version (POST
+    /models/{name}/collections): its builds (:class:`CollectionBuild`) are per version, so
+    an alias and the index it searches move together."""
+
+    __tablename__ = "model_collections"
+    __table_args__ = (UniqueConstraint("model_id", "dataset_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="RESTRICT"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class CollectionBuild(LeasedJob, Base):
+    """A collection embedded by one version's run (a batch embedding job) and indexed (an
+    index of that job's rows), on a worker; a promotion runs its candidate's before the flip."""
+
+    __tablename__ = "collection_builds"
+    __table_args__ = (UniqueConstraint("collection_id", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    collection_id: Mapped[int] = mapped_column(
+        ForeignKey("model_collections.id", ondelete="CASCADE"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
+    embedding_job_id: Mapped[int | None] = mapped_column(ForeignKey("embedding_jobs.id", ondelete="SET NULL"))
+    index_id: Mapped[int | None] = mapped_column(ForeignKey("neighbor_indexes.id", ondelete="SET NULL"))
+
+
 class AliasMove(Base):
     """One move of an alias: from which version to which, who asked, when, by which
     promotion, and its gate's summary."""

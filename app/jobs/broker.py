@@ -23,6 +23,7 @@ TRAIN_GROUP_TASK = "corel.train_group"
 EMBED_TASK = "corel.embed_dataset"
 INDEX_TASK = "corel.build_index"
 PROMOTE_TASK = "corel.promote"
+COLLECT_TASK = "corel.build_collection"
 
 log = logging.getLogger("corel.broker")
 
@@ -42,7 +43,8 @@ def make_celery(settings: Settings, publisher: bool = False, include: Sequence[s
                      TRAIN_GROUP_TASK: {"queue": settings.queue},
                      EMBED_TASK: {"queue": settings.queue},
                      INDEX_TASK: {"queue": settings.queue},
-                     PROMOTE_TASK: {"queue": settings.queue}},
+                     PROMOTE_TASK: {"queue": settings.queue},
+                     COLLECT_TASK: {"queue": settings.queue}},
         # Long tasks: acknowledge only when done, one at a time per worker process,
         # and give the message back if the worker process is lost mid-run.
         task_acks_late=True,

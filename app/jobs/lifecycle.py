@@ -53,6 +53,7 @@ from app.core.db import DATABASE_UNAVAILABLE, session_scope
 from app.core.errors import Conflict, ServiceUnavailable
 from app.core.models import (
     FINISHED,
+    CollectionBuild,
     EmbeddingJob,
     Experiment,
     NeighborIndex,
@@ -63,7 +64,7 @@ from app.core.models import (
     utcnow,
 )
 from app.core.settings import Settings
-from app.jobs.broker import EMBED_TASK, INDEX_TASK, PROMOTE_TASK, TRAIN_TASK
+from app.jobs.broker import COLLECT_TASK, EMBED_TASK, INDEX_TASK, PROMOTE_TASK, TRAIN_TASK
 from app.jobs.events import publish
 from app.jobs.queue import BrokerUnavailable
 
@@ -71,8 +72,8 @@ log = logging.getLogger("corel.lifecycle")
 
 Send = Callable[[str, int], None]
 # the tables of jobs with a lease
-Job = type[Experiment] | type[EmbeddingJob] | type[NeighborIndex] | type[Promotion]
-J = TypeVar("J", Experiment, EmbeddingJob, NeighborIndex, Promotion)
+Job = type[Experiment] | type[EmbeddingJob] | type[NeighborIndex] | type[Promotion] | type[CollectionBuild]
+J = TypeVar("J", Experiment, EmbeddingJob, NeighborIndex, Promotion, CollectionBuild)
 
 # This worker process, as it signs the rows it claims.
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -91,7 +92,8 @@ class JobKind:
 JOB_KINDS = (JobKind("experiment", Experiment, TRAIN_TASK, True),
              JobKind("embedding job", EmbeddingJob, EMBED_TASK, False),
              JobKind("index build", NeighborIndex, INDEX_TASK, False),
-             JobKind("promotion", Promotion, PROMOTE_TASK, False))
+             JobKind("promotion", Promotion, PROMOTE_TASK, False),
+             JobKind("collection build", CollectionBuild, COLLECT_TASK, False))
 
 
 def announce(session: Session, model: Job, ids: Iterable[int]) -> None:

@@ -6,7 +6,14 @@ import logging
 
 from celery import Celery, group
 
-from app.jobs.broker import EMBED_TASK, INDEX_TASK, PROMOTE_TASK, TRAIN_GROUP_TASK, TRAIN_TASK
+from app.jobs.broker import (
+    COLLECT_TASK,
+    EMBED_TASK,
+    INDEX_TASK,
+    PROMOTE_TASK,
+    TRAIN_GROUP_TASK,
+    TRAIN_TASK,
+)
 
 
 class BrokerUnavailable(Exception):
@@ -40,6 +47,9 @@ class TaskQueue:
 
     def enqueue_promotion(self, promotion_id: int) -> None:
         self.send(PROMOTE_TASK, promotion_id)
+
+    def enqueue_collection(self, build_id: int) -> None:
+        self.send(COLLECT_TASK, build_id)
 
     def enqueue_groups(self, groups: list[list[int]]) -> None:
         """One task per group (a stacked, vectorized run) or per lone experiment, sent as

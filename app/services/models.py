@@ -21,11 +21,23 @@ from app.access import policy
 from app.access.audit import AUDIT_RESOURCE
 from app.core.errors import MAX_ID, Conflict, InvalidInput, NotFound
 from app.core.lookup import page_of, servable_experiment
-from app.core.models import AliasMove, ModelAlias, ModelVersion, Promotion, RegisteredModel, Status
+from app.core.models import (
+    AliasMove,
+    CollectionBuild,
+    ModelAlias,
+    ModelCollection,
+    ModelVersion,
+    Promotion,
+    RegisteredModel,
+    Status,
+)
 from app.core.schemas.common import OwnerRead, Page
 from app.core.schemas.models import (
     NAME,
     AliasMoveRead,
+    CollectionBuildRead,
+    CollectionCreate,
+    CollectionRead,
     ModelCreate,
     ModelRead,
     PromotionCreate,
@@ -33,6 +45,7 @@ from app.core.schemas.models import (
     VersionCreate,
     VersionRead,
 )
+from app.services.embedding_jobs import EMBEDDABLE
 from app.storage.artifacts import best_checkpoint_bytes
 from corel.train import checkpoint_from_bytes
 
@@ -203,7 +216,15 @@ def _read(session: Session, model: RegisteredModel) -> ModelRead:
                                .order_by(ModelVersion.version))
     aliases = list(session.scalars(select(ModelAlias).where(ModelAlias.model_id == model.id)
                                    .order_by(ModelAlias.name)))
-    return ModelRead(name=model.name, description=model.description,
+    collections = []
+    for c in session.scalars(select(ModelCollection).where(ModelCollection.model_id == model.id)
+                             .order_by(ModelCollection.id)):
+        builds = session.scalars(select(CollectionBuild).where(CollectionBuild.collection_id == c.id)
+                                 .order_by(CollectionBuild.version))
+        collections.append(CollectionRead(dataset_id=c.dataset_id, builds=[
+            CollectionBuildRead(build_id=b.id, version=b.version, status=b.status, embedding_job_id=b.embedding_job_id,
+                                index_id=b.index_id, error=b.error) for b in builds]))
+    return ModelRead(name=model.name, description=model.description, collections=collections,
                      eval_dataset_id=model.eval_dataset_id, contract=model.contract,
                      versions=[_version(model, v) for v in versions],
                      aliases={a.name: a.version for a in aliases},
@@ -292,3 +313,70 @@ def alias_history(session: Session, name: str, alias: str) -> list[AliasMoveRead
         raise NotFound(f"model {name!r} has no alias {alias!r}")
     return [AliasMoveRead(alias=m.alias, from_version=m.from_version, to_version=m.to_version,
                           user_id=m.user_id, at=m.at, promotion_id=m.promotion_id, gate=m.gate) for m in moves]
+
+
+# --- collections: datasets embedded and indexed by each aliased version ---
+
+def add_collection(session: Session, name: str, body: CollectionCreate) -> tuple[ModelCollection, list[int]]:
+    """The model's new collection, and the builds (queued) of each version its aliases name
+    now: write access to the model, read access to the upload (409 if it is one already)."""
+    model = _by_name(session, name, "write")
+    upload = policy.require(session, "dataset", body.dataset_id, "read")
+    if model.contract is None:
+        raise Conflict(f"model {name!r} has no version yet: add one first (its contract says what a "
+                       "collection may hold)")
+    modality = {"texts": "text", "images": "image", "arrays": "vector"}[model.contract["inputs"]]
+    if modality not in EMBEDDABLE.get(upload.kind, ()):
+        raise InvalidInput(f"dataset {body.dataset_id} is a {upload.kind!r} upload, which cannot feed model "
+                           f"{name!r}'s {model.contract['inputs']}; add an upload of a kind that does "
+                           f"({', '.join(k for k, m in EMBEDDABLE.items() if modality in m)})")
+    if session.scalar(select(ModelCollection.id).where(ModelCollection.model_id == model.id,
+                                                       ModelCollection.dataset_id == body.dataset_id)) is not None:
+        raise Conflict(f"dataset {body.dataset_id} is a collection of model {name!r} already")
+    collection = ModelCollection(model_id=model.id, dataset_id=body.dataset_id)
+    session.add(collection)
+    session.flush()
+    builds = []
+    versions = sorted(set(session.scalars(select(ModelAlias.version).where(ModelAlias.model_id == model.id))))
+    for version in versions:
+        run = session.scalar(select(ModelVersion.experiment_id).where(
+            ModelVersion.model_id == model.id, ModelVersion.version == version))
+        build = CollectionBuild(collection_id=collection.id, version=version, experiment_id=run,
+                                status=Status.QUEUED, cancel_requested=False, attempts=0)
+        session.add(build)
+        session.flush()
+        builds.append(build.id)
+    return collection, builds
+
+
+@dataclass(frozen=True)
+class Searched:
+    """What /models/{name}/neighbors searches: the version, its run and its index."""
+
+    version: int
+    experiment_id: int
+    index_id: int
+
+
+def collection_index(session: Session, name: str, alias: str, dataset_id: int) -> Searched:
+    """The index of collection ``dataset_id`` built by the version ``alias`` names now, read
+    in one statement with the alias, so that the version and the index are one state."""
+    model = _by_name(session, name)
+    row = session.execute(
+        select(ModelAlias.version, CollectionBuild.experiment_id, CollectionBuild.index_id, CollectionBuild.status)
+        .select_from(ModelAlias)
+        .join(ModelCollection, (ModelCollection.model_id == ModelAlias.model_id)
+              & (ModelCollection.dataset_id == dataset_id))
+        .outerjoin(CollectionBuild, (CollectionBuild.collection_id == ModelCollection.id)
+                   & (CollectionBuild.version == ModelAlias.version))
+        .where(ModelAlias.model_id == model.id, ModelAlias.name == alias)).first()
+    if row is None:
+        if session.scalar(select(ModelAlias.id).where(ModelAlias.model_id == model.id, ModelAlias.name == alias)) is None:
+            raise NotFound(f"model {name!r} has no alias {alias!r}")
+        raise NotFound(f"dataset {dataset_id} is not a collection of model {name!r} "
+                       f"(POST /models/{name}/collections adds one)")
+    version, run, index_id, status = row
+    if index_id is None or status != Status.SUCCEEDED:
+        raise Conflict(f"collection {dataset_id} is not indexed by version {version} ({name}@{alias}) yet: "
+                       f"its build is {status or 'not made'}")
+    return Searched(version=int(version), experiment_id=int(run), index_id=int(index_id))

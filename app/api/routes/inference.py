@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from app.api.deps import require_access, resolve_model
+from app.api.deps import require_access, resolve_model, search_collection
 from app.api.openapi import without_nulls
 from app.api.state import state_of
 from app.core.errors import (
@@ -38,6 +38,7 @@ from app.core.schemas.inference import (
     NeighborsRequest,
     PredictRead,
 )
+from app.core.schemas.models import ModelNeighborsRequest
 from app.serving import inference
 from app.serving import neighbors as neighbors_service
 from app.serving.model_cache import LoadedModel
@@ -301,6 +302,38 @@ async def neighbors(experiment_id: int, request: Request) -> Response:
              openapi_extra=only(_neighbors_doc(), FORM), tags=["experiments"], responses=NEIGHBORS_READ)
 async def neighbors_of_files(experiment_id: int, request: Request) -> Response:
     return await neighbors(experiment_id, request)
+
+
+@router.post("/models/{name}/neighbors", tags=["models"],
+             summary="The nearest rows of a model's collection, as the version an alias names "
+             "embeds and indexed them", responses=NEIGHBORS_READ)
+async def model_neighbors(name: str, request: Request) -> Response:
+    """Inputs as /neighbors takes them (``texts``, ``arrays``, ``images``, ...), with
+    ``alias``, ``collection`` (the collection's dataset id) and ``k``. The alias and the
+    collection's index are read in one statement, so the version that embeds the inputs is
+    the one that built the index; the answer names it (``model_version``)."""
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"the body is not JSON ({exc})") from exc
+    if not isinstance(body, dict):
+        raise InvalidInput('the body is a JSON object: {"alias": "production", "collection": D, '
+                           '"texts": [...], "k": 10}')
+    try:
+        asked = ModelNeighborsRequest.model_validate({k: body.get(k) for k in ("alias", "collection", "k")
+                                                      if k in body})
+    except ValidationError as exc:
+        raise InvalidInput(describe_errors(exc.errors())) from exc
+    searched = await search_collection(request, name, asked.alias, asked.collection)
+    inputs = {k: v for k, v in body.items() if k not in ("alias", "collection")}
+    try:
+        req = NeighborsRequest.model_validate({**inputs, "experiment_id": searched.experiment_id,
+                                               "index_id": searched.index_id})
+    except ValidationError as exc:
+        raise InvalidInput(describe_errors(exc.errors())) from exc
+    answer = await neighbors_service.search(state_of(request), req)
+    return _json({"model": name, "model_version": searched.version, "alias": asked.alias,
+                  "collection": asked.collection, **answer})
 
 
 def _named(req: InferenceRequest) -> dict[str, Any]:

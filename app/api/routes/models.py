@@ -16,6 +16,7 @@ from app.core.schemas.access import ShareCreate, SharesRead
 from app.core.schemas.common import Page
 from app.core.schemas.models import (
     AliasMoveRead,
+    CollectionCreate,
     ModelCreate,
     ModelRead,
     PromotionCreate,
@@ -24,6 +25,7 @@ from app.core.schemas.models import (
     VersionRead,
 )
 from app.jobs.lifecycle import commit_and_send
+from app.jobs.queue import BrokerUnavailable
 
 router = APIRouter(prefix="/models", tags=["models"])
 
@@ -62,6 +64,20 @@ def promote(name: str, alias: str, body: PromotionCreate, session: SessionDep, q
     commit_and_send(session, Promotion, [answer.promotion_id],
                     lambda: queue.enqueue_promotion(answer.promotion_id), "the promotion")
     return answer
+
+
+@router.post("/{name}/collections", status_code=status.HTTP_202_ACCEPTED, response_model=ModelRead,
+             dependencies=[AuthDep], summary="Keep a dataset embedded and indexed by each aliased "
+             "version (a promotion builds its candidate's before the flip)")
+def add_collection(name: str, body: CollectionCreate, session: SessionDep, queue: QueueDep):
+    _, builds = models_service.add_collection(session, name, body)
+    session.commit()  # the collection and its builds are durable: the reconciler sends what is not sent
+    for build in builds:
+        try:
+            queue.enqueue_collection(build)
+        except BrokerUnavailable:
+            break
+    return models_service.get_model(session, name)
 
 
 @router.get("/{name}/promotions", response_model=list[PromotionRead],

@@ -44,6 +44,26 @@ class VersionRead(BaseModel):
     created_by: int | None = Field(default=None, description="The user who added it.")
 
 
+class CollectionBuildRead(BaseModel):
+    build_id: int
+    version: int
+    status: str
+    embedding_job_id: int | None
+    index_id: int | None
+    error: str | None = None
+
+
+class CollectionRead(BaseModel):
+    dataset_id: int
+    builds: list[CollectionBuildRead] = Field(description="One per version that embedded it.")
+
+
+class CollectionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dataset_id: int = Field(ge=1, le=MAX_ID, description="An upload you may read, of the model's inputs.")
+
+
 class ModelRead(BaseModel):
     name: str
     description: str | None
@@ -54,6 +74,8 @@ class ModelRead(BaseModel):
     versions: list[VersionRead]
     aliases: dict[str, int] = Field(description="Each alias's version.")
     protected_aliases: list[str] = Field(description="The aliases only the owner or an admin may move.")
+    collections: list[CollectionRead] = Field(description="The datasets it keeps embedded and indexed "
+                                              "by each aliased version.")
     created_at: Timestamp
     public: bool
     owner: OwnerRead | None = OWNER
@@ -101,3 +123,14 @@ class AliasMoveRead(BaseModel):
     at: Timestamp
     promotion_id: int | None
     gate: dict[str, Any] | None
+
+
+class ModelNeighborsRequest(BaseModel):
+    """POST /models/{name}/neighbors: inputs as /embed takes them (the model's alias is the
+    run), a collection, and how many neighbours."""
+
+    model_config = ConfigDict(extra="allow")
+
+    alias: str = Field(description="The alias whose version embeds the inputs and whose index is searched.")
+    collection: int = Field(ge=1, le=MAX_ID, description="The collection's dataset id.")
+    k: int = Field(default=10, ge=1, le=1000)

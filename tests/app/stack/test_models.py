@@ -320,3 +320,64 @@ def test_the_cli_versions_and_promotes(live_url, client, digits_runs, worse_run,
     shown = capsys.readouterr().out.splitlines()
     assert shown[2].split() == ["1", str(digits_runs["cosine"]), "production"]
     assert shown[3].split() == ["2", str(worse_run)]
+
+
+# --- collections: embedded and indexed by each aliased version, searched by alias ---
+
+def test_a_collection_is_searched_by_alias_and_flips_with_it(client, digits_runs):
+    from sklearn.datasets import load_digits
+
+    cosine, gaussian = digits_runs["cosine"], digits_runs["gaussian"]
+    digits = load_digits()
+    up = client.post("/datasets", files={"file": ("collection.npz", npz_bytes(
+        x=digits.images[:200].astype(np.float32), y=digits.target[:200]))})
+    assert up.status_code == 201, up.text
+    dataset = up.json()["id"]
+    name = _model(client, cosine, gaussian)
+    added = client.post(f"/models/{name}/collections", json={"dataset_id": dataset})
+    assert added.status_code == 202, added.text
+    assert added.json()["collections"] == [{"dataset_id": dataset, "builds": []}]  # no alias yet
+    assert client.post(f"/models/{name}/collections", json={"dataset_id": dataset}).status_code == 409
+
+    first = _promote(client, name, "production", version=1, expected_version=None)
+    assert first["status"] == "succeeded", first["error"]
+    rows = digits.data[200:203].reshape(3, 8, 8).tolist()
+
+    def by_alias():
+        r = client.post(f"/models/{name}/neighbors", json={"alias": "production", "collection": dataset,
+                                                            "arrays": rows, "k": 5})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def builds():
+        return {b["version"]: b for b in client.get(f"/models/{name}").json()["collections"][0]["builds"]}
+
+    def direct(run, index_id):
+        return client.post(f"/experiments/{run}/neighbors",
+                           json={"arrays": rows, "k": 5, "index_id": index_id}).json()["results"]
+
+    one = builds()[1]
+    assert one["status"] == "succeeded" and one["index_id"] is not None
+    got = by_alias()
+    assert (got["model_version"], got["experiment_id"], got["index_id"]) == (1, cosine, one["index_id"])
+    assert got["n_reference"] == 200 and got["results"] == direct(cosine, one["index_id"])
+
+    second = _promote(client, name, "production", version=2, expected_version=1, force=True)
+    assert second["status"] == "succeeded", second
+    two = builds()[2]
+    got = by_alias()
+    assert (got["model_version"], got["experiment_id"], got["index_id"]) == (2, gaussian, two["index_id"])
+    assert got["results"] == direct(gaussian, two["index_id"])
+    assert two["index_id"] != one["index_id"]
+
+    # A rollback embeds nothing: version 1's index is still there.
+    back = _promote(client, name, "production", version=1, expected_version=2, force=True)
+    assert back["status"] == "succeeded"
+    assert sorted(builds()) == [1, 2] and builds()[1]["index_id"] == one["index_id"]
+    assert by_alias()["index_id"] == one["index_id"]
+
+    for body, status in (({"alias": "staging", "collection": dataset}, 404),
+                         ({"alias": "production", "collection": 2_000_000}, 404),
+                         ({"alias": "production"}, 422)):
+        r = client.post(f"/models/{name}/neighbors", json={**body, "arrays": rows})
+        assert r.status_code == status, (body, r.text)
