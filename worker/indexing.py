@@ -10,7 +10,6 @@ or failed leaves no bytes behind.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,35 +22,14 @@ from app.jobs import lifecycle
 from app.jobs.lifecycle import LostLease
 from app.storage import ensure as ensure_store
 from app.storage import store_of
+from corel.geometry import Geometry
+from worker.leases import lease_kept
 
 log = logging.getLogger("corel.worker")
 
 
-def _heartbeat(factory: sessionmaker[Session], index_id: int, settings: Settings) -> tuple[threading.Event, threading.Thread]:
-    """Keep the lease while one long call (a chunk of the graph, the storing) runs."""
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(settings.heartbeat_seconds):
-            try:
-                with session_scope(factory) as session:
-                    lifecycle.heartbeat(session, index_id, NeighborIndex)
-            except Exception as exc:  # the next beat, or the lease's expiry, deals with it
-                log.warning("heartbeat failed", extra={"index": index_id, "error": str(exc)[:200]})
-
-    thread = threading.Thread(target=beat, name=f"index-{index_id}-heartbeat", daemon=True)
-    thread.start()
-    return stop, thread
-
-
 def build_index(index_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
-    """Claim, build, store; returns the status."""
-    # Imported here: a worker that starts (after a crash, while runs wait) does not pay
-    # for scikit-learn and the index's modules before it can train.
-    from app.services.embedding_jobs import load_result
-    from app.storage.artifacts import class_names, load_latent
-    from corel.index import BuildCancelled, HnswParams, VectorIndex
-
+    """Claim, build (its lease kept fresh meanwhile), store; returns the status."""
     factory = ensure_store(factory, settings)
     with session_scope(factory) as session:
         row = session.get(NeighborIndex, index_id)
@@ -66,7 +44,18 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
             return Status.CANCELLED
         source, job_id, geometry = row.source, row.embedding_job_id, row.geometry
         requested, experiment_id = row.requested_kind, row.experiment_id
-    stop, beater = _heartbeat(factory, index_id, settings)
+    with lease_kept(factory, index_id, settings, NeighborIndex):
+        return _build(index_id, factory, settings, source, job_id, geometry, requested, experiment_id)
+
+
+def _build(index_id: int, factory: sessionmaker[Session], settings: Settings, source: str, job_id: int | None,
+           geometry: Geometry, requested: str, experiment_id: int) -> str:
+    # Imported here: a worker that starts (after a crash, while runs wait) does not pay
+    # for scikit-learn and the index's modules before it can train.
+    from app.services.embedding_jobs import load_result
+    from app.storage.artifacts import class_names, load_latent
+    from corel.index import BuildCancelled, HnswParams, VectorIndex
+
     try:
         started = time.perf_counter()
         with session_scope(factory) as session:
@@ -116,8 +105,5 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
         log.warning("index build failed", extra={"index": index_id, "error": str(exc)})
         lifecycle.finish(factory, index_id, Status.FAILED, NeighborIndex, error=str(exc))
         return Status.FAILED
-    finally:
-        stop.set()
-        beater.join()
     log.info("index built", extra={"index": index_id, "kind": kind, "rows": n, "seconds": round(seconds, 2)})
     return Status.SUCCEEDED

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +56,7 @@ from corel.clustering import default_metric
 from corel.gate import Evaluated, compare
 from corel.retrieval import per_query
 from corel.serving import ServedModel
+from worker.leases import lease_kept
 
 log = logging.getLogger("corel.worker")
 
@@ -96,85 +96,36 @@ def gate(session: Session, settings: Settings, candidate: int, incumbent: int, m
     return report
 
 
-def _heartbeat(factory: sessionmaker[Session], row_id: int, settings: Settings,
-               model: lifecycle.Job) -> tuple[threading.Event, threading.Thread]:
-    """Keep a job's lease while the jobs it runs inline (an embedding job, an index build)
-    keep theirs."""
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(settings.heartbeat_seconds):
-            try:
-                with session_scope(factory) as session:
-                    lifecycle.heartbeat(session, row_id, model)
-            except Exception as exc:  # the next beat, or the lease's expiry, deals with it
-                log.warning("heartbeat failed", extra={"job": row_id, "error": str(exc)[:200]})
-
-    thread = threading.Thread(target=beat, name=f"{model.__tablename__}-{row_id}-heartbeat", daemon=True)
-    thread.start()
-    return stop, thread
-
-
 def _inline(run: Callable[[], str], factory: sessionmaker[Session], model: lifecycle.Job, row_id: int,
-            settings: Settings) -> str:
-    """Run a job here (``run`` claims it); when another worker holds it, wait for its end.
-    Its final status."""
+            settings: Settings) -> None:
+    """Run a job here (``run`` claims it); when another worker holds it, wait for its end
+    (taking it over if that worker is lost meanwhile). ValueError unless it succeeded."""
     run()
     while True:
         with session_scope(factory) as session:
-            status = session.scalar(select(model.status).where(model.id == row_id))
-        if status is None or status in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED):
-            return str(status)
+            status, error = session.execute(select(model.status, model.error).where(model.id == row_id)).one()
+        if status == Status.SUCCEEDED:
+            return
+        if status in (Status.FAILED, Status.CANCELLED):
+            what = next(kind.name for kind in lifecycle.JOB_KINDS if kind.model is model)
+            raise ValueError(f"{what} {row_id} is {status}" + (f": {error}" if error else ""))
         time.sleep(min(settings.heartbeat_seconds, 1.0))
-        run()  # taken over if its worker was lost meanwhile
+        run()
 
 
 def build_collection(build_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
     """Claim the build; embed the collection's dataset by the version's run (a batch
     embedding job) and index its rows, each run here as its own job would run; returns the
     status. Resumable: a lost worker's build is taken over and goes on from the jobs it made."""
-    from app.services.embedding_jobs import create_job
-    from app.services.indexes import create_index
-    from worker.embedding import embed_dataset
-    from worker.indexing import build_index
-
     factory = ensure_store(factory, settings)
     with session_scope(factory) as session:
-        row = session.get(CollectionBuild, build_id)
-        if row is None:
+        if session.get(CollectionBuild, build_id) is None:
             return "gone"
         if not lifecycle.claim(session, build_id, settings, CollectionBuild):
             return "skipped"
-    stop, beater = _heartbeat(factory, build_id, settings, CollectionBuild)
     try:
-        with session_scope(factory) as session:
-            row = session.get(CollectionBuild, build_id)
-            assert row is not None
-            if row.embedding_job_id is None:
-                dataset = session.scalar(select(ModelCollection.dataset_id).where(
-                    ModelCollection.id == row.collection_id))
-                assert dataset is not None
-                row.embedding_job_id = create_job(session, row.experiment_id, dataset).id
-            job_id, experiment_id = row.embedding_job_id, row.experiment_id
-        status = _inline(lambda: embed_dataset(job_id, factory, settings), factory, EmbeddingJob, job_id,
-                         settings)
-        if status != Status.SUCCEEDED:
-            with session_scope(factory) as session:
-                why = session.scalar(select(EmbeddingJob.error).where(EmbeddingJob.id == job_id))
-            raise ValueError(f"embedding job {job_id} is {status}" + (f": {why}" if why else ""))
-        with session_scope(factory) as session:
-            row = session.get(CollectionBuild, build_id)
-            assert row is not None
-            if row.index_id is None:
-                row.index_id = create_index(session, experiment_id, IndexCreate(embedding_job_id=job_id),
-                                            settings).id
-            index_id = row.index_id
-        status = _inline(lambda: build_index(index_id, factory, settings), factory, NeighborIndex, index_id,
-                         settings)
-        if status != Status.SUCCEEDED:
-            with session_scope(factory) as session:
-                why = session.scalar(select(NeighborIndex.error).where(NeighborIndex.id == index_id))
-            raise ValueError(f"index {index_id} is {status}" + (f": {why}" if why else ""))
+        with lease_kept(factory, build_id, settings, CollectionBuild):
+            _build_collection(build_id, factory, settings)
         with session_scope(factory) as session:
             if not lifecycle.end(session, build_id, Status.SUCCEEDED, CollectionBuild):
                 raise LostLease(f"collection build {build_id} is no longer ours")
@@ -184,10 +135,35 @@ def build_collection(build_id: int, factory: sessionmaker[Session], settings: Se
         log.warning("collection build failed", extra={"build": build_id, "error": str(exc)})
         lifecycle.finish(factory, build_id, Status.FAILED, CollectionBuild, error=str(exc))
         return Status.FAILED
-    finally:
-        stop.set()
-        beater.join()
     return Status.SUCCEEDED
+
+
+def _build_collection(build_id: int, factory: sessionmaker[Session], settings: Settings) -> None:
+    """The build's embedding job, then its index, each made if missing and run here;
+    ValueError saying which failed and why."""
+    from app.services.embedding_jobs import create_job
+    from app.services.indexes import create_index
+    from worker.embedding import embed_dataset
+    from worker.indexing import build_index
+
+    with session_scope(factory) as session:
+        row = session.get(CollectionBuild, build_id)
+        assert row is not None
+        if row.embedding_job_id is None:
+            dataset = session.scalar(select(ModelCollection.dataset_id).where(
+                ModelCollection.id == row.collection_id))
+            assert dataset is not None
+            row.embedding_job_id = create_job(session, row.experiment_id, dataset).id
+        job_id, experiment_id = row.embedding_job_id, row.experiment_id
+    _inline(functools.partial(embed_dataset, job_id, factory, settings), factory, EmbeddingJob, job_id, settings)
+    with session_scope(factory) as session:
+        row = session.get(CollectionBuild, build_id)
+        assert row is not None
+        if row.index_id is None:
+            row.index_id = create_index(session, experiment_id, IndexCreate(embedding_job_id=job_id), settings).id
+        index_id = row.index_id
+    _inline(functools.partial(build_index, index_id, factory, settings), factory, NeighborIndex, index_id,
+            settings)
 
 
 def embed_collections(factory: sessionmaker[Session], settings: Settings, model_id: int, version: int) -> None:
@@ -207,12 +183,8 @@ def embed_collections(factory: sessionmaker[Session], settings: Settings, model_
                 session.flush()
             builds.append(build.id)
     for build_id in builds:
-        status = _inline(functools.partial(build_collection, build_id, factory, settings), factory,
-                         CollectionBuild, build_id, settings)
-        if status != Status.SUCCEEDED:
-            with session_scope(factory) as session:
-                error = session.scalar(select(CollectionBuild.error).where(CollectionBuild.id == build_id))
-            raise ValueError(f"collection build {build_id} (version {version}) is {status}: {error}")
+        _inline(functools.partial(build_collection, build_id, factory, settings), factory, CollectionBuild,
+                build_id, settings)
 
 
 def _run_of(session: Session, model_id: int, version: int) -> int:
@@ -259,12 +231,8 @@ def promote(promotion_id: int, factory: sessionmaker[Session], settings: Setting
             return "refused"
         with session_scope(factory) as session:
             lifecycle.progress(session, promotion_id, Promotion, phase="embedding")
-        stop, beater = _heartbeat(factory, promotion_id, settings, Promotion)
-        try:  # the candidate's indexes of every collection, before the flip
+        with lease_kept(factory, promotion_id, settings, Promotion):  # the candidate's indexes, before the flip
             embed_collections(factory, settings, model_id, version)
-        finally:
-            stop.set()
-            beater.join()
         with session_scope(factory) as session:  # the flip: compare, swap, history, in one transaction
             current = session.scalar(select(ModelAlias).where(
                 ModelAlias.model_id == model_id, ModelAlias.name == alias).with_for_update())
