@@ -362,9 +362,31 @@ def test_a_collection_is_searched_by_alias_and_flips_with_it(client, digits_runs
     assert (got["model_version"], got["experiment_id"], got["index_id"]) == (1, cosine, one["index_id"])
     assert got["n_reference"] == 200 and got["results"] == direct(cosine, one["index_id"])
 
-    second = _promote(client, name, "production", version=2, expected_version=1, force=True)
+    # Searches by alias from eight clients while the alias flips: each answer's version is
+    # the one whose index it searched, never a mix.
+    import threading
+
+    answers: list[tuple[int, int]] = []
+    flipping = threading.Event()
+
+    def searching():
+        while not flipping.is_set():
+            got = by_alias()
+            answers.append((got["model_version"], got["index_id"]))
+
+    clients = [threading.Thread(target=searching) for _ in range(8)]
+    for t in clients:
+        t.start()
+    try:
+        second = _promote(client, name, "production", version=2, expected_version=1, force=True)
+        wait_until(lambda: answers and answers[-1][0] == 2, 60, "an answer of version 2")
+    finally:
+        flipping.set()
+        for t in clients:
+            t.join(60)
     assert second["status"] == "succeeded", second
     two = builds()[2]
+    assert set(answers) == {(1, one["index_id"]), (2, two["index_id"])}, set(answers)
     got = by_alias()
     assert (got["model_version"], got["experiment_id"], got["index_id"]) == (2, gaussian, two["index_id"])
     assert got["results"] == direct(gaussian, two["index_id"])
