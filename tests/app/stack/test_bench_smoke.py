@@ -74,6 +74,8 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "neighbors.py": (r"recall@10: [\d.]+", {SERVICES}),
     "peer_losses.py": (r"peer losses stacked \(3 seeds x 2 option values\) against one by one: [\d.]+x", {FASHION}),
     "precision.py": (r"bf16 - fp32 test accuracy: mean [+-][\d.]+ points", {FASHION}),
+    "promotion.py": (r"flip ms: -?[\d.]+\nrollback seconds: [\d.]+\nneighbors p99 during promotion / idle: [\d.]+",
+                     {SERVICES}),
     "pruned_sweep.py": (r"pruned / unpruned wall: [\d.]+\nmember-epochs pruned / unpruned: [\d.]+\n"
                         r"ratio corel pruned / ray tune asha: [\d.]+", {FASHION}),
     "profile_step.py": (r"stacked step \(2 members\):", {FASHION}),
