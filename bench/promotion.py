@@ -1,7 +1,8 @@
 """A model's alias promoted with its collection re-embedded and re-indexed, then rolled back.
 
-Starts the service on the embedded default (``corel serve`` in a temporary directory; or
-measures the stack it is given). Through the API it uploads a training set and a
+Runs the production layout on this machine (harness's ``Stack.postgres``: a PostgreSQL
+database of its own at COREL_BENCH_PG, a Redis database, ``corel serve --no-worker`` and one
+``corel worker``; ``--embedded``: the embedded default), or measures the stack it is given. Through the API it uploads a training set and a
 collection of ``--rows`` rows (32 features, 100 Gaussian clusters in 10 classes), trains two
 Gaussian-COREL runs (versions 1 and 2 of a model ``bench-...``), makes the upload a collection,
 and promotes ``production`` to version 1 (its collection embedded and indexed: a batch
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import statistics
 import sys
 import tempfile
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
     ap.add_argument("--train", type=int, default=20_000, help="training rows of both runs")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=10.0, help="of idle searching")
+    ap.add_argument("--embedded", action="store_true", help="the embedded default (SQLite, its own broker) "
+                    "in place of the production layout (PostgreSQL, Redis, a worker process)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: that it runs")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -144,7 +148,9 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
     cx, cy = data(args.rows, 2)
     query = {"alias": "production", "collection": 0, "arrays": [cx[0].tolist()], "k": 10}
     with tempfile.TemporaryDirectory() as tmp, (
-            contextlib.nullcontext(stack) if stack is not None else Stack.embedded(Path(tmp))) as stack, \
+            contextlib.nullcontext(stack) if stack is not None else
+            Stack.embedded(Path(tmp)) if args.embedded else
+            Stack.postgres(Path(tmp), workers=1, admin_url=os.environ.get("COREL_BENCH_PG"))) as stack, \
             httpx.Client(base_url=stack.url, timeout=600) as http:
         name = f"bench-{int(time.time() * 1000) % 10**9}"
         train = http.post("/datasets", files={"file": ("train.npz", npz(x, y))}).json()["id"]

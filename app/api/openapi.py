@@ -122,13 +122,15 @@ def _error_codes(path: str, method: str) -> set[str]:
         codes |= {"400", "413"}
     # An id in the path, the query or the body (experiment_id, dataset_id) that names nothing.
     inference = ("/embed", "/predict", "/embed/files", "/predict/files")
-    ids_in_body = method == "post" and path in (*inference, "/experiments", "/sweeps")
+    ids_in_body = method == "post" and path in (*inference, "/experiments", "/sweeps", "/models")
     if "{" in path or ids_in_body or path == "/experiments/compare":
         codes.add("404")
     if (method == "delete" or path in (*inference, "/experiments/compare", "/users")
             or path.endswith(("/cancel", ".png", "/clustering", "/checkpoint", "/export",
                               "/latent", "/latent/scatter", "/embeddings", "/result",
-                              "/retrieval", "/neighbors", "/neighbors/files", "/index", "/indexes"))):
+                              "/retrieval", "/neighbors", "/neighbors/files", "/index", "/indexes",
+                              "/versions", "/collections"))
+            or (method == "post" and (path == "/models" or "/aliases/" in path))):
         codes.add("409")
     return codes
 

@@ -60,8 +60,8 @@ def _by_name(session: Session, name: str, need: policy.Need = "read") -> Registe
         raise NotFound(f"model {name!r} does not exist")
     try:
         row: RegisteredModel = policy.require(session, "model", row_id, need)
-    except policy.Hidden:
-        raise NotFound(f"model {name!r} does not exist") from None
+    except policy.Hidden:  # a 404 as for none, audited as a refusal
+        raise policy.Hidden(f"model {name!r} does not exist") from None
     except policy.Denied as exc:
         raise policy.Denied(exc.detail.replace(f"model {row_id}", f"model {name!r}")) from None
     if need != "read":

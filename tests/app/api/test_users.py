@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 import app.services.experiments as experiments_service
 from app.core.db import make_engine, make_sessionmaker
@@ -591,7 +591,15 @@ def test_every_timestamp_the_api_returns_carries_its_zone(api: TestClient,
                                                           own_settings: Settings) -> None:
     """Every date-time of the OpenAPI document, in real answers of every route that has
     one, on SQLite (which keeps no offset) and PostgreSQL: ISO 8601 with its offset."""
-    from app.core.models import EmbeddingJob, NeighborIndex, Status
+    from app.core.models import (
+        AliasMove,
+        EmbeddingJob,
+        ModelAlias,
+        ModelVersion,
+        NeighborIndex,
+        RegisteredModel,
+        Status,
+    )
 
     uid, token_id, token = user_token(api, "tz")
     run = submit(api, token)
@@ -606,7 +614,7 @@ def test_every_timestamp_the_api_returns_carries_its_zone(api: TestClient,
         answers[(method, template)] = r.json()
         return r.json()
 
-    ids_: dict[str, int] = {}
+    ids_: dict[str, Any] = {}
     upload = call("POST", "/datasets", files={"file": ("t.npz", npz_bytes(x=np.eye(6, 3), y=np.arange(6) % 2))})
     ids_["dataset_id"] = upload["id"]
     ids_["sweep_id"] = call("POST", "/sweeps", json={"base": RUN, "grid": {"seed": [0]}})["id"]
@@ -628,7 +636,21 @@ def test_every_timestamp_the_api_returns_carries_its_zone(api: TestClient,
         session.flush()
         session.get(Experiment, run).status = Status.SUCCEEDED  # its indexes may be listed
         ids_.update(job_id=job.id, index_id=index.id)
+    # A model: two versions of the run, an alias with a move, as a worker leaves them (a
+    # version's POST reads a checkpoint: none without a worker).
+    ids_.update(name="tz-model", alias="staging")
+    call("POST", "/models", json={"name": "tz-model"})
+    with factory.begin() as session:
+        model = session.scalar(select(RegisteredModel).where(RegisteredModel.name == "tz-model"))
+        model.contract = {"inputs": "arrays", "shape": [3], "class_names": ["0", "1"]}
+        session.add_all([ModelVersion(model_id=model.id, version=v, experiment_id=run, created_by=uid)
+                         for v in (1, 2)])
+        session.add(ModelAlias(model_id=model.id, name="staging", version=1))
+        session.add(AliasMove(model_id=model.id, alias="staging", from_version=None, to_version=1, user_id=uid))
     engine.dispose()
+    ids_["promotion_id"] = call("POST", "/models/{name}/aliases/{alias}",
+                                json={"version": 2, "expected_version": 1})["promotion_id"]
+    call("POST", "/models/{name}/collections", json={"dataset_id": upload["id"]})
     api.post(f"/experiments/{run}/shares", json={"public": True}, headers=auth(token))
     call("POST", "/users/{user_id}/tokens", json={"scope": "read"}, headers=ADMIN)
     call("POST", "/users", json={"name": "tz2"}, headers=ADMIN)
@@ -655,7 +677,8 @@ def test_every_timestamp_the_api_returns_carries_its_zone(api: TestClient,
     # Those that create a run or a job from a trained one are not answered here (no worker).
     untested = {r for r in with_dates if r not in answers}
     assert untested == {("POST", "/experiments/{experiment_id}/embeddings"),
-                        ("POST", "/experiments/{experiment_id}/index")}, untested
+                        ("POST", "/experiments/{experiment_id}/index"),
+                        ("POST", "/models/{name}/versions")}, untested
     for method, template in answers:
         op = doc["paths"][template][method.lower()]
         schema = next(iter(op["responses"].values())).get("content", {}).get(

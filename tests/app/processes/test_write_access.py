@@ -74,7 +74,15 @@ RULES: dict[tuple[str, str], str] = {
     ("POST", "/embed/files"): "compute",
     ("POST", "/predict/files"): "compute",
     ("POST", "/experiments/{experiment_id}/neighbors/files"): "compute",
+    ("POST", "/models"): "own",
+    ("POST", "/models/{name}/versions"): "path",
+    ("POST", "/models/{name}/aliases/{alias}"): "path",
+    ("POST", "/models/{name}/collections"): "path",
+    ("POST", "/models/{name}/shares"): "manage",
+    ("DELETE", "/models/{name}/shares/{share_id}"): "manage",
+    ("POST", "/models/{name}/neighbors"): "compute",
 }
+MODEL = "team-model"  # the owner's model: version 1 its run, production its alias, its upload a collection
 
 
 def auth(token: str) -> dict[str, str]:
@@ -192,6 +200,19 @@ def _build_team(c: TestClient, s: Settings) -> Team:
             assert r.status_code == 200, r.text
         ids[f"{key}_share"] = next(x["id"] for x in r.json()["shares"]
                                    if x["user_id"] == users["reader"])
+    assert c.post("/models", json={"name": MODEL}, headers=owner).status_code == 201
+    r = c.post(f"/models/{MODEL}/versions", json={"experiment_id": ids["experiment"]}, headers=owner)
+    assert r.status_code == 201, r.text
+    assert c.post(f"/models/{MODEL}/collections", json={"dataset_id": ids["dataset"]},
+                  headers=owner).status_code == 202
+    r = c.post(f"/models/{MODEL}/aliases/production", json={"version": 1, "expected_version": None},
+               headers=owner)
+    assert r.status_code == 202, r.text
+    _until(c, f"/models/{MODEL}/promotions/{r.json()['promotion_id']}", owner)
+    for who, level in (("reader", "read"), ("writer", "write")):
+        r = c.post(f"/models/{MODEL}/shares", json={"user_id": users[who], "access": level}, headers=owner)
+        assert r.status_code == 200, r.text
+    ids["model_share"] = next(x["id"] for x in r.json()["shares"] if x["user_id"] == users["reader"])
     r = c.post(f"/users/{users['stranger']}/tokens", json={"scope": "read"}, headers=boot)
     ids["stranger_token"] = r.json()["id"]
     return Team(c, s, ids, tokens, users)
@@ -202,7 +223,7 @@ def _request(team: Team, method: str, path: str) -> tuple[str, dict[str, Any] | 
     ids = team.ids
     concrete = path.format(experiment_id=ids["experiment"], sweep_id=ids["sweep"],
                            dataset_id=ids["dataset"], job_id=ids["job"], index_id=ids["index"],
-                           encoder_id=ids["encoder"],
+                           encoder_id=ids["encoder"], name=MODEL, alias="production",
                            user_id=team.users["stranger"], token_id=ids["stranger_token"],
                            share_id=ids[f"{_kind_of(path)}_share"] if "{share_id}" in path else 0)
     rows = [[[0.0] * 8] * 8]  # one 8 x 8 image (digits)
@@ -221,6 +242,13 @@ def _request(team: Team, method: str, path: str) -> tuple[str, dict[str, Any] | 
         ("POST", "/embed"): {"experiment_id": ids["experiment"], "arrays": rows},
         ("POST", "/predict"): {"experiment_id": ids["experiment"], "arrays": rows},
         ("POST", "/experiments/{experiment_id}/neighbors"): {"arrays": rows, "k": 3},
+        ("POST", "/models"): {"name": "another-model"},
+        ("POST", "/models/{name}/versions"): {"experiment_id": ids["experiment"]},
+        ("POST", "/models/{name}/aliases/{alias}"): {"version": 1, "expected_version": 1, "force": True},
+        ("POST", "/models/{name}/collections"): {"dataset_id": ids["dataset"]},
+        ("POST", "/models/{name}/shares"): {"public": True},
+        ("POST", "/models/{name}/neighbors"): {"alias": "production", "collection": ids["dataset"],
+                                               "arrays": rows, "k": 3},
     }
     # The forms' routes take the JSON bodies too.
     for route in ("/embed", "/predict", "/experiments/{experiment_id}/neighbors"):
@@ -236,7 +264,7 @@ def _request(team: Team, method: str, path: str) -> tuple[str, dict[str, Any] | 
 
 def _kind_of(path: str) -> str:
     return {"experiments": "experiment", "sweeps": "sweep", "datasets": "dataset",
-            "encoders": "encoder"}[path.split("/")[1]]
+            "encoders": "encoder", "models": "model"}[path.split("/")[1]]
 
 
 def _weights() -> bytes:
