@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from app.access import policy
 from app.core.errors import Conflict, InvalidInput
 from app.core.lookup import get_or_404, succeeded_experiment
-from app.core.models import LatentSpace, NeighborIndex, Status, utcnow
+from app.core.models import CollectionBuild, LatentSpace, NeighborIndex, Status, utcnow
 from app.core.schemas.indexes import IndexCreate
 from app.core.settings import Settings
 from app.jobs.lifecycle import cancel
@@ -79,10 +79,14 @@ def cancel_index(session: Session, index_id: int) -> NeighborIndex:
 
 def index_to_search(session: Session, experiment_id: int, index_id: int | None) -> NeighborIndex | None:
     """The index /neighbors searches: ``index_id`` (which must be this experiment's and
-    succeeded), else the experiment's latest succeeded index, else None."""
+    succeeded), else the experiment's latest succeeded index of its own, else None. A model's
+    collection index (a collection build's, made under the version's run) is searched by
+    alias (/models/{name}/neighbors), never by default here."""
     if index_id is None:
+        collections = select(CollectionBuild.index_id).where(CollectionBuild.index_id.is_not(None))
         return session.scalars(select(NeighborIndex).where(
-            NeighborIndex.experiment_id == experiment_id, NeighborIndex.status == Status.SUCCEEDED)
+            NeighborIndex.experiment_id == experiment_id, NeighborIndex.status == Status.SUCCEEDED,
+            NeighborIndex.id.not_in(collections))
             .order_by(NeighborIndex.id.desc()).limit(1)).one_or_none()
     row = get_index(session, index_id)
     if row.experiment_id != experiment_id:

@@ -392,6 +392,10 @@ def test_a_collection_is_searched_by_alias_and_flips_with_it(client, digits_runs
     assert got["results"] == direct(gaussian, two["index_id"])
     assert two["index_id"] != one["index_id"]
 
+    # The runs' own /neighbors search their training splits as before: a collection's index
+    # is the model's, searched by alias, never a run's default.
+    own = client.post(f"/experiments/{cosine}/neighbors", json={"arrays": rows, "k": 5}).json()
+    assert own["source"] == {"dataset": "digits"} and own["index_id"] != one["index_id"]
     # A rollback embeds nothing: version 1's index is still there.
     back = _promote(client, name, "production", version=1, expected_version=2, force=True)
     assert back["status"] == "succeeded"
