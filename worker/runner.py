@@ -753,6 +753,18 @@ def _sweep_prune(factory: sessionmaker[Session], experiment_id: int) -> dict[str
                               .where(Experiment.id == experiment_id))
 
 
+def _rung_judged(factory: sessionmaker[Session], experiment_id: int, epoch: int) -> bool:
+    """Whether the experiment's sweep recorded a member pruned at ``epoch``: a group that
+    resumes there resumes the survivors of a rung already judged, and does not judge it
+    again (otherwise the worker was lost between the epoch and its rung, and the resumed
+    group judges it first)."""
+    with session_scope(factory) as session:
+        sweep_id = session.scalar(select(Experiment.sweep_id).where(Experiment.id == experiment_id))
+        pruned = session.scalars(select(Experiment.pruned).where(
+            Experiment.sweep_id == sweep_id, Experiment.status == Status.PRUNED))
+        return any(int(why["rung"]) == epoch for why in pruned if why)
+
+
 def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settings) -> dict[int, str]:
     """Train a group of experiments that share dataset, model, batch size and data order
     as one stacked model (corel.train.stacked). Members that cannot go together (one is
@@ -792,10 +804,11 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
         prepare_data(members, jobs[0].spec.dataset, factory, settings)
         checkpoints = None if epochs == {0} else [job.checkpoint for job in jobs if job.checkpoint]
         prune = _sweep_prune(factory, members[0])
+        judged = bool(prune and checkpoints and _rung_judged(factory, members[0], next(iter(epochs))))
         results = fit_group([job.spec for job in jobs], [recorder], checkpoints=checkpoints,
                             device=settings.device, chance_epochs=settings.chance_epochs,
                             data_dir=builtin.data_dir_for(settings, jobs[0].spec.dataset),
-                            options=setup.options(settings), prune=prune)
+                            options=setup.options(settings), prune=prune, rung_judged=judged)
     except HandBack:
         going = sorted(recorder.active)
         hand_back(factory, going)

@@ -661,6 +661,7 @@ def fit_group(
     chance_epochs: int = CHANCE_EPOCHS,
     options: EngineOptions | None = None,
     prune: Prune | dict[str, Any] | None = None,
+    rung_judged: bool = False,
 ) -> list[FitResult]:
     """:func:`corel.train.fit` for a group: one :class:`FitResult` per spec, in order.
 
@@ -673,7 +674,11 @@ def fit_group(
     (:class:`corel.train.pruning.Prune`, or its fields): successive halving at each rung;
     a pruned member's result has ``pruned`` (its rung and why) and the history up to it,
     and the group goes on with the survivors, rebuilt from their checkpoints, each as it
-    would have gone on in the whole group (callbacks hear ``on_prune``).
+    would have gone on in the whole group (callbacks hear ``on_prune``). A group resumed
+    from ``checkpoints`` taken at a rung is judged there first, before its next epoch, as
+    the uninterrupted group was (its callbacks may have stopped it between the epoch and
+    the judgement); ``rung_judged=True`` says that judgement was already made and the
+    checkpoints are the survivors', so it is not made again.
     """
     options = options or EngineOptions()
     checked = [as_spec(s) for s in specs]
@@ -686,7 +691,7 @@ def fit_group(
     group = StackedRun.start(checked, data, device=device, checkpoints=checkpoints, options=options)
     lane = _Lane(group, list(range(group.size)), [_guard(group, chance_epochs), *callbacks])
     results: dict[int, FitResult] = {}
-    _train_lanes([lane], halving, results, options)
+    _train_lanes([lane], halving, results, options, judge_first=bool(checkpoints) and not rung_judged)
     return [results[i] for i in range(len(checked))]
 
 
@@ -758,10 +763,13 @@ class _Lane:
 
 
 def _train_lanes(lanes: list[_Lane], halving: Prune | None, results: dict[int, FitResult],
-                 options: EngineOptions) -> None:
+                 options: EngineOptions, judge_first: bool = False) -> None:
     """Train ``lanes`` in lockstep to their last epoch, judging every live member together
-    at each rung; each member's result into ``results`` (by the caller's position)."""
+    at each rung; each member's result into ``results`` (by the caller's position).
+    ``judge_first``: the lanes were resumed at an epoch that may be a rung not yet judged."""
     with options.applied():
+        if judge_first and halving is not None:
+            _judge(lanes, halving, results, options)
         while live := [lane for lane in lanes if not lane.done]:
             for lane in live:
                 group = lane.group
@@ -771,13 +779,19 @@ def _train_lanes(lanes: list[_Lane], halving: Prune | None, results: dict[int, F
                 metrics = group.run_epoch(lane.callbacks)
                 if metrics is None or any([bool(cb.on_epoch_end(metrics, group)) for cb in lane.callbacks]):
                     lane.stopped = lane.done = True
-            judged = [lane for lane in live if not lane.stopped]
-            if (halving is not None and judged and judged[0].group.epoch in halving.rungs(judged[0].group.epochs)
-                    and sum(lane.group.size for lane in judged) > 1):
-                _prune(judged, halving, results, options)
+            if halving is not None:
+                _judge(live, halving, results, options)
     for lane in lanes:
         for i, at in enumerate(lane.position):
             results[at] = FitResult.from_run(lane.group.member_run(i), lane.stopped, lane.group.failed.get(i))
+
+
+def _judge(lanes: list[_Lane], halving: Prune, results: dict[int, FitResult], options: EngineOptions) -> None:
+    """The rung, if the lanes not stopped stand at one and hold more than one member."""
+    judged = [lane for lane in lanes if not lane.stopped]
+    if (judged and judged[0].group.epoch in halving.rungs(judged[0].group.epochs)
+            and sum(lane.group.size for lane in judged) > 1):
+        _prune(judged, halving, results, options)
 
 
 def _prune(lanes: list[_Lane], halving: Prune, results: dict[int, FitResult], options: EngineOptions) -> None:

@@ -189,3 +189,46 @@ def test_a_run_on_another_host_reads_the_features_from_the_store_and_computes_no
         collect(session, store, 0, features_keep_seconds=0)
         assert session.query(FeatureSet).count() == 0
         assert not any(store.exists(digest) for digest in kept.values())
+
+
+def test_a_pruned_group_lost_between_an_epoch_and_its_rung_is_judged_there_when_it_resumes(factory, monkeypatch):
+    """The fault soak's lost rung: the group's epoch 2 (a rung) was recorded, and the database
+    went away before the rung's decisions were; the group resumed from epoch 2 and judged
+    nothing until epoch 6. Resumed, it judges rung 2 first, and ends as the library's
+    uninterrupted pruned group; a group resumed after the decisions were recorded (the
+    survivors) does not judge it again."""
+    import sqlalchemy.exc
+
+    from app.core.schemas.sweeps import SweepCreate
+    from app.services.sweeps import create_sweep
+    from corel.spec import ExperimentSpec
+    from corel.train import fit_group
+
+    factory, settings = factory
+    prune = {"metric": "val_accuracy", "eta": 3, "min_epochs": 2}
+    base = {**SPEC, "epochs": 6, "loss": "cosine"}
+    lams = [0.1, 0.3, 0.5, 0.7, 0.85, 0.95]
+    with session_scope(factory) as session:
+        _, (ids,) = create_sweep(session, SweepCreate(base=base, grid={"lam": lams}, prune=prune), 64, 64, settings)
+    real = runner.GroupRecorder.on_prune
+    calls: list[int] = []
+
+    def database_gone_once(self, group, kept, why, rung):
+        calls.append(rung)
+        if len(calls) == 1:
+            raise sqlalchemy.exc.OperationalError("UPDATE experiments", {}, Exception("server closed the connection"))
+        return real(self, group, kept, why, rung)
+
+    monkeypatch.setattr(runner.GroupRecorder, "on_prune", database_gone_once)
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        runner.train_group(ids, factory, settings)
+    with factory() as session:
+        assert {session.get(Experiment, i).status for i in ids} == {"running"}
+        assert {session.get(Experiment, i).current_epoch for i in ids} == {2}
+    outcome = runner.train_group(ids, factory, settings)  # the redelivery, from epoch 2
+    assert calls == [2, 2], calls  # rung 2 judged again on the resume (6 epochs: the only rung)
+    whole = fit_group([ExperimentSpec(**base, lam=lam) for lam in lams], prune=prune)
+    with factory() as session:
+        rows = [session.get(Experiment, i) for i in ids]
+        assert [(r.status, r.pruned and r.pruned["rung"]) for r in rows] == [
+            ("succeeded", None) if w.pruned is None else ("pruned", w.pruned["rung"]) for w in whole], outcome

@@ -69,6 +69,47 @@ def test_survivors_end_bit_for_bit_as_in_the_unpruned_stack(digits64):
         assert r.best_epoch in (1, 2)
 
 
+class StopAt(GroupCallback):
+    """Every member's checkpoint at ``epoch``, the group stopped there: a worker lost after
+    the epoch was recorded and before its rung was judged."""
+
+    def __init__(self, epoch):
+        self.epoch, self.saved = epoch, None
+
+    def on_epoch_end(self, metrics, group):
+        if metrics[0].epoch == self.epoch:
+            self.saved = [group.member_run(i).checkpoint() for i in range(group.size)]
+            return True
+        return False
+
+
+def _same_ends(got, want):
+    assert [r.pruned and r.pruned["rung"] for r in got] == [r.pruned and r.pruned["rung"] for r in want]
+    for mine, theirs in zip(got, want, strict=True):
+        assert [m.val_accuracy for m in mine.history] == [m.val_accuracy for m in theirs.history]
+        if mine.pruned is None:
+            a, b = mine.model.state_dict(), theirs.model.state_dict()
+            assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_group_resumed_at_a_rung_not_yet_judged_is_judged_there_first(digits64):
+    prune = {"metric": "val_accuracy", "eta": 3, "min_epochs": 2}
+    specs = [ExperimentSpec(**BASE, lam=lam) for lam in LAMS]
+    whole = fit_group(specs, data=digits64, prune=prune)
+    stop = StopAt(2)
+    fit_group(specs, [stop], data=digits64, prune=prune)
+    seen = Sizes()
+    resumed = fit_group(specs, [seen], data=digits64, prune=prune, checkpoints=stop.saved)
+    assert seen.pruned and seen.pruned[0][0] == 2 and seen.sizes[0] == 2, (seen.pruned, seen.sizes)
+    _same_ends(resumed, whole)
+    # Judged and recorded before the loss: the survivors' checkpoints resume without a
+    # second judgement (which would keep one of the two).
+    survivors = [i for i, r in enumerate(whole) if r.pruned is None]
+    again = fit_group([specs[i] for i in survivors], data=digits64, prune=prune,
+                      checkpoints=[stop.saved[i] for i in survivors], rung_judged=True)
+    _same_ends(again, [whole[i] for i in survivors])
+
+
 def test_seeds_of_one_configuration_are_judged_by_their_mean_and_go_together(digits64):
     specs = [ExperimentSpec(**BASE, lam=lam, seed=seed) for lam in (0.1, 0.5, 0.9) for seed in (0, 1)]
     results = fit_group(specs, data=digits64, prune={"eta": 3, "min_epochs": 1})
