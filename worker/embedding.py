@@ -27,7 +27,7 @@ log = logging.getLogger("corel.worker")
 # BATCH (corel.serving): rows per forward pass, and between two progress commits.
 
 
-def _rows(path: Any, kind: str) -> tuple[Any, np.ndarray]:
+def upload_rows(path: Any, kind: str) -> tuple[Any, np.ndarray]:
     """The upload's inputs (array or texts) and labels, every row, in file order."""
     with np.load(path, allow_pickle=False) as loaded:
         y = np.asarray(loaded["y"]).reshape(-1)
@@ -71,7 +71,7 @@ def embed_dataset(job_id: int, factory: sessionmaker[Session], settings: Setting
         if checkpoint is None or kind is None:
             raise ValueError("the experiment's checkpoint or the dataset no longer exists")
         served = ServedModel.from_checkpoint(checkpoint, settings.device, encoder_files)  # the API's own pipeline
-        inputs, y = _rows(path, kind)
+        inputs, y = upload_rows(path, kind)
         n = len(inputs)
         parts = []
         for start in range(0, n, BATCH):

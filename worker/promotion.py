@@ -3,7 +3,9 @@
 Claimed with a lease as every job is (lifecycle.claim), so a promotion whose worker is lost
 is taken over and run again from its start: the gate reads only stored rows and writes
 nothing until the end, and the flip is one transaction. Phases: ``gating`` (both versions'
-runs evaluated on the same stored test rows: each row's prediction from the run's own head
+runs evaluated on the same rows, the model's evaluation upload if it has one (each run
+embeds it: a batch embedding job, kept, so a promotion taken over goes on from it), else
+their shared stored test rows: each row's prediction from the run's own head
 over its stored representation, and its average precision at R against the run's own
 training split; corel.gate compares them), then the flip: the alias is compared and
 swapped in one transaction with its history row, only if it still names the version the
@@ -35,13 +37,16 @@ from app.core.errors import DomainError
 from app.core.models import (
     AliasMove,
     CollectionBuild,
+    DatasetUpload,
     EmbeddingJob,
+    EmbeddingResult,
     LatentSpace,
     ModelAlias,
     ModelCollection,
     ModelVersion,
     NeighborIndex,
     Promotion,
+    RegisteredModel,
     Status,
     utcnow,
 )
@@ -50,8 +55,8 @@ from app.core.settings import Settings
 from app.jobs import lifecycle
 from app.jobs.lifecycle import LostLease
 from app.storage import ensure as ensure_store
-from app.storage.artifacts import best_checkpoint_dict, load_latent
-from app.storage.local_copies import files_for_model
+from app.storage.artifacts import best_checkpoint_dict, load_latent, read_array
+from app.storage.local_copies import files_for_model, materialise_upload
 from corel.clustering import default_metric
 from corel.gate import Evaluated, compare
 from corel.retrieval import per_query
@@ -93,6 +98,80 @@ def gate(session: Session, settings: Settings, candidate: int, incumbent: int, m
                            "compare them")
     report = compare(cand, inc, names, margin=margin)
     report["candidate_experiment"], report["incumbent_experiment"] = candidate, incumbent
+    report["evaluated_on"] = {"dataset_id": None, "split": "test"}
+    return report
+
+
+def _embedded(factory: sessionmaker[Session], settings: Settings, experiment_id: int,
+              dataset_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The upload's rows embedded by the run (a batch embedding job: the run's own from
+    before, or one made and run here) and the upload's labels as stored, in file order."""
+    from app.services.embedding_jobs import create_job
+    from worker.embedding import embed_dataset
+
+    with session_scope(factory) as session:
+        job_id = session.scalar(select(EmbeddingJob.id).where(
+            EmbeddingJob.experiment_id == experiment_id, EmbeddingJob.dataset_id == dataset_id,
+            EmbeddingJob.status.not_in((Status.FAILED, Status.CANCELLED))).order_by(EmbeddingJob.id))
+        if job_id is None:
+            job_id = create_job(session, experiment_id, dataset_id).id
+    _inline(functools.partial(embed_dataset, job_id, factory, settings), factory, EmbeddingJob, job_id, settings)
+    with session_scope(factory) as session:
+        job = session.get(EmbeddingJob, job_id)
+        result = session.get(EmbeddingResult, job_id)
+        assert job is not None and result is not None and job.dim is not None
+        reps = read_array(session, result.representations_sha256, np.float32, (job.n_total, job.dim))
+        return reps, read_array(session, result.labels_sha256, np.int64)
+
+
+def _class_indices(session: Session, settings: Settings, dataset_id: int, stored: np.ndarray,
+                   names: list[str]) -> np.ndarray:
+    """The upload's labels as the model's class indices: by name where every label is one of
+    the classes, else integers taken as indices; ValueError naming labels of neither."""
+    from worker.embedding import upload_rows
+
+    kind = session.scalar(select(DatasetUpload.kind).where(DatasetUpload.id == dataset_id))
+    _, raw = upload_rows(materialise_upload(session, dataset_id, settings), str(kind))
+    position = {name: i for i, name in enumerate(names)}
+    texts = [str(v) for v in raw.tolist()]
+    if all(t in position for t in texts):
+        return np.asarray([position[t] for t in texts], np.int64)
+    if raw.dtype.kind in "iu" and len(stored) and stored.min() >= 0 and stored.max() < len(names):
+        return stored
+    unknown = sorted({t for t in texts if t not in position})[:5]
+    raise ValueError(f"the model's evaluation dataset {dataset_id} has labels that are not among its "
+                     f"classes ({', '.join(unknown)}; the classes: {', '.join(names[:10])}"
+                     f"{', ...' if len(names) > 10 else ''}); set an evaluation dataset of the model's "
+                     "classes (PATCH /models/{name})")
+
+
+def _evaluated_on(factory: sessionmaker[Session], settings: Settings, experiment_id: int,
+                  dataset_id: int) -> tuple[Evaluated, list[str]]:
+    """A run on the model's evaluation upload: each row right or not (the run's head over
+    the row's embedding), its AP@R against the run's training split."""
+    h_eval, stored = _embedded(factory, settings, experiment_id, dataset_id)
+    with session_scope(factory) as session:
+        h_train, y_train = load_latent(session, experiment_id, "train")
+        checkpoint = best_checkpoint_dict(session, experiment_id)
+        served = ServedModel.from_checkpoint(checkpoint, "cpu", files_for_model(
+            session, settings, json.loads(checkpoint["preprocessing"])))
+        names = [str(c) for c in served.class_names]
+        y = _class_indices(session, settings, dataset_id, stored, names)
+    sims = served.similarities(torch.from_numpy(np.ascontiguousarray(h_eval)))
+    correct = (sims.argmax(1).numpy() == y).astype(np.float64)
+    ap = per_query(h_eval, y, h_train, y_train, default_metric(served.spec.loss))["average_precision_at_r"]
+    return Evaluated(correct, ap, y), names
+
+
+def gate_on_dataset(factory: sessionmaker[Session], settings: Settings, candidate: int, incumbent: int,
+                    dataset_id: int, margin: float) -> dict[str, Any]:
+    """corel.gate's report of run ``candidate`` against run ``incumbent`` on the model's
+    evaluation upload (both embed its rows: batch embedding jobs, kept)."""
+    cand, names = _evaluated_on(factory, settings, candidate, dataset_id)
+    inc, _ = _evaluated_on(factory, settings, incumbent, dataset_id)
+    report = compare(cand, inc, names, margin=margin)
+    report["candidate_experiment"], report["incumbent_experiment"] = candidate, incumbent
+    report["evaluated_on"] = {"dataset_id": dataset_id}
     return report
 
 
@@ -208,6 +287,7 @@ def promote(promotion_id: int, factory: sessionmaker[Session], settings: Setting
         session.refresh(row)
         model_id, alias, version, force, margin = row.model_id, row.alias, row.version, row.force, row.margin
         expected, protect, user = row.expected_version, row.protect, row.owner_id
+        eval_dataset = session.scalar(select(RegisteredModel.eval_dataset_id).where(RegisteredModel.id == model_id))
         lifecycle.progress(session, promotion_id, Promotion, phase="gating")
     try:
         with session_scope(factory) as session:
@@ -217,11 +297,16 @@ def promote(promotion_id: int, factory: sessionmaker[Session], settings: Setting
                 report = {"passed": True, "forced": True}
             elif expected is None:
                 report = {"passed": True, "incumbent": None, "candidate_experiment": candidate}
-            else:
+            elif eval_dataset is None:
                 try:
                     report = gate(session, settings, candidate, _run_of(session, model_id, expected), margin)
                 except NoSharedRows as exc:
                     report = {"passed": False, "reason": str(exc)}
+            else:
+                incumbent = _run_of(session, model_id, expected)
+        if not force and expected is not None and eval_dataset is not None:
+            with lease_kept(factory, promotion_id, settings, Promotion):  # both runs embed its rows
+                report = gate_on_dataset(factory, settings, candidate, incumbent, eval_dataset, margin)
         if not report["passed"]:
             with session_scope(factory) as session:
                 if not lifecycle.end(session, promotion_id, Status.SUCCEEDED, Promotion,

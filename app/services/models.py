@@ -40,6 +40,7 @@ from app.core.schemas.models import (
     CollectionRead,
     ModelCreate,
     ModelRead,
+    ModelUpdate,
     PromotionCreate,
     PromotionRead,
     VersionCreate,
@@ -90,6 +91,34 @@ def create_model(session: Session, body: ModelCreate) -> ModelRead:
     except IntegrityError:  # the same name, created by another request meanwhile
         raise Conflict(f"a model named {body.name!r} already exists; choose another name") from None
     return _read(session, row)
+
+
+def _inputs_check(session: Session, name: str, model: RegisteredModel, dataset_id: int, what: str) -> Any:
+    """The upload ``dataset_id`` (read access), if its kind feeds the model's inputs; a 422
+    saying which kinds do."""
+    upload = policy.require(session, "dataset", dataset_id, "read")
+    if model.contract is None:
+        return upload
+    modality = {"texts": "text", "images": "image", "arrays": "vector"}[model.contract["inputs"]]
+    if modality not in EMBEDDABLE.get(upload.kind, ()):
+        raise InvalidInput(f"dataset {dataset_id} is a {upload.kind!r} upload, which cannot feed model "
+                           f"{name!r}'s {model.contract['inputs']}; {what} an upload of a kind that does "
+                           f"({', '.join(k for k, m in EMBEDDABLE.items() if modality in m)})")
+    return upload
+
+
+def update_model(session: Session, name: str, body: ModelUpdate) -> ModelRead:
+    """The fields ``body`` gives (write access): its description, its evaluation upload."""
+    model = _by_name(session, name, "write")
+    given = body.model_fields_set
+    if "eval_dataset_id" in given:
+        if body.eval_dataset_id is not None:
+            _inputs_check(session, name, model, body.eval_dataset_id, "evaluate on")
+        model.eval_dataset_id = body.eval_dataset_id
+    if "description" in given:
+        model.description = body.description
+    session.flush()
+    return _read(session, model)
 
 
 def list_models(session: Session, limit: int, offset: int) -> Page[ModelRead]:
@@ -321,15 +350,11 @@ def add_collection(session: Session, name: str, body: CollectionCreate) -> tuple
     """The model's new collection, and the builds (queued) of each version its aliases name
     now: write access to the model, read access to the upload (409 if it is one already)."""
     model = _by_name(session, name, "write")
-    upload = policy.require(session, "dataset", body.dataset_id, "read")
     if model.contract is None:
+        policy.require(session, "dataset", body.dataset_id, "read")
         raise Conflict(f"model {name!r} has no version yet: add one first (its contract says what a "
                        "collection may hold)")
-    modality = {"texts": "text", "images": "image", "arrays": "vector"}[model.contract["inputs"]]
-    if modality not in EMBEDDABLE.get(upload.kind, ()):
-        raise InvalidInput(f"dataset {body.dataset_id} is a {upload.kind!r} upload, which cannot feed model "
-                           f"{name!r}'s {model.contract['inputs']}; add an upload of a kind that does "
-                           f"({', '.join(k for k, m in EMBEDDABLE.items() if modality in m)})")
+    _inputs_check(session, name, model, body.dataset_id, "add")
     if session.scalar(select(ModelCollection.id).where(ModelCollection.model_id == model.id,
                                                        ModelCollection.dataset_id == body.dataset_id)) is not None:
         raise Conflict(f"dataset {body.dataset_id} is a collection of model {name!r} already")

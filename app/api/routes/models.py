@@ -19,6 +19,7 @@ from app.core.schemas.models import (
     CollectionCreate,
     ModelCreate,
     ModelRead,
+    ModelUpdate,
     PromotionCreate,
     PromotionRead,
     VersionCreate,
@@ -45,6 +46,12 @@ def list_(session: ReadSessionDep, limit: Annotated[int, Query(ge=1, le=200)] = 
 @router.get("/{name}", response_model=ModelRead, summary="A model: its contract and versions")
 def get(name: str, session: ReadSessionDep):
     return models_service.get_model(session, name)
+
+
+@router.patch("/{name}", response_model=ModelRead, dependencies=[AuthDep],
+              summary="Change a model's description or evaluation dataset (write access)")
+def update(name: str, body: ModelUpdate, session: SessionDep):
+    return models_service.update_model(session, name, body)
 
 
 @router.post("/{name}/versions", status_code=status.HTTP_201_CREATED, response_model=VersionRead,

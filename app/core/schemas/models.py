@@ -27,6 +27,19 @@ class ModelCreate(BaseModel):
         "split the versions share).")
 
 
+class ModelUpdate(BaseModel):
+    """PATCH /models/{name}: the fields given change; an eval_dataset_id of null clears it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    description: str | None = Field(default=None, max_length=2000)
+    eval_dataset_id: int | None = Field(
+        default=None, ge=1, le=MAX_ID,
+        description="A labelled upload you may read, of the model's inputs and classes, that "
+        "promotions evaluate the candidate and the incumbent on (each embeds its rows); null: the "
+        "test split the versions share.")
+
+
 class VersionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

@@ -322,6 +322,48 @@ def test_the_cli_versions_and_promotes(live_url, client, digits_runs, worse_run,
     assert shown[3].split() == ["2", str(worse_run)]
 
 
+def test_the_gate_evaluates_on_the_model_s_evaluation_dataset(client, digits_runs, worse_run):
+    """With an evaluation upload (PATCH /models/{name}), both versions embed its rows and the
+    gate compares them there: the report's figures are each run's own predictions on them."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x, y = digits.images[1000:1300].astype(np.float32), digits.target[1000:1300]
+    up = client.post("/datasets", files={"file": ("eval.npz", npz_bytes(x=x, y=y))})
+    assert up.status_code == 201, up.text
+    dataset = up.json()["id"]
+    name = _model(client, digits_runs["cosine"], worse_run)
+    for body, status in (({"eval_dataset_id": 2_000_000}, 404), ({"eval_dataset_id": str(dataset)}, 422),
+                         ({"evaluation": dataset}, 422)):
+        r = client.patch(f"/models/{name}", json=body)
+        assert r.status_code == status, (body, r.text)
+    assert client.patch(f"/models/no-{name}", json={"eval_dataset_id": dataset}).status_code == 404
+    r = client.patch(f"/models/{name}", json={"eval_dataset_id": dataset, "description": "evaluated on 300 rows"})
+    assert r.status_code == 200, r.text
+    assert (r.json()["eval_dataset_id"], r.json()["description"]) == (dataset, "evaluated on 300 rows")
+    assert client.get(f"/models/{name}").json()["eval_dataset_id"] == dataset
+
+    assert _promote(client, name, "production", version=1, expected_version=None)["status"] == "succeeded"
+    refused = _promote(client, name, "production", version=2, expected_version=1, margin=0.05)
+    report = refused["report"]
+    assert refused["status"] == "refused" and report["reason"].startswith("worse"), refused
+    assert report["evaluated_on"] == {"dataset_id": dataset} and report["rows"] == len(y)
+
+    def accuracy(run):
+        got = client.post("/predict", json={"experiment_id": run, "arrays": x.tolist()})
+        assert got.status_code == 200, got.text
+        return float(np.mean(np.asarray([p["class_index"] for p in got.json()["predictions"]]) == y))
+
+    figures = report["figures"]["accuracy"]
+    assert figures["candidate"] == pytest.approx(accuracy(worse_run), abs=1e-9)
+    assert figures["incumbent"] == pytest.approx(accuracy(digits_runs["cosine"]), abs=1e-9)
+    # Cleared, the gate goes back to the test split the versions share.
+    assert client.patch(f"/models/{name}", json={"eval_dataset_id": None}).json()["eval_dataset_id"] is None
+    again = _promote(client, name, "production", version=2, expected_version=1, margin=0.05)
+    assert again["report"]["evaluated_on"] == {"dataset_id": None, "split": "test"}
+    assert again["report"]["rows"] != len(y)
+
+
 # --- collections: embedded and indexed by each aliased version, searched by alias ---
 
 def test_a_collection_is_searched_by_alias_and_flips_with_it(client, digits_runs):
