@@ -55,6 +55,7 @@ from app.core.settings import Settings
 from app.jobs import lifecycle
 from app.jobs.lifecycle import LostLease
 from app.storage import ensure as ensure_store
+from app.storage import release_after_commit
 from app.storage.artifacts import best_checkpoint_dict, load_latent, read_array
 from app.storage.local_copies import files_for_model, materialise_upload
 from corel.clustering import default_metric
@@ -266,6 +267,59 @@ def embed_collections(factory: sessionmaker[Session], settings: Settings, model_
                 build_id, settings)
 
 
+def kept_versions(session: Session, model_id: int, keep: int) -> set[int]:
+    """The versions whose collection builds a model keeps: per alias, the last ``keep``
+    distinct versions it named (the one it names now first), and every version a promotion
+    still queued or running is to flip to."""
+    kept: set[int] = set()
+    moves = session.execute(select(AliasMove.alias, AliasMove.to_version).where(AliasMove.model_id == model_id)
+                            .order_by(AliasMove.id.desc())).all()
+    per_alias: dict[str, list[int]] = {}
+    for alias, version in moves:
+        mine = per_alias.setdefault(alias, [])
+        if version not in mine and len(mine) < keep:
+            mine.append(version)
+    for versions in per_alias.values():
+        kept.update(versions)
+    kept.update(session.scalars(select(ModelAlias.version).where(ModelAlias.model_id == model_id)))
+    kept.update(session.scalars(select(Promotion.version).where(
+        Promotion.model_id == model_id, Promotion.status.in_((Status.QUEUED, Status.RUNNING)))))
+    return kept
+
+
+def collect_builds(session: Session, model_id: int, keep: int, promotion_id: int | None = None) -> list[int]:
+    """Delete the model's finished collection builds of versions it no longer keeps
+    (:func:`kept_versions`), with their embedding jobs and indexes, the artifacts released
+    once the transaction commits; the versions collected."""
+    kept = kept_versions(session, model_id, keep)
+    builds = session.scalars(select(CollectionBuild).join(
+        ModelCollection, ModelCollection.id == CollectionBuild.collection_id).where(
+        ModelCollection.model_id == model_id, CollectionBuild.version.not_in(kept),
+        CollectionBuild.status.in_((Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)))).all()
+    digests: list[str | None] = []
+    for build in builds:
+        index = None if build.index_id is None else session.get(NeighborIndex, build.index_id)
+        job = None if build.embedding_job_id is None else session.get(EmbeddingJob, build.embedding_job_id)
+        result = None if job is None else session.get(EmbeddingResult, job.id)
+        session.delete(build)
+        session.flush()
+        if index is not None:
+            digests.append(index.sha256)
+            session.delete(index)
+        if result is not None:
+            digests += [result.representations_sha256, result.labels_sha256]
+            session.delete(result)
+        if job is not None:
+            session.delete(job)
+    session.flush()
+    release_after_commit(session, digests)
+    versions = sorted({b.version for b in builds})
+    if versions:
+        log.info("collection builds collected", extra={"model": model_id, "versions": versions,
+                                                         "promotion": promotion_id})
+    return versions
+
+
 def _run_of(session: Session, model_id: int, version: int) -> int:
     run = session.scalar(select(ModelVersion.experiment_id).where(
         ModelVersion.model_id == model_id, ModelVersion.version == version))
@@ -337,6 +391,8 @@ def promote(promotion_id: int, factory: sessionmaker[Session], settings: Setting
                         current.protected = protect
                 session.add(AliasMove(model_id=model_id, alias=alias, from_version=now_at, to_version=version,
                                       user_id=user, promotion_id=promotion_id, gate=_summary(report)))
+                session.flush()
+                collect_builds(session, model_id, settings.model_keep_versions, promotion_id)
             if not lifecycle.end(session, promotion_id, Status.SUCCEEDED, Promotion, outcome=outcome,
                                  report=report, phase=None):
                 raise LostLease(f"promotion {promotion_id} is no longer ours")  # rolls the flip back

@@ -136,6 +136,12 @@ class Settings(BaseSettings):
         description="Token budget of one forward pass over queued texts (a frozen text "
         "encoder's): the waiting requests are taken first in first out while their tokens "
         "(as the encoder's tokenizer counts them) fit; a request larger than it goes alone.")
+    model_keep_versions: int = Field(
+        default=2, ge=1,
+        description="Per alias of a model, the versions it named last (this many, the one it "
+        "names now included) whose collection indexes are kept, so that a rollback to them "
+        "embeds nothing; a promotion's flip deletes the builds (embedding job and index) of "
+        "every other version.")
     text_queue_max_inputs: int = Field(
         default=8192, gt=0,
         description="The most texts waiting for a frozen text encoder in one API process; a "

@@ -449,3 +449,41 @@ def test_a_collection_is_searched_by_alias_and_flips_with_it(client, digits_runs
                          ({"alias": "production"}, 422)):
         r = client.post(f"/models/{name}/neighbors", json={**body, "arrays": rows})
         assert r.status_code == status, (body, r.text)
+
+
+def test_a_flip_collects_the_builds_of_versions_no_alias_may_roll_back_to(client, digits_runs, worse_run):
+    """COREL_MODEL_KEEP_VERSIONS (2): per alias, the version it names and the one before keep
+    their collection builds; a flip deletes the others' embedding jobs and indexes, and a
+    promotion back to a collected version builds it again."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    up = client.post("/datasets", files={"file": ("kept.npz", npz_bytes(
+        x=digits.images[300:420].astype(np.float32), y=digits.target[300:420]))})
+    assert up.status_code == 201, up.text
+    dataset = up.json()["id"]
+    name = _model(client, digits_runs["cosine"], digits_runs["gaussian"], worse_run)
+    assert client.post(f"/models/{name}/collections", json={"dataset_id": dataset}).status_code == 202
+
+    def builds():
+        return {b["version"]: b for b in client.get(f"/models/{name}").json()["collections"][0]["builds"]}
+
+    for version, expected in ((1, None), (2, 1)):
+        assert _promote(client, name, "production", version=version, expected_version=expected,
+                        force=True)["status"] == "succeeded"
+    one = builds()[1]
+    assert sorted(builds()) == [1, 2]
+    assert _promote(client, name, "production", version=3, expected_version=2, force=True)["status"] == "succeeded"
+    assert sorted(builds()) == [2, 3]  # version 1: neither the alias's version nor the one before
+    assert client.get(f"/indexes/{one['index_id']}").status_code == 404
+    assert client.get(f"/embeddings/{one['embedding_job_id']}").status_code == 404
+    two = builds()[2]
+    back = _promote(client, name, "production", version=2, expected_version=3, force=True)
+    assert back["status"] == "succeeded" and builds()[2] == two  # the rollback embedded nothing
+    assert sorted(builds()) == [2, 3]
+    again = _promote(client, name, "production", version=1, expected_version=2, force=True)
+    assert again["status"] == "succeeded"
+    assert sorted(builds()) == [1, 2] and builds()[1]["index_id"] not in (None, one["index_id"])
+    got = client.post(f"/models/{name}/neighbors", json={"alias": "production", "collection": dataset,
+                                                        "arrays": digits.images[:2].tolist(), "k": 3})
+    assert got.status_code == 200 and got.json()["model_version"] == 1, got.text
