@@ -53,7 +53,7 @@ for _name, _value in WORKER_ENV_DEFAULTS.items():
 # queued behind the training ones; a worker killed last, so that a run is redelivered after
 # the last fault. Fed, not paced by the training's share: paced (12 runs of 32 epochs, a
 # fault every 3-5 s), a fast machine had trained every run before the last fault.
-SMOKE_DECK = ("redis-flush", "postgres-stop", "redis-restart", "api-kill", "postgres-freeze",
+SMOKE_DECK = ("redis-flush", "postgres-stop", "promotion", "redis-restart", "api-kill", "postgres-freeze",
               "worker-kill")
 SMOKE: dict[str, Any] = {"deck": SMOKE_DECK, "feed": 2, "fault_gap": (1.5, 2.5), "outage": (1.5, 3.0),
          "unique_specs": 4}

@@ -24,6 +24,13 @@ The six kinds of fault (seven with the artifacts on S3: the S3 server stopped) a
 * no row exists that the client was not told about: every row in the database is an
   accepted submission.
 
+The deck also holds a card that is not a fault, ``promotion``: the model "soak" (two
+succeeded runs its versions, a collection of 600 digits rows) has its alias production
+flipped to its other version, forced, the collection embedded and indexed by it, while the
+next cards' faults come; at the end every promotion has flipped (or met a conflict), the
+alias names the last card's version, its history holds one move per flip, and a search by
+alias answers with that version.
+
 With ``sweep_lams``, a pruned sweep is submitted too, before the first fault (one stacked
 group of cosine runs over those lambdas, successive halving with eta 3 from epoch 2), and it
 must end as the library's uninterrupted ``fit_group(..., prune=...)`` of the same specs ends
@@ -35,6 +42,7 @@ this process's).
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import subprocess
@@ -46,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import psycopg
 import redis
 
@@ -63,8 +72,16 @@ FAULTS = ("worker-kill", "api-kill", "postgres-stop", "postgres-freeze", "redis-
 S3_FAULTS = ("s3-stop",)
 
 
+# Not a fault: a model's alias promoted (its collection embedded and indexed by the version
+# it flips to) while the next faults come. The first card makes the model "soak" of two
+# succeeded runs and a collection of digits rows; each card flips production to the other
+# version (forced: the gate is tested elsewhere).
+PROMOTION = "promotion"
+SOAK_MODEL = "soak"
+
+
 def faults_of(config: SoakConfig) -> tuple[str, ...]:
-    return FAULTS + S3_FAULTS if config.s3 else FAULTS
+    return FAULTS + S3_FAULTS + (PROMOTION,) if config.s3 else (*FAULTS, PROMOTION)
 LOSSES = ("cce", "center", "cosine", "gaussian")
 
 
@@ -110,7 +127,7 @@ class SoakConfig:
     @property
     def total_runs(self) -> int:
         """The runs submitted in all: ``runs`` at the start, ``feed`` before each fault."""
-        return self.runs + self.feed * len(self.deck or ())
+        return self.runs + self.feed * sum(1 for kind in self.deck or () if kind != PROMOTION)
 
 
 @dataclass
@@ -136,6 +153,11 @@ class SoakReport:
     # The pruned sweep's members: id -> (status, the rung it was pruned at or None).
     sweep_members: dict[int, tuple[str, int | None]] = field(default_factory=dict)
     sweep_unequal: list[str] = field(default_factory=list)  # how it differs from the library's
+    # The promotion cards': the version each asked production to name, in order, and what
+    # the end found wrong (a promotion not ended, the alias or its history not as asked).
+    promotion_targets: list[int] = field(default_factory=list)
+    promotion_wrong: list[str] = field(default_factory=list)
+    promotion_summary: str = ""
 
     @property
     def succeeded(self) -> int:
@@ -145,7 +167,7 @@ class SoakReport:
     def ok(self) -> bool:
         sweep_ok = not self.config.sweep_lams or (
             len(self.sweep_members) == len(self.config.sweep_lams) and not self.sweep_unequal)
-        return (sweep_ok and len(self.accepted) == self.config.total_runs and self.succeeded == len(self.accepted)
+        return (sweep_ok and not self.promotion_wrong and len(self.accepted) == self.config.total_runs and self.succeeded == len(self.accepted)
                 and self.all_finished_after is not None
                 and self.all_finished_after <= self.config.deadline + self.drain_seconds
                 and not self.stray_rows and not self.duplicated_epochs
@@ -186,6 +208,9 @@ class SoakReport:
                          + f"; rungs {sorted(r for _, r in self.sweep_members.values() if r)}; "
                          + ("as the uninterrupted pruned group" if not self.sweep_unequal
                             else "differs: " + "; ".join(self.sweep_unequal)))
+        if self.promotion_targets or self.promotion_wrong:
+            lines.append(f"  promotions: {self.promotion_summary}"
+                         + ("; wrong: " + "; ".join(self.promotion_wrong) if self.promotion_wrong else ""))
         if self.redis_state:
             lines.append(f"  redis at the end: {self.redis_state}")
         lines.append(f"  verdict: {'PASS' if self.ok else 'FAIL'}")
@@ -232,6 +257,133 @@ def _accepted(http: httpx.Client, url: str, body: dict[str, Any], what: str, rep
         report.refused.append(f"{what}: {r.status_code} {r.text[:300]}")
         time.sleep(1.0)
     return None
+
+
+def _until(http: httpx.Client, method: str, url: str, report: SoakReport, stop_at: float, done: tuple[int, ...],
+           **kwargs: Any) -> httpx.Response | None:
+    """``method url`` until an answer of ``done``'s statuses (or ``stop_at``: None), each
+    other answer noted as a retry, as a client that retries would see it."""
+    while time.monotonic() < stop_at:
+        try:
+            r = http.request(method, url, **kwargs)
+        except httpx.HTTPError as exc:
+            report.refused.append(f"{method} {url.split('/', 3)[-1]}: {type(exc).__name__}")
+            time.sleep(1.0)
+            continue
+        if r.status_code in done:
+            return r
+        report.refused.append(f"{method} {url.split('/', 3)[-1]}: {r.status_code} {r.text[:300]}")
+        time.sleep(1.0)
+    return None
+
+
+def _soak_model(cluster: Cluster, http: httpx.Client, report: SoakReport, stop_at: float) -> bool:
+    """The model "soak": two succeeded runs its versions 1 and 2, and a collection of digits
+    rows; each step checked against what is there first, so a retried one is not repeated."""
+    from sklearn.datasets import load_digits
+
+    url = f"{cluster.url}/models"
+    runs: list[int] = []
+    while len(runs) < 2 and time.monotonic() < stop_at:
+        try:
+            rows = _rows(cluster)
+        except psycopg.Error:
+            rows = {}
+        runs = [i for i in report.accepted if rows.get(i, ("",))[0] == "succeeded"][:2]
+        time.sleep(0.5)
+    if len(runs) < 2 or _until(http, "POST", url, report, stop_at, (201, 409), json={"name": SOAK_MODEL}) is None:
+        return False
+    for run in runs:
+        got = _until(http, "GET", f"{url}/{SOAK_MODEL}", report, stop_at, (200,))
+        if got is None:
+            return False
+        if run not in [v["experiment_id"] for v in got.json()["versions"]] and _until(
+                http, "POST", f"{url}/{SOAK_MODEL}/versions", report, stop_at, (201,),
+                json={"experiment_id": run}) is None:
+            return False
+    digits = load_digits()
+    buf = io.BytesIO()
+    np.savez(buf, x=digits.images[:600].astype(np.float32), y=digits.target[:600])
+    up = _until(http, "POST", f"{cluster.url}/datasets", report, stop_at, (201,),
+                files={"file": ("collection.npz", buf.getvalue())})
+    return up is not None and _until(http, "POST", f"{url}/{SOAK_MODEL}/collections", report, stop_at, (202, 409),
+                                     json={"dataset_id": up.json()["id"]}) is not None
+
+
+def _promotion_card(cluster: Cluster, report: SoakReport, stop_at: float) -> None:
+    """Promote production to the model's other version (the first card makes the model)."""
+    with httpx.Client(timeout=15) as http:
+        if not report.promotion_targets and not _soak_model(cluster, http, report, stop_at):
+            report.promotion_wrong.append("the model and its collection were not made in time")
+            return
+        url = f"{cluster.url}/models/{SOAK_MODEL}"
+        got = _until(http, "GET", url, report, stop_at, (200,))
+        if got is None:
+            report.promotion_wrong.append("the model could not be read")
+            return
+        now = got.json()["aliases"].get("production")
+        target = 2 if now == 1 else 1
+        r = _until(http, "POST", f"{url}/aliases/production", report, stop_at, (202, 409, 422),
+                   json={"version": target, "expected_version": now, "force": True})
+        if r is None:
+            report.promotion_wrong.append(f"the promotion to {target} was not accepted")
+        elif r.status_code == 202 or target == _alias(http, url):  # a retry of one the first try queued
+            report.promotion_targets.append(target)
+        else:
+            report.promotion_wrong.append(f"the promotion to {target}: {r.status_code} {r.text[:200]}")
+
+
+def _alias(http: httpx.Client, url: str) -> int | None:
+    try:
+        return http.get(url).json()["aliases"].get("production")
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def _promotions_ended(cluster: Cluster) -> bool:
+    try:
+        with psycopg.connect(cluster.pg.url(), connect_timeout=5) as conn:
+            return not conn.execute("SELECT 1 FROM promotions WHERE status IN ('queued', 'running') "
+                                    "UNION ALL SELECT 1 FROM collection_builds WHERE status IN ('queued', 'running')"
+                                    ).fetchall()
+    except psycopg.Error:
+        return False
+
+
+def _check_promotions(cluster: Cluster, report: SoakReport) -> None:
+    """Every promotion ended, production names the last card's version, its history holds
+    one move per promotion that flipped, and a search by alias answers with that version."""
+    from sklearn.datasets import load_digits
+
+    url = f"{cluster.url}/models/{SOAK_MODEL}"
+    with httpx.Client(timeout=30) as http:
+        promotions = http.get(f"{url}/promotions").json()
+        model = http.get(url).json()
+        history = http.get(f"{url}/aliases/production/history").json()
+        flipped = [p for p in promotions if p["status"] == "succeeded"]
+        stuck = [f"{p['promotion_id']} {p['status']}" for p in promotions
+                 if p["status"] not in ("succeeded", "conflict")]
+        if stuck:
+            report.promotion_wrong.append(f"promotions not flipped: {stuck}")
+        if len(history) != len(flipped) or [m["promotion_id"] for m in history] != sorted(
+                p["promotion_id"] for p in flipped):
+            report.promotion_wrong.append(f"history {[(m['from_version'], m['to_version']) for m in history]} "
+                                          f"for {len(flipped)} flipped promotions")
+        alias = model["aliases"].get("production")
+        if alias != report.promotion_targets[-1]:
+            report.promotion_wrong.append(f"production names {alias}, the last card asked "
+                                          f"{report.promotion_targets[-1]}")
+        builds = {b["version"]: b["status"] for b in model["collections"][0]["builds"]} if model["collections"] else {}
+        if builds.get(alias) != "succeeded":
+            report.promotion_wrong.append(f"the collection's builds: {builds}")
+        else:
+            rows = load_digits().images[600:603].tolist()
+            r = http.post(f"{cluster.url}/models/{SOAK_MODEL}/neighbors", json={
+                "alias": "production", "collection": model["collections"][0]["dataset_id"], "arrays": rows, "k": 3})
+            if r.status_code != 200 or r.json()["model_version"] != alias:
+                report.promotion_wrong.append(f"search by alias: {r.status_code} {r.text[:200]}")
+        report.promotion_summary = (f"{len(report.promotion_targets)} cards, {len(promotions)} promotions "
+                                    f"({len(flipped)} flipped), production at {alias}, builds {builds}")
 
 
 def _sweep_rows(cluster: Cluster, sweep_id: int | None) -> dict[int, tuple[str, int | None]]:
@@ -392,20 +544,24 @@ def _submit(cluster: Cluster, report: SoakReport, stop_at: float, indices: range
 
 def _feed(cluster: Cluster, report: SoakReport, until: float) -> None:
     """``feed`` runs more, then wait until the workers are training (as many runs running as
-    there are workers, or every unfinished run: none, where the fed runs have finished
-    already); the database down meanwhile counts as not yet."""
+    there are workers, the pruned sweep's group counted as one, or every unfinished run:
+    none, where the fed runs have finished already); the database down meanwhile counts as
+    not yet. (Without the sweep's group counted, a worker that trained it left the condition
+    unmet until the queue had drained to one run: each card waited for the runs before it.)"""
     config = cluster.config
-    first = config.runs + config.feed * len(report.faults)
+    first = config.runs + config.feed * sum(1 for _, kind in report.faults if kind != PROMOTION)
     _submit(cluster, report, until, range(first, first + config.feed))
     while time.monotonic() < until:
         try:
             rows = _rows(cluster)
+            sweep = _sweep_rows(cluster, report.sweep_id)
         except psycopg.Error:
             time.sleep(0.2)
             continue
         states = [rows[i][0] for i in report.accepted if i in rows]
         unfinished = [s for s in states if s not in ("succeeded", "failed", "cancelled")]
-        if states.count("running") >= min(config.workers, len(unfinished)):
+        group = any(status == "running" for status, _ in sweep.values())
+        if states.count("running") + group >= min(config.workers, len(unfinished) + group):
             return
         time.sleep(0.2)
 
@@ -504,12 +660,15 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
                     break
                 deck = list(faults_of(config))
                 rng.shuffle(deck)
-            if config.feed and config.deck is not None:
-                _feed(cluster, report, began + config.fault_seconds)
             kind = deck.pop()
+            if config.feed and config.deck is not None and kind != PROMOTION:  # a fault strikes training
+                _feed(cluster, report, began + config.fault_seconds)
             report.faults.append((round(time.monotonic() - began, 1), kind))
             print(f"  [{time.monotonic() - began:6.1f} s] {kind}", flush=True)
-            _fault(cluster, kind, rng)
+            if kind == PROMOTION:
+                _promotion_card(cluster, report, time.monotonic() + 120)
+            else:
+                _fault(cluster, kind, rng)
         report.last_fault_at = time.monotonic()
         report.drain_seconds = _drain(cluster, report, report.last_fault_at - began)
         submitter.join()
@@ -519,7 +678,8 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
             rows = _rows(cluster)
             swept = [s for s, _ in _sweep_rows(cluster, report.sweep_id).values()]
             if all(rows.get(i, ("?",))[0] in ("succeeded", "failed", "cancelled") for i in report.accepted) and \
-                    len(swept) == len(config.sweep_lams) and all(s in FINISHED for s in swept):
+                    len(swept) == len(config.sweep_lams) and all(s in FINISHED for s in swept) and \
+                    (not report.promotion_targets or _promotions_ended(cluster)):
                 report.all_finished_after = time.monotonic() - report.last_fault_at
                 break
             time.sleep(1.0)
@@ -532,6 +692,11 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
                 report.unfinished[i] += f" ({error[:120]})"
         sweep = _sweep_rows(cluster, report.sweep_id)
         report.sweep_members = dict(sweep)
+        if report.promotion_targets:
+            try:
+                _check_promotions(cluster, report)
+            except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+                report.promotion_wrong.append(f"the end's check: {type(exc).__name__}: {exc}")
         report.stray_rows = sorted(set(rows) - set(report.accepted) - set(sweep))
         try:
             client = redis.Redis.from_url(cluster.redis.url, socket_connect_timeout=2)

@@ -18,7 +18,7 @@ import shutil
 import pytest
 
 from harness.servers import postgres_bin, weed_bin
-from harness.soak import FAULTS, S3_FAULTS
+from harness.soak import FAULTS, PROMOTION, S3_FAULTS
 from tests.app.stack.test_bench_smoke import smoke
 from tests.conftest import require
 
@@ -46,7 +46,7 @@ def test_every_accepted_run_finishes_within_a_minute_of_the_last_fault(tmp_path)
     # ones), the S3 server stopped in the middle, a worker killed last (a run redelivered
     # after the last fault).
     dealt = re.findall(r"^\s*\[\s*[\d.]+ s\] (\S+)$", out, re.M)
-    assert sorted(dealt) == sorted(FAULTS + S3_FAULTS), out
+    assert sorted(dealt) == sorted((*FAULTS, *S3_FAULTS, PROMOTION)), out
     assert dealt[0] == "redis-flush" and dealt[-1] == "worker-kill" and "s3-stop" in dealt[1:-1], out
     assert "verdict: PASS" in out, out
     # 2 runs, then 2 more before each of the 7 faults: all succeeded, each epoch recorded
@@ -56,6 +56,10 @@ def test_every_accepted_run_finishes_within_a_minute_of_the_last_fault(tmp_path)
     # pruned group: 6 -> 2 at epoch 2, -> 1 at epoch 6.
     assert re.search(r"pruned sweep \d+: 5 pruned, 1 succeeded; rungs \[2, 2, 2, 2, 6\]; "
                      r"as the uninterrupted pruned group", out), out
+    # The promotion card (third, before the S3 outage and the kills): the model's alias
+    # flipped to version 1 with its collection built, and searched by alias at the end.
+    assert re.search(r"promotions: 1 cards, 1 promotions \(1 flipped\), production at 1, "
+                     r"builds \{1: 'succeeded'\}", out), out
     # Runs were still training when the last fault struck: recovery was exercised.
     after = re.search(r"all finished ([\d.]+) s after the last fault", out)
     assert after is not None and float(after.group(1)) >= 5, out
