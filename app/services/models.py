@@ -305,7 +305,7 @@ def request_promotion(session: Session, name: str, alias: str, body: PromotionCr
     return row
 
 
-def promotion_read(session: Session, row: Promotion, name: str) -> PromotionRead:
+def promotion_read(row: Promotion, name: str) -> PromotionRead:
     status = (row.outcome if row.outcome is not None else
               Status.FAILED.value if row.status == Status.FAILED else
               row.phase or ("queued" if row.status == Status.QUEUED else "gating"))
@@ -320,7 +320,7 @@ def get_promotion(session: Session, name: str, promotion_id: int) -> PromotionRe
     row = session.get(Promotion, promotion_id) if 1 <= promotion_id <= MAX_ID else None
     if row is None or row.model_id != model.id:
         raise NotFound(f"model {name!r} has no promotion {promotion_id}")
-    return promotion_read(session, row, name)
+    return promotion_read(row, name)
 
 
 def list_promotions(session: Session, name: str, alias: str | None, limit: int) -> list[PromotionRead]:
@@ -330,7 +330,7 @@ def list_promotions(session: Session, name: str, alias: str | None, limit: int) 
     if alias is not None:
         query = query.where(Promotion.alias == alias)
     rows = session.scalars(query.order_by(Promotion.id.desc()).limit(limit))
-    return [promotion_read(session, r, name) for r in rows]
+    return [promotion_read(r, name) for r in rows]
 
 
 def alias_history(session: Session, name: str, alias: str) -> list[AliasMoveRead]:

@@ -152,17 +152,24 @@ def tier_violations(tests: Iterable[tuple[str, set[str]]]) -> list[str]:
     return wrong
 
 
-def add_session_user(s: Settings) -> None:
-    """A user with a write token in the session's database, and the owner of the rows the
-    tests write to that database themselves."""
+def new_user(s: Settings, name: str) -> tuple[int, str]:
+    """A user named ``name`` (not an admin) with a write token, in ``s``'s database: its id
+    and the token."""
     engine = make_engine(s.db_url)
     try:
         with session_scope(make_sessionmaker(engine)) as session:
-            user = create_user(session, "suite-user")
+            user = create_user(session, name)
             _, token = create_token(session, user.id, "write")
-            AS_USER_ID.append(user.id)
+            return user.id, token
     finally:
         engine.dispose()
+
+
+def add_session_user(s: Settings) -> None:
+    """A user with a write token in the session's database, and the owner of the rows the
+    tests write to that database themselves."""
+    user_id, token = new_user(s, "suite-user")
+    AS_USER_ID.append(user_id)
     AS_USER_TOKEN.append(token)
     AS_USER_DB.append(str(make_url(s.db_url).database))
     event.listen(OrmSession, "before_flush", _owned_by_the_session_user)

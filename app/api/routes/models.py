@@ -66,7 +66,7 @@ def add_version(name: str, body: VersionCreate, session: SessionDep):
              "flipped if the alias still names expected_version (the only way an alias moves)")
 def promote(name: str, alias: str, body: PromotionCreate, session: SessionDep, queue: QueueDep):
     row = models_service.request_promotion(session, name, alias, body)
-    answer = models_service.promotion_read(session, row, name)
+    answer = models_service.promotion_read(row, name)
     # Committed before sending, as for an experiment: the worker must find the row.
     commit_and_send(session, Promotion, [answer.promotion_id],
                     lambda: queue.enqueue_promotion(answer.promotion_id), "the promotion")

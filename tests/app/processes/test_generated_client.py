@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from app.access.users import create_token, create_user
-from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.settings import Settings
 from app.main import create_app
 from tests.app.api.test_generated_client import QUICK_START
-from tests.app.conftest import Workers, own_database, serving
+from tests.app.conftest import Workers, new_user, own_database, serving
 from tests.conftest import require
 
 
@@ -28,11 +26,7 @@ def service(settings: Settings, tmp_path_factory: pytest.TempPathFactory,
             workers: Workers) -> Iterator[tuple[str, str]]:
     """A live service on a database of its own with a user and a write token, and a worker."""
     with own_database(settings, tmp_path_factory.mktemp("generated-var")) as s:
-        engine = make_engine(s.db_url)
-        with session_scope(make_sessionmaker(engine)) as session:
-            user = create_user(session, "ada", admin=False)
-            _, token = create_token(session, user.id, "write")
-        engine.dispose()
+        _, token = new_user(s, "ada")
         proc = workers.start(s)
         try:
             with serving(create_app(s)) as url:

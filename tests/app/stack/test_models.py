@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from app.access.users import create_token, create_user
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.models import AuditEntry, RegisteredModel
 from harness.wait import wait_until
 from tests.app.api.test_datasets import blobs
-from tests.app.conftest import AS_USER, DIGITS_SPEC, finished, held, npz_bytes, wait_for
+from tests.app.conftest import AS_USER, DIGITS_SPEC, finished, held, new_user, npz_bytes, wait_for
 
 DIGITS = [str(d) for d in range(10)]
 
@@ -31,6 +30,12 @@ def _model(client, *runs: int, **body) -> str:
     for run in runs:
         assert client.post(f"/models/{name}/versions", json={"experiment_id": run}).status_code == 201
     return name
+
+
+def _another_user(settings, role: str) -> tuple[int, dict[str, str]]:
+    """A new user (``role`` in its name) with a write token: its id and its headers."""
+    user_id, token = new_user(settings, f"{role}-{uuid.uuid4().hex[:6]}")
+    return user_id, {"authorization": f"Bearer {token}"}
 
 
 @pytest.fixture(scope="module")
@@ -123,13 +128,7 @@ def test_a_version_keeps_the_contract_and_is_servable(client, digits_runs, blobs
 
 @pytest.mark.skipif(not AS_USER, reason="the open mode has no users to share with")
 def test_a_read_share_serves_by_name_and_adds_no_version(client, settings, digits_runs):
-    engine = make_engine(settings.db_url)
-    with session_scope(make_sessionmaker(engine)) as session:
-        reader = create_user(session, f"reader-{uuid.uuid4().hex[:6]}")
-        _, token = create_token(session, reader.id, "write")
-        reader_id = reader.id
-    engine.dispose()
-    as_reader = {"authorization": f"Bearer {token}"}
+    reader_id, as_reader = _another_user(settings, "reader")
     name = _model(client, digits_runs["cosine"])
     rows = [[[8.0] * 8] * 8]
 
@@ -274,13 +273,7 @@ def test_an_alias_moves_only_through_the_gate(client, workers, digits_runs, wors
 
 @pytest.mark.skipif(not AS_USER, reason="the open mode has no users to share with")
 def test_a_protected_alias_and_force_are_the_owner_s(client, settings, digits_runs):
-    engine = make_engine(settings.db_url)
-    with session_scope(make_sessionmaker(engine)) as session:
-        writer = create_user(session, f"writer-{uuid.uuid4().hex[:6]}")
-        _, token = create_token(session, writer.id, "write")
-        writer_id = writer.id
-    engine.dispose()
-    as_writer = {"authorization": f"Bearer {token}"}
+    writer_id, as_writer = _another_user(settings, "writer")
     name = _model(client, digits_runs["cosine"], digits_runs["gaussian"])
     assert client.post(f"/models/{name}/shares", json={"user_id": writer_id, "access": "write"}).status_code == 200
     staged = _promote(client, name, "staging", version=1, expected_version=None, protected=True)
