@@ -651,6 +651,7 @@ def test_every_timestamp_the_api_returns_carries_its_zone(api: TestClient,
     ids_["promotion_id"] = call("POST", "/models/{name}/aliases/{alias}",
                                 json={"version": 2, "expected_version": 1})["promotion_id"]
     call("POST", "/models/{name}/collections", json={"dataset_id": upload["id"]})
+    call("PATCH", "/models/{name}", json={"description": "with a zone"})
     api.post(f"/experiments/{run}/shares", json={"public": True}, headers=auth(token))
     call("POST", "/users/{user_id}/tokens", json={"scope": "read"}, headers=ADMIN)
     call("POST", "/users", json={"name": "tz2"}, headers=ADMIN)
