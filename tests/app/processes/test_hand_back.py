@@ -19,7 +19,7 @@ from tests.app.conftest import Workers, finished, own_database, wait_for
 pytestmark = pytest.mark.no_user
 
 SPEC = {"dataset": "fashion-mnist", "model": "ffnn", "loss": "cosine", "lam": 0.8, "lr": 1e-3,
-        "train_subset": 6000, "epochs": 25, "batch_size": 64}
+        "train_subset": 6000, "epochs": 10, "batch_size": 64}
 
 
 def test_a_stopping_worker_hands_its_run_back_and_the_next_one_takes_it_at_once(settings, fashion_dir, tmp_path):
