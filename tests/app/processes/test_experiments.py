@@ -17,7 +17,7 @@ from tests.conftest import FASHION_DIR
 def test_killed_worker_resumes_with_the_same_result(settings, workers, tmp_path):
     """SIGKILL the worker mid-run; a new worker resumes from the last checkpoint and
     ends exactly where an uninterrupted run with the same seed ends."""
-    spec = {**FASHION, "train_subset": 20_000, "epochs": 6, "seed": 7, "loss": "center", "lam": 0.1}
+    spec = {**FASHION, "train_subset": 8_000, "epochs": 6, "seed": 7, "loss": "center", "lam": 0.1}
     # No other worker must take this one: a queue and database of its own, a private worker.
     with own_stack(settings, tmp_path / "var") as (own, client):
         mine = workers.start(own)

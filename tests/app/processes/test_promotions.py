@@ -13,7 +13,7 @@ ENDED = ("succeeded", "refused", "conflict", "failed")
 
 
 def test_a_promotion_whose_worker_dies_while_it_embeds_resumes_and_flips(settings, workers, tmp_path):
-    # HNSW from 2,000 rows: the candidate's index of a 30,000-row collection takes seconds to
+    # HNSW from 2,000 rows: the candidate's index of a 10,000-row collection takes seconds to
     # build, a window to kill the worker in.
     with own_stack(settings.model_copy(update={"index_exact_below_rows": 2000}), tmp_path / "var") as (own, client):
         first = workers.start(own)
@@ -22,8 +22,8 @@ def test_a_promotion_whose_worker_dies_while_it_embeds_resumes_and_flips(setting
         for run in runs:
             assert wait_for(client, run, finished, workers=workers)["status"] == "succeeded"
         rng = np.random.default_rng(0)
-        x = rng.uniform(0, 16, (30_000, 8, 8)).astype(np.float32)
-        up = client.post("/datasets", files={"file": ("many.npz", npz_bytes(x=x, y=rng.integers(0, 10, 30_000)))})
+        x = rng.uniform(0, 16, (10_000, 8, 8)).astype(np.float32)
+        up = client.post("/datasets", files={"file": ("many.npz", npz_bytes(x=x, y=rng.integers(0, 10, 10_000)))})
         assert up.status_code == 201, up.text
         dataset = up.json()["id"]
         assert client.post("/models", json={"name": "digits"}).status_code == 201
@@ -75,7 +75,7 @@ def test_a_promotion_whose_worker_dies_while_it_embeds_resumes_and_flips(setting
         assert (got["model_version"], got["index_id"]) == (2, builds[1]["index_id"])
         index = client.get(f"/indexes/{builds[1]['index_id']}").json()
         job = client.get(f"/embeddings/{builds[1]['embedding_job_id']}").json()
-        assert index["status"] == job["status"] == "succeeded" and index["n_total"] == 30_000
+        assert index["status"] == job["status"] == "succeeded" and index["n_total"] == 10_000
         assert index["kind"] == "hnsw"
         # As uninterrupted: the same rows found as an exact search of the same embedding.
         exact = client.post(f"/experiments/{runs[1]}/index", json={"embedding_job_id": job["id"], "kind": "exact"})
