@@ -245,34 +245,26 @@ def _accepted(http: httpx.Client, url: str, body: dict[str, Any], what: str, rep
               stop_at: float) -> int | None:
     """POST ``body`` until it is accepted (its id) or ``stop_at``; each refusal noted, as a
     client that retries would see it."""
-    while time.monotonic() < stop_at:
-        try:
-            r = http.post(url, json=body)
-        except httpx.HTTPError as exc:  # the API is down: a client tries again
-            report.refused.append(f"{what}: {type(exc).__name__}")
-            time.sleep(1.0)
-            continue
-        if r.status_code == 202:
-            return int(r.json()["id"])
-        report.refused.append(f"{what}: {r.status_code} {r.text[:300]}")
-        time.sleep(1.0)
-    return None
+    r = _until(http, "POST", url, report, stop_at, (202,), what=what, json=body)
+    return None if r is None else int(r.json()["id"])
 
 
 def _until(http: httpx.Client, method: str, url: str, report: SoakReport, stop_at: float, done: tuple[int, ...],
-           **kwargs: Any) -> httpx.Response | None:
+           what: str | None = None, **kwargs: Any) -> httpx.Response | None:
     """``method url`` until an answer of ``done``'s statuses (or ``stop_at``: None), each
-    other answer noted as a retry, as a client that retries would see it."""
+    other answer noted as a retry (as ``what``, else the method and path), as a client that
+    retries would see it: the API down is a retry too."""
+    what = what or f"{method} /{url.split('/', 3)[-1]}"
     while time.monotonic() < stop_at:
         try:
             r = http.request(method, url, **kwargs)
         except httpx.HTTPError as exc:
-            report.refused.append(f"{method} {url.split('/', 3)[-1]}: {type(exc).__name__}")
+            report.refused.append(f"{what}: {type(exc).__name__}")
             time.sleep(1.0)
             continue
         if r.status_code in done:
             return r
-        report.refused.append(f"{method} {url.split('/', 3)[-1]}: {r.status_code} {r.text[:300]}")
+        report.refused.append(f"{what}: {r.status_code} {r.text[:300]}")
         time.sleep(1.0)
     return None
 

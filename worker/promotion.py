@@ -71,20 +71,30 @@ class NoSharedRows(ValueError):
     """The two versions' runs were not tested on the same rows."""
 
 
-def _evaluated(session: Session, settings: Settings, experiment_id: int) -> tuple[Evaluated, str | None, list[str]]:
-    """A run on its stored test split: each row right or not (its head over the stored
-    representation), its AP@R against the run's training split; the rows' digest."""
-    h_test, y_test = load_latent(session, experiment_id, "test")
-    h_train, y_train = load_latent(session, experiment_id, "train")
+def _served(session: Session, settings: Settings, experiment_id: int) -> ServedModel:
+    """The run's best checkpoint as the API serves it, on the CPU."""
     checkpoint = best_checkpoint_dict(session, experiment_id)
-    served = ServedModel.from_checkpoint(checkpoint, "cpu", files_for_model(
+    return ServedModel.from_checkpoint(checkpoint, "cpu", files_for_model(
         session, settings, json.loads(checkpoint["preprocessing"])))
-    sims = served.similarities(torch.from_numpy(np.ascontiguousarray(h_test)))
-    correct = (sims.argmax(1).numpy() == y_test).astype(np.float64)
-    ap = per_query(h_test, y_test, h_train, y_train, default_metric(served.spec.loss))["average_precision_at_r"]
+
+
+def _scored(session: Session, served: ServedModel, experiment_id: int, h: np.ndarray, y: np.ndarray) -> Evaluated:
+    """Rows of representations ``h`` and labels ``y`` scored for the gate: each right or not
+    (the run's head over ``h``), and its AP@R against the run's stored training split."""
+    h_train, y_train = load_latent(session, experiment_id, "train")
+    sims = served.similarities(torch.from_numpy(np.ascontiguousarray(h)))
+    correct = (sims.argmax(1).numpy() == y).astype(np.float64)
+    ap = per_query(h, y, h_train, y_train, default_metric(served.spec.loss))["average_precision_at_r"]
+    return Evaluated(correct, ap, np.asarray(y))
+
+
+def _evaluated(session: Session, settings: Settings, experiment_id: int) -> tuple[Evaluated, str | None, list[str]]:
+    """A run on its stored test split (:func:`_scored`); the rows' digest, the class names."""
+    h_test, y_test = load_latent(session, experiment_id, "test")
+    served = _served(session, settings, experiment_id)
     rows = session.scalar(select(LatentSpace.rows_sha256).where(
         LatentSpace.experiment_id == experiment_id, LatentSpace.split == "test"))
-    return Evaluated(correct, ap, np.asarray(y_test)), rows, list(served.class_names)
+    return _scored(session, served, experiment_id, h_test, y_test), rows, list(served.class_names)
 
 
 def gate(session: Session, settings: Settings, candidate: int, incumbent: int, margin: float) -> dict[str, Any]:
@@ -146,30 +156,19 @@ def _class_indices(session: Session, settings: Settings, dataset_id: int, stored
                      "classes (PATCH /models/{name})")
 
 
-def _evaluated_on(factory: sessionmaker[Session], settings: Settings, experiment_id: int,
-                  dataset_id: int) -> tuple[Evaluated, list[str]]:
-    """A run on the model's evaluation upload: each row right or not (the run's head over
-    the row's embedding), its AP@R against the run's training split."""
-    h_eval, stored = _embedded(factory, settings, experiment_id, dataset_id)
-    with session_scope(factory) as session:
-        h_train, y_train = load_latent(session, experiment_id, "train")
-        checkpoint = best_checkpoint_dict(session, experiment_id)
-        served = ServedModel.from_checkpoint(checkpoint, "cpu", files_for_model(
-            session, settings, json.loads(checkpoint["preprocessing"])))
-        names = [str(c) for c in served.class_names]
-        y = _class_indices(session, settings, dataset_id, stored, names)
-    sims = served.similarities(torch.from_numpy(np.ascontiguousarray(h_eval)))
-    correct = (sims.argmax(1).numpy() == y).astype(np.float64)
-    ap = per_query(h_eval, y, h_train, y_train, default_metric(served.spec.loss))["average_precision_at_r"]
-    return Evaluated(correct, ap, y), names
-
-
 def gate_on_dataset(factory: sessionmaker[Session], settings: Settings, candidate: int, incumbent: int,
                     dataset_id: int, margin: float) -> dict[str, Any]:
     """corel.gate's report of run ``candidate`` against run ``incumbent`` on the model's
-    evaluation upload (both embed its rows: batch embedding jobs, kept)."""
-    cand, names = _evaluated_on(factory, settings, candidate, dataset_id)
-    inc, _ = _evaluated_on(factory, settings, incumbent, dataset_id)
+    evaluation upload (both embed its rows: batch embedding jobs, kept; its labels read once,
+    as the model's classes, which every version keeps)."""
+    h_cand, stored = _embedded(factory, settings, candidate, dataset_id)
+    h_inc, _ = _embedded(factory, settings, incumbent, dataset_id)
+    with session_scope(factory) as session:
+        served = _served(session, settings, candidate)
+        names = [str(c) for c in served.class_names]
+        y = _class_indices(session, settings, dataset_id, stored, names)
+        cand = _scored(session, served, candidate, h_cand, y)
+        inc = _scored(session, _served(session, settings, incumbent), incumbent, h_inc, y)
     report = compare(cand, inc, names, margin=margin)
     report["candidate_experiment"], report["incumbent_experiment"] = candidate, incumbent
     report["evaluated_on"] = {"dataset_id": dataset_id}
