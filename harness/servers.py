@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,11 +26,42 @@ import redis
 
 from harness.wait import wait_until
 
+_GIVEN: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives as outgoing connections' source ports."""
+    try:
+        low, high = (int(x) for x in
+                     Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return low, high
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on at 127.0.0.1, below the kernel's ephemeral range, never the
+    same twice in a process.
+
+    Not the kernel's own pick (``bind(0)``): that is an ephemeral port, which any outgoing
+    connection from the same address may take between the pick and the server's bind. A
+    ``weed mini`` in a cluster host's namespace lost its filer's port so, to a connection
+    between two of its own servers."""
+    low, high = _ephemeral_range()
+    first, last = (15000, low - 1) if low > 16000 else (high + 1, 65535)
+    pick = random.SystemRandom()
+    for _ in range(1000):
+        port = pick.randint(first, last)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port in {first}-{last}")
 
 
 def terminate(proc: subprocess.Popen[bytes] | None, grace: float = 30.0) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,11 @@ def test_free_port_can_be_bound():
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_free_ports_are_distinct_and_outside_the_ephemeral_range():
+    low, high = (int(x) for x in
+                 Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert not any(low <= port <= high for port in ports)
