@@ -64,10 +64,12 @@ corel.pages.models = async function () {
       el("td", { class: "aliases" }, ...Object.keys(m.aliases).flatMap((a, i) => [i ? ", " : "",
         el("a", { href: "#", "data-alias": a, onclick: (e) => { e.preventDefault(); alias(m, a).catch((x) => corel.flash(x.message)); } },
           a + " → v" + m.aliases[a] + (m.protected_aliases.includes(a) ? " 🔒" : ""))])),
+      el("td", { class: "gate-rows" }, m.eval_dataset_id == null ? "the test split"
+        : el("a", { href: "/ui/datasets", title: "PATCH /models/" + m.name + " sets it" }, "upload #" + m.eval_dataset_id)),
       el("td", { class: "owner" }, corel.owner(m.owner)),
       el("td", { class: "muted" }, corel.when(m.created_at)),
       el("td", {}, el("button", { type: "button", class: "secondary", "data-action": "share", onclick: () => share(m) }, "Share…")))));
-    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No model yet.")));
+    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 10, class: "muted" }, "No model yet.")));
     corel.pager(page, PAGE, offset, (o) => { offset = o; load().catch((e) => corel.flash(e.message)); });
   }
   await load();

@@ -24,7 +24,7 @@ from pydantic import SecretStr
 
 from app.main import create_app
 from harness.wait import wait_until
-from tests.app.conftest import finished, held, serving, wait_for
+from tests.app.conftest import finished, held, npz_bytes, serving, wait_for
 from tests.conftest import REPO, SHARED_DATASETS, require
 from tests.mirror import Mirror
 
@@ -953,7 +953,6 @@ def team(tmp_path) -> Iterator[dict[str, Any]]:
 
     from app.core.migrate import upgrade
     from app.core.settings import Settings
-    from tests.app.conftest import npz_bytes
 
     s = Settings(database_url=f"sqlite:///{tmp_path / 'team.sqlite3'}", var_dir=tmp_path,
                  broker_url="memory://", log_level="WARNING", api_token=SecretStr(TEAM_ADMIN))
@@ -1152,6 +1151,7 @@ def test_the_models_page_lists_each_model_s_contract_and_versions(page, client, 
     page.wait_for_selector(row)
     assert page.inner_text(f"{row} td.inputs") == "images 1×8×8"
     assert page.inner_text(f"{row} td.num") == "10"
+    assert page.inner_text(f"{row} td.gate-rows") == "the test split"
     links = page.locator(f"{row} td.versions a")
     assert links.all_inner_texts() == ["v1", "v2"]
     assert [links.nth(i).get_attribute("href") for i in range(2)] == [
@@ -1179,6 +1179,13 @@ def test_the_models_page_lists_each_model_s_contract_and_versions(page, client, 
     recall = gated[0]["report"]["class_recall"]
     assert bars == [[c["incumbent"] for c in recall], [c["candidate"] for c in recall]]
     shot(page, "models")
+    # An evaluation upload set (PATCH /models/{name}): the gate's rows are named.
+    upload = client.post("/datasets", files={"file": ("eval.npz", npz_bytes(
+        x=np.zeros((12, 8, 8), np.float32), y=np.arange(12) % 4))}).json()["id"]
+    assert client.patch(f"/models/{name}", json={"eval_dataset_id": upload}).status_code == 200
+    page.reload()
+    page.wait_for_selector(f"{row} td.gate-rows a")
+    assert page.inner_text(f"{row} td.gate-rows") == f"upload #{upload}"
     page.click(f'{row} button[data-action="share"]')
     page.wait_for_selector("#share .share-form")
     assert name in page.inner_text("#share-title")
