@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
     ap.add_argument("--infinity", default=None,
                     help="Infinity's own environment (made here the first time; default "
                     "build/peers/infinity, and 'none' with --smoke); 'none': corel alone")
+    ap.add_argument("--api-threads", type=int, default=0,
+                    help="COREL_API_TORCH_THREADS of the service it starts (0: the product's default)")
     ap.add_argument("--smoke", action="store_true", help="a few requests: that it runs (figures mean nothing; "
                     "corel alone unless --infinity names an environment)")
     args = ap.parse_args(argv)
@@ -187,7 +189,9 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
     same = texts[:100]
     with tempfile.TemporaryDirectory() as tmp, (
             contextlib.nullcontext(stack) if stack is not None
-            else Stack.embedded(Path(tmp), COREL_DATA_DIR=str(Path(args.data_dir).resolve()))) as stack:
+            else Stack.embedded(Path(tmp), COREL_DATA_DIR=str(Path(args.data_dir).resolve()),
+                                **({"COREL_API_TORCH_THREADS": str(args.api_threads)} if args.api_threads
+                                   else {}))) as stack:
         base = stack.url
         own = upload(base, Path(args.data_dir), 200) if args.smoke else None
         eid = train(base, args.train_subset, own, args.precision)
