@@ -93,7 +93,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.inference = InferenceRunner(
             settings.api_batch_threads, settings.max_image_pixels,
             max_text_bytes=settings.max_text_bytes, batch_tokens=settings.text_batch_tokens,
-            queue_max_inputs=settings.text_queue_max_inputs, observer=metrics)
+            queue_max_inputs=settings.text_queue_max_inputs, observer=metrics,
+            text_threads=settings.text_threads)
         metrics.watch_text_queue(state.inference)
         state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
         state.events = EventHub(state.sessionmaker, settings.db_url)

@@ -245,6 +245,13 @@ class Settings(BaseSettings):
         "with its own pool, caches and event loop: Python answers a request on one core at a "
         "time per process, so more processes answer more at once (bench/api_load.py).",
     )
+    api_text_threads: int = Field(
+        default=0, ge=0,
+        description="Torch threads of one pass over queued texts (a frozen text encoder's, "
+        "off the event loop); 0 (the default): the CPUs the API process may use divided by "
+        "api_processes. The encoder is where a text request's time goes; the event loop keeps "
+        "api_torch_threads (bench/text_latency.py).",
+    )
     api_batch_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1, gt=0,
         description="Threads that share a request of 256 inputs or more, one slice each, "
@@ -353,6 +360,13 @@ class Settings(BaseSettings):
     @property
     def celery_broker_url(self) -> str:
         return self.broker_url or f"sqla+sqlite:///{(self.var_dir / 'broker.sqlite3').resolve()}"
+
+    @property
+    def text_threads(self) -> int:
+        """api_text_threads, or (0) the CPUs this process may use divided by api_processes."""
+        if self.api_text_threads:
+            return self.api_text_threads
+        return max(1, len(os.sched_getaffinity(0)) // self.api_processes)
 
     @property
     def is_sqlite(self) -> bool:

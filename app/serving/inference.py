@@ -7,8 +7,9 @@ import binascii
 import itertools
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -244,7 +245,8 @@ class InferenceRunner:
       (a first request larger than the budget goes alone); within a batch the encoder
       sorts the texts by length and pads each of its own batches to its longest;
     * the pass runs off the event loop, which meanwhile reads, checks and counts the next
-      requests;
+      requests, on ``text_threads`` torch threads (setting ``api_text_threads``; the event
+      loop keeps its one): the encoder is where a text request's time goes;
     * a request whose client has gone (``gone`` returns) leaves the queue at once and is
       never computed; one already in a pass gets no answer;
     * past ``queue_max_inputs`` waiting texts a request is refused (:class:`QueueFull`, a
@@ -255,8 +257,12 @@ class InferenceRunner:
 
     def __init__(self, threads: int, max_image_pixels: int = MAX_PIXELS, *,
                  max_text_bytes: int = MAX_TEXT_BYTES, batch_tokens: int = 16384,
-                 queue_max_inputs: int = 8192, observer: TextBatchObserver | None = None) -> None:
+                 queue_max_inputs: int = 8192, observer: TextBatchObserver | None = None,
+                 text_threads: int = 1) -> None:
+        if text_threads < 1:
+            raise ValueError(f"text_threads must be at least 1, got {text_threads}")
         self.threads = threads
+        self.text_threads = text_threads
         self.max_image_pixels = max_image_pixels
         self.max_text_bytes = max_text_bytes
         self.batch_tokens = batch_tokens
@@ -406,7 +412,7 @@ class InferenceRunner:
                 started = time.perf_counter()
                 try:
                     outcome: tuple[torch.Tensor, torch.Tensor | None] | Exception = (
-                        await loop.run_in_executor(self._pool, _texts_batch, group))
+                        await loop.run_in_executor(self._pool, _texts_batch, group, self.text_threads))
                 except Exception as exc:
                     outcome = exc
                 compute = time.perf_counter() - started
@@ -469,14 +475,31 @@ def _frozen_encoder(loaded: LoadedModel) -> bool:
     return record is not None and not record.fine_tuned
 
 
-def _texts_batch(group: list[_PendingTexts]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One batch of waiting texts (one model, one layer): the frozen encoder's features
-    (on the run's recorded path), then the head's h and similarities where asked."""
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """This thread's torch threads at ``n`` for the block, then as they were: OpenMP's count
+    is the calling thread's own, so the event loop and the pool's other work keep theirs."""
+    before = torch.get_num_threads()
+    if n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _texts_batch(group: list[_PendingTexts], threads: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One batch of waiting texts (one model, one layer), on ``threads`` torch threads: the
+    frozen encoder's features (on the run's recorded path), then the head's h and
+    similarities where asked."""
     loaded = group[0].loaded
-    x = prepare([t for w in group for t in w.texts], loaded)
-    if group[0].layer == "encoder":
-        return loaded.served.embed(x, "encoder"), None
-    h, sims = forward(loaded, x, any(w.similarities for w in group))
+    with torch_threads(threads):
+        x = prepare([t for w in group for t in w.texts], loaded)
+        if group[0].layer == "encoder":
+            return loaded.served.embed(x, "encoder"), None
+        h, sims = forward(loaded, x, any(w.similarities for w in group))
     return h, sims if any(w.similarities for w in group) else None
 
 

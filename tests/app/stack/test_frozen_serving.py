@@ -422,6 +422,46 @@ def test_queued_texts_are_batched_first_in_first_out_within_the_token_budget(set
         assert_rows_close(h.numpy(), served.embed(served.prepare(t), layer).numpy())
 
 
+def test_a_text_pass_computes_on_the_runner_s_text_threads_and_the_others_keep_theirs(
+        settings, minilm, monkeypatch):
+    """The queue's pass runs the encoder on ``text_threads`` torch threads (the encoder is
+    where a text request's time goes: bench/text_latency.py); the thread that asked, and the
+    pool's thread once the pass is over, keep the count they had; the rows are those of a
+    pass on one thread."""
+    import asyncio
+
+    import torch
+
+    import app.serving.inference as inference
+    from app.core.schemas.inference import InferenceRequest
+
+    loaded = _served(settings, minilm)
+    during: list[int] = []
+    real = inference.prepare
+
+    def counted(raw, model):
+        during.append(torch.get_num_threads())
+        return real(raw, model)
+
+    monkeypatch.setattr(inference, "prepare", counted)
+    mine = torch.get_num_threads()
+    request = InferenceRequest.model_validate({"experiment_id": minilm["id"], "texts": minilm["texts"][:8]})
+    rows = {}
+    for n in (1, 2):
+        runner = inference.InferenceRunner(threads=1, text_threads=n)
+        try:
+            runner._pool.submit(torch.set_num_threads, 1).result()  # the pool's thread at 1, as in the API
+            rows[n] = asyncio.run(runner.run(request, loaded, similarities=False, layer="head"))[0].numpy()
+            assert runner._pool.submit(torch.get_num_threads).result() == 1
+        finally:
+            runner.close()
+    assert during == [1, 2]
+    assert torch.get_num_threads() == mine
+    assert_rows_close(rows[2], rows[1])
+    with pytest.raises(ValueError, match="text_threads must be at least 1"):
+        inference.InferenceRunner(threads=1, text_threads=0)
+
+
 def test_a_full_queue_is_refused_at_once_and_a_client_that_leaves_is_never_computed(settings, minilm):
     import asyncio
 
