@@ -13,6 +13,14 @@ trains on the N x 4 shots alone and is scored on the same 3,800 evaluation rows:
   features themselves (``--layer none``) or a linear map of them that starts as the identity
   (``--layer linear``).
 
+* ``finetune-cosine``: corel fine-tuning MiniLM itself on the draw's shots
+  (``corel.fewshot.finetune_fewshot``): its last ``--finetune-blocks`` blocks (default 2)
+  with Cosine-COREL's head over its output (``--finetune-loss``), the class vectors starting
+  at the shots' class means, full-batch Adam for ``--finetune-steps`` steps (default 30; the
+  blocks at ``--finetune-lr``, 1e-4, the head at 1e-2), scored by the head; each frozen
+  lower block's output of a row is computed once and shared by every draw; at each N of
+  ``--finetune`` (default 8) on the first ``--finetune-splits`` draws (default all);
+
 * ``setfit``: SetFit itself (PyPI's ``setfit``, in the bench extra) on the same MiniLM files,
   offline, with its defaults as its paper ran them: ``CosineSimilarityLoss``,
   ``num_iterations=20``, 1 epoch, batch 16, a logistic-regression head; at each N of
@@ -21,12 +29,13 @@ trains on the N x 4 shots alone and is scored on the same 3,800 evaluation rows:
 
 It prints the table per N (mean, sd, min, max in percent, the paired difference against the
 best method and its t-test's p-value, seconds), then one line per N,
-``fewshot N=8 corel best / setfit / probe: A / B / C`` (corel best: the best head's mean; ``-``
+``fewshot N=8 corel best / setfit / probe: A / B / C`` (corel best: the best corel method's mean, fine-tuned or a head; ``-``
 where SetFit did not run) and ``fewshot N=8 corel best method: M`` (with corel's best on the
 draws SetFit ran, where it ran fewer), ``fewshot corel protocol seconds at N=8: S`` (every head on every
 draw) and ``fewshot time ratio setfit / corel: R`` (SetFit's seconds against every corel head's,
-on the draws SetFit ran). ``--smoke``: 240 rows, N of 2 and 4, 2 draws, 20 steps, SetFit on
-one draw of N=2 with one iteration.
+on the draws SetFit ran), and ``fewshot N=8 finetune-cosine seconds: S`` (its draws'
+training and scoring). ``--smoke``: 240 rows, N of 2 and 4, 2 draws, 20 steps, SetFit on
+one draw of N=2 with one iteration, the fine-tune on one draw of N=2 with two steps.
 
 Run: ``.venv/bin/python bench/fewshot.py [--data-dir ../shared/datasets] [--splits 10]
 [--shots 8,16,64] [--layer none] [--setfit 8] [--setfit-splits 10]``. Needs the encoders and
@@ -46,7 +55,17 @@ import torch
 
 from corel.encoders import model_inputs, run_preprocessing
 from corel.encoders.files import installed
-from corel.fewshot import PROBE, FewShotResult, HeadSettings, Splits, draw_splits, run_fewshot
+from corel.fewshot import (
+    PROBE,
+    TUNED,
+    FewShotResult,
+    HeadSettings,
+    Splits,
+    TuneSettings,
+    draw_splits,
+    finetune_fewshot,
+    run_fewshot,
+)
 from corel.losses import LOSSES
 
 SETFIT = "setfit"
@@ -111,6 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", default=",".join([PROBE, *LOSSES]))
     ap.add_argument("--features-dir", default=os.environ.get("COREL_FEATURES_DIR"),
                     help="keep MiniLM's features there (a second run reads them); default: in memory")
+    ap.add_argument("--finetune", default="8", help="the Ns corel fine-tunes MiniLM at, comma-separated ('' for none)")
+    ap.add_argument("--finetune-splits", type=int, help="fine-tuned on the first K draws (default: all)")
+    ap.add_argument("--finetune-loss", default=TuneSettings.loss)
+    ap.add_argument("--finetune-blocks", type=int, default=TuneSettings.blocks)
+    ap.add_argument("--finetune-steps", type=int, default=TuneSettings.steps)
+    ap.add_argument("--finetune-lr", type=float, default=TuneSettings.encoder_lr, help="the blocks' rate")
     ap.add_argument("--setfit", default="8", help="the Ns SetFit runs at, comma-separated ('' for none)")
     ap.add_argument("--setfit-splits", type=int, help="SetFit on the first K draws (default: all)")
     ap.add_argument("--setfit-iterations", type=int, default=20, help="SetFit's num_iterations (default 20)")
@@ -120,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         rows, args.shots, args.splits, args.steps = 240, "2,4", 2, 20
         args.setfit, args.setfit_splits, args.setfit_iterations = "2", 1, 1
+        args.finetune, args.finetune_splits, args.finetune_steps = "2", 1, 2
     shots = [int(n) for n in args.shots.split(",") if n]
     texts, y, names = ag_news_test(Path(args.data_dir), rows)
     started = time.perf_counter()
@@ -132,13 +158,25 @@ def main(argv: list[str] | None = None) -> None:
     methods = [m for m in args.methods.split(",") if m]
     report = run_fewshot(x.numpy(), y, methods=methods, shots=shots, splits=args.splits, seed=args.seed,
                          class_names=names, settings=settings)
+    tune_shots = [int(n) for n in args.finetune.split(",") if n.strip()]
+    draws = draw_splits(y, shots, args.splits, args.seed, names)  # the protocol's own rows
+    if tune_shots:
+        if any(n not in shots for n in tune_shots):
+            raise SystemExit(f"--finetune {args.finetune}: each N must be one of --shots {args.shots}")
+        tune = TuneSettings(loss=args.finetune_loss, blocks=args.finetune_blocks, steps=args.finetune_steps,
+                            encoder_lr=args.finetune_lr)
+        print(f"{tune.method}: MiniLM's last {tune.blocks} blocks and {tune.loss}'s head, full-batch Adam "
+              f"{tune.steps} steps (blocks at {tune.encoder_lr:g}, head at {tune.lr:g}), scored by the head")
+        report.results.extend(finetune_fewshot(
+            texts, y, draws, tune_shots, settings=tune, seed=args.seed, draws=args.finetune_splits,
+            on_result=lambda r: print(f"{r.method} N={r.shots} draw {r.split}: {100 * r.accuracy:.1f} "
+                                      f"in {r.seconds:.1f} s", flush=True)))
     print(report.table())
     summary = report.summary()
     setfit_shots = [int(n) for n in args.setfit.split(",") if n.strip()]
     unknown = [n for n in setfit_shots if n not in shots]
     if unknown:
         raise SystemExit(f"--setfit {unknown[0]}: not one of --shots {args.shots}")
-    draws = draw_splits(y, shots, args.splits, args.seed, names)  # the protocol's own rows
     peer = setfit_results(texts, y, draws, setfit_shots, args.setfit_splits or args.splits, args.setfit_iterations,
                           args.seed) if setfit_shots else []
     for n in shots:
@@ -157,12 +195,17 @@ def main(argv: list[str] | None = None) -> None:
                      f"{100 * float(mine.mean()):.1f}")
         print(said)
     first = shots[0]
-    seconds = sum(r["seconds"] for r in summary if r["shots"] == first and r["method"] != PROBE)
+    heads = [r for r in summary if r["shots"] == first and r["method"] != PROBE and not r["method"].startswith(TUNED)]
+    seconds = sum(r["seconds"] for r in heads)
     print(f"fewshot corel protocol seconds at N={first}: {seconds:.2f} (every head on every draw)")
+    for row in (r for r in summary if r["method"].startswith(TUNED)):
+        print(f"fewshot N={row['shots']} {row['method']} seconds: {row['seconds']:.1f} ({row['splits']} draw{'s' if row['splits'] != 1 else ''}, "
+              f"training and scoring the evaluation rows)")
     if peer:
         n = peer[0].shots
         ran = [r for r in peer if r.shots == n]
-        mine = sum(r.seconds for r in report.results if r.shots == n and r.method != PROBE and r.split < len(ran))
+        mine = sum(r.seconds for r in report.results if r.shots == n and r.method != PROBE
+                   and not r.method.startswith(TUNED) and r.split < len(ran))
         print(f"fewshot time ratio setfit / corel: {sum(r.seconds for r in ran) / mine:.1f} (N={n}, {len(ran)} "
               f"draws: SetFit {sum(r.seconds for r in ran):.1f} s, every corel head {mine:.2f} s)")
 

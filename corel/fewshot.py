@@ -43,8 +43,9 @@ from corel.data.fewshot import (
 from corel.losses import LOSSES, LossHead, build_loss, check_labels
 from corel.spec import ExperimentSpec
 
-__all__ = ["MAX_SPLITS", "PROBE", "SHOTS", "SPLITS", "FewShotReport", "FewShotResult", "Fitted", "HeadSettings",
-           "Splits", "as_fewshot", "class_means", "draw_splits", "protocol_labels", "run_fewshot", "train_head", "train_heads"]
+__all__ = ["MAX_SPLITS", "PROBE", "SHOTS", "SPLITS", "TUNED", "FewShotReport", "FewShotResult", "Fitted",
+           "HeadSettings", "Splits", "TuneSettings", "as_fewshot", "class_means", "draw_splits", "finetune_fewshot",
+           "protocol_labels", "run_fewshot", "train_head", "train_heads"]
 
 PROBE = "probe"
 """The linear probe's name among the methods."""
@@ -272,33 +273,46 @@ class FewShotReport:
     def methods(self) -> list[str]:
         return list(dict.fromkeys(r.method for r in self.results))
 
+    def ran(self, shots: int) -> list[str]:
+        """The methods with a result at N shots (a costly one may run at fewer Ns, or on
+        fewer draws)."""
+        return list(dict.fromkeys(r.method for r in self.results if r.shots == shots))
+
     def best(self, shots: int) -> str:
         """The method with the highest mean accuracy at N shots (the first, on a tie)."""
-        return max(self.methods, key=lambda m: float(self.accuracies(m, shots).mean()))
+        return max(self.ran(shots), key=lambda m: float(self.accuracies(m, shots).mean()))
+
+    def paired(self, method: str, other: str, shots: int) -> tuple[np.ndarray, np.ndarray]:
+        """Two methods' accuracies at N shots on the draws both ran, by draw."""
+        mine = {r.split: r.accuracy for r in self.results if r.method == method and r.shots == shots}
+        theirs = {r.split: r.accuracy for r in self.results if r.method == other and r.shots == shots}
+        both = sorted(mine.keys() & theirs.keys())
+        return np.array([mine[s] for s in both]), np.array([theirs[s] for s in both])
 
     def summary(self) -> list[dict[str, Any]]:
         """Per N and method: ``mean``, ``sd`` (over the draws; 0 for one), ``min``, ``max``,
         ``seconds`` (its training time over the draws), and against the best method at that
-        N: ``diff`` (the mean of the paired differences, this minus the best) and ``p`` (a
-        paired t-test's two-sided p-value; None for the best itself, one draw, or equal
-        figures)."""
+        N: ``diff`` (the mean of the paired differences, this minus the best, on the draws
+        both ran) and ``p`` (a paired t-test's two-sided p-value; None for the best itself,
+        one common draw, or equal figures)."""
         from scipy.stats import ttest_rel
 
         out = []
         for n in self.shots:
             best = self.best(n)
-            top = self.accuracies(best, n)
-            for method in self.methods:
+            for method in self.ran(n):
                 acc = self.accuracies(method, n)
-                diff = acc - top
+                mine, top = self.paired(method, best, n)
+                diff = mine - top
                 p = None
-                if method != best and len(acc) > 1 and float(np.ptp(diff)) > 0:
-                    p = float(ttest_rel(acc, top).pvalue)
+                if method != best and len(diff) > 1 and float(np.ptp(diff)) > 0:
+                    p = float(ttest_rel(mine, top).pvalue)
                 out.append({"shots": n, "method": method, "mean": float(acc.mean()),
                             "sd": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
                             "min": float(acc.min()), "max": float(acc.max()),
                             "seconds": sum(r.seconds for r in self.results if r.method == method and r.shots == n),
-                            "best": best, "diff": float(diff.mean()), "p": p, "splits": len(acc)})
+                            "best": best, "diff": float(diff.mean()) if len(diff) else float("nan"), "p": p,
+                            "splits": len(acc)})
         return out
 
     def table(self) -> str:
@@ -357,3 +371,123 @@ def run_fewshot(features: Any, y: Any, *, methods: Sequence[str] | None = None,
                 if on_result is not None:
                     on_result(result)
     return FewShotReport(results, len(rows.evaluation), time.perf_counter() - started)
+
+
+SCORES = ("head", "probe")
+TUNED = "finetune"
+"""The prefix of a fine-tuned method's name: ``finetune-cosine`` is Cosine-COREL's."""
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """How the encoder is fine-tuned on a draw's shots (:func:`finetune_fewshot`): its last
+    ``blocks`` blocks and loss ``loss``'s head over its output (the class vectors starting at
+    the shots' class means under the pretrained encoder), full-batch Adam for ``steps`` steps,
+    the blocks at ``encoder_lr`` and the head at ``lr``; scored by the head's own prediction
+    (``score="head"``) or by the linear probe fitted on the fine-tuned encoder's vectors of the
+    shots (``"probe"``, as SetFit scores). ``params``: spec fields for the loss (lam, gamma,
+    ...)."""
+
+    loss: str = "cosine"
+    blocks: int = 2
+    steps: int = 30
+    lr: float = 1e-2
+    encoder_lr: float = 1e-4
+    score: str = "head"
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.score not in SCORES:
+            raise ValueError(f"unknown score {self.score!r}; allowed: {', '.join(SCORES)}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss {self.loss!r}; allowed: {', '.join(LOSSES)}")
+        if self.blocks < 1:
+            raise ValueError(f"blocks must be at least 1; got {self.blocks}")
+        if self.steps < 0:
+            raise ValueError(f"steps must be at least 0; got {self.steps}")
+        for name in ("lr", "encoder_lr"):
+            value = getattr(self, name)
+            if not value > 0 or not math.isfinite(value):
+                raise ValueError(f"{name} must be a positive number; got {value}")
+
+    @property
+    def method(self) -> str:
+        return f"{TUNED}-{self.loss}"
+
+
+def finetune_fewshot(texts: Sequence[str], y: Any, rows: Splits, shots: Sequence[int], *,
+                     encoder: str = "minilm", encoder_path: Any = None, settings: TuneSettings | None = None,
+                     seed: int = 0,
+                     draws: int | None = None, kept: Any = None,
+                     on_result: Callable[[FewShotResult], None] | None = None) -> list[FewShotResult]:
+    """The pretrained text ``encoder`` (a user's own: its files at ``encoder_path``) fine-tuned on each draw of ``rows`` (the first
+    ``draws`` of each N in ``shots``) with a COREL head, as :class:`TuneSettings` says, and
+    scored by the head on the protocol's evaluation rows: one :class:`FewShotResult` per draw
+    (method ``finetune-<loss>``; seconds: the training and the evaluation rows' prediction).
+
+    The frozen lower part's output of each row is computed once and shared by every draw
+    (``kept``: a :class:`corel.encoders.finetune.FrozenOutputs`, default a new one), so a
+    draw runs only the trained blocks, over its shots and then over the evaluation rows.
+    Each draw starts again from the pretrained weights, its dropout and head drawn from
+    ``seed * 1000 + draw``."""
+    from corel.encoders import load, run_preprocessing
+    from corel.encoders.finetune import FineTuned, FrozenOutputs, frozen_outputs_kept
+
+    settings = settings or TuneSettings()
+    labels = np.asarray(y)
+    if len(texts) != len(labels):
+        raise ValueError(f"need one label per text; got {len(texts)} texts and {len(labels)} labels")
+    missing = [n for n in shots if n not in rows.draws]
+    if missing:
+        raise ValueError(f"no draws of N={missing[0]} in these splits; they hold N of "
+                         f"{', '.join(str(n) for n in rows.draws)}")
+    enc = load(run_preprocessing(encoder, "text", "finetune", encoder_path), encoder_path)
+    inputs = enc.family.inputs(list(texts), enc)
+    kept = kept if kept is not None else FrozenOutputs()
+    classes = int(labels.max()) + 1
+    x_eval, y_eval = inputs[rows.evaluation], labels[rows.evaluation]
+    fields = {**ExperimentSpec(dataset="digits").model_dump(), **settings.params}
+    out: list[FewShotResult] = []
+    for n in shots:
+        for s, train in enumerate(rows.draws[n][:draws]):
+            started = time.perf_counter()
+            torch.manual_seed(seed * 1000 + s)
+            model = FineTuned(enc.family.tower(enc, settings.blocks), nn.Identity())
+            x, target = inputs[train], torch.as_tensor(labels[train])
+            with frozen_outputs_kept(model, kept):
+                model.eval()
+                with torch.no_grad():
+                    start = model(x)
+                head = build_loss(settings.loss, classes, start.shape[1], **fields)
+                if isinstance(head.W, nn.Parameter):
+                    with torch.no_grad():
+                        head.W.copy_(class_means(start, target, classes))
+                optimizer = torch.optim.Adam([
+                    {"params": [p for p in model.parameters() if p.requires_grad], "lr": settings.encoder_lr},
+                    {"params": [p for p in head.parameters() if p.requires_grad], "lr": settings.lr}])
+                model.train()
+                for _ in range(settings.steps):
+                    h = model(x)
+                    if head.uses_class_means:
+                        head.set_class_means(h.detach(), target)
+                    value = head(h, target)
+                    optimizer.zero_grad(set_to_none=True)
+                    value.backward()
+                    optimizer.step()
+                    head.after_batch(h.detach(), target)
+                model.eval()
+                with torch.no_grad():
+                    if head.uses_class_means:
+                        head.set_class_means(model(x), target)
+                    h_eval = model(x_eval)
+                    if settings.score == "probe":
+                        fitted = _probe(model(x).numpy(), labels[train], seed)
+                        guessed = np.asarray(fitted(h_eval.numpy()))
+                    else:
+                        guessed = head.predict(h_eval).numpy()
+            result = FewShotResult(settings.method, n, s, float((guessed == y_eval).mean()),
+                                   time.perf_counter() - started)
+            out.append(result)
+            if on_result is not None:
+                on_result(result)
+    return out

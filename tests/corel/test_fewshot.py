@@ -233,3 +233,77 @@ def test_a_member_spec_refuses_what_the_protocol_sets_or_cannot_do():
         ExperimentSpec(dataset="digits", model="cnn", fewshot={"shots": 2, "split": 0})
     with pytest.raises(ValueError, match="split"):
         ExperimentSpec(dataset="digits", fewshot={"shots": 2, "split": 100})
+
+
+@pytest.fixture(scope="module")
+def topics(tmp_path_factory):
+    """Texts of three topics (each sentence five times, numbered) and a small sentence-transformers
+    model of two blocks."""
+    from tests.encoder_files import TOPICS, tiny_sentence_transformer
+
+    texts, y = [], []
+    for k, sentences in enumerate(TOPICS.values()):
+        for i in range(20):
+            texts.append(f"{sentences[i % 4]} ({i})")
+            y.append(k)
+    return texts, np.array(y), tiny_sentence_transformer(tmp_path_factory.mktemp("fewshot-st") / "st")
+
+
+def test_an_untrained_fine_tune_scores_as_the_pretrained_encoder_s_nearest_class_mean(topics):
+    from sentence_transformers import SentenceTransformer
+
+    from corel.encoders.finetune import FrozenOutputs
+    from corel.fewshot import TuneSettings, finetune_fewshot
+
+    texts, y, folder = topics
+    rows = draw_splits(y, shots=(2, 4), splits=3, seed=5)
+    kept = FrozenOutputs()
+    got = finetune_fewshot(texts, y, rows, [2, 4], encoder="sentence-transformers", encoder_path=folder,
+                           settings=TuneSettings(blocks=1, steps=0), kept=kept)
+    assert [(r.method, r.shots, r.split) for r in got] == [("finetune-cosine", n, s) for n in (2, 4) for s in range(3)]
+    # Directly: the pretrained model's vectors, each draw's class means, the nearest by cosine.
+    h = torch.as_tensor(SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+                        .encode(texts, convert_to_numpy=True))
+    h = torch.nn.functional.normalize(h, dim=1)
+    for r in got:
+        train = rows.draws[r.shots][r.split]
+        means = torch.stack([h[train][y[train] == k].mean(0) for k in range(3)])
+        guessed = (h[rows.evaluation] @ torch.nn.functional.normalize(means, dim=1).T).argmax(1).numpy()
+        assert r.accuracy == pytest.approx(float((guessed == y[rows.evaluation]).mean()), abs=1.5 / len(rows.evaluation))
+    # The frozen block's output of each row was computed once, for all six draws.
+    used = np.unique(np.concatenate([rows.evaluation, *rows.draws[2], *rows.draws[4]]))
+    assert kept.computed == len({texts[i] for i in used})
+
+
+def test_a_fine_tuned_draw_trains_its_last_blocks_and_is_reproducible_by_seed(topics):
+    from corel.fewshot import FewShotReport, FewShotResult, TuneSettings, finetune_fewshot
+
+    texts, y, folder = topics
+    rows = draw_splits(y, shots=(4,), splits=2, seed=1)
+    settings = TuneSettings(blocks=1, steps=20, encoder_lr=1e-2)
+    run = [finetune_fewshot(texts, y, rows, [4], encoder="sentence-transformers", encoder_path=folder,
+                            settings=settings) for _ in range(2)]
+    still = finetune_fewshot(texts, y, rows, [4], encoder="sentence-transformers", encoder_path=folder,
+                             settings=TuneSettings(blocks=1, steps=0))
+    assert [r.accuracy for r in run[0]] == [r.accuracy for r in run[1]]  # the same seed, the same figures
+    assert [r.accuracy for r in run[0]] != [r.accuracy for r in still]  # the steps moved the block
+    # A method run on fewer draws is paired with the others on the draws both ran.
+    probe = [FewShotResult(PROBE, 4, s, 1.0, 0.0) for s in range(2)]
+    report = FewShotReport([*probe, run[0][0]], evaluation_rows=len(rows.evaluation))
+    assert report.best(4) == PROBE
+    row = next(r for r in report.summary() if r["method"] == "finetune-cosine")
+    assert row["splits"] == 1 and row["p"] is None
+    assert row["diff"] == pytest.approx(run[0][0].accuracy - 1.0)
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"loss": "nope"}, "unknown loss 'nope'; allowed: "),
+    ({"blocks": 0}, "blocks must be at least 1; got 0"),
+    ({"steps": -1}, "steps must be at least 0; got -1"),
+    ({"encoder_lr": 0.0}, "encoder_lr must be a positive number; got 0.0"),
+])
+def test_bad_fine_tuning_settings_say_what_is_allowed(fields, words):
+    from corel.fewshot import TuneSettings
+
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        TuneSettings(**fields)

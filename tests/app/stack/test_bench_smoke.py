@@ -64,9 +64,10 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "fault_recovery.py": (r"connections cut +[\d.]+ +[\d.]+", {PRIVATE}),
     "finetune.py": (r"ratio corel / sentence-transformers samples/s: [\d.]+", {SHARED, MINILM, FASHION}),
     "fewshot.py": (r"fewshot N=2 corel best / setfit / probe: [\d.]+ / [\d.]+ / [\d.]+\n"
-                   r"fewshot N=2 corel best method: \w+; setfit ran 1 of 2 draws, corel's best on those [\d.]+\n"
+                   r"fewshot N=2 corel best method: [\w-]+; setfit ran 1 of 2 draws, corel's best on those [\d.]+\n"
                    r"fewshot N=4 corel best / setfit / probe: [\d.]+ / - / [\d.]+\n.*\n"
-                   r"fewshot corel protocol seconds at N=2: [\d.]+ .*\nfewshot time ratio setfit / corel: [\d.]+",
+                   r"fewshot corel protocol seconds at N=2: [\d.]+ .*\n"
+                   r"fewshot N=2 finetune-cosine seconds: [\d.]+ \(1 draw, .*\nfewshot time ratio setfit / corel: [\d.]+",
                    {SHARED, MINILM}),
     "gaussian_diagnosis.py": (r"# best epoch \d+: val [\d.]+ test [\d.]+", set()),
     "host_contention.py": (r"corel: ratio beside the process / alone: [\d.]+", {FASHION}),
