@@ -21,6 +21,7 @@ over the same draws), and the wall time.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -118,17 +119,36 @@ class Fitted:
             return self.head.predict(self.layer(features.to(self.dtype)))
 
 
-def _build_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int, settings: HeadSettings,
-                seed: int) -> LossHead:
-    """Loss ``loss``'s head for features ``x`` (its parameters drawn from ``seed``), its class
-    vectors at the shots' class means where ``settings.init`` says so."""
-    torch.manual_seed(seed)
+def _build_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int, params: dict[str, Any],
+                init: str = "means", seed: int | None = None) -> LossHead:
+    """Loss ``loss``'s head for features ``x`` (``params``: spec fields for the loss), its
+    class vectors at the shots' class means where ``init`` says so; its parameters drawn
+    from ``seed`` (None: from torch's generator as it stands)."""
+    if seed is not None:
+        torch.manual_seed(seed)
     fields = ExperimentSpec(dataset="digits").model_dump()
-    head = build_loss(loss, num_classes, x.shape[1], **{**fields, **settings.params}).to(x.dtype)
-    if settings.init == "means" and isinstance(head.W, nn.Parameter):
+    head = build_loss(loss, num_classes, x.shape[1], **{**fields, **params}).to(x.dtype)
+    if init == "means" and isinstance(head.W, nn.Parameter):
         with torch.no_grad():
             head.W.copy_(class_means(x, y, num_classes))
     return head
+
+
+def _train_steps(forward: Callable[[], torch.Tensor], head: LossHead, y: torch.Tensor,
+                 optimizer: torch.optim.Optimizer, steps: int,
+                 after: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    """``steps`` full-batch steps of ``head``'s loss on ``forward()``'s rows (labels ``y``):
+    class means set before each step where the loss keeps them, its ``after_batch`` on the
+    step's rows (or on ``after(rows)``, e.g. the rows again under the stepped layer)."""
+    for _ in range(steps):
+        h = forward()
+        if head.uses_class_means:
+            head.set_class_means(h.detach(), y)
+        value = head(h, y)
+        optimizer.zero_grad(set_to_none=True)
+        value.backward()
+        optimizer.step()
+        head.after_batch((after(h) if after is not None else h).detach(), y)
 
 
 def train_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
@@ -138,7 +158,7 @@ def train_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
     settings = settings or HeadSettings()
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSSES)}")
-    head = _build_head(loss, x, y, num_classes, settings, seed)
+    head = _build_head(loss, x, y, num_classes, settings.params, settings.init, seed)
     layer: nn.Module = nn.Identity()
     if settings.layer == "linear":
         linear = nn.Linear(x.shape[1], x.shape[1], bias=False).to(x.dtype)
@@ -146,16 +166,9 @@ def train_head(loss: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
             linear.weight.copy_(torch.eye(x.shape[1], dtype=x.dtype))
         layer = linear
     trained = [p for p in (*layer.parameters(), *head.parameters()) if p.requires_grad]
-    optimizer = torch.optim.Adam(trained, lr=settings.lr) if trained else None
-    for _ in range(settings.steps if optimizer is not None else 0):
-        h = layer(x)
-        if head.uses_class_means:
-            head.set_class_means(h.detach(), y)
-        value = head(h, y)
-        optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
-        value.backward()
-        optimizer.step()  # type: ignore[union-attr]
-        head.after_batch(layer(x).detach() if settings.layer == "linear" else h.detach(), y)
+    if trained:
+        _train_steps(lambda: layer(x), head, y, torch.optim.Adam(trained, lr=settings.lr), settings.steps,
+                     (lambda _: layer(x)) if settings.layer == "linear" else None)
     with torch.no_grad():
         if head.uses_class_means:
             head.set_class_means(layer(x), y)
@@ -198,7 +211,7 @@ def train_heads(loss: str, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSSES)}")
     shapes = {tuple(x.shape) for x in xs}
-    heads = [_build_head(loss, x, y, num_classes, settings, seed) for x, y, seed in zip(xs, ys, seeds, strict=True)]
+    heads = [_build_head(loss, x, y, num_classes, settings.params, settings.init, seed) for x, y, seed in zip(xs, ys, seeds, strict=True)]
     if len(shapes) > 1 or not _stacks(heads[0], settings):
         return [train_head(loss, x, y, num_classes, settings, seed) for x, y, seed in zip(xs, ys, seeds, strict=True)]
     for y in ys:
@@ -446,7 +459,6 @@ def finetune_fewshot(texts: Sequence[str], y: Any, rows: Splits, shots: Sequence
     kept = kept if kept is not None else FrozenOutputs()
     classes = int(labels.max()) + 1
     x_eval, y_eval = inputs[rows.evaluation], labels[rows.evaluation]
-    fields = {**ExperimentSpec(dataset="digits").model_dump(), **settings.params}
     out: list[FewShotResult] = []
     for n in shots:
         for s, train in enumerate(rows.draws[n][:draws]):
@@ -458,30 +470,20 @@ def finetune_fewshot(texts: Sequence[str], y: Any, rows: Splits, shots: Sequence
                 model.eval()
                 with torch.no_grad():
                     start = model(x)
-                head = build_loss(settings.loss, classes, start.shape[1], **fields)
-                if isinstance(head.W, nn.Parameter):
-                    with torch.no_grad():
-                        head.W.copy_(class_means(start, target, classes))
+                head = _build_head(settings.loss, start, target, classes, settings.params)
                 optimizer = torch.optim.Adam([
                     {"params": [p for p in model.parameters() if p.requires_grad], "lr": settings.encoder_lr},
                     {"params": [p for p in head.parameters() if p.requires_grad], "lr": settings.lr}])
                 model.train()
-                for _ in range(settings.steps):
-                    h = model(x)
-                    if head.uses_class_means:
-                        head.set_class_means(h.detach(), target)
-                    value = head(h, target)
-                    optimizer.zero_grad(set_to_none=True)
-                    value.backward()
-                    optimizer.step()
-                    head.after_batch(h.detach(), target)
+                _train_steps(functools.partial(model, x), head, target, optimizer, settings.steps)
                 model.eval()
                 with torch.no_grad():
+                    tuned = model(x)
                     if head.uses_class_means:
-                        head.set_class_means(model(x), target)
+                        head.set_class_means(tuned, target)
                     h_eval = model(x_eval)
                     if settings.score == "probe":
-                        fitted = _probe(model(x).numpy(), labels[train], seed)
+                        fitted = _probe(tuned.numpy(), labels[train], seed)
                         guessed = np.asarray(fitted(h_eval.numpy()))
                     else:
                         guessed = head.predict(h_eval).numpy()
