@@ -225,11 +225,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=len(SEEDS), choices=range(1, len(SEEDS) + 1),
                         help="seeds per configuration (default 3: 27 members)")
     parser.add_argument("--smoke", action="store_true",
-                        help="512 images, 4 epochs, one seed, Ray at one concurrency: that it runs "
+                        help="512 images, 4 epochs, one seed, Ray one trial at a time: that it runs "
                              "(figures mean nothing)")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.epochs, args.train_subset, args.ray_concurrency, args.seeds = 4, 512, "2", 1
+        args.epochs, args.train_subset, args.ray_concurrency, args.seeds = 4, 512, "1", 1
     threads = torch.get_num_threads()
     specs = grid(args)
     data = load_dataset(specs[0], args.data_dir)
