@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
         with Searchers(stack.url, name, query, args.clients) as idle:
             time.sleep(args.seconds)
         with Searchers(stack.url, name, query, args.clients) as during:
-            _, _ = promote(http, name, 2, 1)
+            flipped, _ = promote(http, name, 2, 1)
             wait_until(lambda: any(a[2] == 2 for a in during.answers), 60, "an answer of version 2")
         two = builds()[2]
         index = http.get(f"/indexes/{two['index_id']}").json()
@@ -189,6 +189,11 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
         rate = job["n_total"] / max(when(job["finished_at"]) - when(job["started_at"]), 1e-9)
         first_two = min(a[0] for a in during.answers if a[2] == 2)
         flip_ms = (first_two - when(index["finished_at"])) * 1000
+        # Where the flip's milliseconds go: the index built -> the promotion ended (the alias
+        # swapped in its transaction) -> the first answer of version 2, and that answer's own time.
+        first = min((a for a in during.answers if a[2] == 2), key=lambda a: a[0])
+        parts = ((when(flipped["finished_at"]) - when(index["finished_at"])) * 1000,
+                 (first_two - when(flipped["finished_at"])) * 1000, first[1] * 1000)
         window = [a[1] for a in during.answers if a[0] <= first_two]
         with Searchers(stack.url, name, query, args.clients) as after:
             _, posted = promote(http, name, 1, 2)
@@ -207,6 +212,8 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
     print(f"answers whose version is not their index's: {len(mixed)} of {len(answers)}; errors: {len(errors)}"
           + (f" (first: {errors[0]})" if errors else ""))
     print(f"re-embedding rate: {rate:,.0f} rows/s")
+    print(f"flip: index built -> alias swapped {parts[0]:.1f} ms, -> first answer of version 2 {parts[1]:.1f} ms "
+          f"(that request took {parts[2]:.1f} ms)")
     print(f"flip ms: {flip_ms:.1f}")
     print(f"rollback seconds: {rollback:.3f}")
     print(f"neighbors p99 during promotion / idle: {pct(window, 99) / pct([a[1] for a in idle.answers], 99):.2f}")
