@@ -103,20 +103,26 @@ def clients(base: str, body: Callable[[str], tuple[str, dict[str, Any]]], texts:
     """``n_clients`` threads, each on its own keep-alive connection, one request at a time:
     ``body(text)`` is the request's (path, JSON). The latencies and the requests per second."""
     latencies: list[float] = []
+    failed: list[str] = []
     lock = threading.Lock()
 
     def one(k: int) -> None:
         mine = []
-        with httpx.Client(base_url=base, timeout=60) as c:
-            path, payload = body(texts[k])
-            c.post(path, json=payload).raise_for_status()  # warm
-            for i in range(per_client):
-                text = texts[(k * per_client + i) % len(texts)]
-                path, payload = body(text)
-                started = time.perf_counter()
-                r = c.post(path, json=payload)
-                mine.append(time.perf_counter() - started)
-                r.raise_for_status()
+        try:
+            with httpx.Client(base_url=base, timeout=60) as c:
+                path, payload = body(texts[k])
+                c.post(path, json=payload).raise_for_status()  # warm
+                for i in range(per_client):
+                    text = texts[(k * per_client + i) % len(texts)]
+                    path, payload = body(text)
+                    started = time.perf_counter()
+                    r = c.post(path, json=payload)
+                    mine.append(time.perf_counter() - started)
+                    if r.is_error:
+                        raise RuntimeError(f"{r.status_code} for {text[:80]!r}: {r.text[:500]}")
+        except Exception as exc:  # a client that stopped: the run's figures would be of the others
+            with lock:
+                failed.append(f"client {k}: {type(exc).__name__}: {exc}")
         with lock:
             latencies.extend(mine)
 
@@ -126,6 +132,8 @@ def clients(base: str, body: Callable[[str], tuple[str, dict[str, Any]]], texts:
         t.start()
     for t in threads:
         t.join()
+    if failed:
+        raise SystemExit(f"{len(failed)} of {n_clients} clients failed; the first: {failed[0]}")
     return latencies, len(latencies) / (time.perf_counter() - started)
 
 

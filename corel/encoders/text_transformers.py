@@ -81,6 +81,20 @@ def load(path: Path) -> Any:
         return _load(str(path))
 
 
+def _counting(path: Path) -> tuple[Any, threading.Lock]:
+    """A copy of the model's tokenizer of its own, and its lock, made once per process: for
+    counting and cutting texts (``tokens``, ``cut``) while a pass may be tokenizing with the
+    model's own. A fast tokenizer keeps its padding and truncation settings as state, set by
+    each call: a count (no padding) on the API's event loop, made while the text queue's pass
+    tokenized a batch (padded) in its thread, left that batch unpadded ("Unable to create
+    tensor ... activate ... padding"), and its requests were answered 422."""
+    with _LOAD_LOCK:
+        kept = _FAST.get((str(path), "counting"))
+        if kept is None:
+            kept = _FAST[(str(path), "counting")] = (copy.deepcopy(_load(str(path)).tokenizer), threading.Lock())
+        return kept
+
+
 def _bf16(path: Path) -> Any:
     """A copy of the model with its weights in bfloat16, made once per process."""
     with _LOAD_LOCK:
@@ -455,13 +469,17 @@ class SentenceTransformers(Family):
         return _encode(enc.path, texts_of(raw), enc.name, precision, report=False)
 
     def cut(self, texts: list[str], enc: Encoder) -> list[str | None]:
-        model = load(enc.path)
-        limit = int(model.max_seq_length)
+        limit = int(load(enc.path).max_seq_length)
+        tokenizer, lock = _counting(enc.path)
         out: list[str | None] = []
         for text in texts:
             # A token holds at least one character: a text this short (with the two special
             # tokens) fits without tokenizing it.
-            n = len(model.tokenizer(text, truncation=False)["input_ids"]) if len(text) > limit - 2 else 0
+            if len(text) > limit - 2:
+                with lock:
+                    n = len(tokenizer(text, truncation=False)["input_ids"])
+            else:
+                n = 0
             out.append(None if n <= limit else
                        f"the text is {n:,} tokens long and the encoder reads its first {limit}: the answer "
                        f"is of those alone (about the first {limit * len(text) // n:,} of its "
@@ -470,9 +488,10 @@ class SentenceTransformers(Family):
 
     def tokens(self, texts: list[str], enc: Encoder) -> list[int]:
         # The tokenizer's own ids, special tokens included, cut where the model cuts.
-        model = load(enc.path)
-        ids = model.tokenizer(texts, truncation=True, max_length=int(model.max_seq_length),
-                              add_special_tokens=True)["input_ids"]
+        limit = int(load(enc.path).max_seq_length)
+        tokenizer, lock = _counting(enc.path)
+        with lock:
+            ids = tokenizer(texts, truncation=True, max_length=limit, add_special_tokens=True)["input_ids"]
         return [len(row) for row in ids]
 
     def inputs(self, raw: Any, enc: Encoder) -> torch.Tensor:

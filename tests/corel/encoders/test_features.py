@@ -475,3 +475,37 @@ def test_features_in_a_store_are_read_on_another_host_and_computed_once(table, t
     assert len(list((tmp_path / "d").glob("*.npy"))) == 3
     # Data without a frozen encoder says nothing of features.
     assert load_dataset(ExperimentSpec(dataset="digits")).features_source is None
+
+
+def test_counting_and_cutting_texts_leave_the_model_s_tokenizer_as_a_pass_set_it():
+    """The API counts a request's tokens (``tokens``) and cuts long texts (``cut``) on its
+    event loop while the text queue's pass tokenizes a batch, padded, with the model's own
+    tokenizer in another thread. A fast tokenizer keeps its padding and truncation as state
+    that each call sets: a count made with the model's tokenizer in the middle of a pass
+    left the batch unpadded, and its requests were answered 422 (bench/text_latency.py, 16
+    clients, fp32). So the count and the cut use a tokenizer of their own: the model's
+    keeps the padding and truncation a pass gave it."""
+    from corel.encoders import text_transformers
+
+    enc = load(run_preprocessing("minilm", "text"))
+    backend = text_transformers.load(enc.path).tokenizer.backend_tokenizer
+    kept = backend.padding, backend.truncation
+    try:
+        backend.enable_padding(pad_id=0, pad_token="[PAD]")  # as a pass's call leaves it
+        backend.enable_truncation(max_length=256)
+        during = backend.padding, backend.truncation
+        long = "word " * 400
+        counted = enc.family.tokens(["a short text", long], enc)
+        said = enc.family.cut(["a short text", long], enc)
+        assert (backend.padding, backend.truncation) == during
+        # The count and the cut are still the model's: its special tokens, its 256-token cut.
+        short = len(text_transformers.load(enc.path).tokenizer("a short text")["input_ids"])
+        assert counted == [short, 256]
+        assert said[0] is None and said[1] is not None and "402 tokens long" in said[1], said
+    finally:
+        backend.no_padding()
+        backend.no_truncation()
+        if kept[0] is not None:
+            backend.enable_padding(**{k: v for k, v in kept[0].items() if k != "length" or v is not None})
+        if kept[1] is not None:
+            backend.enable_truncation(**kept[1])
