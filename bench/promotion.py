@@ -187,11 +187,11 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
         index = http.get(f"/indexes/{two['index_id']}").json()
         job = http.get(f"/embeddings/{two['embedding_job_id']}").json()
         rate = job["n_total"] / max(when(job["finished_at"]) - when(job["started_at"]), 1e-9)
-        first_two = min(a[0] for a in during.answers if a[2] == 2)
+        first = min((a for a in during.answers if a[2] == 2), key=lambda a: a[0])  # of version 2
+        first_two = first[0]
         flip_ms = (first_two - when(index["finished_at"])) * 1000
         # Where the flip's milliseconds go: the index built -> the promotion ended (the alias
         # swapped in its transaction) -> the first answer of version 2, and that answer's own time.
-        first = min((a for a in during.answers if a[2] == 2), key=lambda a: a[0])
         parts = ((when(flipped["finished_at"]) - when(index["finished_at"])) * 1000,
                  (first_two - when(flipped["finished_at"])) * 1000, first[1] * 1000)
         window = [a[1] for a in during.answers if a[0] <= first_two]

@@ -81,17 +81,18 @@ def load(path: Path) -> Any:
         return _load(str(path))
 
 
-def _counting(path: Path) -> tuple[Any, threading.Lock]:
-    """A copy of the model's tokenizer of its own, and its lock, made once per process: for
-    counting and cutting texts (``tokens``, ``cut``) while a pass may be tokenizing with the
-    model's own. A fast tokenizer keeps its padding and truncation settings as state, set by
-    each call: a count (no padding) on the API's event loop, made while the text queue's pass
-    tokenized a batch (padded) in its thread, left that batch unpadded ("Unable to create
+def _own_tokenizer(path: Path) -> tuple[Any, threading.Lock]:
+    """A copy of the model's tokenizer and its lock, made once per process: for this module's
+    own calls (counting and cutting texts, the int8 path's batches, a fine-tuned run's rows),
+    each made under the lock, while sentence-transformers' ``encode`` tokenizes with the
+    model's own. A fast tokenizer keeps its padding and truncation settings as state that
+    each call sets: a count (no padding) on the API's event loop, made while the text queue's
+    pass tokenized a batch (padded) in its thread, left that batch unpadded ("Unable to create
     tensor ... activate ... padding"), and its requests were answered 422."""
     with _LOAD_LOCK:
-        kept = _FAST.get((str(path), "counting"))
+        kept = _FAST.get((str(path), "tokenizer"))
         if kept is None:
-            kept = _FAST[(str(path), "counting")] = (copy.deepcopy(_load(str(path)).tokenizer), threading.Lock())
+            kept = _FAST[(str(path), "tokenizer")] = (copy.deepcopy(_load(str(path)).tokenizer), threading.Lock())
         return kept
 
 
@@ -143,8 +144,7 @@ def _int8(path: Path) -> Any:
             options = ort.SessionOptions()
             options.intra_op_num_threads = torch.get_num_threads()
             session = ort.InferenceSession(str(int8), options, providers=["CPUExecutionProvider"])
-        tok = _load(str(path)).tokenizer
-        session = _FAST[(str(path), "int8")] = (session, tok, int(_load(str(path)).max_seq_length))
+        session = _FAST[(str(path), "int8")] = (session, int(_load(str(path)).max_seq_length))
         return session
 
 
@@ -164,8 +164,10 @@ def _buckets(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
 def _run_int8(path: Path, texts: list[str], batch_done: Callable[[int], None] | None = None) -> np.ndarray:
     """``texts`` through the int8 session: tokenised at once, sorted by length, padded per
     batch (:func:`_buckets`) to its longest; ``batch_done(rows)`` hears of each batch."""
-    session, tok, max_length = _int8(path)
-    encoded = tok(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
+    session, max_length = _int8(path)
+    tok, lock = _own_tokenizer(path)
+    with lock:
+        encoded = tok(texts, truncation=True, max_length=max_length, padding=False)["input_ids"]
     order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
     parts = []
     for idx in _buckets(order, [len(e) for e in encoded]):
@@ -470,7 +472,7 @@ class SentenceTransformers(Family):
 
     def cut(self, texts: list[str], enc: Encoder) -> list[str | None]:
         limit = int(load(enc.path).max_seq_length)
-        tokenizer, lock = _counting(enc.path)
+        tokenizer, lock = _own_tokenizer(enc.path)
         out: list[str | None] = []
         for text in texts:
             # A token holds at least one character: a text this short (with the two special
@@ -489,7 +491,7 @@ class SentenceTransformers(Family):
     def tokens(self, texts: list[str], enc: Encoder) -> list[int]:
         # The tokenizer's own ids, special tokens included, cut where the model cuts.
         limit = int(load(enc.path).max_seq_length)
-        tokenizer, lock = _counting(enc.path)
+        tokenizer, lock = _own_tokenizer(enc.path)
         with lock:
             ids = tokenizer(texts, truncation=True, max_length=limit, add_special_tokens=True)["input_ids"]
         return [len(row) for row in ids]
@@ -498,11 +500,12 @@ class SentenceTransformers(Family):
         """Texts as a fine-tuned run takes them: (N, 2, max_length) float32, ids and mask."""
         texts = texts_of(raw)
         length = int(enc.record.field("max_length"))
-        tokenizer = load(enc.path).tokenizer
+        tokenizer, lock = _own_tokenizer(enc.path)
         out = torch.zeros(len(texts), 2, length)
         for start in range(0, len(texts), TOKENIZE_ROWS):
-            batch = tokenizer(texts[start:start + TOKENIZE_ROWS], padding="max_length", truncation=True,
-                              max_length=length, return_tensors="pt")
+            with lock:
+                batch = tokenizer(texts[start:start + TOKENIZE_ROWS], padding="max_length", truncation=True,
+                                  max_length=length, return_tensors="pt")
             out[start:start + TOKENIZE_ROWS, 0] = batch["input_ids"].float()
             out[start:start + TOKENIZE_ROWS, 1] = batch["attention_mask"].float()
         return out

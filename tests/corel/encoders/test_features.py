@@ -483,8 +483,8 @@ def test_counting_and_cutting_texts_leave_the_model_s_tokenizer_as_a_pass_set_it
     tokenizer in another thread. A fast tokenizer keeps its padding and truncation as state
     that each call sets: a count made with the model's tokenizer in the middle of a pass
     left the batch unpadded, and its requests were answered 422 (bench/text_latency.py, 16
-    clients, fp32). So the count and the cut use a tokenizer of their own: the model's
-    keeps the padding and truncation a pass gave it."""
+    clients, fp32). So the count, the cut and a fine-tuned run's rows (``inputs``) use a
+    tokenizer of their own: the model's keeps the padding and truncation a pass gave it."""
     from corel.encoders import text_transformers
 
     enc = load(run_preprocessing("minilm", "text"))
@@ -497,11 +497,14 @@ def test_counting_and_cutting_texts_leave_the_model_s_tokenizer_as_a_pass_set_it
         long = "word " * 400
         counted = enc.family.tokens(["a short text", long], enc)
         said = enc.family.cut(["a short text", long], enc)
+        tuned = load(run_preprocessing("minilm", "text", "finetune"))
+        rows = tuned.family.inputs(["a short text", long], tuned)
         assert (backend.padding, backend.truncation) == during
         # The count and the cut are still the model's: its special tokens, its 256-token cut.
         short = len(text_transformers.load(enc.path).tokenizer("a short text")["input_ids"])
         assert counted == [short, 256]
         assert said[0] is None and said[1] is not None and "402 tokens long" in said[1], said
+        assert rows.shape[0] == 2 and int(rows[0, 1].sum()) == short and int(rows[1, 1].sum()) == rows.shape[2]
     finally:
         backend.no_padding()
         backend.no_truncation()
