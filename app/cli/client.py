@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from app.core.models import Status
+from app.core.status import Status
 from corel.geometry import GEOMETRIES
 
 

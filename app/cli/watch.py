@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from app.core.models import Status
+from app.core.status import Status
 
 FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.PRUNED)
 RECONNECTS = 8  # attempts in a row without an event before giving up

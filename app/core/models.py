@@ -4,7 +4,6 @@ that listing experiments never loads them."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -23,23 +22,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core.db import Base
+from app.core.status import Status
 from corel.geometry import Geometry
-
-
-class Status(StrEnum):
-    """The status of every kind of job (a training run, a member of a stacked group, a batch
-    embedding job, an index build), as the rows store it and the API shows it: the enum's
-    members are the strings themselves ("queued" == Status.QUEUED)."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    # A member of a sweep that pruned it at a rung (corel.train.pruning): it keeps its
-    # history up to the rung and its best checkpoint, which serves.
-    PRUNED = "pruned"
-
 
 STATUSES: tuple[Status, ...] = tuple(Status)
 FINISHED: tuple[Status, ...] = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.PRUNED)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from corel.data.image_folders import MAX_PIXELS
+from corel.limits import MAX_PIXELS
 from corel.spec import MAX_GROUP
 
 if TYPE_CHECKING:

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from corel.limits import MAX_PIXELS
+
 __all__ = ["EXTENSIONS", "MAX_PIXELS", "MAX_SIDE", "ImageTooLarge", "open_image", "read_image_folder",
            "why_unreadable"]
 
@@ -28,10 +30,6 @@ EXTENSIONS = (".png", ".jpg", ".jpeg")
 MAX_SIDE = 64
 MAX_IMAGES = 200_000
 MIN_PER_CLASS = 3
-MAX_PIXELS = 40_000_000
-"""The most pixels an image may declare before it is decoded (a 40-megapixel photo): a small
-file can declare far more (a PNG of 20,000 x 20,000 pixels fits in 400 KB), and decoding it
-would take gigabytes."""
 
 
 class ImageTooLarge(ValueError):
