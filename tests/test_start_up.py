@@ -38,7 +38,7 @@ def test_the_api_the_worker_and_the_engine_start_without_the_clustering_librarie
     assert "sklearn" in clustered and "scipy.optimize" in clustered, clustered
 
 
-def test_the_worker_command_reads_its_settings_without_torch_or_the_orm():
+def test_the_worker_command_starts_without_torch_and_the_cli_without_the_orm():
     """What ``corel worker`` runs before it becomes Celery's worker (app/cli/service.py's
     ``_worker``): the CLI with the service's commands, the settings, the worker's environment."""
     launcher = ("from corel.cli import build_parser\nbuild_parser()\n"
