@@ -283,11 +283,8 @@ def open_to_the_network(settings: Any, host: str) -> str | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from app.core.migrate import upgrade
     from app.core.settings import get_settings
-    from app.main import create_app
 
     problem = _cannot_listen(args.host, args.port)
     if problem:
@@ -296,16 +293,19 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     settings = get_settings()
-    import torch
-
-    torch.set_num_threads(settings.api_torch_threads)
     embedded = not settings.broker_url
     if embedded or settings.is_sqlite:
         upgrade(settings)
     refused = open_to_the_network(settings, args.host)
-    if refused:
+    if refused:  # said before torch and the app are imported (5 of a refusal's 6 s)
         print(f"corel: refusing to serve on {args.host}: {refused}", file=sys.stderr)
         return 2
+    import torch
+    import uvicorn
+
+    from app.main import create_app
+
+    torch.set_num_threads(settings.api_torch_threads)
     worker = None
     _exit_on_sigterm(0)  # stopping a server is no failure (make serve said "Error 143")
     _stop_with_make()
