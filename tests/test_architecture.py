@@ -347,18 +347,25 @@ KERNEL_FREE = {
     "test_index.py": "faiss's kernels, not torch's",
     "native/test_native.py": "the native build's loader",
     "test_report.py": "the report's tables and t-tests, in numpy and scipy",
+    "train/test_pruning.py": "float64 throughout, each assertion two computations of the same "
+                             "process (a pruned stack against the unpruned one), 1e-16 apart on any kernels",
 }
+# A file may instead mark its tests one by one (``KERNELS = pytest.mark.kernels``, then
+# ``@KERNELS``): test_vectorized.py's float32 tests run again, its float64 equivalences once.
+BY_TEST = "KERNELS = pytest.mark.kernels"
 LIBRARY_TESTS = REPO / "tests" / "corel"
 
 
 def test_each_library_test_file_says_whether_its_figures_come_out_of_the_kernels():
     """A file in tests/corel is marked ``kernels`` (make test runs it once more on torch's
-    default kernels and MKL's reproducible path) or is named in KERNEL_FREE with its reason;
-    a new file is neither until its author says which."""
+    default kernels and MKL's reproducible path), marks its tests one by one (BY_TEST) or is
+    named in KERNEL_FREE with its reason; a new file is none of these until its author says which."""
     files = {p.relative_to(LIBRARY_TESTS).as_posix(): p for p in LIBRARY_TESTS.rglob("test_*.py")}
-    marked = {name for name, p in files.items() if "pytestmark = pytest.mark.kernels" in p.read_text()}
+    marked = {name for name, p in files.items()
+              if "pytestmark = pytest.mark.kernels" in p.read_text() or BY_TEST in p.read_text()}
     unsaid = sorted(name for name in files if name not in marked and name not in KERNEL_FREE)
-    assert not unsaid, f"{unsaid}: mark each `pytestmark = pytest.mark.kernels` or name it in KERNEL_FREE"
+    assert not unsaid, (f"{unsaid}: mark each `pytestmark = pytest.mark.kernels`, mark its tests "
+                        f"(`{BY_TEST}`, then `@KERNELS`) or name it in KERNEL_FREE")
     both = sorted(marked & set(KERNEL_FREE))
     assert not both, f"{both} are marked kernels and named kernel-free"
     gone = sorted(set(KERNEL_FREE) - set(files))

@@ -13,8 +13,10 @@ from corel.spec import ExperimentSpec
 from corel.train import GroupCallback, Prune, fit_group, fit_sweep
 from corel.train.pruning import configuration, keep, pareto_fronts
 
-# Its figures come out of torch's kernels: make test runs it once more on other kernels.
-pytestmark = pytest.mark.kernels
+# Not marked `kernels` (make test's second run on other kernels): every figure here is
+# float64, and each assertion compares two computations of this process (a pruned stack and
+# the unpruned one, a resumed group and the whole), 1e-16 apart on any kernels, or checks
+# arguments; they run once, on this CPU's own kernels (tests/corel/test_vectorized.py).
 
 BASE = {"dataset": "digits", "epochs": 6, "batch_size": 32, "lr": 1e-3, "loss": "cosine"}
 LAMS = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
