@@ -77,7 +77,7 @@ test: $(STAMP) $(NATIVE)
 	$(BIN)/python -m pytest -q $(XDIST) $(DURATIONS) -m "not serial"; main=$$?; \
 	wait $$open; open=$$?; echo "--- the open pass ($(OPEN_LOG)):"; cat $(OPEN_LOG); \
 	[ $$main -eq 0 ] && [ $$open -eq 0 ]
-	$(BIN)/python -m pytest -q $(DURATIONS) -m serial
+	$(BIN)/python -m pytest -q $(DURATIONS) -m serial tests/app/processes
 
 # The edit loop's pass: ruff, then the tests that need no worker or browser (the library's,
 # the worker's own units, the API tier on PostgreSQL and Redis, the repository's checks) on

@@ -89,8 +89,22 @@ def shared_datasets() -> Path:
 SPREAD_ONE_BY_ONE = {"tests/app/stack/test_bench_smoke.py", "tests/test_bench_cnn_rows.py"}
 
 
+# make test's serial pass collects this folder alone (collecting the whole suite for its 15
+# tests took 17 s of it); a test marked `serial` elsewhere would run in no pass.
+SERIAL_FOLDER = "tests/app/processes/"
+
+
+def misplaced_serial(items: list[tuple[str, bool]]) -> list[str]:
+    """The node ids of ``(node id, marked serial)`` pairs marked serial outside SERIAL_FOLDER."""
+    return [nodeid for nodeid, serial in items if serial and not nodeid.startswith(SERIAL_FOLDER)]
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = misplaced_serial([(item.nodeid, item.get_closest_marker("serial") is not None) for item in items])
+    if misplaced:
+        raise pytest.UsageError(f"{misplaced}: a test marked serial belongs in {SERIAL_FOLDER} "
+                                "(make test's serial pass collects that folder alone)")
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     for item in items:

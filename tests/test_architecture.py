@@ -403,6 +403,17 @@ def test_a_service_test_in_the_wrong_tier_stops_the_collection() -> None:
     assert "tests/app/<tier>/" in wrong[0] and "digits_runs" in wrong[1] and "tests/app/<tier>/" in wrong[2]
 
 
+def test_a_serial_test_outside_the_processes_tier_stops_the_collection() -> None:
+    """make test's serial pass collects tests/app/processes alone: tests/conftest.py refuses,
+    at collection, a test marked serial anywhere else (it would run in no pass)."""
+    from tests.conftest import misplaced_serial
+
+    assert misplaced_serial([("tests/app/processes/test_x.py::test_a", True),
+                             ("tests/app/stack/test_x.py::test_b", False)]) == []
+    assert misplaced_serial([("tests/app/stack/test_x.py::test_b", True),
+                             ("tests/corel/test_y.py::test_c", False)]) == ["tests/app/stack/test_x.py::test_b"]
+
+
 def test_under_xdist_a_file_s_tests_are_one_work_unit(request: pytest.FixtureRequest) -> None:
     """make test keeps a file's tests on one process (tests/conftest.py gives each test its
     file's xdist_group, and --dist loadgroup sends a group to one process), so that a file's
