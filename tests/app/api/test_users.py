@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -27,12 +26,11 @@ from sqlalchemy import select, update
 import app.services.experiments as experiments_service
 from app.core.db import make_engine, make_sessionmaker
 from app.core.errors import Conflict
-from app.core.migrate import upgrade
 from app.core.models import ApiToken, Experiment, utcnow
 from app.core.settings import Settings
 from app.main import create_app
 from harness.stack import corel_env
-from tests.app.conftest import PG_ADMIN_URL, corel_cli, npz_bytes, pg_available
+from tests.app.conftest import PG_ADMIN_URL, corel_cli, migrated_database, npz_bytes, pg_available
 from tests.conftest import REPO, require
 from tests.encoder_files import timm_weights
 
@@ -45,17 +43,11 @@ RUN = {"dataset": "digits", "epochs": 1}
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def own_settings(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Settings]:
-    if request.param == "sqlite":
-        url, name = f"sqlite:///{tmp_path / 'corel.sqlite3'}", None
-    else:
+    if request.param == "postgresql":
         require(pg_available(), f"PostgreSQL at {PG_ADMIN_URL}")
-        name = f"corel_users_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        url = f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    url, name = migrated_database(request.param, tmp_path)  # at the migrations' head
     s = Settings(database_url=url, var_dir=tmp_path, broker_url="memory://", log_level="WARNING",
                  api_token=SecretStr(BOOT))
-    upgrade(s)
     yield s
     if name is not None:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
