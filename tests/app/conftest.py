@@ -32,7 +32,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import closing, contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -220,17 +220,21 @@ def pg_url() -> Iterator[str]:
     name = f"corel_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
+    yield pg_database_url(name)
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # Databases migrated once a process, copied for each test that needs a fresh one of its own
 # (test_users.py's 40, own_database's): an upgrade from nothing took 0.4 s alone on a 2-core
-# AVX2 EPYC and about 1.8 s in the open pass, a copy a few milliseconds. Never written to;
-# dropped when the process ends. tests/app/api/test_migrations.py still migrates from nothing.
-_TEMPLATES: dict[str, str] = {}
+# AVX2 EPYC and about 1.8 s a setup in the open pass; a copy 3-4 ms (SQLite's backup) or 35 ms
+# (CREATE DATABASE ... TEMPLATE) there. Never written to; dropped when the process ends. tests/app/api/test_migrations.py still migrates from nothing.
+_TEMPLATES: dict[str, str] = {}  # kind -> a PostgreSQL database's name, a SQLite file's path
+
+
+def pg_database_url(name: str) -> str:
+    """The URL of database ``name`` on the machine's PostgreSQL (PG_ADMIN_URL's server)."""
+    return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
 
 
 def _drop_templates() -> None:
@@ -243,20 +247,22 @@ def _drop_templates() -> None:
 
 
 def _template(kind: str) -> str:
-    """The migrated template of ``kind`` (a PostgreSQL database's name, a SQLite file's path)."""
+    """The migrated template of ``kind``, made on first use."""
     if kind not in _TEMPLATES:
         if not _TEMPLATES:
             atexit.register(_drop_templates)
-        folder = Path(tempfile.mkdtemp(prefix="corel-template-"))
         if kind == "postgresql":
-            name = f"corel_template_{uuid.uuid4().hex[:10]}"
+            made = f"corel_template_{uuid.uuid4().hex[:10]}"
             with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-                conn.execute(f'CREATE DATABASE "{name}"')
-            url, made = f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}", name
+                conn.execute(f'CREATE DATABASE "{made}"')
+            url, folder = pg_database_url(made), None
         else:
+            folder = Path(tempfile.mkdtemp(prefix="corel-template-"))
             made = str(folder / "corel.sqlite3")
             url = f"sqlite:///{made}"
-        upgrade(Settings(database_url=url, var_dir=folder, broker_url="memory://", log_level="WARNING"))
+        with tempfile.TemporaryDirectory() as var_dir:
+            upgrade(Settings(database_url=url, var_dir=folder or Path(var_dir), broker_url="memory://",
+                             log_level="WARNING"))
         _TEMPLATES[kind] = made
     return _TEMPLATES[kind]
 
@@ -269,13 +275,11 @@ def migrated_database(kind: str, folder: Path) -> tuple[str, str | None]:
         name = f"corel_test_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-        return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}", name
+        return pg_database_url(name), name
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "corel.sqlite3"
-    with sqlite3.connect(template) as source, sqlite3.connect(path) as copy:
+    with closing(sqlite3.connect(template)) as source, closing(sqlite3.connect(path)) as copy:
         source.backup(copy)
-    source.close()
-    copy.close()
     return f"sqlite:///{path}", None
 
 

@@ -19,7 +19,7 @@ from app.core.settings import Settings
 from app.services.experiments import create_experiment
 from app.storage import make_store
 from corel.train import checkpoint_from_bytes
-from tests.app.conftest import PG_ADMIN_URL, pg_available
+from tests.app.conftest import PG_ADMIN_URL, pg_available, pg_database_url
 from tests.conftest import require
 from worker.runner import train_experiment
 
@@ -37,7 +37,7 @@ def settings(request: pytest.FixtureRequest, tmp_path) -> Iterator[Settings]:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         yield Settings(var_dir=tmp_path, broker_url="memory://",
-                       database_url=f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}")
+                       database_url=pg_database_url(name))
     finally:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
