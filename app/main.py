@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -44,7 +45,7 @@ from app.jobs.queue import TaskQueue
 from app.services import builtin
 from app.serving.inference import InferenceRunner
 from app.serving.model_cache import LoadOnceCache, ModelCache
-from app.serving.neighbors import Reference
+from app.serving.neighbors import Reference, warm
 from app.storage import attach, make_store
 from app.storage.refs import collect_in_background
 from app.web import router as web_router
@@ -97,7 +98,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             text_threads=settings.text_threads)
         metrics.watch_text_queue(state.inference)
         state.probes = ThreadPoolExecutor(4, thread_name_prefix="corel-ready")
-        state.events = EventHub(state.sessionmaker, settings.db_url)
+        # A promotion's candidate is loaded here before its flip (publish_warm, PostgreSQL).
+        state.events = EventHub(state.sessionmaker, settings.db_url,
+                                on_warm=functools.partial(warm, state))
         await state.events.start()
         metrics.service.attach(engine, state.model_cache, state.probes)
         log.info("api started", extra={"database": engine.url.render_as_string(hide_password=True)})

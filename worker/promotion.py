@@ -52,7 +52,7 @@ from app.core.models import (
 )
 from app.core.schemas.indexes import IndexCreate
 from app.core.settings import Settings
-from app.jobs import lifecycle
+from app.jobs import events, lifecycle
 from app.jobs.lifecycle import LostLease
 from app.storage import ensure as ensure_store
 from app.storage import release_after_commit
@@ -243,6 +243,8 @@ def _build_collection(build_id: int, factory: sessionmaker[Session], settings: S
         index_id = row.index_id
     _inline(functools.partial(build_index, index_id, factory, settings), factory, NeighborIndex, index_id,
             settings)
+    with session_scope(factory) as session:  # the API processes load the index while the flip is made
+        events.publish_warm(session, experiment_id, index_id)
 
 
 def embed_collections(factory: sessionmaker[Session], settings: Settings, model_id: int, version: int) -> None:
@@ -369,6 +371,8 @@ def promote(promotion_id: int, factory: sessionmaker[Session], settings: Setting
             return "refused"
         with session_scope(factory) as session:
             lifecycle.progress(session, promotion_id, Promotion, phase="embedding")
+            # The API processes load the candidate's model while its collections embed.
+            events.publish_warm(session, candidate)
         with lease_kept(factory, promotion_id, settings, Promotion):  # the candidate's indexes, before the flip
             embed_collections(factory, settings, model_id, version)
         with session_scope(factory) as session:  # the flip: compare, swap, history, in one transaction

@@ -17,6 +17,13 @@ new rows once. The hub learns of changes
 
 Either way the database is read once per change per stream, and polled at most once per
 interval per process, however many clients watch.
+
+The same channel carries one more kind of news, on PostgreSQL only: :func:`publish_warm`, a
+run (and an index of its) that requests are about to be served from, sent by a promotion
+before its flip. Each API process's hub hands it to ``on_warm`` on a thread of its own, which
+loads the model and the index into the process's caches, so that the first request after the
+flip is not the one that loads them. On SQLite (one process, the embedded default) it is not
+sent: the first request loads them, as before.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -42,6 +50,7 @@ SAFETY_SECONDS = 30.0  # PostgreSQL: the same look, in case a notification went 
 RECONNECT_MAX_PAUSE = 10.0  # the listener's pause between attempts doubles up to this
 PAYLOAD_BYTES = 7000  # NOTIFY payloads must stay below 8000 bytes
 QUERY_CHUNK = 500  # ids per IN (...) list: SQLite allows 999 parameters by default
+WARM = "warm:"  # a payload that asks the API processes to load a run (and an index) now
 
 
 def publish(session: Session, experiment_ids: Iterable[int]) -> None:
@@ -70,8 +79,25 @@ def _notify(session: Session, payload: str) -> None:
                     {"channel": CHANNEL, "payload": payload})
 
 
+def publish_warm(session: Session, experiment_id: int, index_id: int | None = None) -> None:
+    """Tell every API process to load run ``experiment_id``'s model (and index ``index_id``,
+    one of its) into its caches now: they are about to be served (a promotion's candidate,
+    before its flip). Sent when the session's transaction commits; nothing on SQLite."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    _notify(session, f"{WARM}{experiment_id}" + ("" if index_id is None else f":{index_id}"))
+
+
 def _parse_payload(payload: str) -> set[int]:
     return {int(part) for part in payload.split(",") if part.strip().isdigit()}
+
+
+def _parse_warm(payload: str) -> tuple[int, int | None] | None:
+    """``warm:<run>[:<index>]`` as (run, index or None); None for anything else."""
+    parts = payload[len(WARM):].split(":") if payload.startswith(WARM) else []
+    if not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), (int(parts[1]) if len(parts) == 2 else None)
 
 
 class Subscription:
@@ -105,8 +131,13 @@ class Subscription:
 class EventHub:
     """One per API process: wakes the streams of the experiments that changed."""
 
-    def __init__(self, factory: sessionmaker[Session], database_url: str) -> None:
+    def __init__(self, factory: sessionmaker[Session], database_url: str,
+                 on_warm: Callable[[int, int | None], None] | None = None) -> None:
+        """``on_warm(run, index or None)``: what a :func:`publish_warm` does here (run on the
+        hub's warming thread, one at a time; its errors are logged, not raised)."""
         self.factory = factory
+        self.on_warm = on_warm
+        self._warmer: ThreadPoolExecutor | None = None
         self.url = make_url(database_url)
         self.uses_listen = self.url.get_backend_name() == "postgresql"
         self.listening = threading.Event()  # set while the LISTEN connection is up
@@ -121,6 +152,8 @@ class EventHub:
         self._loop = asyncio.get_running_loop()
         self._stopping.clear()
         if self.uses_listen:
+            if self.on_warm is not None:
+                self._warmer = ThreadPoolExecutor(1, thread_name_prefix="corel-warm")
             self._thread = threading.Thread(target=self._listen, name="corel-events-listen",
                                             daemon=True)
             self._thread.start()
@@ -135,7 +168,9 @@ class EventHub:
                 await self._poller
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5)
-        self._thread = self._poller = None
+        if self._warmer is not None:  # a load under way ends; those queued behind it are dropped
+            await asyncio.to_thread(self._warmer.shutdown, True, cancel_futures=True)
+        self._thread = self._poller = self._warmer = None
 
     @contextmanager
     def subscribe(self, experiment_ids: Iterable[int]) -> Iterator[Subscription]:
@@ -203,7 +238,10 @@ class EventHub:
                     self._wake_from_thread(None)
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
-                            self._wake_from_thread(_parse_payload(note.payload))
+                            if note.payload.startswith(WARM):
+                                self._warm(note.payload)
+                            else:
+                                self._wake_from_thread(_parse_payload(note.payload))
             except Exception as exc:  # any failure of the connection: try again later
                 if self._stopping.is_set():
                     break
@@ -214,6 +252,23 @@ class EventHub:
                 self.listening.clear()
             self._stopping.wait(pause)
             pause = min(pause * 2, RECONNECT_MAX_PAUSE)
+
+    def _warm(self, payload: str) -> None:
+        what = _parse_warm(payload)
+        warmer, on_warm = self._warmer, self.on_warm
+        if what is None or warmer is None or on_warm is None:
+            return
+
+        def load() -> None:
+            try:
+                on_warm(*what)
+            except Exception as exc:  # the first request loads it instead, and says why not
+                log.warning("could not warm a run before serving it",
+                            extra={"experiment": what[0], "index": what[1],
+                                   "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+
+        with suppress(RuntimeError):  # the hub is stopping
+            warmer.submit(load)
 
     # -- every backend: one cheap look at the watched rows --------------------------------
 

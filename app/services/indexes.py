@@ -21,7 +21,7 @@ from app.core.schemas.indexes import IndexCreate
 from app.core.settings import Settings
 from app.jobs.lifecycle import cancel
 from app.services.retrieval import no_training_rows
-from app.storage import read
+from app.storage import read_parsed
 from corel.clustering import default_metric
 from corel.index import VectorIndex
 
@@ -106,4 +106,4 @@ def load_index(session: Session, index_id: int) -> VectorIndex:
     row = session.get(NeighborIndex, index_id)
     if row is None or row.sha256 is None:
         raise Conflict(f"index {index_id} has no stored file")
-    return VectorIndex.from_bytes(read(session, row.sha256))
+    return read_parsed(session, row.sha256, VectorIndex.from_bytes)

@@ -535,16 +535,20 @@ def forward(
 async def model_for(state: ServingState, experiment_id: int) -> LoadedModel:
     """The experiment's served model: from the API process's cache, or loaded once from
     its best checkpoint (off the event loop)."""
-    cache = state.model_cache
-    loaded: LoadedModel | None = cache.peek(experiment_id)
+    loaded: LoadedModel | None = state.model_cache.peek(experiment_id)
     if loaded is not None:
         return loaded
+    return await run_in_threadpool(load_model, state, experiment_id)
+
+
+def load_model(state: ServingState, experiment_id: int) -> LoadedModel:
+    """:func:`model_for` on the calling thread."""
 
     def load() -> LoadedModel:
         with session_scope(state.sessionmaker) as session:
             return load_from_database(session, experiment_id, state.settings.device, state.settings)
 
-    return await run_in_threadpool(cache.get, experiment_id, load)
+    return state.model_cache.get(experiment_id, load)
 
 
 async def infer(state: ServingState, req: InferenceRequest, similarities: bool,

@@ -77,24 +77,40 @@ def _reference(state: ServingState, experiment_id: int, loss: str, index_id: int
     if chosen is None:
         return None, state.references.get(("train", experiment_id),
                                           lambda: _exact_over_training(state, experiment_id, loss))
+    return chosen, indexed_reference(state, experiment_id, chosen)
 
-    def load() -> Reference:
-        with session_scope(state.sessionmaker) as session:
-            index = load_index(session, chosen).to(pick_device(state.settings.device))
-            built = session.get(NeighborIndex, chosen)
-            assert built is not None
-            if built.embedding_job_id is None:  # the training split's rows
-                positions = training_positions(session, experiment_id)
-                source = _experiment_source(session, experiment_id)
-            else:
-                job = session.get(EmbeddingJob, built.embedding_job_id)
-                upload = None if job is None else session.get(DatasetUpload, job.dataset_id)
-                # A job embeds every row of its upload, in order.
-                positions = np.arange(index.n, dtype=np.int64)
-                source = RowSource("npz" if upload is None or upload.kind == "npz" else upload.kind,
-                                   None if job is None else job.dataset_id)
-            return Reference(index, positions, source, _texts(session, state.settings, source, positions))
-    return chosen, state.references.get(("index", chosen), load)
+
+def indexed_reference(state: ServingState, experiment_id: int, index_id: int) -> Reference:
+    """Index ``index_id`` (one of run ``experiment_id``'s) as /neighbors searches it: from the
+    process's cache, or loaded once."""
+    return state.references.get(("index", index_id), lambda: _load_reference(state, experiment_id, index_id))
+
+
+def _load_reference(state: ServingState, experiment_id: int, index_id: int) -> Reference:
+    with session_scope(state.sessionmaker) as session:
+        index = load_index(session, index_id).to(pick_device(state.settings.device))
+        built = session.get(NeighborIndex, index_id)
+        assert built is not None
+        if built.embedding_job_id is None:  # the training split's rows
+            positions = training_positions(session, experiment_id)
+            source = _experiment_source(session, experiment_id)
+        else:
+            job = session.get(EmbeddingJob, built.embedding_job_id)
+            upload = None if job is None else session.get(DatasetUpload, job.dataset_id)
+            # A job embeds every row of its upload, in order.
+            positions = np.arange(index.n, dtype=np.int64)
+            source = RowSource("npz" if upload is None or upload.kind == "npz" else upload.kind,
+                               None if job is None else job.dataset_id)
+        return Reference(index, positions, source, _texts(session, state.settings, source, positions))
+
+
+def warm(state: ServingState, experiment_id: int, index_id: int | None) -> None:
+    """Run ``experiment_id``'s model, and its index ``index_id``, loaded into this process's
+    caches before a request asks (app.jobs.events.publish_warm: a promotion's candidate,
+    before its flip), so that no request after the flip waits for their loading."""
+    inference.load_model(state, experiment_id)
+    if index_id is not None:
+        indexed_reference(state, experiment_id, index_id)
 
 
 def _texts(session: Session, settings: Any, source: RowSource, positions: np.ndarray | None) -> list[str] | None:

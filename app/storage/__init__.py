@@ -9,7 +9,8 @@ artifacts a committed transaction stopped referencing are deleted once it has co
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,6 +27,8 @@ from app.storage.store import (
     StoreUnavailable,
     TooLarge,
 )
+
+T = TypeVar("T")
 
 __all__ = ["Artifact", "ArtifactMissing", "ArtifactStore", "DigestMismatch", "LocalStore",
            "S3Store", "StorageError", "StoreUnavailable", "TooLarge", "attach", "ensure", "make_store",
@@ -78,6 +81,11 @@ def store_of(session: Session) -> ArtifactStore:
 def read(session: Session, digest: str) -> bytes:
     """An artifact's bytes, verified against its digest."""
     return store_of(session).read_bytes(digest)
+
+
+def read_parsed(session: Session, digest: str, parse: Callable[[bytes], T]) -> T:
+    """``parse`` of an artifact's bytes, verified against its digest (ArtifactStore.read_parsed)."""
+    return store_of(session).read_parsed(digest, parse)
 
 
 def release_after_commit(session: Session, digests: Iterable[str | None]) -> None:

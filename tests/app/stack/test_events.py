@@ -392,3 +392,35 @@ def sqlite_factory(sqlite_settings: Settings) -> Iterator[sessionmaker[Session]]
     engine = make_engine(sqlite_settings.db_url)
     yield make_sessionmaker(engine)
     engine.dispose()
+
+
+def test_a_warm_notification_loads_the_run_into_every_api_process_s_cache(live, pg_factory, finished_run,
+                                                                         caplog) -> None:
+    """publish_warm (a promotion's candidate, before its flip) makes the API process load the
+    run's model before any request asks for it; a run that cannot be loaded is logged, and the
+    warming goes on. A rolled-back transaction sends nothing."""
+    _, app = live
+    cache = app.state.model_cache
+    cache.invalidate(finished_run)
+    with session_scope(pg_factory) as session:
+        events_module.publish_warm(session, finished_run)
+        session.rollback()
+    time.sleep(1.0)
+    assert cache.peek(finished_run) is None, "a rolled-back warm-up was delivered"
+    with caplog.at_level("WARNING", logger="corel.events"):
+        with session_scope(pg_factory) as session:
+            events_module.publish_warm(session, 2_000_000_000)  # no such run
+        with session_scope(pg_factory) as session:
+            events_module.publish_warm(session, finished_run)
+        wait_until(lambda: cache.peek(finished_run) is not None, 30, "the run's model in the API's cache")
+    assert any("could not warm" in r.getMessage() and getattr(r, "experiment", None) == 2_000_000_000
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_warm_payloads_are_told_from_experiment_ids() -> None:
+    assert events_module._parse_warm("warm:12") == (12, None)
+    assert events_module._parse_warm("warm:12:7") == (12, 7)
+    for payload in ("12,13", "warm:", "warm:x", "warm:1:2:3", "warm:1:"):
+        assert events_module._parse_warm(payload) is None, payload
+    # An experiment stream never mistakes one for its ids.
+    assert events_module._parse_payload("warm:12:7") == set()

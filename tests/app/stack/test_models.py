@@ -377,6 +377,8 @@ def test_a_collection_is_searched_by_alias_and_flips_with_it(client, digits_runs
     assert added.json()["collections"] == [{"dataset_id": dataset, "builds": []}]  # no alias yet
     assert client.post(f"/models/{name}/collections", json={"dataset_id": dataset}).status_code == 409
 
+    state = client.app.state
+    state.model_cache.invalidate(cosine)
     first = _promote(client, name, "production", version=1, expected_version=None)
     assert first["status"] == "succeeded", first["error"]
     rows = digits.data[200:203].reshape(3, 8, 8).tolist()
@@ -396,6 +398,11 @@ def test_a_collection_is_searched_by_alias_and_flips_with_it(client, digits_runs
 
     one = builds()[1]
     assert one["status"] == "succeeded" and one["index_id"] is not None
+    # The promotion had the API load the candidate's model and the collection's index before
+    # its flip (app.jobs.events.publish_warm): no request has served or searched them yet.
+    wait_until(lambda: state.model_cache.peek(cosine) is not None
+               and state.references.peek(("index", one["index_id"])) is not None, 30,
+               "the candidate's model and index loaded in the API before a request")
     got = by_alias()
     assert (got["model_version"], got["experiment_id"], got["index_id"]) == (1, cosine, one["index_id"])
     assert got["n_reference"] == 200 and got["results"] == direct(cosine, one["index_id"])
