@@ -271,7 +271,11 @@ class LocalStore(ArtifactStore):
         data = path.read_bytes()
         with ThreadPoolExecutor(1, thread_name_prefix="corel-verify") as pool:
             hashed = pool.submit(lambda: hashlib.sha256(data).hexdigest())  # hashlib lets go of the GIL
-            parsed = parse(data)
+            try:
+                parsed = parse(data)
+            except Exception:  # bytes that do not parse: corrupt ones are named as such
+                self._refuse_unless(digest, hashed.result())
+                raise
             self._refuse_unless(digest, hashed.result())
         self._verified_once[digest] = stamp
         return parsed

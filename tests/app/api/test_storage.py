@@ -55,6 +55,12 @@ def test_a_parsed_read_hashes_beside_the_parse_and_refuses_corrupt_bytes(tmp_pat
     with caplog.at_level(logging.ERROR, logger="corel.storage"), pytest.raises(DigestMismatch):
         store.read_parsed(art.sha256, parse)
     assert parsed[-1] == b"an index's byteZ"  # parsed, then refused
+
+    def strict(data: bytes) -> bytes:
+        raise ValueError("these bytes are not an index")
+
+    with pytest.raises(DigestMismatch):  # bytes that do not parse are named corrupt, not unparsable
+        store.read_parsed(art.sha256, strict)
     assert any("do not match" in r.getMessage() for r in caplog.records)
     store.delete(art.sha256)
     with pytest.raises(StorageError, match="no artifact"):
