@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import itertools
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -28,6 +29,8 @@ from corel.data.image_folders import MAX_PIXELS, ImageTooLarge, open_image, why_
 from corel.data.tables import texts_of_rows
 from corel.encoders.record import EncoderRecord
 from corel.layers import Layer
+
+log = logging.getLogger("corel.api")
 
 MAX_TEXT_BYTES = 256 * 1024  # Settings.max_text_bytes's default
 
@@ -546,9 +549,30 @@ def load_model(state: ServingState, experiment_id: int) -> LoadedModel:
 
     def load() -> LoadedModel:
         with session_scope(state.sessionmaker) as session:
-            return load_from_database(session, experiment_id, state.settings.device, state.settings)
+            loaded = load_from_database(session, experiment_id, state.settings.device, state.settings)
+        warm_texts(loaded, state.settings.text_threads)
+        return loaded
 
     return state.model_cache.get(experiment_id, load)
+
+
+WARM_TEXT = "corel warms this model before it answers."
+
+
+def warm_texts(loaded: LoadedModel, threads: int) -> None:
+    """A model on a frozen text encoder computes one text on the text passes' ``threads``
+    while it loads: the encoder's weights, and the ONNX Runtime session its served texts run
+    on (made for that thread count; about 1.5 s for MiniLM), are then ready before the
+    first request, which would otherwise wait for them. A failure is logged: the first
+    request then meets it and answers it."""
+    if loaded.modality != "text" or not _frozen_encoder(loaded):
+        return
+    try:
+        with torch_threads(threads):
+            loaded.served.prepare([WARM_TEXT])
+    except Exception as exc:  # logged; a request gets the error itself
+        log.warning("a text model could not be warmed", extra={"experiment_id": loaded.experiment_id,
+                                                               "error": f"{type(exc).__name__}: {exc}"})
 
 
 async def infer(state: ServingState, req: InferenceRequest, similarities: bool,

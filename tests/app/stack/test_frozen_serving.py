@@ -615,3 +615,28 @@ def test_a_text_over_the_byte_limit_is_413_naming_it(client, minilm):
                                   "most 262,144 (COREL_MAX_TEXT_BYTES)")
     r = client.post("/embed", json={"experiment_id": minilm["id"], "texts": []})
     assert r.status_code == 422 and "texts" in r.text
+
+
+def test_a_text_model_s_load_readies_the_session_its_served_texts_run_on(client, minilm):
+    """Loading a model on a frozen text encoder computes a text on the text passes' threads
+    (api_text_threads), so its ONNX Runtime session (fp32 or int8) is made at the load, made
+    for those threads, and not by the first request. Three threads: a count no other test
+    serves on, so no earlier test made that session."""
+    from types import SimpleNamespace
+
+    from app.serving.inference import load_model
+    from app.serving.model_cache import ModelCache
+    from corel.encoders import text_transformers as tt
+
+    app = client.app.state
+    state = SimpleNamespace(settings=app.settings.model_copy(update={"api_text_threads": 3}),
+                            sessionmaker=app.sessionmaker, model_cache=ModelCache(2))
+    served = ServedModel.from_bytes(client.get(f"/experiments/{minilm['id']}/checkpoint").content)
+    path = served.encoder.path
+    kind = served.preprocessing["encoder"]["features_path"]["precision"]
+    engine = tt.served_engine(path, kind)
+    made = (str(path), f"onnx-{kind}-3")
+    assert made not in tt._FAST
+    loaded = load_model(state, minilm["id"])  # type: ignore[arg-type]
+    assert loaded.experiment_id == minilm["id"]
+    assert (made in tt._FAST) == (engine == "onnx"), (kind, engine)  # bf16: torch, no session

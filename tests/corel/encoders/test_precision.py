@@ -18,7 +18,7 @@ from corel.encoders import load, precision
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
 from corel.train import Callback, checkpoint_from_bytes, checkpoint_to_bytes, fit
-from tests.conftest import SHARED_DATASETS, require
+from tests.conftest import SHARED_DATASETS, assert_rows_close, require
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +193,49 @@ def test_int8_on_a_cpu_without_int8_is_refused_and_bf16_still_trains(monkeypatch
         ExperimentSpec(dataset="ag-news", encoder="minilm", precision="int8")
     assert ExperimentSpec(dataset="ag-news", encoder="minilm", precision="bf16").precision == "bf16"
     assert ExperimentSpec(dataset="digits").precision == "auto"
+
+
+def test_served_fp32_texts_run_on_onnx_runtime_and_equal_torch_s(news, tmp_path):
+    """A served request's texts (not kept) on the fp32 path compute through ONNX Runtime's
+    fp32 kernels, faster at the few texts a pass holds; a run's kept features stay torch's.
+    Both are float32 arithmetic: rows within 1e-5 of their scale, cosine within 1e-9."""
+    from corel.encoders import model_inputs
+    from corel.encoders import text_transformers as tt
+
+    data = load_dataset(spec(news, precision="fp32"))
+    assert data.preprocessing["encoder"]["features_path"]["precision"] == "fp32"
+    enc = load(data.preprocessing)
+    assert tt.served_engine(enc.path, "fp32") == "onnx"
+    texts = split_texts(news, data)[:12]
+    kept = model_inputs(texts, data.preprocessing, tmp_path, keep=True)
+    # torch's, as the run's own features are: the test split's rows, looked up by text
+    assert torch.equal(kept, tt._encode(enc.path, texts, enc.name, "fp32", report=False))
+    served = [model_inputs(texts[i:i + n], data.preprocessing) for i, n in ((0, 1), (1, 2), (3, 9))]
+    got = torch.cat(served).double()
+    assert_rows_close(got.numpy(), kept.numpy())
+    cos = torch.nn.functional.cosine_similarity(got, kept.double(), dim=1)
+    assert float(cos.min()) > 1 - 1e-9, cos
+    # And what the service serves is ONNX Runtime's, not torch's under another name.
+    assert torch.equal(served[0], torch.from_numpy(tt._run_onnx(enc.path, texts[:1], "fp32")))
+
+
+def test_an_encoder_that_does_not_export_serves_its_texts_on_torch(tmp_path, caplog):
+    """A user's sentence-transformers model that cannot be exported (it lower-cases texts
+    before its tokenizer, which an exported tokenizer would not) is served on torch as
+    before: logged once, its answers torch's own."""
+    import json
+
+    from corel.encoders import text_transformers as tt
+    from tests.encoder_files import tiny_sentence_transformer
+
+    folder = tiny_sentence_transformer(tmp_path / "lower")
+    config = folder / "sentence_bert_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "do_lower_case": True}))
+    texts = ["Shares FELL as the bank raised rates", "The striker scored twice"]
+    with caplog.at_level("WARNING", logger="corel.features"):
+        assert tt.served_engine(folder, "fp32") == "torch"
+        assert tt.served_engine(folder, "fp32") == "torch"
+    refused = [r for r in caplog.records if "ONNX export failed" in r.getMessage()]
+    assert len(refused) == 1 and "lower-cases" in refused[0].error, caplog.records
+    served = tt._encode(folder, texts, "lower", "fp32", report=False, engine=tt.served_engine(folder, "fp32"))
+    assert torch.equal(served, tt._encode(folder, texts, "lower", "fp32", report=False))
