@@ -43,7 +43,7 @@ lint: $(STAMP)
 # The library's numeric tests (marked `kernels`: their figures come out of torch's or MKL's
 # kernels) once more on other kernels than this CPU's own: torch's non-vectorised ones and
 # MKL's reproducible path, so that a test that holds only on one CPU's rounding fails here,
-# not on the next machine. Then the whole suite.
+# not on the next machine. It runs beside the main pass, once the open pass has ended (below).
 KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 
 #
@@ -56,27 +56,32 @@ XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 # leftover check (tests/leftovers.py): a process or thread the pass left running fails it.
 DURATIONS := --durations=25
 
-# mypy (one process, about 100 s from an empty cache) checks beside the kernel pass.
 # The main and serial passes act for a user with a write token (tests/app/conftest.py): every
 # route through the owner, sharing and access checks. The open pass runs, in the open mode
 # `make serve` starts in, the tests that set up their own authentication and the API's own
 # tests (no worker) once more. It runs beside the main pass, on Redis databases of its own
 # (14, 15; the main pass has 12, 13): alone it left the cores idle a third of its time (the
-# schemathesis runs: a fuzzer and a server taking turns), its output in build/open-pass.log,
-# shown when both end.
+# schemathesis runs: a fuzzer and a server taking turns). When it ends, the kernel pass runs
+# in its place, mypy (one process, about 100 s from an empty cache) beside it: the main pass's
+# second half, two test processes waiting on workers and servers, left the cores 15-35 %
+# idle. The lane's output is in build/open-pass.log and build/kernel-pass.log, shown when
+# the main pass ends.
 OPEN := COREL_TEST_OPEN_MODE=1 COREL_TEST_REDIS_URL=redis://127.0.0.1:6379/13
 OPEN_LOG := build/open-pass.log
+KERNEL_LOG := build/kernel-pass.log
 test: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check corel app worker tests bench harness
-	$(BIN)/mypy & mypy=$$!; \
-	$(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m kernels tests/corel; \
-		kernels=$$?; wait $$mypy && [ $$kernels -eq 0 ]
 	@mkdir -p build
-	$(OPEN) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not serial" tests/app \
-		> $(OPEN_LOG) 2>&1 & open=$$!; \
+	{ $(OPEN) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not serial" tests/app \
+		> $(OPEN_LOG) 2>&1; open=$$?; \
+	  { $(BIN)/mypy & mypy=$$!; \
+	    $(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m kernels tests/corel; \
+	    kernels=$$?; wait $$mypy && [ $$kernels -eq 0 ]; } > $(KERNEL_LOG) 2>&1; lane=$$?; \
+	  [ $$open -eq 0 ] && [ $$lane -eq 0 ]; } & beside=$$!; \
 	$(BIN)/python -m pytest -q $(XDIST) $(DURATIONS) -m "not serial"; main=$$?; \
-	wait $$open; open=$$?; echo "--- the open pass ($(OPEN_LOG)):"; cat $(OPEN_LOG); \
-	[ $$main -eq 0 ] && [ $$open -eq 0 ]
+	wait $$beside; beside=$$?; echo "--- the open pass ($(OPEN_LOG)):"; cat $(OPEN_LOG); \
+	echo "--- the kernel pass and mypy ($(KERNEL_LOG)):"; cat $(KERNEL_LOG); \
+	[ $$main -eq 0 ] && [ $$beside -eq 0 ]
 	$(BIN)/python -m pytest -q $(DURATIONS) -m serial tests/app/processes
 
 # The edit loop's pass: ruff, then the tests that need no worker or browser (the library's,
