@@ -83,6 +83,25 @@ def test_an_index_survives_its_bytes(kind):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_graph_read_in_small_pieces_is_the_graph_written_and_a_cut_one_is_refused(monkeypatch):
+    """faiss reads an HNSW index's arrays from slices of the stored bytes: in pieces of 1,000
+    bytes (every array split across reads) the index read is byte for byte the one written;
+    bytes cut short are an error, not a smaller index."""
+    import faiss
+
+    import corel.index
+
+    x, y = clustered(2000)
+    index = VectorIndex.build(x, y, "cosine", "hnsw")
+    blob = index.to_bytes()
+    monkeypatch.setattr(corel.index, "READ_PIECE", 1000)
+    again = VectorIndex.from_bytes(blob)
+    assert np.array_equal(faiss.serialize_index(again.library_index), faiss.serialize_index(index.library_index))
+    assert again.to_bytes() == blob
+    with pytest.raises(RuntimeError, match="read error"):
+        VectorIndex.from_bytes(blob[:-1000])
+
+
 def test_progress_reports_every_chunk_and_can_stop_the_build():
     x, y = clustered(1000)
     seen: list[tuple[int, int]] = []
