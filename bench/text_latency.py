@@ -7,6 +7,9 @@ rows, one epoch; its features on the path corel's gate picks), then, in one run:
 
 (a) in-process, sentence-transformers' own ``encode`` of the one sentence (the peer: what a
     user's own Python would pay for the features alone);
+(a') in-process, corel's own served fp32 path (``corel.encoders.model_inputs``: ONNX Runtime's
+    float32 kernels, as the API computes a served text), one text at a time: the compute
+    alone, the floor under (b)'s p99, with the slowest text's tokens;
 (b) ``POST /embed`` of one sentence, one client, one keep-alive connection, one request at a
     time: p50 and p99; for ``layer: "encoder"`` (MiniLM's own vectors, what Infinity serves)
     and ``layer: "head"`` (the COREL head's h over them);
@@ -194,6 +197,21 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
             started = time.perf_counter()
             model.encode([text], show_progress_bar=False)
             peer.append(time.perf_counter() - started)
+    # The same texts through corel's own served path in process (fp32, the engine the API
+    # serves texts on: corel.encoders.model_inputs, nothing kept), one at a time: the compute
+    # alone, under any queue, HTTP or client, and what the one-client p99 cannot go below.
+    from corel.encoders import model_inputs, run_preprocessing
+
+    served = run_preprocessing("minilm", "text")
+    alone = []
+    with torch.inference_mode():
+        model_inputs(texts[:1], served)  # its session made
+        for text in texts[:args.requests]:
+            started = time.perf_counter()
+            model_inputs([text], served)
+            alone.append(time.perf_counter() - started)
+    tokens = [int(n) for n in model.tokenize(texts[:args.requests])["attention_mask"].sum(1)]
+    slowest = int(np.argmax(alone))
     same = texts[:100]
     with tempfile.TemporaryDirectory() as tmp, (
             contextlib.nullcontext(stack) if stack is not None
@@ -220,6 +238,9 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
         r.raise_for_status()
         ours = np.asarray(r.json()["embeddings"])
     print(f"(a) sentence-transformers encode, in process: p50 {pct(peer, 50):.1f} ms, p99 {pct(peer, 99):.1f} ms")
+    print(f"(a') corel's served fp32 path, in process, one text at a time: p50 {pct(alone, 50):.1f} ms, "
+          f"p99 {pct(alone, 99):.1f} ms; the slowest {1000 * alone[slowest]:.1f} ms ({tokens[slowest]} tokens; "
+          f"tokens p50 {int(np.median(tokens))}, max {max(tokens)})")
     for layer, (a, b, ab_rate) in {"encoder": (one, many, rate),
                                     "head": (head_one, head_many, head_rate)}.items():
         print(f"(b) POST /embed layer {layer}, 1 client:   p50 {pct(a, 50):.1f} ms, p99 {pct(a, 99):.1f} ms "
@@ -260,6 +281,7 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
               f"16 clients: {pct(many, 99) / pct(theirs_many, 99):.2f}; requests/s corel / infinity, 16 clients: "
               f"{rate / theirs_rate:.2f}")
         print(f"text embed one client p99 ms corel / infinity: {pct(one, 99):.1f} / {pct(theirs_one, 99):.1f}")
+        print(f"text embed one client p99 ms, corel's fp32 compute alone in process: {pct(alone, 99):.1f}")
         print(f"text embed 16 clients requests/s corel / infinity: {rate:.1f} / {theirs_rate:.1f}")
         print(f"ratio corel / infinity requests/s: {rate / theirs_rate:.2f}")
 
