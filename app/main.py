@@ -161,5 +161,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestGuard, settings=settings)
     app.add_middleware(AccessLog)
     app.add_middleware(RequestMetrics, metrics=metrics,
-                       templates=RouteTemplates(app.router.routes, app.openapi))
+                       templates=RouteTemplates(app.router.routes, app.openapi),
+                       server_timing=settings.server_timing)
     return app

@@ -13,7 +13,13 @@ seed from the mix:
 - submit: ``POST /experiments`` of a 1-epoch digits run (``--submit-share`` of requests).
 
 It prints p50 and p99 per kind and overall, requests/s, that no request failed, and, once
-the worker has trained them, that every accepted run succeeded. Target (issue 61): p99
+the worker has trained them, that every accepted run succeeded. Where the time went, from each
+answer's ``Server-Timing`` header (``COREL_SERVER_TIMING``): per kind, p50 and p99 of the ms
+in the app, in its SQL statements, and outside it (the client's time less the app's: queued
+in the socket and the event loop, and on the way), the slowest 1 %'s means of the same; the
+CPU milliseconds a request cost the API's processes, PostgreSQL, the clients and the rest
+(the app's time is its own CPU plus its turns waiting beside the requests in flight); and
+``api mixed load p99 ms in the app / outside it: A / B``. Target (issue 61): p99
 under 100 ms and at least 300 requests/s with 20 clients on this 2-core machine.
 
 Last line: ``api mixed load p99 ms: X``.
@@ -65,10 +71,23 @@ def finished(base: str, ids: list[int], timeout: float) -> dict[str, int]:
         return ends
 
 
+def spent(r: httpx.Response) -> tuple[float, float]:
+    """(ms in the app, ms in its SQL statements) from the answer's ``Server-Timing`` header
+    (``COREL_SERVER_TIMING``, app.api.middleware.RequestMetrics); NaN without one."""
+    found = {}
+    for part in r.headers.get("server-timing", "").split(","):
+        name, *params = [p.strip() for p in part.split(";")]
+        dur = next((p.split("=", 1)[1] for p in params if p.startswith("dur=")), None)
+        if dur is not None:
+            found[name] = float(dur)
+    return found.get("app", float("nan")), found.get("db", float("nan"))
+
+
 def client(base: str, plan: list[tuple[str, int]], times: dict[str, list[float]], failures: list[str],
            accepted: list[int], lock: threading.Lock, start_gate: threading.Event,
-           trace: list[tuple[float, str, float]]) -> None:
+           trace: list[tuple[float, str, float]], split: dict[str, list[tuple[float, float, float]]]) -> None:
     mine: dict[str, list[float]] = {k: [] for k in KINDS}
+    parts: dict[str, list[tuple[float, float, float]]] = {k: [] for k in KINDS}
     ids: list[int] = []
     with httpx.Client(base_url=base, timeout=60) as http:
         start_gate.wait()
@@ -86,6 +105,7 @@ def client(base: str, plan: list[tuple[str, int]], times: dict[str, list[float]]
                 continue
             mine[kind].append(1000 * (time.perf_counter() - t))
             trace.append((t, kind, mine[kind][-1]))
+            parts[kind].append((mine[kind][-1], *spent(r)))
             if r.status_code >= 400:
                 failures.append(f"{kind}: {r.status_code} {r.text[:200]}")
             elif kind == "submit":
@@ -93,6 +113,7 @@ def client(base: str, plan: list[tuple[str, int]], times: dict[str, list[float]]
     with lock:
         for k in KINDS:
             times[k] += mine[k]
+            split[k] += parts[k]
         accepted += ids
 
 
@@ -101,6 +122,45 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def cpu_seconds(api_pid: int) -> dict[str, float]:
+    """CPU seconds so far (user and system): the API's processes (``api_pid`` and its
+    children: uvicorn's workers), PostgreSQL's (every process called postgres: the machine
+    is the benchmark's), this process (the clients), and the machine's."""
+    import psutil
+
+    def used(proc: psutil.Process) -> float:
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            return float(t.user + t.system)
+        return 0.0
+
+    api = psutil.Process(api_pid)
+    machine = psutil.cpu_times()
+    return {"api": sum(used(p) for p in (api, *api.children(recursive=True))),
+            "postgres": sum(used(p) for p in psutil.process_iter(["name"])
+                            if (p.info["name"] or "").startswith("postgres")),
+            "clients": time.process_time(),
+            "machine": float(machine.user + machine.nice + machine.system
+                             + getattr(machine, "irq", 0.0) + getattr(machine, "softirq", 0.0))}
+
+
+def where_it_went(split: dict[str, list[tuple[float, float, float]]]) -> dict[str, float]:
+    """Per kind and for all: p50 and p99 of the ms in the app, in its statements and outside
+    it; and the slowest 1 % of requests' means of each."""
+    row: dict[str, float] = {}
+    every = [r for k in KINDS for r in split[k]]
+    for k, rows in (*split.items(), ("all", every)):
+        for part, values in (("app", [a for _, a, _ in rows]), ("db", [d for _, _, d in rows]),
+                             ("out", [t - a for t, a, _ in rows])):
+            row[f"{k}_{part}_p50"], row[f"{k}_{part}_p99"] = pct(values, 0.5), pct(values, 0.99)
+    tail = sorted(every, reverse=True)[: max(1, len(every) // 100)] if every else []
+    row["tail_n"] = len(tail)
+    for key, at in (("tail_ms", lambda r: r[0]), ("tail_app", lambda r: r[1]), ("tail_db", lambda r: r[2]),
+                    ("tail_out", lambda r: r[0] - r[1])):
+        row[key] = statistics.mean(at(r) for r in tail) if tail else float("nan")
+    return row
 
 
 def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
@@ -137,6 +197,7 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
             times: dict[str, list[float]] = {k: [] for k in KINDS}
             accepted: list[int] = []
             trace: list[tuple[float, str, float]] = []
+            split: dict[str, list[tuple[float, float, float]]] = {k: [] for k in KINDS}
             lock, gate = threading.Lock(), threading.Event()
             threads = []
             for _ in range(args.clients):
@@ -147,19 +208,24 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
                         "list" if u < args.submit_share + args.list_share else "read")
                     plan.append((kind, rng.choice(seeded)))
                 threads.append(threading.Thread(target=client, args=(base, plan, times, failures, accepted,
-                                                                     lock, gate, trace)))
+                                                                     lock, gate, trace, split)))
             for t in threads:
                 t.start()
             time.sleep(0.5)  # every client connected and waiting
+            cpu_before = cpu_seconds(stack.api_pid)
             began = time.perf_counter()
             gate.set()
             for t in threads:
                 t.join()
             wall = time.perf_counter() - began
+            cpu_after = cpu_seconds(stack.api_pid)
             every = [v for k in KINDS for v in times[k]]
             row = {"rps": len(every) / wall, "p50": pct(every, 0.5), "p99": pct(every, 0.99)}
             for k in KINDS:
                 row[f"{k}_p50"], row[f"{k}_p99"], row[f"{k}_n"] = pct(times[k], 0.5), pct(times[k], 0.99), len(times[k])
+            row.update(where_it_went(split))
+            for part in cpu_before:  # CPU ms a request, each part's
+                row[f"cpu_{part}"] = 1000 * (cpu_after[part] - cpu_before[part]) / max(1, len(every))
             rounds.append(row)
             if args.trace:  # each request: when it started (s into the round), its kind, ms
                 Path(args.trace).write_text("\n".join(f"{t - began:.4f} {k} {ms:.2f}" for t, k, ms in sorted(trace)))
@@ -175,6 +241,25 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
         for k in KINDS:
             print(f"{k:8} {med(f'{k}_n'):>8.0f} {med(f'{k}_p50'):>8.1f} {med(f'{k}_p99'):>8.1f}")
         print(f"{'all':8} {'':>8} {med('p50'):>8.1f} {med('p99'):>8.1f}")
+        # Where the time went (the answers' Server-Timing): in the app, of which in its SQL
+        # statements, and outside it (queued in the socket and the event loop, on the way).
+        print("\nwhere the time went, ms (Server-Timing; outside = the client's time less the app's):")
+        print(f"{'kind':8} {'app p50':>8} {'app p99':>8} {'db p50':>8} {'db p99':>8} {'out p50':>8} {'out p99':>8}")
+        for k in (*KINDS, "all"):
+            print(f"{k:8} " + " ".join(f"{med(f'{k}_{part}_{q}'):>8.1f}" for part in ("app", "db", "out")
+                                        for q in ("p50", "p99")))
+        print(f"the slowest 1 % ({med('tail_n'):.0f} requests a round), ms on average: {med('tail_ms'):.1f}, in the app "
+              f"{med('tail_app'):.1f} (SQL statements {med('tail_db'):.1f}), outside it {med('tail_out'):.1f}")
+        # What the requests cost the cores: the app's time above is its CPU plus its turns
+        # waiting for the interpreter and the cores beside the other requests in flight.
+        shared = stack.api_pid == os.getpid()  # a stack in this process: the clients' CPU is the API's
+        rest = med("cpu_machine") - med("cpu_api") - med("cpu_postgres") - (0 if shared else med("cpu_clients"))
+        print(f"CPU ms a request: the API's processes {med('cpu_api'):.2f}, PostgreSQL {med('cpu_postgres'):.2f}, "
+              + ("the clients (the API's process) -" if shared else f"the clients {med('cpu_clients'):.2f}")
+              + f", the rest (the worker, Redis, the system) {rest:.2f}; the machine {med('cpu_machine'):.2f} "
+              f"of the {1000 * (os.cpu_count() or 1) / med('rps'):.2f} its {os.cpu_count()} cores have a request "
+              f"at {med('rps'):.1f} requests/s")
+        print(f"api mixed load p99 ms in the app / outside it: {med('all_app_p99'):.1f} / {med('all_out_p99'):.1f}")
         print(f"requests/s: {med('rps'):.1f} (target at least 300)")
         print(f"failed requests: {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
         ends = finished(base, all_accepted, 900)

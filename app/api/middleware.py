@@ -38,6 +38,7 @@ from app.access.tokens import (
 )
 from app.api.metrics import METHODS, METRICS_PATH, ApiMetrics, RouteTemplates
 from app.api.state import AppState, state_of
+from app.core import timing
 from app.core.db import DATABASE_UNAVAILABLE, read_session
 from app.core.errors import RETRY_AFTER, allowed_methods
 from app.core.settings import Settings
@@ -276,21 +277,28 @@ async def _answer(send: Any, status: int, error: str, detail: str,
 
 
 class RequestMetrics(HttpMiddleware):
-    """Counts and times every HTTP request.
+    """Counts and times every HTTP request, and, with ``server_timing``, tells its client
+    where the time went: a ``Server-Timing`` header (``app``: from here to the answer's
+    start; ``db``: its SQL statements, :mod:`app.core.timing`). A client's own measure
+    less ``app`` is the time outside the app: in the socket's and the event loop's queues,
+    and on the way.
 
     An event stream (``text/event-stream``) is counted and timed when its answer
     starts: it may stay open for hours, and its length says nothing of the service.
     """
 
-    def __init__(self, app: Any, metrics: ApiMetrics, templates: RouteTemplates) -> None:
+    def __init__(self, app: Any, metrics: ApiMetrics, templates: RouteTemplates,
+                 server_timing: bool = True) -> None:
         super().__init__(app)
         self.metrics = metrics
         self.templates = templates
+        self.server_timing = server_timing
 
     async def handle(self, scope: Any, receive: Any, send: Any) -> None:
         started = time.perf_counter()
         status = 500
         observed = False
+        spent = timing.opened() if self.server_timing else None
 
         def observe() -> None:
             nonlocal observed
@@ -300,12 +308,15 @@ class RequestMetrics(HttpMiddleware):
             self.metrics.requests.labels(*labels).inc()
             self.metrics.request_seconds.labels(*labels).observe(time.perf_counter() - started)
 
-        def record(message: Message) -> None:
+        def record(message: Message) -> Message | None:
             nonlocal status
             status = message["status"]
             if any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                    for k, v in message.get("headers", ())):
                 observe()
+            if spent is None:
+                return None
+            return {**message, "headers": [*message.get("headers", ()), (b"server-timing", spent.header())]}
 
         try:
             await self.app(scope, receive, on_response_start(send, record))

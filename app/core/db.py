@@ -16,6 +16,8 @@ from sqlalchemy import MetaData, create_engine, event, make_url, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+from app.core import timing
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -214,6 +216,24 @@ def peer_timeout_args(url: str, seconds: float) -> dict[str, Any]:
     return args
 
 
+def _time_statements(engine: Engine) -> None:
+    """Each statement's seconds counted to the request that ran it (:mod:`app.core.timing`)."""
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _started(conn: Any, *_: Any) -> None:
+        if timing.current() is not None:
+            conn.info[_STARTED] = time.perf_counter()
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _ended(conn: Any, *_: Any) -> None:
+        started = conn.info.pop(_STARTED, None)
+        if started is not None:
+            timing.add_statement(time.perf_counter() - started)
+
+
+_STARTED = "corel_statement_started"
+
+
 def make_engine(
     url: str, connect_timeout: float = 5.0, pool_timeout: float = 30.0,
     answer_timeout: float | None = None, statement_timeout: float = 10.0,
@@ -247,6 +267,7 @@ def make_engine(
             cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.close()
 
+        _time_statements(engine)
         return engine
     engine = create_engine(url, pool_pre_ping=answer_timeout is None, pool_timeout=pool_timeout,
                            pool_size=pool_size, max_overflow=max_overflow,
@@ -254,6 +275,7 @@ def make_engine(
                                          **peer_timeout_args(url, peer_timeout)})
     if answer_timeout is not None:
         _watch(engine, answer_timeout, statement_timeout)
+    _time_statements(engine)
     return engine
 
 

@@ -239,6 +239,12 @@ class Settings(BaseSettings):
         "its event loop, those arriving together in one forward pass; one thread keeps them "
         "from fighting over the cores (bench/embed_throughput.py).",
     )
+    server_timing: bool = Field(
+        default=True,
+        description="Each answer's Server-Timing header: the milliseconds the request spent in "
+        "the app and in its SQL statements (a client's own time less the app's is the time "
+        "queued outside it; bench/api_load.py); false: no header.",
+    )
     api_processes: int = Field(
         default=1, ge=1, le=64,
         description="API processes `corel serve` runs on its one port (uvicorn's workers), each "

@@ -154,6 +154,86 @@ def test_an_event_stream_is_observed_when_it_starts() -> None:
     assert (during, after) == (1, 1)
 
 
+# --- Server-Timing: where a request's time went ----------------------------------------
+
+
+def server_timing(header: str) -> dict[str, tuple[float, str]]:
+    """``Server-Timing``'s metrics: name -> (dur, desc)."""
+    out = {}
+    for part in header.split(","):
+        name, *params = [p.strip() for p in part.split(";")]
+        fields = dict(p.split("=", 1) for p in params)
+        out[name] = (float(fields["dur"]), fields.get("desc", "").strip('"'))
+    return out
+
+
+def timed(app: Any, path: str = "/x") -> list[tuple[bytes, bytes]]:
+    """The headers ``app`` answers a GET of ``path`` with."""
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b""}
+
+    asyncio.run(app({"type": "http", "method": "GET", "path": path, "headers": []}, receive, send))
+    return next(m for m in sent if m["type"] == "http.response.start")["headers"]
+
+
+def test_an_answer_says_how_long_it_spent_in_the_app_and_in_its_statements(tmp_path) -> None:
+    """A route that waits 50 ms and runs 3 statements on a thread of the pool (as Starlette
+    runs a sync route, with a copy of the request's context): ``app`` holds the wait,
+    ``db`` counts exactly those 3, and a statement outside any request counts nowhere."""
+    import anyio.to_thread
+    from sqlalchemy import text
+
+    from app.core.db import make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'timed.db'}")
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))  # outside a request: nothing open to count it
+
+    def statements() -> None:
+        with engine.connect() as conn:
+            for i in range(3):
+                conn.execute(text("SELECT :i"), {"i": i})
+
+    async def route(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(0.05)
+        await anyio.to_thread.run_sync(statements)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    metrics = ApiMetrics(Settings(broker_url="memory://"))
+    templates = RouteTemplates([], lambda: {"paths": {}})
+    started = time.perf_counter()
+    headers = dict(timed(RequestMetrics(route, metrics, templates)))
+    elapsed_ms = 1000 * (time.perf_counter() - started)
+    found = server_timing(headers[b"server-timing"].decode())
+    assert set(found) == {"app", "db"}
+    app_ms, db_ms = found["app"][0], found["db"][0]
+    assert 50 <= app_ms <= elapsed_ms, (app_ms, elapsed_ms)
+    assert 0 < db_ms < app_ms - 50 + 1, found
+    assert found["db"][1] == "3 SQL statements"
+    # Off (COREL_SERVER_TIMING=false): no header, and nothing counted.
+    off = dict(timed(RequestMetrics(route, metrics, templates, server_timing=False)))
+    assert b"server-timing" not in off
+    engine.dispose()
+
+
+def test_the_service_s_answers_carry_server_timing(client) -> None:
+    """On the session's app and PostgreSQL: a list reads rows, and its answer says so."""
+    started = time.perf_counter()
+    r = client.get("/experiments", params={"limit": 5})
+    elapsed_ms = 1000 * (time.perf_counter() - started)
+    assert r.status_code == 200, r.text
+    found = server_timing(r.headers["server-timing"])
+    app_ms, db_ms = found["app"][0], found["db"][0]
+    statements = int(found["db"][1].split()[0])
+    assert statements >= 1 and 0 < db_ms < app_ms <= elapsed_ms, (found, elapsed_ms)
+
+
 @pytest.fixture(scope="module")
 def idle_client(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     """An app on a database and queue of its own that no worker reads: what it submits stays

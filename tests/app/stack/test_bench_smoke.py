@@ -51,7 +51,8 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "ag_news_grid.py": (r"\| gaussian \| 0\.5 \| 0 \| ", {SHARED}),
     "artifacts.py": (r"tail after last epoch seconds: [\d.]+\nfreed after delete: [\d.]+", {SHARED, MINILM}),
     "ann_choice.py": (r"faiss IndexHNSWFlat: build .* recall@10 ", set()),
-    "api_load.py": (r"failed requests: 0\n.*\napi mixed load p99 ms: [\d.]+", {SERVICES}),
+    "api_load.py": (r"api mixed load p99 ms in the app / outside it: [\d.]+ / [\d.]+\n"
+                    r"requests/s: .*\nfailed requests: 0\n.*\napi mixed load p99 ms: [\d.]+", {SERVICES}),
     "cnn_rows.py": (r"\| digits/cnn \| Cosine-COREL \| 0\.5 \| [\d.]+ \+- [\d.]+ \| 2 \| 5 of 5 \|", set()),
     "cosine_repulsion.py": (r"difference \(corel - authors'\): [+-][\d.]+ points", {SHARED}),
     "dashboard_pages.py": (r"slowest page median [\d.]+ ms", set()),  # fills a database of its own
