@@ -141,9 +141,11 @@ def _watch(engine: Engine, ping_timeout: float, statement_timeout: float) -> Non
             # can put the connection in autocommit (app.api.deps.get_read_session).
             transactional = not dbapi_connection.autocommit
             dbapi_connection.autocommit = True
+            started = time.perf_counter()
             cursor = dbapi_connection.cursor()
             cursor.execute("SELECT 1")
             cursor.close()
+            timing.add_statement(time.perf_counter() - started)  # a request's round trip too
             dbapi_connection.autocommit = not transactional
         except Exception as exc:
             if watchdog.disarm(dbapi_connection):

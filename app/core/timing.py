@@ -1,5 +1,6 @@
-"""Where one request's time goes inside the API: the time its SQL statements took, summed
-over every connection it used, beside the time the whole app took (the outermost middleware,
+"""Where one request's time goes inside the API: the time its SQL statements took (and the
+pings that check a pooled connection out, :func:`app.core.db.make_engine`), summed over
+every connection it used, beside the time the whole app took (the outermost middleware,
 :class:`app.api.middleware.RequestMetrics`, sends both as a ``Server-Timing`` header).
 
 The outermost middleware opens a :class:`RequestTiming` for each request (:func:`opened`);
