@@ -83,7 +83,7 @@ def read(session: Session, digest: str) -> bytes:
     return store_of(session).read_bytes(digest)
 
 
-def read_parsed(session: Session, digest: str, parse: Callable[[bytes], T]) -> T:
+def read_parsed(session: Session, digest: str, parse: Callable[[memoryview], T]) -> T:
     """``parse`` of an artifact's bytes, verified against its digest (ArtifactStore.read_parsed)."""
     return store_of(session).read_parsed(digest, parse)
 

@@ -43,12 +43,18 @@ def test_a_parsed_read_hashes_beside_the_parse_and_refuses_corrupt_bytes(tmp_pat
     store = LocalStore(tmp_path / "artifacts")
     art = store.put_bytes(b"an index's bytes")
     parsed: list[bytes] = []
+    views: list[memoryview] = []
 
-    def parse(data: bytes) -> bytes:
-        parsed.append(data)
-        return data.upper()
+    def parse(data: memoryview) -> bytes:
+        assert data.readonly
+        views.append(data)
+        parsed.append(bytes(data))
+        return bytes(data).upper()
 
     assert store.read_parsed(art.sha256, parse) == b"AN INDEX'S BYTES"
+    # The file mapped, not copied: a read-only view, valid only while the parse runs.
+    with pytest.raises(ValueError, match="released"):
+        bytes(views[-1])
     path = store.path(art.sha256)
     time.sleep(0.01)
     path.write_bytes(b"an index's byteZ")  # changed on disk after it was verified
@@ -56,7 +62,7 @@ def test_a_parsed_read_hashes_beside_the_parse_and_refuses_corrupt_bytes(tmp_pat
         store.read_parsed(art.sha256, parse)
     assert parsed[-1] == b"an index's byteZ"  # parsed, then refused
 
-    def strict(data: bytes) -> bytes:
+    def strict(data: memoryview) -> bytes:
         raise ValueError("these bytes are not an index")
 
     with pytest.raises(DigestMismatch):  # bytes that do not parse are named corrupt, not unparsable
