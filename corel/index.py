@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,23 @@ def _read_faiss(payload: memoryview) -> Any:
         return bytes(piece)
 
     return faiss.read_index(faiss.PyCallbackIOReader(read, READ_PIECE))
+
+
+def _read_faiss_file(path: str | os.PathLike[str], offset: int) -> Any:
+    """A faiss index from the file ``path``, its serialized bytes starting at ``offset``: read
+    by faiss's own file reader, straight into the index's arrays, in one call that lets go of
+    the GIL. :func:`_read_faiss`'s reader is Python, which faiss calls back about 30 times
+    for an HNSW index, taking the GIL back each time: beside busy Python threads (an API's
+    requests) each call waited its turn, and an 80 MB index (100,000 x 128) took 483 ms
+    against 73 alone; read from its file, 72.5 ms against 39.7 (a 2-core Intel Xeon, four
+    spinning threads beside). A file cut short is faiss's RuntimeError."""
+    faiss = _faiss()
+    reader = faiss.FileIOReader(os.fspath(path))
+    if offset:
+        skipped = np.empty(offset, dtype=np.uint8)
+        if reader(faiss.swig_ptr(skipped), 1, offset) != offset:
+            raise RuntimeError(f"{os.fspath(path)} is shorter than its header ({offset} bytes)")
+    return faiss.read_index(reader)
 
 
 def _check(vectors: np.ndarray, labels: np.ndarray, geometry: Geometry, kind: str) -> None:
@@ -277,7 +295,11 @@ class VectorIndex:
         return b"".join((_MAGIC, struct.pack("<Q", len(head)), head, self.labels.tobytes(), order, payload))
 
     @classmethod
-    def from_bytes(cls, blob: bytes | bytearray | memoryview) -> VectorIndex:
+    def from_bytes(cls, blob: bytes | bytearray | memoryview,
+                   file: str | os.PathLike[str] | None = None) -> VectorIndex:
+        """The index :meth:`to_bytes` wrote. ``file``: a file that holds exactly these bytes
+        (an artifact store's, being read), from which faiss reads an approximate index's
+        part itself (:func:`_read_faiss_file`)."""
         view = memoryview(blob)
         if bytes(view[:len(_MAGIC)]) != _MAGIC:
             raise ValueError("these bytes are not a corel index")
@@ -300,7 +322,12 @@ class VectorIndex:
                 x = x.copy()
             return cls("exact", header["geometry"], labels, exact=torch.from_numpy(x),
                        class_names=header.get("class_names"))
-        index = _read_faiss(payload)
+        if file is not None:
+            if os.stat(file).st_size != len(view):
+                raise ValueError(f"{os.fspath(file)} does not hold these {len(view)} bytes")
+            index = _read_faiss_file(file, at)
+        else:
+            index = _read_faiss(payload)
         return cls("hnsw", header["geometry"], labels, faiss_index=index, ef_search=header["ef_search"],
                    recall=header["recall"], params=params, order=order,
                    class_names=header.get("class_names"))

@@ -106,4 +106,4 @@ def load_index(session: Session, index_id: int) -> VectorIndex:
     row = session.get(NeighborIndex, index_id)
     if row is None or row.sha256 is None:
         raise Conflict(f"index {index_id} has no stored file")
-    return read_parsed(session, row.sha256, VectorIndex.from_bytes)
+    return read_parsed(session, row.sha256, lambda view, file: VectorIndex.from_bytes(view, file=file))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TypeVar
 
 from sqlalchemy import event
@@ -83,8 +84,9 @@ def read(session: Session, digest: str) -> bytes:
     return store_of(session).read_bytes(digest)
 
 
-def read_parsed(session: Session, digest: str, parse: Callable[[memoryview], T]) -> T:
-    """``parse`` of an artifact's bytes, verified against its digest (ArtifactStore.read_parsed)."""
+def read_parsed(session: Session, digest: str, parse: Callable[[memoryview, Path], T]) -> T:
+    """``parse(view, file)`` of an artifact's bytes and the local file that holds them,
+    verified against its digest (ArtifactStore.read_parsed)."""
     return store_of(session).read_parsed(digest, parse)
 
 

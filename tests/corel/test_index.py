@@ -102,6 +102,28 @@ def test_a_graph_read_in_small_pieces_is_the_graph_written_and_a_cut_one_is_refu
         VectorIndex.from_bytes(blob[:-1000])
 
 
+def test_a_graph_read_from_its_file_is_the_graph_written_and_another_file_is_refused(tmp_path):
+    """Given the file that holds the bytes (an artifact store's), faiss reads the graph from
+    it itself (past corel's header): the index read is byte for byte the one written; a file
+    that does not hold these bytes, or is cut short, is an error, not another index."""
+    import faiss
+
+    x, y = clustered(2000)
+    index = VectorIndex.build(x, y, "cosine", "hnsw", class_names=[f"c{i}" for i in range(10)])
+    blob = index.to_bytes()
+    stored = tmp_path / "index"
+    stored.write_bytes(blob)
+    again = VectorIndex.from_bytes(blob, file=stored)
+    assert np.array_equal(faiss.serialize_index(again.library_index), faiss.serialize_index(index.library_index))
+    assert again.to_bytes() == blob and again.class_names == index.class_names
+    cut = tmp_path / "cut"
+    cut.write_bytes(blob[:-1000])
+    with pytest.raises(ValueError, match="does not hold these"):
+        VectorIndex.from_bytes(blob, file=cut)
+    with pytest.raises(RuntimeError):
+        VectorIndex.from_bytes(blob[:-1000], file=cut)
+
+
 def test_progress_reports_every_chunk_and_can_stop_the_build():
     x, y = clustered(1000)
     seen: list[tuple[int, int]] = []

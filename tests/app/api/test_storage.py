@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
@@ -45,8 +46,8 @@ def test_a_parsed_read_hashes_beside_the_parse_and_refuses_corrupt_bytes(tmp_pat
     parsed: list[bytes] = []
     views: list[memoryview] = []
 
-    def parse(data: memoryview) -> bytes:
-        assert data.readonly
+    def parse(data: memoryview, file: Path) -> bytes:
+        assert data.readonly and file.read_bytes() == bytes(data)  # the file that holds them
         views.append(data)
         parsed.append(bytes(data))
         return bytes(data).upper()
@@ -62,7 +63,7 @@ def test_a_parsed_read_hashes_beside_the_parse_and_refuses_corrupt_bytes(tmp_pat
         store.read_parsed(art.sha256, parse)
     assert parsed[-1] == b"an index's byteZ"  # parsed, then refused
 
-    def strict(data: memoryview) -> bytes:
+    def strict(data: memoryview, file: Path) -> bytes:
         raise ValueError("these bytes are not an index")
 
     with pytest.raises(DigestMismatch):  # bytes that do not parse are named corrupt, not unparsable
