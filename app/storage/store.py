@@ -105,8 +105,11 @@ def _mapped(path: Path) -> Iterator[memoryview]:
         if size == 0:
             yield memoryview(b"")
             return
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mapped = mmap.mmap(fh.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+        if hasattr(mmap, "MAP_SHARED"):  # Unix
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mapped = mmap.mmap(fh.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+        else:
+            mapped = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
     view = memoryview(mapped)
     try:
         yield view
