@@ -44,6 +44,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from app.core import timing  # noqa: E402
 from harness.stack import Stack  # noqa: E402
 
 ADMIN = os.environ.get("COREL_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -74,19 +75,16 @@ def finished(base: str, ids: list[int], timeout: float) -> dict[str, int]:
 def spent(r: httpx.Response) -> tuple[float, float]:
     """(ms in the app, ms in its SQL statements) from the answer's ``Server-Timing`` header
     (``COREL_SERVER_TIMING``, app.api.middleware.RequestMetrics); NaN without one."""
-    found = {}
-    for part in r.headers.get("server-timing", "").split(","):
-        name, *params = [p.strip() for p in part.split(";")]
-        dur = next((p.split("=", 1)[1] for p in params if p.startswith("dur=")), None)
-        if dur is not None:
-            found[name] = float(dur)
-    return found.get("app", float("nan")), found.get("db", float("nan"))
+    found = timing.parse_header(r.headers.get("server-timing", ""))
+    nan = (float("nan"), "")
+    return found.get("app", nan)[0], found.get("db", nan)[0]
 
 
-def client(base: str, plan: list[tuple[str, int]], times: dict[str, list[float]], failures: list[str],
-           accepted: list[int], lock: threading.Lock, start_gate: threading.Event,
-           trace: list[tuple[float, str, float]], split: dict[str, list[tuple[float, float, float]]]) -> None:
-    mine: dict[str, list[float]] = {k: [] for k in KINDS}
+def client(base: str, plan: list[tuple[str, int]], split: dict[str, list[tuple[float, float, float]]],
+           failures: list[str], accepted: list[int], lock: threading.Lock, start_gate: threading.Event,
+           trace: list[tuple[float, str, float]]) -> None:
+    """Sends ``plan``; each answer's (ms, ms in the app, ms in its statements) into ``split``
+    by kind."""
     parts: dict[str, list[tuple[float, float, float]]] = {k: [] for k in KINDS}
     ids: list[int] = []
     with httpx.Client(base_url=base, timeout=60) as http:
@@ -103,16 +101,15 @@ def client(base: str, plan: list[tuple[str, int]], times: dict[str, list[float]]
             except httpx.HTTPError as exc:
                 failures.append(f"{kind}: {type(exc).__name__}: {exc}")
                 continue
-            mine[kind].append(1000 * (time.perf_counter() - t))
-            trace.append((t, kind, mine[kind][-1]))
-            parts[kind].append((mine[kind][-1], *spent(r)))
+            ms = 1000 * (time.perf_counter() - t)
+            trace.append((t, kind, ms))
+            parts[kind].append((ms, *spent(r)))
             if r.status_code >= 400:
                 failures.append(f"{kind}: {r.status_code} {r.text[:200]}")
             elif kind == "submit":
                 ids.append(int(r.json()["id"]))
     with lock:
         for k in KINDS:
-            times[k] += mine[k]
             split[k] += parts[k]
         accepted += ids
 
@@ -194,7 +191,6 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
         failures: list[str] = []
         for round_ in range(args.rounds):
             rng = random.Random(round_)
-            times: dict[str, list[float]] = {k: [] for k in KINDS}
             accepted: list[int] = []
             trace: list[tuple[float, str, float]] = []
             split: dict[str, list[tuple[float, float, float]]] = {k: [] for k in KINDS}
@@ -207,8 +203,8 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
                     kind = "submit" if u < args.submit_share else (
                         "list" if u < args.submit_share + args.list_share else "read")
                     plan.append((kind, rng.choice(seeded)))
-                threads.append(threading.Thread(target=client, args=(base, plan, times, failures, accepted,
-                                                                     lock, gate, trace, split)))
+                threads.append(threading.Thread(target=client, args=(base, plan, split, failures, accepted,
+                                                                     lock, gate, trace)))
             for t in threads:
                 t.start()
             time.sleep(0.5)  # every client connected and waiting
@@ -219,6 +215,7 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
                 t.join()
             wall = time.perf_counter() - began
             cpu_after = cpu_seconds(stack.api_pid)
+            times = {k: [ms for ms, _, _ in split[k]] for k in KINDS}
             every = [v for k in KINDS for v in times[k]]
             row = {"rps": len(every) / wall, "p50": pct(every, 0.5), "p99": pct(every, 0.99)}
             for k in KINDS:
@@ -249,7 +246,7 @@ def main(argv: list[str] | None = None, stack: Stack | None = None) -> None:
             print(f"{k:8} " + " ".join(f"{med(f'{k}_{part}_{q}'):>8.1f}" for part in ("app", "db", "out")
                                         for q in ("p50", "p99")))
         print(f"the slowest 1 % ({med('tail_n'):.0f} requests a round), ms on average: {med('tail_ms'):.1f}, in the app "
-              f"{med('tail_app'):.1f} (SQL statements {med('tail_db'):.1f}), outside it {med('tail_out'):.1f}")
+              f"{med('tail_app'):.1f} (the database {med('tail_db'):.1f}), outside it {med('tail_out'):.1f}")
         # What the requests cost the cores: the app's time above is its CPU plus its turns
         # waiting for the interpreter and the cores beside the other requests in flight.
         shared = stack.api_pid == os.getpid()  # a stack in this process: the clients' CPU is the API's

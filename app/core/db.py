@@ -218,6 +218,9 @@ def peer_timeout_args(url: str, seconds: float) -> dict[str, Any]:
     return args
 
 
+_STARTED = "corel_statement_started"
+
+
 def _time_statements(engine: Engine) -> None:
     """Each statement's seconds counted to the request that ran it (:mod:`app.core.timing`)."""
 
@@ -231,9 +234,6 @@ def _time_statements(engine: Engine) -> None:
         started = conn.info.pop(_STARTED, None)
         if started is not None:
             timing.add_statement(time.perf_counter() - started)
-
-
-_STARTED = "corel_statement_started"
 
 
 def make_engine(

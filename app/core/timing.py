@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["RequestTiming", "add_statement", "current", "opened"]
+__all__ = ["RequestTiming", "add_statement", "current", "opened", "parse_header"]
 
 
 @dataclass
@@ -36,10 +36,10 @@ class RequestTiming:
             self.db_seconds += seconds
             self.statements += 1
 
-    def header(self, now: float | None = None) -> bytes:
+    def header(self) -> bytes:
         """The ``Server-Timing`` value (milliseconds, W3C Server Timing): ``app``, the time
         from entering the app to now (its answer starting), and ``db``, its statements'."""
-        app_ms = 1000.0 * ((now if now is not None else time.perf_counter()) - self.started)
+        app_ms = 1000.0 * (time.perf_counter() - self.started)
         return (f'app;dur={app_ms:.2f};desc="in the app", '
                 f'db;dur={1000.0 * self.db_seconds:.2f};desc="{self.statements} SQL statements"').encode()
 
@@ -57,6 +57,18 @@ def opened() -> RequestTiming:
 
 def current() -> RequestTiming | None:
     return _current.get()
+
+
+def parse_header(value: str) -> dict[str, tuple[float, str]]:
+    """A ``Server-Timing`` value's metrics with a duration: name -> (ms, description), as a
+    client reads them (bench/api_load.py)."""
+    found = {}
+    for part in value.split(","):
+        name, *params = [p.strip() for p in part.split(";")]
+        fields = dict(p.split("=", 1) for p in params if "=" in p)
+        if name and "dur" in fields:
+            found[name] = (float(fields["dur"]), fields.get("desc", "").strip('"'))
+    return found
 
 
 def add_statement(seconds: float) -> None:

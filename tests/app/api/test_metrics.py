@@ -23,6 +23,7 @@ from pydantic import SecretStr
 from app.api.metrics import UNMATCHED, ApiMetrics, RouteTemplates
 from app.api.middleware import RequestMetrics
 from app.core.settings import Settings
+from app.core.timing import parse_header
 from app.main import create_app
 from tests.app.conftest import own_database
 
@@ -157,16 +158,6 @@ def test_an_event_stream_is_observed_when_it_starts() -> None:
 # --- Server-Timing: where a request's time went ----------------------------------------
 
 
-def server_timing(header: str) -> dict[str, tuple[float, str]]:
-    """``Server-Timing``'s metrics: name -> (dur, desc)."""
-    out = {}
-    for part in header.split(","):
-        name, *params = [p.strip() for p in part.split(";")]
-        fields = dict(p.split("=", 1) for p in params)
-        out[name] = (float(fields["dur"]), fields.get("desc", "").strip('"'))
-    return out
-
-
 def timed(app: Any, path: str = "/x") -> list[tuple[bytes, bytes]]:
     """The headers ``app`` answers a GET of ``path`` with."""
     sent: list[Any] = []
@@ -210,7 +201,7 @@ def test_an_answer_says_how_long_it_spent_in_the_app_and_in_its_statements(tmp_p
     started = time.perf_counter()
     headers = dict(timed(RequestMetrics(route, metrics, templates)))
     elapsed_ms = 1000 * (time.perf_counter() - started)
-    found = server_timing(headers[b"server-timing"].decode())
+    found = parse_header(headers[b"server-timing"].decode())
     assert set(found) == {"app", "db"}
     app_ms, db_ms = found["app"][0], found["db"][0]
     assert 50 <= app_ms <= elapsed_ms, (app_ms, elapsed_ms)
@@ -228,7 +219,7 @@ def test_the_service_s_answers_carry_server_timing(client) -> None:
     r = client.get("/experiments", params={"limit": 5})
     elapsed_ms = 1000 * (time.perf_counter() - started)
     assert r.status_code == 200, r.text
-    found = server_timing(r.headers["server-timing"])
+    found = parse_header(r.headers["server-timing"])
     app_ms, db_ms = found["app"][0], found["db"][0]
     statements = int(found["db"][1].split()[0])
     assert statements >= 1 and 0 < db_ms < app_ms <= elapsed_ms, (found, elapsed_ms)
