@@ -18,8 +18,11 @@ from corel.data import tables
 from corel.spec import DATASETS, ExperimentSpec
 from tests.conftest import FASHION_DIR, SHARED_DATASETS
 
-# Its figures come out of torch's kernels: make test runs it once more on other kernels.
-pytestmark = pytest.mark.kernels
+# make test runs the tests marked KERNELS once more on other kernels (torch's non-vectorised
+# ones, MKL's reproducible path): those whose figures are sums (a text's word vectors
+# averaged). The others read files, split rows and divide pixels by their maximum (one
+# correctly rounded operation an element, the same on any kernels): they run once.
+KERNELS = pytest.mark.kernels
 
 SHARED = SHARED_DATASETS
 AG_NEWS_CSV = SHARED / "ag_news" / "test.csv"
@@ -452,6 +455,7 @@ def test_tokenize_follows_glove():
 # ---------------------------------------------------------------------------- AG News
 
 
+@KERNELS
 def test_ag_news_single_file_ffnn(ag_news_ffnn):
     ds = ag_news_ffnn
     assert ds.modality == "text" and ds.class_names == ["World", "Sports", "Business", "Sci/Tech"]
@@ -466,6 +470,7 @@ def test_ag_news_single_file_ffnn(ag_news_ffnn):
     json.dumps(pre)
 
 
+@KERNELS
 def test_ag_news_cnn_sequences_match_the_means(ag_news_ffnn):
     spec = ExperimentSpec(
         dataset="ag-news", model="cnn", dataset_path=str(AG_NEWS_CSV), train_subset=100
@@ -494,6 +499,7 @@ def ag_news_dir(tmp_path):
     return tmp_path
 
 
+@KERNELS
 @pytest.mark.parametrize("model", ["ffnn", "cnn"])
 def test_ag_news_folder_and_prepare_texts(ag_news_dir, model):
     spec = ExperimentSpec(dataset="ag-news", model=model, dataset_path=str(ag_news_dir))
@@ -508,6 +514,7 @@ def test_ag_news_folder_and_prepare_texts(ag_news_dir, model):
     assert torch.equal(data.prepare_texts(texts[7:9], ds.preprocessing), ds.x_test[7:9])
 
 
+@KERNELS
 def test_ag_news_with_a_tiny_glove_file(tmp_path):
     vectors = write_glove(tmp_path / "tiny.txt", TINY_GLOVE)
     folder = tmp_path / "news"
