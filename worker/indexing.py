@@ -18,7 +18,7 @@ from app.core.db import session_scope
 from app.core.errors import DomainError
 from app.core.models import NeighborIndex, Status
 from app.core.settings import Settings
-from app.jobs import lifecycle
+from app.jobs import events, lifecycle
 from app.jobs.lifecycle import LostLease
 from app.storage import ensure as ensure_store
 from app.storage import store_of
@@ -28,8 +28,11 @@ from worker.leases import lease_kept
 log = logging.getLogger("corel.worker")
 
 
-def build_index(index_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
-    """Claim, build (its lease kept fresh meanwhile), store; returns the status."""
+def build_index(index_id: int, factory: sessionmaker[Session], settings: Settings, warm: bool = False) -> str:
+    """Claim, build (its lease kept fresh meanwhile), store; returns the status. ``warm``: the
+    transaction that marks the index built also tells every API process to load it (and its
+    run's model) now (app.jobs.events.publish_warm: a promotion's candidate, before its flip),
+    so that the load starts as the index is built, not a transaction later."""
     factory = ensure_store(factory, settings)
     with session_scope(factory) as session:
         row = session.get(NeighborIndex, index_id)
@@ -45,11 +48,11 @@ def build_index(index_id: int, factory: sessionmaker[Session], settings: Setting
         source, job_id, geometry = row.source, row.embedding_job_id, row.geometry
         requested, experiment_id = row.requested_kind, row.experiment_id
     with lease_kept(factory, index_id, settings, NeighborIndex):
-        return _build(index_id, factory, settings, source, job_id, geometry, requested, experiment_id)
+        return _build(index_id, factory, settings, source, job_id, geometry, requested, experiment_id, warm)
 
 
 def _build(index_id: int, factory: sessionmaker[Session], settings: Settings, source: str, job_id: int | None,
-           geometry: Geometry, requested: str, experiment_id: int) -> str:
+           geometry: Geometry, requested: str, experiment_id: int, warm: bool = False) -> str:
     # Imported here: a worker that starts (after a crash, while runs wait) does not pay
     # for scikit-learn and the index's modules before it can train.
     from app.services.embedding_jobs import load_result
@@ -95,6 +98,8 @@ def _build(index_id: int, factory: sessionmaker[Session], settings: Settings, so
                     params=None if kind == "exact" else {"m": params.m, "ef_construction": params.ef_construction},
                     sha256=art.sha256):
                 raise LostLease(f"index {index_id} is no longer ours")
+            if warm:  # sent with the commit that makes the index built
+                events.publish_warm(session, experiment_id, index_id)
     except LostLease:
         log.warning("lost the lease; another worker continues", extra={"index": index_id})
         return "lost"

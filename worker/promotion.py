@@ -176,20 +176,23 @@ def gate_on_dataset(factory: sessionmaker[Session], settings: Settings, candidat
 
 
 def _inline(run: Callable[[], str], factory: sessionmaker[Session], model: lifecycle.Job, row_id: int,
-            settings: Settings) -> None:
+            settings: Settings) -> bool:
     """Run a job here (``run`` claims it); when another worker holds it, wait for its end
-    (taking it over if that worker is lost meanwhile). ValueError unless it succeeded."""
-    run()
+    (taking it over if that worker is lost meanwhile). ValueError unless it succeeded; True
+    when this call's ``run`` ended it, False when it had ended already or another did."""
+    ended_here = run() == Status.SUCCEEDED
     while True:
+        if ended_here:
+            return True
         with session_scope(factory) as session:
             status, error = session.execute(select(model.status, model.error).where(model.id == row_id)).one()
         if status == Status.SUCCEEDED:
-            return
+            return False
         if status in (Status.FAILED, Status.CANCELLED):
             what = next(kind.name for kind in lifecycle.JOB_KINDS if kind.model is model)
             raise ValueError(f"{what} {row_id} is {status}" + (f": {error}" if error else ""))
         time.sleep(min(settings.heartbeat_seconds, 1.0))
-        run()
+        ended_here = run() == Status.SUCCEEDED
 
 
 def build_collection(build_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
@@ -241,10 +244,12 @@ def _build_collection(build_id: int, factory: sessionmaker[Session], settings: S
         if row.index_id is None:
             row.index_id = create_index(session, experiment_id, IndexCreate(embedding_job_id=job_id), settings).id
         index_id = row.index_id
-    _inline(functools.partial(build_index, index_id, factory, settings), factory, NeighborIndex, index_id,
-            settings)
-    with session_scope(factory) as session:  # the API processes load the index while the flip is made
-        events.publish_warm(session, experiment_id, index_id)
+    # The API processes load the index while the flip is made: told by the commit that marks
+    # it built. An index built already (a build resumed after it) is loaded when it is told here.
+    if not _inline(functools.partial(build_index, index_id, factory, settings, warm=True), factory, NeighborIndex,
+                   index_id, settings):
+        with session_scope(factory) as session:
+            events.publish_warm(session, experiment_id, index_id)
 
 
 def embed_collections(factory: sessionmaker[Session], settings: Settings, model_id: int, version: int) -> None:
