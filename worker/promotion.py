@@ -180,10 +180,9 @@ def _inline(run: Callable[[], str], factory: sessionmaker[Session], model: lifec
     """Run a job here (``run`` claims it); when another worker holds it, wait for its end
     (taking it over if that worker is lost meanwhile). ValueError unless it succeeded; True
     when this call's ``run`` ended it, False when it had ended already or another did."""
-    ended_here = run() == Status.SUCCEEDED
+    if run() == Status.SUCCEEDED:
+        return True
     while True:
-        if ended_here:
-            return True
         with session_scope(factory) as session:
             status, error = session.execute(select(model.status, model.error).where(model.id == row_id)).one()
         if status == Status.SUCCEEDED:
@@ -192,7 +191,8 @@ def _inline(run: Callable[[], str], factory: sessionmaker[Session], model: lifec
             what = next(kind.name for kind in lifecycle.JOB_KINDS if kind.model is model)
             raise ValueError(f"{what} {row_id} is {status}" + (f": {error}" if error else ""))
         time.sleep(min(settings.heartbeat_seconds, 1.0))
-        ended_here = run() == Status.SUCCEEDED
+        if run() == Status.SUCCEEDED:
+            return True
 
 
 def build_collection(build_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
