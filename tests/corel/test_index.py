@@ -124,6 +124,29 @@ def test_a_graph_read_from_its_file_is_the_graph_written_and_another_file_is_ref
         VectorIndex.from_bytes(blob[:-1000], file=cut)
 
 
+def test_a_graph_read_in_place_searches_as_the_one_built_after_its_file_is_gone(tmp_path):
+    """An index read from its file keeps its vectors and graph in the file's mapped pages
+    (faiss's zero-copy reader), not in copies: the mapping lives as long as faiss's index,
+    so it searches as the one built after the file is deleted (a store's gc) and after the
+    VectorIndex that read it is gone, holding only its library index."""
+    import gc
+
+    x, y = clustered(3000)
+    index = VectorIndex.build(x, y, "euclidean", "hnsw")
+    stored = tmp_path / "index"
+    stored.write_bytes(index.to_bytes())
+    again = VectorIndex.from_bytes(stored.read_bytes(), file=stored)
+    stored.unlink()
+    queries = np.ascontiguousarray(x[:50] + 0.01, dtype=np.float32)
+    expected = index.library_index.search(queries, 10)
+    assert np.array_equal(again.search(queries, 10)[1], index.search(queries, 10)[1])
+    library = again.library_index
+    del again
+    gc.collect()
+    found = library.search(queries, 10)
+    assert np.array_equal(found[1], expected[1]) and np.allclose(found[0], expected[0])
+
+
 def test_progress_reports_every_chunk_and_can_stop_the_build():
     x, y = clustered(1000)
     seen: list[tuple[int, int]] = []
