@@ -4,7 +4,9 @@ server that stops for a while, and settings that name a bucket or credentials S3
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from app.storage import (
     StorageError,
     make_store,
 )
+from app.storage.store import VERIFIED_XATTR
 
 pytestmark = pytest.mark.no_user
 
@@ -72,6 +75,55 @@ def test_a_parsed_read_hashes_beside_the_parse_and_refuses_corrupt_bytes(tmp_pat
     store.delete(art.sha256)
     with pytest.raises(StorageError, match="no artifact"):
         store.read_parsed(art.sha256, parse)
+
+
+def test_a_file_verified_on_this_host_is_not_hashed_again_by_another_process(tmp_path, monkeypatch):
+    """The store that writes a file records it verified on the file itself; another
+    process's store over the same folder reads it without hashing it again, unless the file
+    changed since (another modification time: hashed, and refused where corrupt). A file
+    with no record, or a record of other bytes, is hashed, then recorded for the next."""
+    root = tmp_path / "artifacts"
+    art = LocalStore(root).put_bytes(b"an index's bytes")
+    path = LocalStore(root).path(art.sha256)
+    hashed: list[int] = []
+    real = hashlib.sha256
+
+    def counting(*args: object) -> object:
+        hashed.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(hashlib, "sha256", counting)
+    other = LocalStore(root)  # another process's store: nothing verified in it yet
+    assert other.read_parsed(art.sha256, lambda view, file: bytes(view)) == b"an index's bytes"
+    assert LocalStore(root).read_bytes(art.sha256) == b"an index's bytes"
+    assert hashed == []
+    # Storing what is there refreshes its time (gc spares it), and moves its record with it.
+    before = path.stat().st_mtime_ns
+    time.sleep(0.01)
+    LocalStore(root).put_file(path)
+    assert path.stat().st_mtime_ns != before
+    hashed.clear()
+    assert LocalStore(root).read_bytes(art.sha256) == b"an index's bytes" and hashed == []
+    # No record (a file stored before records, or a filesystem without them): hashed once,
+    # then recorded for the next process.
+    os.removexattr(path, VERIFIED_XATTR)
+    assert LocalStore(root).read_bytes(art.sha256) == b"an index's bytes" and len(hashed) == 1
+    assert LocalStore(root).read_bytes(art.sha256) == b"an index's bytes" and len(hashed) == 1
+    # A record that names other bytes, or another time, is not trusted.
+    stat = path.stat()
+    for record in (f"{'0' * 64} {stat.st_ino} {stat.st_size} {stat.st_mtime_ns}",
+                   f"{art.sha256} {stat.st_ino} {stat.st_size} {stat.st_mtime_ns + 1}"):
+        os.setxattr(path, VERIFIED_XATTR, record.encode())
+        hashed.clear()
+        LocalStore(root).read_bytes(art.sha256)
+        assert len(hashed) == 1
+    # Changed on disk after it was recorded: hashed again, and refused.
+    time.sleep(0.01)
+    path.write_bytes(b"an index's byteZ")
+    with pytest.raises(DigestMismatch):
+        LocalStore(root).read_parsed(art.sha256, lambda view, file: bytes(view))
+    with pytest.raises(DigestMismatch):
+        other.read_bytes(art.sha256)
 
 
 def test_an_unwritable_folder_names_the_setting(tmp_path):
