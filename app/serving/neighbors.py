@@ -130,11 +130,21 @@ def _name(names: list[str] | None, label: int) -> str:
     return names[label] if names is not None and 0 <= label < len(names) else str(label)
 
 
-async def search(state: ServingState, req: NeighborsRequest) -> dict[str, Any]:
+async def search(state: ServingState, req: NeighborsRequest, index_checked: bool = False) -> dict[str, Any]:
+    """``index_checked``: ``req.index_id`` was read as the run's succeeded index in the
+    statement that named the run (a model's collection, with its alias): not looked up
+    again, and searched from this process's cache where it is there (no thread, no query)."""
     loaded, h, sims = await inference.infer(state, req, similarities=True)
     assert sims is not None
-    index_id, ref = await run_in_threadpool(_reference, state, loaded.experiment_id,
-                                            loaded.spec.loss, req.index_id)
+    index_id: int | None
+    if index_checked and req.index_id is not None:
+        index_id = req.index_id
+        cached = state.references.peek(("index", index_id))
+        ref = cached if cached is not None else await run_in_threadpool(
+            indexed_reference, state, loaded.experiment_id, index_id)
+    else:
+        index_id, ref = await run_in_threadpool(_reference, state, loaded.experiment_id,
+                                                loaded.spec.loss, req.index_id)
     index = ref.index
     n = index.n
     if req.k > n:

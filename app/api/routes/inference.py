@@ -331,7 +331,8 @@ async def model_neighbors(name: str, request: Request) -> Response:
                                                "index_id": searched.index_id})
     except ValidationError as exc:
         raise InvalidInput(describe_errors(exc.errors())) from exc
-    answer = await neighbors_service.search(state_of(request), req)
+    # The index was read with the alias, in one statement: not looked up a second time.
+    answer = await neighbors_service.search(state_of(request), req, index_checked=True)
     return _json({"model": name, "model_version": searched.version, "alias": asked.alias,
                   "collection": asked.collection, **answer})
 
