@@ -56,9 +56,11 @@ def _by_name(session: Session, name: str, need: policy.Need = "read") -> Registe
     404 naming it when it may not read it (or there is none), a 403 when it may read only."""
     if not NAME.match(name):
         raise NotFound(f"model {name!r} does not exist (names match [a-z0-9][a-z0-9._-]{{0,63}})")
-    row_id = session.scalar(select(RegisteredModel.id).where(RegisteredModel.name == name))
-    if row_id is None:
+    # The whole row, so that the access check below finds it in the session (no second read).
+    found = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
+    if found is None:
         raise NotFound(f"model {name!r} does not exist")
+    row_id = found.id
     try:
         row: RegisteredModel = policy.require(session, "model", row_id, need)
     except policy.Hidden:  # a 404 as for none, audited as a refusal

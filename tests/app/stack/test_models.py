@@ -420,6 +420,8 @@ def test_a_collection_is_searched_by_alias_and_flips_with_it(client, digits_runs
     assert (got["model_version"], got["experiment_id"], got["index_id"]) == (1, cosine, one["index_id"])
     assert any("model_aliases" in sql for sql in seen), seen
     assert not any("neighbor_indexes" in sql for sql in seen), seen
+    # The model read once by its name: the access check takes the row already read.
+    assert sum("FROM models " in sql for sql in seen) == 1, seen
     assert got["n_reference"] == 200 and got["results"] == direct(cosine, one["index_id"])
 
     # Searches by alias from twenty clients (the number) while the alias flips: no
