@@ -280,12 +280,14 @@ class LocalStore(ArtifactStore):
     def _store(self, path: Path, art: Artifact, move: bool = False) -> None:
         target = self.path(art.sha256)
         if target.exists():
-            with suppress(FileNotFoundError):
+            try:
                 verified = self._host_verified(target, art.sha256, _stamp(target.stat()))
                 os.utime(target)  # gc spares it; a record of it verified moves with its time
                 if verified:
                     self._record_verified(target, art.sha256, _stamp(target.stat()))
-            return
+                return
+            except FileNotFoundError:
+                pass  # collected meanwhile: written again below
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
         try:

@@ -126,6 +126,24 @@ def test_a_file_verified_on_this_host_is_not_hashed_again_by_another_process(tmp
         other.read_bytes(art.sha256)
 
 
+def test_storing_what_gc_removes_at_that_moment_writes_it_again(tmp_path, monkeypatch):
+    """Storing bytes already there only refreshes the file's time; if the collector removes
+    the file between the store's look and that refresh, the bytes are written again, never
+    reported stored while gone."""
+    store = LocalStore(tmp_path / "artifacts")
+    art = store.put_bytes(b"a checkpoint")
+    real = os.utime
+
+    def collected_first(path, *args, **kwargs):
+        os.unlink(path)  # the collector's delete, at the worst moment
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "utime", collected_first)
+    assert store.put_bytes(b"a checkpoint") == art
+    monkeypatch.setattr(os, "utime", real)
+    assert LocalStore(tmp_path / "artifacts").read_bytes(art.sha256) == b"a checkpoint"
+
+
 def test_an_unwritable_folder_names_the_setting(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")
