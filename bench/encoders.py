@@ -6,8 +6,9 @@ reference: the training rows).
 1. The frozen encoder alone: MAP@R and precision@1 of its 384-d vectors (cosine), and a
    logistic regression's test accuracy on them.
 2. Every loss of the catalog as a head on it (the paper's two hidden layers, then the loss's
-   head), ``--seeds`` seeds each, trained as a service sweep trains them: the features
-   computed once, the members of a stackable loss as one stacked group; per loss the test
+   head), ``--seeds`` seeds each, trained as one sweep (``corel.train.fit_sweep``): the
+   features computed once, the members of each loss as one stacked group, the groups in
+   lockstep over the same batches (:mod:`corel.train.lockstep`); per loss the test
    accuracy, MAP@R of the head's representation and K-Means accuracy on it, mean +- std over
    the seeds, with paired t-tests (by seed) of MAP@R against Cosine- and Gaussian-COREL; and
    the wall time of the whole sweep, the embedding pass included.
@@ -29,7 +30,8 @@ and ``ratio wordllama / minilm texts/s``.
 Its last lines read ``frozen head MAP@R: X`` (the best text head's mean), ``head sweep
 seconds: S`` and ``head sweep warm seconds: W`` (the first encoder's sweep again, in a fresh
 feature memory, its features read from the store the first sweep put them in: a
-:class:`corel.encoders.kept.FolderStore`). ``--smoke``: the first 150 rows as a text table, 40 images, one seed, two
+:class:`corel.encoders.kept.FolderStore`), then ``head sweep warm seconds, each loss's group
+in turn`` (the warm sweep again with each group taking its own passes) and their ratio. ``--smoke``: the first 150 rows as a text table, 40 images, one seed, two
 epochs, one separate experiment (a few seconds beyond the encoders' load).
 
 Run: ``.venv/bin/python bench/encoders.py [--data-dir ../shared/datasets] [--seeds 3]
@@ -61,7 +63,7 @@ from corel.encoders.record import EncoderRecord
 from corel.loss_catalog import LOSS_NAMES, declaration
 from corel.retrieval import retrieval_metrics
 from corel.spec import ExperimentSpec
-from corel.train import FitResult, NotLearningError, fit, fit_group, group_specs, represent
+from corel.train import EngineOptions, FitResult, NotLearningError, fit, fit_sweep, represent
 
 REFERENCES = ("cosine", "gaussian")
 
@@ -92,22 +94,16 @@ def scores(result: FitResult, data: Any) -> dict[str, float]:
             "map_at_r": retrieval["mean_average_precision_at_r"], "kmeans": kmeans["accuracy"]}
 
 
-def train(specs: list[ExperimentSpec], data: Any, chance_epochs: int) -> list[FitResult | None]:
-    """Every spec, the stackable ones as stacked groups (as a sweep's workers do); None for
-    a run the not-learning guard stopped (its reason printed)."""
-    out: list[FitResult | None] = [None] * len(specs)
-    for members in group_specs(specs):
-        try:
-            if len(members) > 1:
-                group = fit_group([specs[i] for i in members], data=data, chance_epochs=chance_epochs)
-                for i, r in zip(members, group, strict=True):
-                    out[i] = r if r.failed is None else None
-                    if r.failed:
-                        print(f"  {specs[i].loss} seed {specs[i].seed} did not learn: {r.failed}")
-            else:
-                out[members[0]] = fit(specs[members[0]], data=data, chance_epochs=chance_epochs)
-        except NotLearningError as exc:
-            print(f"  {specs[members[0]].loss} seed {specs[members[0]].seed} did not learn: {exc}")
+def train(specs: list[ExperimentSpec], data: Any, chance_epochs: int, lockstep: bool = True) -> list[FitResult | None]:
+    """Every spec, as one sweep (``corel.train.fit_sweep``): the members of each loss as one
+    stacked group, the groups in lockstep over the same batches (``lockstep``; else each
+    group's pass in turn); None for a run the not-learning guard stopped (its reason printed)."""
+    results = fit_sweep(specs, data=data, chance_epochs=chance_epochs, options=EngineOptions(lockstep=lockstep))
+    out: list[FitResult | None] = []
+    for spec, result in zip(specs, results, strict=True):
+        out.append(result if result.failed is None else None)
+        if result.failed:
+            print(f"  {spec.loss} seed {spec.seed} did not learn: {result.failed}")
     return out
 
 
@@ -277,6 +273,10 @@ def main(argv: list[str] | None = None) -> None:
             train(swept, warm, chance_epochs)
             warm_seconds = time.perf_counter() - started
             assert features.COMPUTED["texts"] == computed and warm.features_source == "from the store"
+            # The same warm sweep with each loss's group taking its own passes, in turn.
+            started = time.perf_counter()
+            train(swept, warm, chance_epochs, lockstep=False)
+            apart_seconds = time.perf_counter() - started
     if args.images:
         for name in (n for n in args.image_encoders.split(",") if n):
             rows.append(images(data_dir, args.images, args.seeds, args.epochs, args.lr, args.lam, chance_epochs,
@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"frozen head MAP@R: {best:.3f}")
     print(f"head sweep seconds: {sweep_seconds:.1f}")
     print(f"head sweep warm seconds: {warm_seconds:.1f} (the same sweep, its features read from the store)")
+    print(f"head sweep warm seconds, each loss's group in turn: {apart_seconds:.1f} "
+          f"(ratio in turn / in lockstep: {apart_seconds / warm_seconds:.2f})")
 
 
 if __name__ == "__main__":

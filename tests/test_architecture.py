@@ -348,6 +348,8 @@ KERNEL_FREE = {
     "test_index.py": "faiss's kernels, not torch's",
     "native/test_native.py": "the native build's loader",
     "test_report.py": "the report's tables and t-tests, in numpy and scipy",
+    "train/test_lockstep.py": "float64 throughout, each assertion two computations of the same process "
+                              "(stacks in lockstep against each stack alone), 1e-10 apart on any kernels",
     "train/test_pruning.py": "float64 throughout, each assertion two computations of the same "
                              "process (a pruned stack against the unpruned one), 1e-16 apart on any kernels",
 }

@@ -6,6 +6,8 @@ What is where (each module has one job):
   :class:`Run`, a run's mutable state (:func:`start_run` builds it, fresh or resumed);
 * :mod:`.stacked`: :func:`fit_group` and :class:`StackedRun`, a group of specs that differ
   only in loss parameters and seed trained as one stacked model (a sweep's rows);
+* :mod:`.lockstep`: stacks of other losses over the same FFNN and batches (a sweep of
+  every loss, :func:`fit_sweep`) taking each pass together, their encoders as one stack;
 * :mod:`.grouping`: which specs may train together (:func:`group_specs`, :func:`group_key`);
 * :mod:`.steps`: which step a pass takes (a CUDA graph's replay, one native call, the fused
   nodes, plain autograd), decided once for both loops;

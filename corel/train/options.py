@@ -18,6 +18,9 @@ the environment itself.
   a cache): the worker shows it as the run's phase.
 * ``features_store``: where those features are kept for every host (the service's artifact
   store; :mod:`corel.encoders.kept`): a run on another host reads them, and computes none.
+* ``lockstep``: a sweep's stacks of other losses over the same FFNN and batches take each
+  pass together, their encoders as one stack (:mod:`corel.train.lockstep`; default on); off,
+  each stack takes its own pass in turn (the same members, to rounding).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class EngineOptions:
     keep_frozen_outputs: bool = True
     on_features: Callable[[str, int, int], None] | None = field(default=None, compare=False)
     features_store: FeatureStore | None = field(default=None, compare=False)
+    lockstep: bool = True
 
     def __post_init__(self) -> None:
         if self.cuda_graphs not in GRAPH_MODES:

@@ -86,6 +86,7 @@ from corel.train.checkpoints import (
 from corel.train.graphs import GraphedSteps
 from corel.train.grouping import MAX_GROUP, MAY_DIFFER, as_spec, check_group, group_specs
 from corel.train.guards import CHANCE_EPOCHS, GroupChanceGuard, chance_accuracy
+from corel.train.lockstep import lockstep_epoch, lockstep_key
 from corel.train.optim import adam
 from corel.train.options import EngineOptions
 from corel.train.pruning import Prune, configuration, keep, map_at_r
@@ -432,16 +433,33 @@ class StackedRun:
         vmapped = self._vmapped_encoder_each if per_member else self._vmapped_encoder
         return vmapped(self.params, self.buffers, x)
 
+    def encode_stack(self, params: Tensors, x: torch.Tensor, per_member: bool) -> torch.Tensor:
+        """The FFNN of this stack's layers with the stacked weights ``params`` (of this
+        stack, or of several stacks of the same layers, concatenated on the member axis:
+        :mod:`corel.train.lockstep`) on the shared inputs x, or each member's."""
+        if self._mlp is None:
+            raise ValueError("encode_stack runs the FFNN's plan; this stack's encoder is not one")
+        return _mlp_forward(self._mlp, params, x, shared=not per_member)
+
     def _steps(self, batch_size: int
                ) -> tuple[torch.Tensor, torch.Tensor, Iterator[tuple[int, torch.Tensor, torch.Tensor]]]:
         """A pass's labels in its order ((n,) shared by every member, or (M, n)), the order
         itself (the rows' indices: (n,), or (streams, n)) and its steps (start, inputs,
         labels): shared inputs (N, ...) and labels (N,) where the group has one stream, else
         each member's (M, N, ...) and (M, N)."""
+        return self._batches(batch_size, self.draw_orders())
+
+    def draw_orders(self) -> list[torch.Tensor]:
+        """A pass's order of the training rows for each stream (one ``randperm`` from each
+        stream's generator, as :func:`corel.train.solo.train_pass` draws a solo run's)."""
+        n = len(self.data.y_train)
+        return [torch.randperm(n, generator=shuffle) for shuffle in self.shuffles]
+
+    def _batches(self, batch_size: int, orders: list[torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor, Iterator[tuple[int, torch.Tensor, torch.Tensor]]]:
+        """:meth:`_steps` over the streams' ``orders`` (:meth:`draw_orders`)."""
         data = self.data
-        n = len(data.y_train)
-        streams = [Batches(data.x_train, data.y_train, self.device, batch_size,
-                           torch.randperm(n, generator=shuffle)) for shuffle in self.shuffles]
+        streams = [Batches(data.x_train, data.y_train, self.device, batch_size, order) for order in orders]
         if len(streams) == 1:
             return streams[0].labels, streams[0].order, iter(streams[0])
         # Members in stream order with one member per stream need no gather of the stack.
@@ -513,12 +531,17 @@ class StackedRun:
         # d(sum_m L_m)/d(theta_m) = dL_m/d(theta_m): each member gets its own gradient.
         loss.sum().backward()
         self.optimizer.step()
+        self.after_step(h.detach(), yb, per_member)
+        return loss.detach(), sim.detach()
+
+    def after_step(self, h: torch.Tensor, yb: torch.Tensor, per_member: bool) -> None:
+        """The head's buffers after an optimizer step on a batch whose representations were
+        ``h``: Center loss's centroids (Wen et al.'s step); nothing for the other heads."""
         if self.loss_name == "center":
             update = self._vmapped_center_update_each if per_member else self._vmapped_center_update
             with torch.no_grad():  # in place: a CUDA graph writes the tensor it recorded
                 centers = self.buffers["head.centers"]
-                centers.copy_(update(centers, h.detach(), yb, self.alpha))
-        return loss.detach(), sim.detach()
+                centers.copy_(update(centers, h, yb, self.alpha))
 
     def _indexed_step(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`corel.train.steps.stacked_step` on the rows ``idx`` of the training data: (n,) shared by every
@@ -576,6 +599,12 @@ class StackedRun:
         passed = self.train_pass(callbacks)
         if passed is None:
             return None
+        return self.end_epoch(passed, started)
+
+    def end_epoch(self, passed: tuple[list[float], list[int]], started: float) -> list[EpochMetrics]:
+        """The rest of :meth:`run_epoch` after a pass that gave ``passed`` (summed losses,
+        corrects): the epoch counted, each member validated (and tested where validation
+        improved), its record updated; ``seconds`` counted from ``started``."""
         total_loss, correct = passed
         data = self.data
         n = len(data.y_train)
@@ -713,7 +742,11 @@ def fit_sweep(
     configuration of every group is judged together, as :func:`fit_group` judges one
     group's, and a group whose configurations all go ends there. One :class:`FitResult`
     per spec, in order. Each group is the stack :func:`fit_group` trains, so a member ends
-    as it would in its own group (bit for bit in float64), pruned or not. ``callbacks`` hear
+    as it would in its own group, pruned or not: bit for bit in float64 where each group
+    takes its own passes; groups over the same FFNN and batches (every loss's over one
+    encoder's features) take each pass together (:mod:`corel.train.lockstep`, where
+    ``options.lockstep``), a member then as in its own group to the rounding of a wider
+    batched product. ``callbacks`` hear
     every group's epochs (``group`` says which); one returning True stops that group.
     ``data``: the dataset every spec trains on (otherwise it is loaded once for groups
     that differ only in their loss, once per other group).
@@ -771,14 +804,22 @@ def _train_lanes(lanes: list[_Lane], halving: Prune | None, results: dict[int, F
         if judge_first and halving is not None:
             _judge(lanes, halving, results, options)
         while live := [lane for lane in lanes if not lane.done]:
+            # Lanes whose stacks can take this pass together do (corel.train.lockstep).
+            bunches: dict[Any, list[_Lane]] = {}
             for lane in live:
-                group = lane.group
-                if group.epoch >= group.epochs:
+                if lane.group.epoch >= lane.group.epochs:
                     lane.done = True
                     continue
-                metrics = group.run_epoch(lane.callbacks)
-                if metrics is None or any([bool(cb.on_epoch_end(metrics, group)) for cb in lane.callbacks]):
-                    lane.stopped = lane.done = True
+                key = lockstep_key(lane.group) if options.lockstep else None
+                bunches.setdefault(("alone", id(lane)) if key is None else key, []).append(lane)
+            for bunch in bunches.values():
+                if len(bunch) == 1:
+                    epochs = [bunch[0].group.run_epoch(bunch[0].callbacks)]
+                else:
+                    epochs = lockstep_epoch([lane.group for lane in bunch], [lane.callbacks for lane in bunch])
+                for lane, metrics in zip(bunch, epochs, strict=True):
+                    if metrics is None or any([bool(cb.on_epoch_end(metrics, lane.group)) for cb in lane.callbacks]):
+                        lane.stopped = lane.done = True
             if halving is not None:
                 _judge(live, halving, results, options)
     for lane in lanes:

@@ -1,0 +1,203 @@
+"""Stacks of other losses over the same encoder and data, trained in lockstep: one pass,
+each batch read once, every stack's encoder run as one stack.
+
+A sweep of every loss (:func:`corel.train.stacked.fit_sweep`) trains one stack per loss: the
+heads differ (CCE's bias, Gaussian-COREL's gamma, Center loss's centroids, the peers' class
+means), so their members cannot share one set of stacked tensors. Their encoders can: the
+same FFNN over the same features, with the same batch order wherever the seeds are the same.
+:func:`lockstep_pass` trains such stacks together, step by step:
+
+* each stack draws its pass's order from its own generators, as alone (the orders are
+  equal, since their seeds and states are: :func:`lockstep_key` says which stacks qualify);
+* each batch is gathered once, and the encoders of every stack run as one stack: their
+  stacked weights concatenated on the member axis, one batched product per layer
+  (:meth:`corel.train.stacked.StackedRun.encode_stack`);
+* each stack's loss is its own head's on its members' slice of the representations; the
+  losses of every stack are summed before one ``backward``, which hands each member exactly
+  the gradient of its own loss (the concatenation's backward is a split);
+* each stack's own Adam steps its own tensors, and its head updates its buffers.
+
+A stack whose step is one native call (Gaussian-COREL's, :mod:`corel.train.native_step`)
+takes that call on the shared batch instead. So a member ends as it would in its own stack,
+up to the rounding of a wider batched product (tests/corel/train/test_lockstep.py: to 1e-10 in float64), and the figures
+of each stack's epoch are the ones :meth:`StackedRun.run_epoch` reports.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from corel.device import Batches, autocast, ieee_float32
+from corel.losses import check_labels
+from corel.train.callbacks import EpochMetrics, GroupCallback
+from corel.train.native_step import stacked_gaussian_mlp_step
+from corel.train.solo import pass_totals
+from corel.train.steps import pass_mode
+
+if TYPE_CHECKING:  # corel.train.stacked calls this module to train its lanes
+    from corel.train.stacked import StackedRun
+
+__all__ = ["lockstep_epoch", "lockstep_key", "lockstep_pass"]
+
+Passed = tuple[list[float], list[int]]
+
+
+def lockstep_key(group: StackedRun) -> Hashable | None:
+    """Stacks with equal keys can take their next pass together (:func:`lockstep_pass`);
+    None: this one takes its own. Equal keys: the same training tensors, batch size,
+    device and precision, an FFNN of the same layers and shapes without dropout, the
+    plain loop (no CUDA graph), and the same streams (seeds, in order) at the same
+    generator states, so that each draws the same order."""
+    plan = group._mlp
+    if plan is None or group.dropouts is not None:
+        return None
+    data = group.data
+    if pass_mode(group.options, group.device, data.x_train) != "off":
+        return None
+    names = _encoder_names(plan)
+    shapes = tuple((name, tuple(group.params[name].shape[1:]), group.params[name].dtype) for name in names)
+    streams = tuple(bytes(shuffle.get_state().numpy()) for shuffle in group.shuffles)
+    return (id(data.x_train), id(data.y_train), group.specs[0].batch_size, str(group.device), group.precision,
+            tuple((kind, arg) for kind, arg in plan), shapes, streams)
+
+
+def _encoder_names(plan: Sequence[tuple[str, object]]) -> list[str]:
+    return [f"{arg}.{part}" for kind, arg in plan if kind == "linear" for part in ("weight", "bias")]
+
+
+def lockstep_pass(groups: Sequence[StackedRun],
+                  callbacks: Sequence[Sequence[GroupCallback]]) -> list[Passed | None]:
+    """One pass over the training set for every stack of ``groups`` (equal
+    :func:`lockstep_key`), in lockstep: for each, what :meth:`StackedRun.train_pass` returns
+    (summed losses, corrects; None where one of its ``callbacks`` asked to stop: that stack
+    takes no further step, the others go on)."""
+    first = groups[0]
+    data, device = first.data, first.device
+    n = len(data.y_train)
+    batch_size = first.specs[0].batch_size
+    orders = [group.draw_orders() for group in groups]
+    for group, drawn in zip(groups, orders, strict=True):
+        check_labels(data.y_train, n, data.num_classes)
+        if not all(torch.equal(a, b) for a, b in zip(drawn, orders[0], strict=True)):
+            raise RuntimeError(f"stack of {group.loss_name!r} drew another order than the first")
+        group._template.train()
+    streams = [Batches(data.x_train, data.y_train, device, batch_size, order) for order in orders[0]]
+    several = len(streams) > 1
+    # Each stack's labels in pass order: (n,) shared, or (M, n) its members' streams'.
+    stream_labels = torch.stack([s.labels for s in streams]) if several else streams[0].labels
+    labels = [stream_labels.index_select(0, g._stream_index) if several else stream_labels for g in groups]
+    predicted = [torch.empty(g.size, n, dtype=torch.int64, device=device) for g in groups]
+    losses: list[list[torch.Tensor]] = [[] for _ in groups]
+    live = list(range(len(groups)))
+    shared: list[_Shared | None] = [None]
+    with ieee_float32(device):
+        for step, parts in enumerate(zip(*streams, strict=True)):
+            start = parts[0][0]
+            stop = start + len(parts[0][2])
+            x = torch.stack([xb for _, xb, _ in parts]) if several else parts[0][1]
+            ys = {i: labels[i][..., start:stop] for i in live}
+            for i, (loss, sim) in _step([groups[i] for i in live], live, x, ys, several, shared).items():
+                losses[i].append(loss)
+                torch.argmax(sim, 2, out=predicted[i][:, start:stop])
+            live = [i for i in live if not any([cb.on_batch_end(step) for cb in callbacks[i]])]
+            if not live:
+                break
+    out: list[Passed | None] = [None] * len(groups)
+    for i in live:
+        total_loss, correct = pass_totals(torch.stack(losses[i]), predicted[i], labels[i], batch_size)
+        out[i] = total_loss.tolist(), [int(c) for c in correct.tolist()]
+    return out
+
+
+class _Shared:
+    """The encoder tensors of stacks that step together, each name's in one storage: every
+    stack's stacked weight is a slice of it (its ``data`` rebound, the same tensor for its
+    optimiser), so the stacks' encoders run as one stack with no copy, and the gradient of
+    the whole splits into each stack's slices as views."""
+
+    def __init__(self, groups: list[StackedRun]) -> None:
+        self.groups = groups
+        self.names = _encoder_names(groups[0]._mlp or [])
+        self.bounds: list[tuple[int, int]] = []
+        start = 0
+        for group in groups:
+            self.bounds.append((start, start + group.size))
+            start += group.size
+        self.whole: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name in self.names:
+                whole = torch.cat([g.params[name].detach() for g in groups])
+                for group, (a, b) in zip(groups, self.bounds, strict=True):
+                    group.params[name].data = whole[a:b]
+                self.whole[name] = whole
+        # The stacks' rows in the stack of several streams' inputs: each member's stream.
+        self.streams = torch.cat([g._stream_index for g in groups])
+
+    def forward(self, x: torch.Tensor, several: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Every member's representations of the batch (its stream's, where ``several``),
+        and the leaves they were computed from (their gradients: :meth:`hand_gradients`)."""
+        lead = self.groups[0]
+        leaves = {name: whole.detach().requires_grad_(True) for name, whole in self.whole.items()}
+        xs = x.index_select(0, self.streams) if several else x
+        with autocast(lead.device, lead.precision):
+            h = lead.encode_stack(leaves, xs, several)
+        return h, leaves
+
+    def hand_gradients(self, leaves: dict[str, torch.Tensor]) -> None:
+        """Each stack's slices of the whole's gradients, as its weights' own (views)."""
+        for name, leaf in leaves.items():
+            grad = leaf.grad
+            for group, (a, b) in zip(self.groups, self.bounds, strict=True):
+                group.params[name].grad = None if grad is None else grad[a:b]
+
+
+def _step(groups: list[StackedRun], positions: list[int], x: torch.Tensor, ys: dict[int, torch.Tensor],
+          several: bool, shared: list[_Shared | None]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """One Adam step of every member of ``groups`` on the batch ``x`` (N, ...), or each
+    stream's (S, N, ...) where ``several``: (losses, similarities) by position, detached.
+    ``shared[0]``: the encoders of the stacks that stepped together last (kept while they
+    are the same stacks)."""
+    done: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    merged: list[tuple[int, StackedRun]] = []
+    for at, group in zip(positions, groups, strict=True):
+        group.optimizer.zero_grad(set_to_none=True)
+        if group.native_layout is not None:  # Gaussian-COREL's step as one native call, where built
+            own = x.index_select(0, group._stream_index) if several else x
+            native = stacked_gaussian_mlp_step(group.native_layout, group.params, group.buffers, group.optimizer,
+                                               group.lam, group.one_minus_lam, own, ys[at])
+            if native is not None:
+                done[at] = native
+                continue
+        merged.append((at, group))
+    if not merged:
+        return done
+    stacks = [group for _, group in merged]
+    together = shared[0]
+    if together is None or [id(g) for g in together.groups] != [id(g) for g in stacks]:
+        together = shared[0] = _Shared(stacks)
+    h, leaves = together.forward(x, several)
+    parts = h.split([g.size for g in stacks])
+    results = [g._stacked_loss(hg, ys[at]) for (at, g), hg in zip(merged, parts, strict=True)]
+    # d(sum of every member's loss)/d(theta_m) = dL_m/d(theta_m): each member its own gradient.
+    torch.stack([loss.sum() for loss, _ in results]).sum().backward()
+    together.hand_gradients(leaves)
+    for (at, group), hg, (loss, sim) in zip(merged, parts, results, strict=True):
+        group.optimizer.step()
+        group.after_step(hg.detach(), ys[at], several)
+        done[at] = loss.detach(), sim.detach()
+    return done
+
+
+def lockstep_epoch(groups: Sequence[StackedRun],
+                   callbacks: Sequence[Sequence[GroupCallback]]) -> list[list[EpochMetrics] | None]:
+    """:meth:`StackedRun.run_epoch` for every stack of ``groups`` (equal :func:`lockstep_key`),
+    their passes in lockstep; each stack's epoch ``seconds`` counts from the shared pass's
+    start to its own validation's end."""
+    started = time.perf_counter()
+    passes = lockstep_pass(groups, callbacks)
+    return [None if passed is None else group.end_epoch(passed, started)
+            for group, passed in zip(groups, passes, strict=True)]

@@ -1,0 +1,112 @@
+"""Stacks of other losses trained in lockstep (corel.train.lockstep): a sweep of every loss
+takes each pass together, and each member ends as it does in its own stack.
+
+Not marked `kernels`: every figure is float64, and each assertion compares two computations
+of this process (the lockstep sweep and each loss's own stack), as tests/corel/train/test_pruning.py's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corel.data import load_dataset
+from corel.loss_catalog import LOSS_NAMES, declaration
+from corel.spec import ExperimentSpec
+from corel.train import EngineOptions, GroupCallback, StackedRun, fit_group, fit_sweep
+from corel.train.lockstep import lockstep_key, lockstep_pass
+
+BASE = {"dataset": "digits", "epochs": 2, "batch_size": 64, "lr": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def digits64():
+    return load_dataset(ExperimentSpec(dataset="digits")).astype(torch.float64)
+
+
+def _specs(seeds: tuple[int, ...]) -> list[ExperimentSpec]:
+    return [ExperimentSpec(**BASE, loss=loss, seed=seed, **({"lam": 0.7} if "lam" in declaration(loss).params else {}))
+            for loss in LOSS_NAMES for seed in seeds]
+
+
+class Steps(GroupCallback):
+    """The step of every on_batch_end, in the order heard."""
+
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def on_batch_end(self, step):
+        self.steps.append(step)
+        return False
+
+
+def _worst(a, b) -> float:
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert sa.keys() == sb.keys()
+    return max(float((sa[k] - sb[k]).abs().max()) for k in sa)
+
+
+@pytest.mark.parametrize("seeds", [(0,), (0, 1)], ids=["one seed", "two seeds"])
+def test_every_loss_steps_in_lockstep_and_each_member_ends_as_in_its_own_stack(digits64, seeds):
+    specs = _specs(seeds)
+    heard = Steps()
+    swept = fit_sweep(specs, [heard], data=digits64, chance_epochs=0)
+    # In lockstep: each step of the pass is taken by all eleven stacks before the next one
+    # (one after another, the first stack would hear 0, 1, 2, ... first).
+    assert heard.steps[: len(LOSS_NAMES)] == [0] * len(LOSS_NAMES), heard.steps[:20]
+    apart = Steps()
+    separate = fit_sweep(specs, [apart], data=digits64, chance_epochs=0, options=EngineOptions(lockstep=False))
+    assert apart.steps[:3] == [0, 1, 2] and sorted(apart.steps) == sorted(heard.steps)
+    for loss in LOSS_NAMES:
+        mine = [i for i, s in enumerate(specs) if s.loss == loss]
+        own = fit_group([specs[i] for i in mine], data=digits64, chance_epochs=0)
+        for i, alone in zip(mine, own, strict=True):
+            for got in (swept[i], separate[i]):
+                assert _worst(got, alone) <= 1e-10, (loss, specs[i].seed)
+                assert len(got.history) == len(alone.history) == BASE["epochs"]
+                for m, n in zip(got.history, alone.history, strict=True):
+                    assert abs(m.train_loss - n.train_loss) <= 1e-10 * max(1.0, abs(n.train_loss)), loss
+                    assert (m.train_accuracy, m.val_accuracy) == (n.train_accuracy, n.val_accuracy), loss
+                assert got.test_accuracy == alone.test_accuracy, loss
+
+
+class StopAt(GroupCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_batch_end(self, step):
+        return step == self.step
+
+
+def test_a_stack_stopped_mid_pass_leaves_the_others_going(digits64):
+    specs = _specs((0, 1))
+    cosine = [s for s in specs if s.loss == "cosine"]
+    center = [s for s in specs if s.loss == "center"]
+    groups = [StackedRun.start(cosine, digits64), StackedRun.start(center, digits64)]
+    assert lockstep_key(groups[0]) == lockstep_key(groups[1]) is not None
+    passes = lockstep_pass(groups, [[StopAt(3)], []])
+    assert passes[0] is None  # its callback stopped it
+    alone = StackedRun.start(center, digits64)
+    want = alone.train_pass()
+    got = passes[1]
+    assert got is not None and want is not None
+    assert got[1] == want[1]
+    assert max(abs(a - b) for a, b in zip(got[0], want[0], strict=True)) <= 1e-9
+    for name in alone.params:
+        assert float((groups[1].params[name] - alone.params[name]).detach().abs().max()) <= 1e-12, name
+
+
+def test_only_stacks_that_draw_the_same_batches_share_a_key(digits64):
+    one = StackedRun.start(_specs((0,))[:1], digits64)
+    cosine = [s for s in _specs((0,)) if s.loss == "cosine"]
+    assert lockstep_key(one) == lockstep_key(StackedRun.start(cosine, digits64))
+    # Another seed draws another order; another batch size other batches; a stack further
+    # along (another generator state) other batches again.
+    assert lockstep_key(one) != lockstep_key(StackedRun.start([cosine[0].model_copy(update={"seed": 1})], digits64))
+    assert lockstep_key(one) != lockstep_key(
+        StackedRun.start([cosine[0].model_copy(update={"batch_size": 32})], digits64))
+    ahead = StackedRun.start(cosine, digits64)
+    ahead.run_epoch()
+    assert lockstep_key(one) != lockstep_key(ahead)
+    # A CNN runs member by member: it takes its own pass.
+    cnn = ExperimentSpec(**BASE, loss="cosine", model="cnn")
+    assert lockstep_key(StackedRun.start([cnn], load_dataset(cnn).astype(torch.float64))) is None
