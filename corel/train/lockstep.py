@@ -49,11 +49,11 @@ Passed = tuple[list[float], list[int]]
 def lockstep_key(group: StackedRun) -> Hashable | None:
     """Stacks with equal keys can take their next pass together (:func:`lockstep_pass`);
     None: this one takes its own. Equal keys: the same training tensors, batch size,
-    device and precision, an FFNN of the same layers and shapes without dropout, the
-    plain loop (no CUDA graph), and the same streams (seeds, in order) at the same
+    device and precision, an FFNN of the same layers and shapes (with dropout: each
+    member's masks from its own stream, as alone), the plain loop (no CUDA graph), and the same streams (seeds, in order) at the same
     generator states, so that each draws the same order."""
     plan = group._mlp
-    if plan is None or group.dropouts is not None:
+    if plan is None:
         return None
     data = group.data
     if pass_mode(group.options, group.device, data.x_train) != "off":
@@ -143,8 +143,11 @@ class _Shared:
         lead = self.groups[0]
         leaves = {name: whole.detach().requires_grad_(True) for name, whole in self.whole.items()}
         xs = x.index_select(0, self.streams) if several else x
+        streams = None
+        if lead.training_streams() is not None:  # each member's dropout masks from its own stream
+            streams = [stream for g in self.groups for stream in g.training_streams() or ()]
         with autocast(lead.device, lead.precision):
-            h = lead.encode_stack(leaves, xs, several)
+            h = lead.encode_stack(leaves, xs, several, streams)
         return h, leaves
 
     def hand_gradients(self, leaves: dict[str, torch.Tensor]) -> None:

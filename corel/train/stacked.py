@@ -38,8 +38,9 @@ lam >= 0.5 members then agree with their solo runs to 1e-13 or better on any CPU
 written, and ``fit(spec_i, checkpoint=...)`` resumes it alone.
 
 Models with dropout (the paper's text models) stack too: each member draws its masks from
-its own stream (:func:`corel.encoders.paper.dropout_stream`, seeded by its seed), as its solo
-run does, its encoder run member by member. ``learn_gamma`` is supported (gamma is then a
+its own stream (:func:`corel.encoders.paper.dropout_generator`, seeded by its seed), as its solo
+run does; the FFNN's as batched products still (each member's masks drawn in turn, of its solo
+run's shape), the Text CNN's member by member. ``learn_gamma`` is supported (gamma is then a
 stacked parameter).
 """
 
@@ -67,7 +68,7 @@ from corel.device import (
     pick_device,
     to_device,
 )
-from corel.encoders.paper import FFNN, dropout_generator, dropout_stream, has_dropout
+from corel.encoders.paper import FFNN, StreamDropout, dropout_generator, dropout_stream, has_dropout
 from corel.fused import gaussian_ar, shared_linear
 from corel.loss_catalog import declaration
 from corel.losses import check_labels, class_counts
@@ -134,7 +135,10 @@ def _mlp_plan(encoder: nn.Module) -> list[tuple[str, Any]] | None:
             plan.append(("linear", f"encoder.net.{name}"))
         elif isinstance(layer, nn.LeakyReLU):
             plan.append(("leaky_relu", layer.negative_slope))
-        else:  # dropout (text models) and anything new: the generic vmap path
+        elif type(layer) is StreamDropout:  # the paper's text models: each member's own masks
+            if layer.p > 0:
+                plan.append(("dropout", float(layer.p)))
+        else:  # anything new: the generic vmap path
             return None
     if not any(kind == "linear" for kind, _ in plan):
         return None
@@ -142,18 +146,28 @@ def _mlp_plan(encoder: nn.Module) -> list[tuple[str, Any]] | None:
 
 
 def _mlp_forward(plan: list[tuple[str, Any]], params: Tensors, x: torch.Tensor,
-                 shared: bool = True) -> torch.Tensor:
+                 shared: bool = True, streams: Sequence[torch.Generator] | None = None) -> torch.Tensor:
     """M stacked FFNNs on shared inputs x (N, ...), or on each member's own inputs x
     (M, N, ...) where ``shared`` is False, -> (M, N, out) with batched matrix products.
 
     The same function as ``vmap(functional_call(ffnn))``, arranged for speed: the first
     layer, whose input all members share, is :func:`corel.fused.shared_linear` (one
     ``baddbmm``, its weight gradient one product in the stacked parameter's own layout).
+    Dropout (training): member i's masks drawn from ``streams[i]``, each of its solo run's
+    shape, in its solo run's order, and applied as :class:`StreamDropout` applies them, so
+    each member's inputs are its solo run's; no ``streams`` (evaluation): none.
     """
-    # shared: x is the members' common input until the first linear layer
+    # shared: x is the members' common input until the first linear layer (or dropout)
     for kind, arg in plan:
         if kind == "flatten":
             x = x.flatten(1 if shared else 2)
+        elif kind == "dropout":
+            if streams is None:
+                continue
+            rows = [x] * len(streams) if shared else x.unbind(0)
+            keep = torch.stack([torch.empty_like(r).bernoulli_(1.0 - arg, generator=g)
+                                for r, g in zip(rows, streams, strict=True)])
+            x, shared = (x.unsqueeze(0) if shared else x) * keep * (1.0 / (1.0 - arg)), False
         elif kind == "linear":
             W, b = params[f"{arg}.weight"], params[f"{arg}.bias"]
             if shared:
@@ -414,7 +428,7 @@ class StackedRun:
         the devices of :data:`ENCODER_LOOP_DEVICES`.
         """
         if self._mlp is not None:
-            return _mlp_forward(self._mlp, self.params, x, shared=not per_member)
+            return self.encode_stack(self.params, x, per_member, self.training_streams())
         if self.device.type in ENCODER_LOOP_DEVICES or self.dropouts is not None:
             # Each member's own slices (unbind: one node, whose backward stacks the
             # gradients), so each member's encoder makes its solo run's calls.
@@ -433,13 +447,20 @@ class StackedRun:
         vmapped = self._vmapped_encoder_each if per_member else self._vmapped_encoder
         return vmapped(self.params, self.buffers, x)
 
-    def encode_stack(self, params: Tensors, x: torch.Tensor, per_member: bool) -> torch.Tensor:
+    def training_streams(self) -> list[torch.Generator] | None:
+        """Each member's dropout stream while the stack trains; None in evaluation, or
+        without dropout."""
+        return self.dropouts if self._template.training else None
+
+    def encode_stack(self, params: Tensors, x: torch.Tensor, per_member: bool,
+                     streams: Sequence[torch.Generator] | None) -> torch.Tensor:
         """The FFNN of this stack's layers with the stacked weights ``params`` (of this
         stack, or of several stacks of the same layers, concatenated on the member axis:
-        :mod:`corel.train.lockstep`) on the shared inputs x, or each member's."""
+        :mod:`corel.train.lockstep`) on the shared inputs x, or each member's; dropout's
+        masks from ``streams``, one per member (:meth:`training_streams`)."""
         if self._mlp is None:
             raise ValueError("encode_stack runs the FFNN's plan; this stack's encoder is not one")
-        return _mlp_forward(self._mlp, params, x, shared=not per_member)
+        return _mlp_forward(self._mlp, params, x, shared=not per_member, streams=streams)
 
     def _steps(self, batch_size: int
                ) -> tuple[torch.Tensor, torch.Tensor, Iterator[tuple[int, torch.Tensor, torch.Tensor]]]:

@@ -110,3 +110,21 @@ def test_only_stacks_that_draw_the_same_batches_share_a_key(digits64):
     # A CNN runs member by member: it takes its own pass.
     cnn = ExperimentSpec(**BASE, loss="cosine", model="cnn")
     assert lockstep_key(StackedRun.start([cnn], load_dataset(cnn).astype(torch.float64))) is None
+
+
+def test_text_stacks_with_dropout_step_in_lockstep_as_each_alone(shared_datasets):
+    """The paper's AG News FFNN has dropout: each member's masks come from its own stream in
+    lockstep too (one stream per member, whichever stack it is in)."""
+    text = {"dataset": "ag-news", "train_subset": 96, "epochs": 2, "batch_size": 32, "lr": 1e-3,
+            "dataset_path": str(shared_datasets / "ag_news" / "test.csv")}
+    data = load_dataset(ExperimentSpec(**text)).astype(torch.float64)
+    specs = [ExperimentSpec(**text, loss=loss, seed=seed) for loss in ("cce", "center", "cosine") for seed in (0, 1)]
+    heard = Steps()
+    swept = fit_sweep(specs, [heard], data=data, chance_epochs=0)
+    assert heard.steps[:3] == [0, 0, 0], heard.steps
+    for loss in ("cce", "center", "cosine"):
+        mine = [i for i, s in enumerate(specs) if s.loss == loss]
+        own = fit_group([specs[i] for i in mine], data=data, chance_epochs=0)
+        for i, alone in zip(mine, own, strict=True):
+            assert _worst(swept[i], alone) <= 1e-10, (loss, specs[i].seed)
+            assert [m.val_accuracy for m in swept[i].history] == [m.val_accuracy for m in alone.history]
