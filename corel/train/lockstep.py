@@ -9,18 +9,24 @@ same FFNN over the same features, with the same batch order wherever the seeds a
 
 * each stack draws its pass's order from its own generators, as alone (the orders are
   equal, since their seeds and states are: :func:`lockstep_key` says which stacks qualify);
-* each batch is gathered once, and the encoders of every stack run as one stack: their
-  stacked weights concatenated on the member axis, one batched product per layer
+* each batch is gathered once; the encoders of the stacks run as one stack (or a few runs of
+  stacks, so that one batched product's weights stay within :data:`CHUNK_ELEMENTS`): their
+  stacked weights slices of one tensor on the member axis, one batched product per layer
   (:meth:`corel.train.stacked.StackedRun.encode_stack`);
 * each stack's loss is its own head's on its members' slice of the representations; the
-  losses of every stack are summed before one ``backward``, which hands each member exactly
-  the gradient of its own loss (the concatenation's backward is a split);
-* each stack's own Adam steps its own tensors, and its head updates its buffers.
+  losses of a run's stacks are summed before one ``backward``, which hands each member
+  exactly the gradient of its own loss (the whole's gradient split into views);
+* each stack's own Adam steps its own tensors (one fused kernel call for a run's stacks
+  where their Adams agree: :func:`corel.train.optim.step_together`), and its head updates
+  its buffers.
+
+Only over narrow inputs (:data:`MAX_INPUTS`: features, not Fashion-MNIST's pixels), where
+it was measured faster than each stack in turn.
 
 A stack whose step is one native call (Gaussian-COREL's, :mod:`corel.train.native_step`)
 takes that call on the shared batch instead. So a member ends as it would in its own stack,
-up to the rounding of a wider batched product (tests/corel/train/test_lockstep.py: to 1e-10 in float64), and the figures
-of each stack's epoch are the ones :meth:`StackedRun.run_epoch` reports.
+up to the rounding of a wider batched product (tests/corel/train/test_lockstep.py: to
+1e-10 in float64), and the figures of each stack's epoch are the ones :meth:`StackedRun.run_epoch` reports.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from corel.device import Batches, autocast, ieee_float32
 from corel.losses import check_labels
 from corel.train.callbacks import EpochMetrics, GroupCallback
 from corel.train.native_step import stacked_gaussian_mlp_step
+from corel.train.optim import step_together
 from corel.train.solo import pass_totals
 from corel.train.steps import pass_mode
 
@@ -46,12 +53,20 @@ __all__ = ["lockstep_epoch", "lockstep_key", "lockstep_pass"]
 Passed = tuple[list[float], list[int]]
 
 
+# The widest input a stack takes its passes in lockstep with. Over features (WordLlama's 256,
+# the paper's 50-d GloVe means), in lockstep was 1.04-1.16x the speed of each stack in turn;
+# over Fashion-MNIST's 784 pixels (the seven peers, six members each) 0.88-0.97x, the same
+# kernels each slower (a 2-core Intel Xeon with AMX, 2026-12-06).
+MAX_INPUTS = 512
+
+
 def lockstep_key(group: StackedRun) -> Hashable | None:
     """Stacks with equal keys can take their next pass together (:func:`lockstep_pass`);
     None: this one takes its own. Equal keys: the same training tensors, batch size,
     device and precision, an FFNN of the same layers and shapes (with dropout: each
     member's masks from its own stream, as alone), the plain loop (no CUDA graph), and the same streams (seeds, in order) at the same
-    generator states, so that each draws the same order."""
+    generator states, so that each draws the same order; inputs of at most
+    :data:`MAX_INPUTS` features."""
     plan = group._mlp
     if plan is None:
         return None
@@ -59,6 +74,8 @@ def lockstep_key(group: StackedRun) -> Hashable | None:
     if pass_mode(group.options, group.device, data.x_train) != "off":
         return None
     names = _encoder_names(plan)
+    if group.params[names[0]].shape[-1] > MAX_INPUTS:
+        return None
     shapes = tuple((name, tuple(group.params[name].shape[1:]), group.params[name].dtype) for name in names)
     streams = tuple(bytes(shuffle.get_state().numpy()) for shuffle in group.shuffles)
     return (id(data.x_train), id(data.y_train), group.specs[0].batch_size, str(group.device), group.precision,
@@ -93,7 +110,7 @@ def lockstep_pass(groups: Sequence[StackedRun],
     predicted = [torch.empty(g.size, n, dtype=torch.int64, device=device) for g in groups]
     losses: list[list[torch.Tensor]] = [[] for _ in groups]
     live = list(range(len(groups)))
-    shared: list[_Shared | None] = [None]
+    shared: list[_Shared] = []
     with ieee_float32(device):
         for step, parts in enumerate(zip(*streams, strict=True)):
             start = parts[0][0]
@@ -158,12 +175,36 @@ class _Shared:
                 group.params[name].grad = None if grad is None else grad[a:b]
 
 
+# How much of the first layer's stacked weight one batched product takes (elements): on a
+# 2-core Intel Xeon, 42 members' products forward and backward over Fashion-MNIST's 784
+# pixels (128 rows, 128 units) took 23-30 ms at once against 17-18 ms as seven of six
+# members; over 256-d features 33 members at once were as fast as three of eleven.
+CHUNK_ELEMENTS = 1_200_000
+
+
+def _chunks(stacks: list[StackedRun]) -> list[list[StackedRun]]:
+    """The stacks, in order, in runs whose first layers' stacked weights hold at most
+    :data:`CHUNK_ELEMENTS` elements together (a stack larger than that is a run of its own)."""
+    name = _encoder_names(stacks[0]._mlp or [])[0]
+    out: list[list[StackedRun]] = []
+    held = 0
+    for group in stacks:
+        size = group.params[name].numel()
+        if out and held + size <= CHUNK_ELEMENTS:
+            out[-1].append(group)
+            held += size
+        else:
+            out.append([group])
+            held = size
+    return out
+
+
 def _step(groups: list[StackedRun], positions: list[int], x: torch.Tensor, ys: dict[int, torch.Tensor],
-          several: bool, shared: list[_Shared | None]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+          several: bool, shared: list[_Shared]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """One Adam step of every member of ``groups`` on the batch ``x`` (N, ...), or each
     stream's (S, N, ...) where ``several``: (losses, similarities) by position, detached.
-    ``shared[0]``: the encoders of the stacks that stepped together last (kept while they
-    are the same stacks)."""
+    ``shared``: the encoders of the stacks that stepped together last, in runs (:func:`_chunks`;
+    kept while they are the same stacks)."""
     done: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     merged: list[tuple[int, StackedRun]] = []
     for at, group in zip(positions, groups, strict=True):
@@ -179,19 +220,23 @@ def _step(groups: list[StackedRun], positions: list[int], x: torch.Tensor, ys: d
     if not merged:
         return done
     stacks = [group for _, group in merged]
-    together = shared[0]
-    if together is None or [id(g) for g in together.groups] != [id(g) for g in stacks]:
-        together = shared[0] = _Shared(stacks)
-    h, leaves = together.forward(x, several)
-    parts = h.split([g.size for g in stacks])
-    results = [g._stacked_loss(hg, ys[at]) for (at, g), hg in zip(merged, parts, strict=True)]
-    # d(sum of every member's loss)/d(theta_m) = dL_m/d(theta_m): each member its own gradient.
-    torch.stack([loss.sum() for loss, _ in results]).sum().backward()
-    together.hand_gradients(leaves)
-    for (at, group), hg, (loss, sim) in zip(merged, parts, results, strict=True):
-        group.optimizer.step()
-        group.after_step(hg.detach(), ys[at], several)
-        done[at] = loss.detach(), sim.detach()
+    if [id(g) for chunk in shared for g in chunk.groups] != [id(g) for g in stacks]:
+        shared[:] = [_Shared(chunk) for chunk in _chunks(stacks)]
+    position = {id(group): at for at, group in merged}
+    for chunk in shared:  # a whole step a run, while its tensors are in the caches
+        h, leaves = chunk.forward(x, several)
+        parts = h.split([g.size for g in chunk.groups])
+        results = [g._stacked_loss(hg, ys[position[id(g)]]) for g, hg in zip(chunk.groups, parts, strict=True)]
+        # d(sum of every member's loss)/d(theta_m) = dL_m/d(theta_m): each member its own gradient.
+        torch.stack([loss.sum() for loss, _ in results]).sum().backward()
+        chunk.hand_gradients(leaves)
+        if not step_together([group.optimizer for group in chunk.groups]):  # one kernel call where they agree
+            for group in chunk.groups:
+                group.optimizer.step()
+        for group, hg, (loss, sim) in zip(chunk.groups, parts, results, strict=True):
+            at = position[id(group)]
+            group.after_step(hg.detach(), ys[at], several)
+            done[at] = loss.detach(), sim.detach()
     return done
 
 

@@ -15,13 +15,13 @@ Its ``zero_grad`` sets the gradients to None as torch's does, without the bookke
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch.optim import optimizer as torch_optimizer
 
-__all__ = ["FusedAdam", "adam"]
+__all__ = ["FusedAdam", "adam", "step_together"]
 
 
 class FusedAdam(torch.optim.Adam):
@@ -83,17 +83,7 @@ class FusedAdam(torch.optim.Adam):
         lists = self._lean_lists() if closure is None else None
         if lists is None:
             return self._torch_step(closure)
-        params, grads, exp_avgs, exp_avg_sqs, steps = lists
-        group = self.param_groups[0]
-        beta1, beta2 = group["betas"]
-        with torch.no_grad():
-            # What torch.optim.adam._fused_adam does for one device and dtype.
-            torch._foreach_add_(steps, 1)
-            torch._fused_adam_(
-                params, grads, exp_avgs, exp_avg_sqs, [], steps,
-                amsgrad=False, lr=group["lr"], beta1=float(beta1), beta2=float(beta2),
-                weight_decay=0.0, eps=group["eps"], maximize=False, grad_scale=None, found_inf=None,
-            )
+        _fused_step(self.param_groups[0], *lists)
         return None
 
     # torch wraps an optimiser class's step in its profiler record and hook loop (11 us of
@@ -107,6 +97,43 @@ class FusedAdam(torch.optim.Adam):
         if getattr(plain, "hooked", False):  # a plain Adam made before wrapped it already
             return plain(self, closure)
         return torch.optim.Optimizer.profile_hook_step(plain)(self, closure)
+
+
+def _fused_step(group: dict[str, Any], params: list[torch.Tensor], grads: list[torch.Tensor],
+                exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor]) -> None:
+    """What torch.optim.adam._fused_adam does for one device and dtype, with ``group``'s
+    lr, betas and eps."""
+    beta1, beta2 = group["betas"]
+    with torch.no_grad():
+        torch._foreach_add_(steps, 1)
+        torch._fused_adam_(
+            params, grads, exp_avgs, exp_avg_sqs, [], steps,
+            amsgrad=False, lr=group["lr"], beta1=float(beta1), beta2=float(beta2),
+            weight_decay=0.0, eps=group["eps"], maximize=False, grad_scale=None, found_inf=None,
+        )
+
+
+def step_together(optimizers: Sequence[torch.optim.Optimizer]) -> bool:
+    """Each of ``optimizers``' steps, as one fused kernel call over all their tensors (the
+    kernel updates each tensor by itself: the same numbers as their steps one by one), where
+    every one is a :class:`FusedAdam` whose step may be lean and they share lr, betas, eps,
+    device and dtype; False, with nothing done, otherwise (each then steps by itself)."""
+    lists = []
+    for optimizer in optimizers:
+        lean = optimizer._lean_lists() if isinstance(optimizer, FusedAdam) else None
+        if lean is None:
+            return False
+        lists.append(lean)
+    groups = [optimizer.param_groups[0] for optimizer in optimizers]
+    first = groups[0]
+    if not isinstance(first["lr"], float) or any(
+            (g["lr"], tuple(g["betas"]), g["eps"]) != (first["lr"], tuple(first["betas"]), first["eps"])
+            for g in groups):
+        return False
+    if len({(p.device, p.dtype) for lean in lists for p in lean[0]}) != 1:
+        return False
+    _fused_step(first, *([t for lean in lists for t in lean[k]] for k in range(5)))
+    return True
 
 
 def _global_hooks() -> bool:

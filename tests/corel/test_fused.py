@@ -20,7 +20,7 @@ from corel.encoders.paper import FFNN
 from corel.fused import GaussianAR, LeakyMLP, fusable, gaussian_ar
 from corel.losses import GaussianCOREL
 from corel.losses.ar import _attractive_repulsive_core
-from corel.train.optim import FusedAdam
+from corel.train.optim import FusedAdam, step_together
 
 # Its figures come out of torch's kernels: make test runs it once more on other kernels.
 pytestmark = pytest.mark.kernels
@@ -159,6 +159,48 @@ def test_fused_adam_steps_as_torchs_fused_adam_bit_for_bit(dtype):
     plain = torch.optim.Adam(theirs_model.parameters(), lr=1e-3, fused=True)
     plain.load_state_dict(mine)
     ours.load_state_dict(want)
+
+
+def test_fused_adams_stepped_together_step_as_each_alone_bit_for_bit():
+    """step_together: one kernel call for several optimisers (a sweep's stacks in lockstep),
+    the same numbers as each one's own step; where their lr differs, or one cannot take the
+    lean step, nothing is done and it says so."""
+    torch.manual_seed(0)
+    models = [nn.Linear(6, 4), nn.Sequential(nn.Linear(6, 3), nn.Linear(3, 2))]
+    twins = copy.deepcopy(models)
+    together = [FusedAdam(m.parameters(), lr=1e-2) for m in models]
+    alone = [FusedAdam(m.parameters(), lr=1e-2) for m in twins]
+    stepped = []
+    for _ in range(4):
+        x = torch.randn(5, 6)
+        for ms, opts in ((models, together), (twins, alone)):
+            for model, opt in zip(ms, opts, strict=True):
+                opt.zero_grad()
+                model(x).square().mean().backward()
+        stepped.append(step_together(together))
+        if not stepped[-1]:
+            for opt in together:
+                opt.step()
+        for opt in alone:
+            opt.step()
+    assert stepped == [False, True, True, True]  # the first step makes the state: torch's own
+    for a, b in zip(models, twins, strict=True):
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            assert torch.equal(p, q)
+    for opt_a, opt_b in zip(together, alone, strict=True):
+        for sa, sb in zip(opt_a.state.values(), opt_b.state.values(), strict=True):
+            assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    third = nn.Linear(6, 4)
+    other = FusedAdam(third.parameters(), lr=1e-3)
+    for _ in range(2):  # its state made: only its lr stands in the way
+        other.zero_grad()
+        third(torch.randn(5, 6)).sum().backward()
+        other.step()
+    third(torch.randn(5, 6)).sum().backward()
+    assert other._lean_lists() is not None
+    before = [p.detach().clone() for p in models[0].parameters()]
+    assert not step_together([together[0], other])  # another lr: each steps by itself
+    assert all(torch.equal(p, b) for p, b in zip(models[0].parameters(), before, strict=True))
 
 
 def test_fused_adam_keeps_torchs_hooks_and_profiler_record():

@@ -6,6 +6,8 @@ of this process (the lockstep sweep and each loss's own stack), as tests/corel/t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -107,6 +109,10 @@ def test_only_stacks_that_draw_the_same_batches_share_a_key(digits64):
     ahead = StackedRun.start(cosine, digits64)
     ahead.run_epoch()
     assert lockstep_key(one) != lockstep_key(ahead)
+    # Wider inputs than MAX_INPUTS (pixels, not features) take their own passes: there it was slower.
+    wide = dataclasses.replace(digits64, **{f"x_{s}": getattr(digits64, f"x_{s}").flatten(1).repeat(1, 10)
+                                            for s in ("train", "val", "test")}, input_shape=(640,))
+    assert lockstep_key(StackedRun.start(cosine[:1], wide)) is None
     # A CNN runs member by member: it takes its own pass.
     cnn = ExperimentSpec(**BASE, loss="cosine", model="cnn")
     assert lockstep_key(StackedRun.start([cnn], load_dataset(cnn).astype(torch.float64))) is None
