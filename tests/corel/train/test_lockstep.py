@@ -134,3 +134,22 @@ def test_text_stacks_with_dropout_step_in_lockstep_as_each_alone(shared_datasets
         for i, alone in zip(mine, own, strict=True):
             assert _worst(swept[i], alone) <= 1e-10, (loss, specs[i].seed)
             assert [m.val_accuracy for m in swept[i].history] == [m.val_accuracy for m in alone.history]
+
+
+def test_a_pruned_sweep_in_lockstep_keeps_the_survivors_of_the_sweep_in_turn(digits64):
+    """Pruning across groups (issue 62's) works in lockstep as it does in turn: the same
+    members pruned at the same rungs, the survivors (their stacks rebuilt from checkpoints,
+    and still in lockstep) ending as in turn."""
+    specs = [ExperimentSpec(**{**BASE, "epochs": 6}, loss=loss, lam=lam)
+             for loss in ("cce", "cosine", "center") for lam in (0.3, 0.6, 0.9)
+             if loss != "cce" or lam == 0.3]
+    heard = Steps()
+    swept = fit_sweep(specs, [heard], data=digits64, prune={"eta": 3, "min_epochs": 2})
+    assert heard.steps[:3] == [0, 0, 0]
+    apart = fit_sweep(specs, data=digits64, prune={"eta": 3, "min_epochs": 2}, options=EngineOptions(lockstep=False))
+    assert [r.pruned and r.pruned["rung"] for r in swept] == [r.pruned and r.pruned["rung"] for r in apart]
+    assert 0 < sum(r.pruned is None for r in swept) < len(specs)  # some pruned, some kept
+    for got, want in zip(swept, apart, strict=True):
+        assert len(got.history) == len(want.history)
+        if got.pruned is None:
+            assert _worst(got, want) <= 1e-10
