@@ -53,8 +53,9 @@ __all__ = ["lockstep_epoch", "lockstep_key", "lockstep_pass"]
 Passed = tuple[list[float], list[int]]
 
 
-# The widest input a stack takes its passes in lockstep with. Over features (WordLlama's 256,
-# the paper's 50-d GloVe means), in lockstep was 1.04-1.16x the speed of each stack in turn;
+# The widest input a stack takes its passes in lockstep with. Over features, in lockstep was
+# 1.04-1.16x the speed of each stack in turn (WordLlama's 256, 4 epochs), 1.26-1.31x (the
+# paper's 50-d GloVe means, with dropout) and 1.01x (MiniLM's 384, bench/encoders.py's warm sweep);
 # over Fashion-MNIST's 784 pixels (the seven peers, six members each) 0.88-0.97x, the same
 # kernels each slower (a 2-core Intel Xeon with AMX, 2026-12-06).
 MAX_INPUTS = 512
@@ -96,9 +97,9 @@ def lockstep_pass(groups: Sequence[StackedRun],
     data, device = first.data, first.device
     n = len(data.y_train)
     batch_size = first.specs[0].batch_size
+    check_labels(data.y_train, n, data.num_classes)  # one training set for every stack
     orders = [group.draw_orders() for group in groups]
     for group, drawn in zip(groups, orders, strict=True):
-        check_labels(data.y_train, n, data.num_classes)
         if not all(torch.equal(a, b) for a, b in zip(drawn, orders[0], strict=True)):
             raise RuntimeError(f"stack of {group.loss_name!r} drew another order than the first")
         group._template.train()
@@ -138,7 +139,6 @@ class _Shared:
 
     def __init__(self, groups: list[StackedRun]) -> None:
         self.groups = groups
-        self.names = _encoder_names(groups[0]._mlp or [])
         self.bounds: list[tuple[int, int]] = []
         start = 0
         for group in groups:
@@ -146,7 +146,7 @@ class _Shared:
             start += group.size
         self.whole: dict[str, torch.Tensor] = {}
         with torch.no_grad():
-            for name in self.names:
+            for name in _encoder_names(groups[0]._mlp or []):
                 whole = torch.cat([g.params[name].detach() for g in groups])
                 for group, (a, b) in zip(groups, self.bounds, strict=True):
                     group.params[name].data = whole[a:b]
