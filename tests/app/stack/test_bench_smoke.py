@@ -66,7 +66,9 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "finetune.py": (r"ratio corel / sentence-transformers samples/s: [\d.]+", {SHARED, MINILM, FASHION}),
     "fewshot.py": (r"fewshot N=2 corel best / setfit / probe: [\d.]+ / [\d.]+ / [\d.]+\n"
                    r"fewshot N=2 corel best method: [\w-]+; setfit ran 1 of 2 draws, corel's best on those [\d.]+\n"
+                   r"fewshot N=2 corel best on the shots alone: [\w-]+ [\d.]+\n"
                    r"fewshot N=4 corel best / setfit / probe: [\d.]+ / - / [\d.]+\n.*\n"
+                   r"fewshot N=4 corel best on the shots alone: [\w-]+ [\d.]+\n"
                    r"fewshot corel protocol seconds at N=2: [\d.]+ .*\n"
                    r"fewshot N=2 finetune-cosine seconds: [\d.]+ \(1 draw, .*\nfewshot time ratio setfit / corel: [\d.]+",
                    {SHARED, MINILM}),
