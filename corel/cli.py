@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     few.add_argument("--shots", default="8,16,64", help="examples per class, comma-separated (default 8,16,64)")
     few.add_argument("--splits", type=int, default=10, help="seeded draws per N, 1 to 100 (default 10)")
     few.add_argument("--seed", type=int, default=0, help="the draws' seed (default 0)")
-    few.add_argument("--methods", help="comma-separated: probe and loss names (default: the probe and every loss)")
+    few.add_argument("--methods", help="comma-separated: probe, selftrain (the shots and the pool's other "
+                     "rows, unlabeled) and loss names (default: the probe and every loss)")
     few.add_argument("--lr", type=float, default=1e-2, help="the heads' Adam learning rate (default 1e-2)")
     few.add_argument("--steps", type=int, default=100, help="the heads' full-batch steps (default 100)")
     few.add_argument("--layer", default="none", choices=("none", "linear"),

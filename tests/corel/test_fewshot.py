@@ -219,14 +219,15 @@ def test_the_cli_runs_the_protocol_on_every_row_of_a_dataset(capsys):
     from corel.data import load_dataset
     from corel.spec import ExperimentSpec
 
-    assert main(["fewshot", "--dataset", "digits", "--shots", "4", "--splits", "2", "--methods", "probe,cosine",
-                 "--steps", "20"]) == 0
+    assert main(["fewshot", "--dataset", "digits", "--shots", "4", "--splits", "2", "--methods",
+                 "probe,selftrain,cosine", "--steps", "20"]) == 0
     out = capsys.readouterr().out
     assert "digits: 1797 rows, 10 classes, features of width 64" in out
     data = load_dataset(ExperimentSpec(dataset="digits"))
     x = torch.cat([data.x_train, data.x_val, data.x_test]).flatten(1).numpy()
     y = torch.cat([data.y_train, data.y_val, data.y_test]).numpy()
-    report = run_fewshot(x, y, methods=[PROBE, "cosine"], shots=(4,), splits=2, settings=HeadSettings(steps=20))
+    report = run_fewshot(x, y, methods=[PROBE, SELFTRAIN, "cosine"], shots=(4,), splits=2,
+                         settings=HeadSettings(steps=20))
     for row in report.summary():
         assert re.search(rf"{row['method']} +{100 * row['mean']:.1f} +{100 * row['sd']:.1f} ", out), out
     assert main(["fewshot", "--dataset", "digits", "--shots", "4,500", "--splits", "1"]) == 2
