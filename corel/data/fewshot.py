@@ -6,6 +6,7 @@ class, and a dataset as one member of the protocol sees it (:func:`as_fewshot`, 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,8 @@ from corel.data.splits import _resolve_user_path, split_rows
 from corel.data.text import _read_text_npz
 from corel.spec import ExperimentSpec, FewShotDraw
 
-__all__ = ["MAX_SPLITS", "SHOTS", "SPLITS", "Splits", "as_fewshot", "draw_splits", "text_labels"]
+__all__ = ["MAX_SPLITS", "SHOTS", "SPLITS", "SelfTrainSettings", "Splits", "as_fewshot", "draw_splits", "pseudo_labels",
+           "text_labels"]
 
 SHOTS = (8, 16, 64)
 """Shots per class by default."""
@@ -40,6 +42,95 @@ class Splits:
     pool: np.ndarray
     draws: dict[int, list[np.ndarray]]
     seed: int
+
+
+@dataclass(frozen=True)
+class SelfTrainSettings:
+    """How :func:`self_train` reads the unlabeled rows: each is assigned to the classes by the
+    softmax of its cosines to the class vectors over ``temperature``, the vectors starting at
+    the shots' class means; ``rounds`` times, each class vector becomes the (unit-length) sum
+    of its shots and the unlabeled rows so assigned to it, and the rows are assigned again;
+    then ``refits`` times, the probe is fitted on the shots and, of each class the last
+    assignment (or the last probe) predicts, its ``keep`` most confident fraction of the
+    unlabeled rows, with that class.
+
+    The defaults were chosen on AG News over frozen MiniLM with draws of seed 1 (another cut of
+    the rows than the protocol's seed 0, which the benchmark reports): temperature 0.02 (0.03,
+    0.05 within 0.5 points under it), keep 0.8 (0.5 a point under, 0.95 and all within 0.2),
+    2 refits (1 at N=64 0.4 under; 3 and 4 within 0.2). ``refits`` 0 (:func:`pseudo_labels`
+    alone): the rows as the class vectors' last assignment labels them."""
+
+    temperature: float = 0.02
+    rounds: int = 4
+    keep: float = 0.8
+    refits: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0 or not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a positive number; got {self.temperature}")
+        if not 0 < self.keep <= 1:
+            raise ValueError(f"keep must be a fraction in (0, 1]; got {self.keep}")
+        if self.rounds < 0:
+            raise ValueError(f"rounds must be at least 0; got {self.rounds}")
+        if self.refits < 0:
+            raise ValueError(f"refits must be at least 0; got {self.refits}")
+
+
+def _kept(assigned: np.ndarray, keep: float) -> np.ndarray:
+    """Of each class's rows (by ``assigned``'s largest column), the ``keep`` most confident
+    fraction (at least one where the class has rows): their indices, by class."""
+    label, confidence = assigned.argmax(1), assigned.max(1)
+    out = []
+    for k in range(assigned.shape[1]):
+        rows = np.flatnonzero(label == k)
+        if len(rows):
+            out.append(rows[np.argsort(-confidence[rows], kind="stable")[:max(1, int(len(rows) * keep))]])
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def pseudo_labels(x: Any, y: Any, unlabeled: Any, num_classes: int, settings: SelfTrainSettings | None = None,
+                  seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Labels for unlabeled rows from the shots ``x`` (N, D) with labels ``y``, as
+    :class:`SelfTrainSettings` says: each row of ``unlabeled`` (U, D) assigned to the classes
+    by its cosines to Cosine-COREL's class vectors (started at the shots' class means, moved
+    ``rounds`` times to the unit sum of their shots and the rows they attract), then
+    ``refits`` times relabelled by the linear probe fitted on the shots and the rows kept so
+    far. Returns the kept rows (indices into ``unlabeled``: each predicted class's ``keep`` most
+    confident fraction) and their labels. Reads no label but ``y``'s."""
+    settings = settings or SelfTrainSettings()
+    xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y)
+    xu = np.asarray(unlabeled, dtype=np.float64)
+    if xs.ndim != 2 or xu.ndim != 2 or xs.shape[1] != xu.shape[1] or len(xs) != len(ys):
+        raise ValueError(f"need shots (N, D) with one label each and unlabeled rows (U, D); got {xs.shape}, "
+                         f"{len(ys)} labels and {xu.shape}")
+    if len(xu) == 0:
+        raise ValueError("self-training needs unlabeled rows; got none")
+
+    def unit(a: np.ndarray) -> np.ndarray:
+        return a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+
+    shots = np.zeros((num_classes, xs.shape[1]))
+    np.add.at(shots, ys, unit(xs))  # each class's shots, summed
+    rows = unit(xu)
+
+    def assign(vectors: np.ndarray) -> np.ndarray:
+        logits = rows @ vectors.T / settings.temperature
+        soft = np.exp(logits - logits.max(1, keepdims=True))
+        return soft / soft.sum(1, keepdims=True)
+
+    assigned = assign(unit(shots))
+    for _ in range(settings.rounds):
+        assigned = assign(unit(assigned.T @ rows + shots))
+    from sklearn.linear_model import LogisticRegression
+
+    for _ in range(settings.refits):
+        chosen = _kept(assigned, settings.keep)
+        model = LogisticRegression(max_iter=100, random_state=seed).fit(
+            np.concatenate([xs, xu[chosen]]), np.concatenate([ys, assigned.argmax(1)[chosen]]))
+        assigned = np.zeros((len(xu), num_classes))
+        assigned[:, model.classes_] = model.predict_proba(xu)
+    chosen = _kept(assigned, settings.keep)
+    return chosen, assigned.argmax(1)[chosen]
 
 
 def _names(y: np.ndarray, class_names: Sequence[str] | None) -> Callable[[int], str]:

@@ -189,11 +189,14 @@ def test_self_training_s_steps_are_the_ones_its_settings_name(digits):
     ({"temperature": 0.0}, "temperature must be a positive number"),
     ({"keep": 1.5}, "keep must be a fraction in \\(0, 1\\]"),
     ({"rounds": -1}, "rounds must be at least 0"),
-    ({"refits": 0}, "refits must be at least 1"),
+    ({"refits": -1}, "refits must be at least 0"),
 ])
-def test_bad_self_training_settings_say_what_is_allowed(kwargs, words):
+def test_bad_self_training_settings_say_what_is_allowed(kwargs, words, digits):
     with pytest.raises(ValueError, match=words):
         SelfTrainSettings(**kwargs)
+    x, y = digits
+    with pytest.raises(ValueError, match="self_train ends with a fit of the probe: refits must be at least 1"):
+        self_train(x[:20], y[:20], x[20:40], 10, SelfTrainSettings(refits=0))
 
 
 def test_self_training_without_unlabeled_rows_is_refused(digits):
