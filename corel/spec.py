@@ -116,6 +116,11 @@ class FewShotDraw(BaseModel):
     split: int = Field(ge=0, le=99, description="Which seeded draw of them, from 0.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="The protocol's seed: the same "
                       "seed, the same evaluation rows and draws.")
+    unlabeled: bool = Field(default=False, description="Also train on the pool's other rows, "
+                            "without their labels: each labelled as corel.data.fewshot.pseudo_labels "
+                            "does from the shots and the rows' inputs (Cosine-COREL's class vectors "
+                            "moved to the clusters they attract, then the linear probe), the most "
+                            "confident 80 % of each class kept. Never an evaluation row.")
 
 
 class ExperimentSpec(BaseModel):

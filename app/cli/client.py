@@ -256,7 +256,7 @@ def fewshot_sweep(args: argparse.Namespace) -> int:
         if value is not None:
             base[key] = value
     body = {"base": base, "grid": {"loss": [v for v in args.losses.split(",") if v.strip()]},
-            "fewshot": {"shots": args.shots, "splits": args.splits, "seed": args.seed}}
+            "fewshot": {"shots": args.shots, "splits": args.splits, "seed": args.seed, "unlabeled": args.unlabeled}}
     queued = _call(args, "POST", "/sweeps", json=body)
     print(f"sweep {queued['id']}: {queued['size']} members ({args.url.rstrip('/')}/ui/sweeps/{queued['id']})")
     if args.no_wait:
@@ -398,6 +398,8 @@ def register(sub: Any) -> None:
     p.add_argument("--shots", type=_numbers, default=[8, 16, 64], help="examples per class (default 8,16,64)")
     p.add_argument("--splits", type=_positive, default=10, help="seeded draws at each N (default 10)")
     p.add_argument("--seed", type=int, default=0, help="the protocol's seed (default 0)")
+    p.add_argument("--unlabeled", action="store_true", help="each member also trains on the pool's "
+                   "other rows without their labels (self-training: labelled from the shots)")
     p.add_argument("--no-wait", action="store_true", help="print the sweep's id and return")
     p.set_defaults(func=fewshot_sweep)
 

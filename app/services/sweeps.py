@@ -99,7 +99,7 @@ def fewshot_members(body: SweepCreate, grid: list[ExperimentCreate], limit: int)
             for k in range(protocol.splits):
                 member = spec.model_copy(update={
                     "epochs": head.steps, "lr": head.lr, "batch_size": FULL_BATCH, "seed": protocol.seed * 1000 + k,
-                    "fewshot": FewShotDraw(shots=n, split=k, seed=protocol.seed)})
+                    "fewshot": FewShotDraw(shots=n, split=k, seed=protocol.seed, unlabeled=protocol.unlabeled)})
                 try:
                     member.to_spec()  # the library's checks of a member (a fine-tuned encoder, ...)
                 except ValidationError as exc:
@@ -377,5 +377,5 @@ def fewshot_report(sweep: Sweep, exps: list[Experiment]) -> dict[str, Any] | Non
         kept += [r for r in results if r.shots == n and r.split in complete]
     summary = FewShotReport(kept, evaluation_rows=0).summary() if kept else []
     return {"shots": sweep.fewshot["shots"], "splits": sweep.fewshot["splits"], "seed": sweep.fewshot["seed"],
-            "methods": methods, "draws": {str(n): k for n, k in draws.items()}, "summary": summary}
+            "unlabeled": bool(sweep.fewshot.get("unlabeled", False)), "methods": methods, "draws": {str(n): k for n, k in draws.items()}, "summary": summary}
 

@@ -192,18 +192,29 @@ def as_fewshot(data: Dataset, draw: FewShotDraw) -> Dataset:
     """A dataset as one few-shot member (``spec.fewshot``) sees it: its training and
     validation rows cut by :func:`draw_splits` (``draw.seed``); the draw's shots to train on
     (and to validate on: a few-shot run has no other labelled rows), the evaluation rows to
-    test on. The test split is left out. ValueError as :func:`draw_splits` says."""
+    test on. The test split is left out. With ``draw.unlabeled``, the training rows are the
+    shots and the pool's other rows that :func:`pseudo_labels` keeps, with its labels (read
+    from the inputs, flattened, and the shots' labels alone). ValueError as
+    :func:`draw_splits` says."""
     x = torch.cat([data.x_train, data.x_val])
     y = torch.cat([data.y_train, data.y_val])
     cut = draw_splits(y.numpy(), [draw.shots], draw.split + 1, draw.seed, data.class_names)
     shots, evaluation = cut.draws[draw.shots][draw.split], cut.evaluation
+    trained, labels = shots, y[torch.from_numpy(shots)]
+    if draw.unlabeled:
+        others = np.setdiff1d(cut.pool, shots)
+        flat = x.flatten(1).double().numpy()
+        kept, found = pseudo_labels(flat[shots], labels.numpy(), flat[others], len(data.class_names),
+                                    seed=draw.seed)
+        trained = np.concatenate([shots, others[kept]])
+        labels = torch.cat([labels, torch.from_numpy(found).to(y.dtype)])
     rows = None
     if data.rows is not None and "train" in data.rows and "val" in data.rows:
         positions = np.concatenate([np.asarray(data.rows["train"]), np.asarray(data.rows["val"])])
-        rows = {"train": positions[shots], "val": positions[shots], "test": positions[evaluation]}
+        rows = {"train": positions[trained], "val": positions[shots], "test": positions[evaluation]}
     taken, held = torch.from_numpy(shots), torch.from_numpy(evaluation)
-    return dataclasses.replace(data, x_train=x[taken], y_train=y[taken], x_val=x[taken], y_val=y[taken],
-                               x_test=x[held], y_test=y[held], rows=rows)
+    return dataclasses.replace(data, x_train=x[torch.from_numpy(trained)], y_train=labels, x_val=x[taken],
+                               y_val=y[taken], x_test=x[held], y_test=y[held], rows=rows)
 
 
 def text_labels(spec: ExperimentSpec, data_dir: Path | None) -> tuple[np.ndarray, list[str]] | None:

@@ -288,6 +288,43 @@ def test_a_member_s_data_is_its_draw_to_train_on_and_the_evaluation_rows_to_test
     assert np.intersect1d(member.rows["train"], member.rows["test"]).size == 0
 
 
+def test_a_member_with_the_unlabeled_rows_trains_on_its_shots_and_the_pool_rows_pseudo_labels_keeps():
+    """fewshot.unlabeled: the member trains on its shots and the pool's other rows that
+    pseudo_labels keeps (called directly, on the shots' labels alone), with its labels;
+    validates on the shots; tests on the evaluation rows, none of which it reads. A head
+    trained on that is above the same head on the shots alone (digits' classes are clusters)."""
+    from corel.data import load_dataset
+    from corel.data.fewshot import pseudo_labels
+    from corel.spec import ExperimentSpec
+
+    whole = load_dataset(ExperimentSpec(dataset="digits"))
+    x = torch.cat([whole.x_train, whole.x_val])
+    y = torch.cat([whole.y_train, whole.y_val])
+    positions = np.concatenate([whole.rows["train"], whole.rows["val"]])
+    draw = {"shots": 3, "split": 1, "seed": 2}
+    member = load_dataset(ExperimentSpec(dataset="digits", fewshot={**draw, "unlabeled": True}))
+    alone = load_dataset(ExperimentSpec(dataset="digits", fewshot=draw))
+    cut = draw_splits(y.numpy(), [3], 2, 2, whole.class_names)
+    shots, evaluation = cut.draws[3][1], cut.evaluation
+    others = np.setdiff1d(cut.pool, shots)
+    flat = x.flatten(1).double().numpy()
+    kept, labels = pseudo_labels(flat[shots], y[shots].numpy(), flat[others], 10, seed=2)
+    assert 0.5 * len(others) < len(kept) < len(others)  # each class's most confident 80 %
+    trained = np.concatenate([shots, others[kept]])
+    assert torch.equal(member.x_train, x[trained])
+    assert member.y_train.tolist() == y[shots].tolist() + labels.tolist()
+    assert (labels == y[others[kept]].numpy()).mean() > 0.8  # mostly right: a real signal, not noise
+    assert torch.equal(member.x_val, alone.x_train) and torch.equal(member.y_val, alone.y_train)
+    assert torch.equal(member.x_test, x[evaluation]) and torch.equal(member.y_test, y[evaluation])
+    assert np.array_equal(member.rows["train"], positions[trained])
+    assert np.intersect1d(member.rows["train"], member.rows["test"]).size == 0
+    accuracy = {}
+    for name, data in (("with", member), ("alone", alone)):
+        fitted = train_head("cce", data.x_train.flatten(1), data.y_train, 10, HeadSettings(), seed=1)
+        accuracy[name] = float((fitted(data.x_test.flatten(1)) == data.y_test).float().mean())
+    assert accuracy["with"] > accuracy["alone"] + 0.02, accuracy
+
+
 @pytest.mark.parametrize("loss", ["cosine", "arcface", "center"])
 def test_a_member_trained_as_a_run_ends_as_the_protocol_s_head_trained_alone(loss):
     """fit() on a member's spec (what a worker runs for a few-shot sweep) keeps its last epoch,

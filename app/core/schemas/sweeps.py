@@ -63,6 +63,11 @@ class FewShotCreate(BaseModel):
     splits: int = Field(default=10, ge=1, le=100, description="Seeded draws at each N (1 to 100).")
     seed: int = Field(default=0, ge=0, le=2_000_000, description="The protocol's seed: the same seed "
                       "and dataset, the same evaluation rows and draws.")
+    unlabeled: bool = Field(default=False, description="Each member also trains on the pool's other "
+                            "rows without their labels (self-training: each labelled from the shots "
+                            "and its inputs, the most confident 80 % of each class kept; never an "
+                            "evaluation row). Most few-label work has many rows and few labels; a "
+                            "comparison with a method that reads the shots alone should say so.")
 
     @model_validator(mode="after")
     def _check_shots(self) -> FewShotCreate:

@@ -226,7 +226,7 @@ corel.pages.sweep = async function () {
       sweep.losses.map((l) => LOSS_NAMES[l] || l).join(", ") + ", " +
       (sweep.fewshot ? "a head over the inputs, full batch" : (b.epochs || ({ quick: 10 }[b.budget]) || 150) + " epochs") + "; grid " + Object.entries(sweep.grid).map(([k, v]) => k + " " + v.join(", ")).join("; ") +
       (sweep.lam_by_loss ? "; λ by loss " + JSON.stringify(sweep.lam_by_loss) : "") +
-      (sweep.fewshot ? "; few-shot: N = " + sweep.fewshot.shots.join(", ") + ", " + sweep.fewshot.splits + " draws each" : "");
+      (sweep.fewshot ? "; few-shot: N = " + sweep.fewshot.shots.join(", ") + ", " + sweep.fewshot.splits + " draws each" + (sweep.fewshot.unlabeled ? ", with the pool's other rows, unlabeled (self-training)" : "") : "");
   }
 
   // What a table's paired t-test says, of the table's own figure ("test accuracy", "MAP@R").

@@ -38,7 +38,8 @@ def test_a_fewshot_sweep_queues_every_method_at_every_n_and_draw(idle):
     r = idle.post("/sweeps", json=body)
     assert r.status_code == 202, r.text
     sweep = idle.get(f"/sweeps/{r.json()['id']}").json()
-    assert sweep["size"] == 2 * 2 * 3 and sweep["fewshot"] == {"shots": [2, 5], "splits": 3, "seed": 4}
+    assert sweep["size"] == 2 * 2 * 3 and sweep["fewshot"] == {"shots": [2, 5], "splits": 3, "seed": 4,
+                                                         "unlabeled": False}
     head = HeadSettings()
     seen = set()
     for eid in sweep["experiment_ids"]:

@@ -1,6 +1,6 @@
 """Issue 71: a few-shot sweep through the service, on the session's worker. Its members are the
-protocol's heads trained on their own draws (each as corel.fewshot.train_head trains it alone),
-the report's figures are those of a direct computation over the members, and a member serves
+protocol's heads trained on their own draws (each as corel.fewshot.train_head trains it alone;
+with the pool's unlabeled rows too, where the sweep asks), the report's figures are those of a direct computation over the members, and a member serves
 /predict like any run."""
 
 from __future__ import annotations
@@ -66,6 +66,34 @@ def test_the_report_is_computed_from_the_members(client, sweep):
                 assert row["p"] == pytest.approx(ttest_rel(mine, top).pvalue)
 
 
+def test_a_sweep_with_the_unlabeled_rows_trains_each_member_on_its_shots_and_pseudo_labels(client, workers, sweep):
+    """fewshot.unlabeled: each member trains on the data corel.data.fewshot.as_fewshot gives it
+    (its shots and the pool's other rows pseudo_labels keeps), as train_head trains it alone;
+    the report says so; on the same draws it is above the same loss on the shots alone."""
+    _, members = sweep
+    r = client.post("/sweeps", json={"base": {"dataset": "digits"}, "grid": {"loss": ["cce"]},
+                                     "fewshot": {**PROTOCOL, "shots": [3], "unlabeled": True}})
+    assert r.status_code == 202, r.text
+    mine = wait_sweep(client, r.json()["id"], workers=workers)
+    assert mine["counts"]["succeeded"] == 2, (mine, workers.logs())
+    assert client.get(f"/sweeps/{mine['id']}/report").json()["fewshot"]["unlabeled"] is True
+    with_rows = {}
+    for eid in mine["experiment_ids"]:
+        m = client.get(f"/experiments/{eid}").json()
+        assert m["spec"]["fewshot"]["unlabeled"] is True
+        spec = ExperimentSpec.model_validate({k: v for k, v in m["spec"].items() if k not in ("dataset_id", "encoder_id")})
+        data = load_dataset(spec)
+        assert len(data.y_train) > 10 * 3 * 10  # the shots and hundreds of pool rows
+        alone = train_head("cce", data.x_train.flatten(1), data.y_train, 10, HeadSettings(), seed=spec.seed)
+        right = int((alone(data.x_test.flatten(1)) == data.y_test).sum())
+        assert abs(round(m["test_accuracy"] * len(data.y_test)) - right) <= 1, (m["id"], m["test_accuracy"], right)
+        with_rows[spec.fewshot.split] = m["test_accuracy"]
+    shots_alone = {m["spec"]["fewshot"]["split"]: m["test_accuracy"] for m in members
+                   if m["spec"]["loss"] == "cce" and m["spec"]["fewshot"]["shots"] == 3}
+    # Above on each draw (digits' pixels: 1-2 points here; AG News over MiniLM, CCE at N=8: about 10).
+    assert all(with_rows[k] > shots_alone[k] for k in shots_alone), (with_rows, shots_alone)
+
+
 def test_a_member_serves_predict_like_any_run(client, sweep):
     _, members = sweep
     m = next(m for m in members if m["spec"]["loss"] == "cosine" and m["spec"]["fewshot"]["shots"] == 6)
@@ -99,5 +127,10 @@ def test_the_cli_and_the_client_run_a_fewshot_sweep(live_url, worker, capsys):
     again = mine.fewshot()
     assert again is not None and again["summary"][0]["mean"] == next(
         r["mean"] for r in figures["summary"] if r["method"] == "cosine")
+    # --unlabeled asks for the pool's other rows too.
+    assert main(["fewshot-sweep", "--url", live_url, "--dataset", "digits", "--losses", "cce", "--shots", "2",
+                 "--splits", "1", "--seed", "9", "--unlabeled", "--no-wait"]) == 0
+    queued = Client(live_url).get_sweep(int(capsys.readouterr().out.split()[1].rstrip(":"))).wait()
+    assert queued.fewshot()["unlabeled"] is True
     with pytest.raises(SystemExit, match="splits"):
         main(["fewshot-sweep", "--url", live_url, "--dataset", "digits", "--splits", "101", "--no-wait"])
