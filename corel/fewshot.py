@@ -275,17 +275,13 @@ def self_train(x: Any, y: Any, unlabeled: Any, num_classes: int, settings: SelfT
     shots with the unlabeled rows each class holds most surely
     (:func:`corel.data.fewshot.pseudo_labels` after one fit fewer; then the last fit). Called
     on features, it returns their predicted classes. Reads no label but ``y``'s."""
-    from sklearn.linear_model import LogisticRegression
-
     settings = settings or SelfTrainSettings()
     if settings.refits < 1:
         raise ValueError(f"self_train ends with a fit of the probe: refits must be at least 1; got {settings.refits}")
     xs, xu = np.asarray(x, dtype=np.float64), np.asarray(unlabeled, dtype=np.float64)
     chosen, labels = pseudo_labels(xs, y, xu, num_classes, dataclasses.replace(settings, refits=settings.refits - 1),
                                    seed)
-    model = LogisticRegression(max_iter=100, random_state=seed).fit(
-        np.concatenate([xs, xu[chosen]]), np.concatenate([np.asarray(y), labels]))
-    return lambda features: model.predict(np.asarray(features, dtype=np.float64))
+    return _probe(np.concatenate([xs, xu[chosen]]), np.concatenate([np.asarray(y), labels]), seed)
 
 
 @dataclass(frozen=True)
