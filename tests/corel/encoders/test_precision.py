@@ -15,6 +15,7 @@ import torch
 import corel.encoder_catalog as catalog
 from corel.data import load_dataset
 from corel.encoders import load, precision
+from corel.encoders import text_transformers as tt
 from corel.serving import ServedModel
 from corel.spec import ExperimentSpec
 from corel.train import Callback, checkpoint_from_bytes, checkpoint_to_bytes, fit
@@ -139,7 +140,11 @@ def test_a_served_model_and_a_resumed_run_compute_on_the_recorded_path(news, mon
     chosen = first.run.data.preprocessing["encoder"]["features_path"]["precision"]
     served = ServedModel.from_bytes(saved[-1])
     texts = ["Stocks fell as the central bank raised rates", "The striker scored twice in the final"]
-    want = computed(first.run.data, chosen, texts)
+    # Served texts compute on the recorded path through its served engine: ONNX Runtime for
+    # int8, and for fp32 where the model exports (the fp32 path is chosen on a CPU with no
+    # bf16 or faster int8, such as the AVX2-only EPYC), torch's for bf16.
+    enc = load(first.run.data.preprocessing)
+    want = tt._encode(enc.path, texts, enc.name, chosen, report=False, engine=tt.served_engine(enc.path, chosen))
     assert torch.equal(served.prepare(texts), want)
     # A gate that would now refuse every faster path: the resumed run keeps the one it began on.
     monkeypatch.setattr(precision, "GATE_COSINE", 0.9999999)
@@ -200,7 +205,6 @@ def test_served_fp32_texts_run_on_onnx_runtime_and_equal_torch_s(news, tmp_path)
     fp32 kernels, faster at the few texts a pass holds; a run's kept features stay torch's.
     Both are float32 arithmetic: rows within 1e-5 of their scale, cosine within 1e-9."""
     from corel.encoders import model_inputs
-    from corel.encoders import text_transformers as tt
 
     data = load_dataset(spec(news, precision="fp32"))
     assert data.preprocessing["encoder"]["features_path"]["precision"] == "fp32"
@@ -225,7 +229,6 @@ def test_an_encoder_that_does_not_export_serves_its_texts_on_torch(tmp_path, cap
     before: logged once, its answers torch's own."""
     import json
 
-    from corel.encoders import text_transformers as tt
     from tests.encoder_files import tiny_sentence_transformer
 
     folder = tiny_sentence_transformer(tmp_path / "lower")
