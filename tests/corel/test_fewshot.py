@@ -29,8 +29,10 @@ from corel.fewshot import (
 )
 from corel.losses import LOSSES
 
-# Its figures come out of torch's and MKL's kernels: make test runs it once more on other kernels.
-pytestmark = pytest.mark.kernels
+# The tests whose figures come out of torch's and MKL's kernels (the heads, the fine-tune)
+# are marked: make test runs them once more on other kernels. The draws, the refusals and
+# self-training (numpy and scikit-learn) are kernel-free and run once.
+KERNELS = pytest.mark.kernels
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +90,7 @@ def test_one_class_is_refused(digits):
         draw_splits(np.zeros(40, dtype=np.int64), shots=(2,))
 
 
+@KERNELS
 def test_each_result_is_the_method_trained_alone_and_the_summary_is_computed_as_defined(digits):
     """Each draw's figure is the method trained on that draw alone: scikit-learn's probe
     fitted directly, train_head called directly; the summary is computed from the figures as
@@ -215,6 +218,7 @@ def test_bad_methods_and_settings_say_what_is_allowed(digits):
         run_fewshot(x[:10], y, shots=(2,), splits=1)
 
 
+@KERNELS
 def test_the_cli_runs_the_protocol_on_every_row_of_a_dataset(capsys):
     import re
 
@@ -237,6 +241,7 @@ def test_the_cli_runs_the_protocol_on_every_row_of_a_dataset(capsys):
     assert "500 shots per class: class '" in capsys.readouterr().err
 
 
+@KERNELS
 @pytest.mark.parametrize("loss", list(LOSSES))
 def test_a_method_s_draws_trained_as_one_stack_end_as_each_trained_alone(digits, loss):
     """float64, the draws' own rows and seeds: every parameter and buffer of each member's
@@ -325,6 +330,7 @@ def test_a_member_with_the_unlabeled_rows_trains_on_its_shots_and_the_pool_rows_
     assert accuracy["with"] > accuracy["alone"] + 0.02, accuracy
 
 
+@KERNELS
 @pytest.mark.parametrize("loss", ["cosine", "arcface", "center"])
 def test_a_member_trained_as_a_run_ends_as_the_protocol_s_head_trained_alone(loss):
     """fit() on a member's spec (what a worker runs for a few-shot sweep) keeps its last epoch,
@@ -372,6 +378,7 @@ def topics(tmp_path_factory):
     return texts, np.array(y), tiny_sentence_transformer(tmp_path_factory.mktemp("fewshot-st") / "st")
 
 
+@KERNELS
 def test_an_untrained_fine_tune_scores_as_the_pretrained_encoder_s_nearest_class_mean(topics):
     from sentence_transformers import SentenceTransformer
 
@@ -398,6 +405,7 @@ def test_an_untrained_fine_tune_scores_as_the_pretrained_encoder_s_nearest_class
     assert kept.computed == len({texts[i] for i in used})
 
 
+@KERNELS
 def test_a_fine_tuned_draw_trains_its_last_blocks_and_is_reproducible_by_seed(topics):
     from corel.fewshot import FewShotReport, FewShotResult, TuneSettings, finetune_fewshot
 
