@@ -293,6 +293,7 @@ def test_a_member_s_data_is_its_draw_to_train_on_and_the_evaluation_rows_to_test
     assert np.intersect1d(member.rows["train"], member.rows["test"]).size == 0
 
 
+@KERNELS
 def test_a_member_with_the_unlabeled_rows_trains_on_its_shots_and_the_pool_rows_pseudo_labels_keeps():
     """fewshot.unlabeled: the member trains on its shots and the pool's other rows that
     pseudo_labels keeps (called directly, on the shots' labels alone), with its labels;

@@ -72,8 +72,14 @@ def split_texts(news, data) -> list[str]:
     return [texts[int(i)] for i in found.argmax(1)]
 
 
-def computed(data, path_name: str, texts: list[str]) -> torch.Tensor:
+def computed(data, path_name: str, texts: list[str], served: bool = False) -> torch.Tensor:
+    """``texts``' features on path ``path_name``, as a run keeps them (torch), or, ``served``,
+    as a request's are computed: through the path's served engine (ONNX Runtime for int8, and
+    for fp32 where the model exports; torch for bf16)."""
     enc = load(data.preprocessing)
+    if served:
+        return tt._encode(enc.path, texts, enc.name, path_name, report=False,
+                          engine=tt.served_engine(enc.path, path_name))
     return enc.family.compute(path_name, texts, enc)
 
 
@@ -140,12 +146,9 @@ def test_a_served_model_and_a_resumed_run_compute_on_the_recorded_path(news, mon
     chosen = first.run.data.preprocessing["encoder"]["features_path"]["precision"]
     served = ServedModel.from_bytes(saved[-1])
     texts = ["Stocks fell as the central bank raised rates", "The striker scored twice in the final"]
-    # Served texts compute on the recorded path through its served engine: ONNX Runtime for
-    # int8, and for fp32 where the model exports (the fp32 path is chosen on a CPU with no
-    # bf16 or faster int8, such as the AVX2-only EPYC), torch's for bf16.
-    enc = load(first.run.data.preprocessing)
-    want = tt._encode(enc.path, texts, enc.name, chosen, report=False, engine=tt.served_engine(enc.path, chosen))
-    assert torch.equal(served.prepare(texts), want)
+    # Served texts compute on the recorded path through its served engine (fp32 is the path
+    # chosen on a CPU with no bf16 or faster int8, such as the AVX2-only EPYC: ONNX Runtime's).
+    assert torch.equal(served.prepare(texts), computed(first.run.data, chosen, texts, served=True))
     # A gate that would now refuse every faster path: the resumed run keeps the one it began on.
     monkeypatch.setattr(precision, "GATE_COSINE", 0.9999999)
     monkeypatch.setattr(precision, "_CHOICES", {})
