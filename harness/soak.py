@@ -49,6 +49,7 @@ import subprocess
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -711,33 +712,13 @@ def run_soak(config: SoakConfig, root: Path) -> SoakReport:
         raise
     # The cluster stops while the references train: they need the cores, its processes little
     # to end once every run has (one after the other, the two took about 7 s and 15 s).
-    closing = _Background(cluster.close, "soak-close")
-    try:
-        _compare(config, report, metrics, threads, sweep_specs)
-    finally:
-        closing.join()
+    with ThreadPoolExecutor(1, thread_name_prefix="soak-close") as pool:
+        closing = pool.submit(cluster.close)
+        try:
+            _compare(config, report, metrics, threads, sweep_specs)
+        finally:
+            closing.result()  # waits for the cluster's end, and raises what its close raised
     return report
-
-
-class _Background:
-    """``work()`` on a thread of its own; :meth:`join` waits for it and raises what it raised."""
-
-    def __init__(self, work: Any, name: str) -> None:
-        self.error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                work()
-            except BaseException as exc:  # handed to join()
-                self.error = exc
-
-        self.thread = threading.Thread(target=run, name=name)
-        self.thread.start()
-
-    def join(self) -> None:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
 
 
 def _compare(config: SoakConfig, report: SoakReport, metrics: dict[int, list[tuple[int, float, float]]],
