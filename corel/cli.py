@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     few.add_argument("--steps", type=int, default=100, help="the heads' full-batch steps (default 100)")
     few.add_argument("--layer", default="none", choices=("none", "linear"),
                      help="heads over the features (none) or a linear map of them from the identity")
+    few.add_argument("--l2", type=float, default=1.0,
+                     help="the probe's penalty on the dot-product and Gaussian heads' class vectors, "
+                          "l2 |W|^2 / (2 n); 0 for none (default 1: scikit-learn's C = 1)")
     few.set_defaults(func=_fewshot)
 
     # Other packages add commands through the "corel.commands" entry point group: a
@@ -242,7 +245,7 @@ def _fewshot(args: argparse.Namespace) -> int:
           f"{' (' + spec.encoder + ', frozen)' if spec.encoder else ''}")
     report = run_fewshot(x.float().numpy(), y.numpy(), methods=methods, shots=shots, splits=args.splits,
                          seed=args.seed, class_names=data.class_names,
-                         settings=HeadSettings(lr=args.lr, steps=args.steps, layer=args.layer))
+                         settings=HeadSettings(lr=args.lr, steps=args.steps, layer=args.layer, l2=args.l2))
     print(report.table())
     return 0
 

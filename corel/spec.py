@@ -121,6 +121,11 @@ class FewShotDraw(BaseModel):
                             "does from the shots and the rows' inputs (Cosine-COREL's class vectors "
                             "moved to the clusters they attract, then the linear probe), the most "
                             "confident 80 % of each class kept. Never an evaluation row.")
+    l2: float = Field(default=0.0, ge=0.0, le=1e6, description="The linear probe's penalty on the "
+                      "class vectors of a dot-product or Gaussian head: l2 |W|^2 / (2 n) added to the "
+                      "mean loss over the n rows trained on (corel.fewshot.HeadSettings; a sweep's "
+                      "members get the protocol's, 1: scikit-learn's LogisticRegression at C = 1). 0: "
+                      "none, as a member written before it was.")
 
 
 class ExperimentSpec(BaseModel):

@@ -83,8 +83,9 @@ FULL_BATCH = 65_536
 
 def fewshot_members(body: SweepCreate, grid: list[ExperimentCreate], limit: int) -> list[ExperimentCreate]:
     """A few-shot sweep's members: each of the grid's for each N and each draw, as the
-    protocol sets them (corel.fewshot.HeadSettings: full batch, its learning rate and steps;
-    the draw; the draw's seed, as corel.fewshot.run_fewshot seeds it)."""
+    protocol sets them (corel.fewshot.HeadSettings: full batch, its learning rate, steps and
+    penalty on the class vectors; the draw; the draw's seed, as corel.fewshot.run_fewshot
+    seeds it)."""
     from corel.fewshot import HeadSettings
 
     assert body.fewshot is not None
@@ -99,7 +100,8 @@ def fewshot_members(body: SweepCreate, grid: list[ExperimentCreate], limit: int)
             for k in range(protocol.splits):
                 member = spec.model_copy(update={
                     "epochs": head.steps, "lr": head.lr, "batch_size": FULL_BATCH, "seed": protocol.seed * 1000 + k,
-                    "fewshot": FewShotDraw(shots=n, split=k, seed=protocol.seed, unlabeled=protocol.unlabeled)})
+                    "fewshot": FewShotDraw(shots=n, split=k, seed=protocol.seed, unlabeled=protocol.unlabeled,
+                                           l2=head.l2)})
                 try:
                     member.to_spec()  # the library's checks of a member (a fine-tuned encoder, ...)
                 except ValidationError as exc:

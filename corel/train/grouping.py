@@ -31,11 +31,17 @@ def group_key(spec: ExperimentSpec) -> tuple[tuple[str, Any], ...] | None:
     dataset_path and word_vectors, except for uploaded data whose path names the data; an
     encoder_path names the encoder: on one machine, other files are another encoder).
     Not vectorized: losses whose declaration is not ``stackable`` (a registered loss may say
-    so), and fine-tuned encoders. Text models with dropout are: each member draws its masks
+    so), fine-tuned encoders, and a few-shot member whose class vectors are decayed (its
+    draw's ``l2`` on a dot-product or Gaussian head). Text models with dropout are: each member draws its masks
     from its own stream, as alone (:mod:`corel.train.stacked`).
     """
     if not declaration(spec.loss).stackable or spec.fine_tunes:
         return None
+    if spec.fewshot is not None and spec.fewshot.l2:
+        from corel.fewshot import class_vector_decay
+
+        if class_vector_decay(spec.loss, spec.fewshot.l2, 1):
+            return None  # its class vectors' weight decay is an optimiser group of its own (corel.train.solo)
     exclude = set(MAY_DIFFER) | set(LOCATIONS)
     if spec.dataset in UPLOADED:
         exclude.discard("dataset_path")

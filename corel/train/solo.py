@@ -415,7 +415,8 @@ def start_run(
     data = to_device(data, dev)
     torch.manual_seed(spec.seed)
     model = build_model(spec, data, dev)
-    optimizer = make_optimizer(model, spec.lr, spec.encoder_lr if spec.encoder_lr is not None else spec.lr / 10)
+    optimizer = make_optimizer(model, spec.lr, spec.encoder_lr if spec.encoder_lr is not None else spec.lr / 10,
+                               decay=fewshot_decay(spec, len(data.y_train)))
     shuffle = torch.Generator().manual_seed(spec.seed)
     dropout = dropout_generator(spec.seed, dev) if has_dropout(model) else None
     run = Run(spec, data, model, optimizer, shuffle, dev, options=options, dropout=dropout,
@@ -443,10 +444,27 @@ def build_model(spec: ExperimentSpec, data: Dataset, device: torch.device) -> Cl
     return model.to(device)
 
 
-def make_optimizer(model: Classifier, lr: float, encoder_lr: float | None = None) -> torch.optim.Adam:
+def fewshot_decay(spec: ExperimentSpec, rows: int) -> float:
+    """A few-shot member's weight decay on its class vectors (its draw's ``l2`` over the
+    ``rows`` it trains on, :func:`corel.fewshot.class_vector_decay`); 0 for any other run."""
+    if spec.fewshot is None or not spec.fewshot.l2:
+        return 0.0
+    from corel.fewshot import class_vector_decay
+
+    return class_vector_decay(spec.loss, spec.fewshot.l2, rows)
+
+
+def make_optimizer(model: Classifier, lr: float, encoder_lr: float | None = None,
+                   decay: float = 0.0) -> torch.optim.Adam:
     """The run's optimiser: :func:`adam` over the model's parameters; with a fine-tuned
     pretrained encoder, Adam over its groups (:func:`corel.encoders.finetune.optimizer_groups`:
-    its tower's trainable parameters at ``encoder_lr``, the rest at ``lr``)."""
+    its tower's trainable parameters at ``encoder_lr``, the rest at ``lr``); with ``decay``
+    (a few-shot member's, :func:`fewshot_decay`), Adam with that weight decay on the head's
+    class vectors, as the protocol trains the member alone (:func:`corel.fewshot.decayed_adam`)."""
+    if decay:
+        from corel.fewshot import decayed_adam
+
+        return decayed_adam([(n, p) for n, p in model.named_parameters() if p.requires_grad], lr, decay)
     groups = optimizer_groups(model, lr, encoder_lr)
     if groups is None:
         return adam(model.parameters(), lr)

@@ -21,6 +21,7 @@ from corel.fewshot import (
     SELFTRAIN,
     HeadSettings,
     SelfTrainSettings,
+    class_vector_decay,
     draw_splits,
     run_fewshot,
     self_train,
@@ -214,6 +215,50 @@ def test_bad_methods_and_settings_say_what_is_allowed(digits):
         run_fewshot(x, y, methods=["svm"], shots=(2,), splits=1)
     with pytest.raises(ValueError, match="unknown layer 'mlp'; allowed: none, linear"):
         HeadSettings(layer="mlp")
+    with pytest.raises(ValueError, match="l2 must be a number of at least 0 \\(0: no penalty\\); got -1"):
+        HeadSettings(l2=-1)
+    with pytest.raises(ValueError, match="l2 must be a number of at least 0 \\(0: no penalty\\); got nan"):
+        class_vector_decay("cce", float("nan"), 10)
+
+
+def test_the_class_vectors_penalty_is_the_probe_s_on_the_heads_whose_scores_grow_with_them():
+    """l2 / n on the dot-product and Gaussian heads' class vectors; none on those that
+    normalise them or have none."""
+    assert class_vector_decay("cce", 1.0, 40) == class_vector_decay("center", 1.0, 40) == 1.0 / 40
+    assert class_vector_decay("gaussian", 2.0, 40) == 2.0 / 40
+    assert {class_vector_decay(loss, 1.0, 40) for loss in ("cosine", "arcface", "cosface", "normsoftmax",
+                                                           "proxyanchor", "supcon", "triplet")} == {0.0}
+    assert class_vector_decay("cce", 0.0, 40) == 0.0
+
+
+@KERNELS
+def test_cce_with_the_probe_s_penalty_reaches_the_probe_s_optimum(digits):
+    """HeadSettings' l2=1 makes CCE's objective scikit-learn's LogisticRegression's at C=1
+    (MTEB's probe): trained long enough in float64, its class vectors are the probe's
+    coefficients, its objective the probe's, and it predicts every evaluation row as the
+    probe does. Without the penalty it fits the shots elsewhere."""
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = digits
+    rows = draw_splits(y, shots=(10,), splits=1, seed=3)
+    train, ev = rows.draws[10][0], rows.evaluation
+    xt, yt = torch.from_numpy(x[train]).double(), torch.from_numpy(y[train])
+    probe = LogisticRegression(C=1.0, tol=1e-12, max_iter=10_000).fit(x[train].astype(np.float64), y[train])
+
+    def objective(w: np.ndarray, b: np.ndarray) -> float:
+        z = x[train].astype(np.float64) @ w.T + b
+        z -= z.max(1, keepdims=True)
+        ce = -(z[np.arange(len(train)), y[train]] - np.log(np.exp(z).sum(1))).mean()
+        return float(ce + (w ** 2).sum() / (2 * len(train)))
+
+    rows_ev = torch.from_numpy(x[ev]).double()
+    head = train_head("cce", xt, yt, 10, HeadSettings(steps=1000, lr=1e-2), seed=1)
+    w, b = head.head.W.detach().numpy(), head.head.bias.detach().numpy()
+    assert abs(w - probe.coef_).max() < 5e-3 * abs(probe.coef_).max()
+    assert objective(w, b) == pytest.approx(objective(probe.coef_, probe.intercept_), abs=1e-6)
+    assert np.array_equal(head(rows_ev).numpy(), probe.predict(x[ev].astype(np.float64)))
+    free = train_head("cce", xt, yt, 10, HeadSettings(steps=1000, lr=1e-2, l2=0.0), seed=1)
+    assert abs(free.head.W.detach().numpy() - probe.coef_).max() > 0.5
     with pytest.raises(ValueError, match="features must be \\(rows, width\\) with one label per row"):
         run_fewshot(x[:10], y, shots=(2,), splits=1)
 
@@ -332,16 +377,18 @@ def test_a_member_with_the_unlabeled_rows_trains_on_its_shots_and_the_pool_rows_
 
 
 @KERNELS
-@pytest.mark.parametrize("loss", ["cosine", "arcface", "center"])
+@pytest.mark.parametrize("loss", ["cosine", "arcface", "center", "gaussian"])
 def test_a_member_trained_as_a_run_ends_as_the_protocol_s_head_trained_alone(loss):
     """fit() on a member's spec (what a worker runs for a few-shot sweep) keeps its last epoch,
     as train_head does, from the same initial head (the draw's seed, class vectors at the shots'
-    class means): in float64, the same class vectors to 1e-10 and the same test accuracy."""
+    class means, the draw's penalty on them where the head has one): in float64, the same class
+    vectors to 1e-10 and the same test accuracy."""
     from corel.data import load_dataset
     from corel.spec import ExperimentSpec
     from corel.train import fit
 
-    spec = ExperimentSpec(dataset="digits", loss=loss, fewshot={"shots": 4, "split": 2, "seed": 1},
+    spec = ExperimentSpec(dataset="digits", loss=loss, fewshot={"shots": 4, "split": 2, "seed": 1,
+                                                                "l2": HeadSettings().l2},
                           epochs=30, lr=1e-2, batch_size=65_536, seed=1002)
     data = load_dataset(spec).astype(torch.float64)
     result = fit(spec, data=data, chance_epochs=0)
@@ -439,3 +486,20 @@ def test_bad_fine_tuning_settings_say_what_is_allowed(fields, words):
 
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
         TuneSettings(**fields)
+
+
+def test_a_member_whose_class_vectors_decay_trains_alone_and_the_others_still_stack():
+    """A decayed member's optimiser has a group of its own for its class vectors, which a
+    stack's one Adam does not hold: group_key keeps it alone; a cosine head's draw (no decay
+    on its vectors) and a member without l2 group as before."""
+    from corel.spec import ExperimentSpec
+    from corel.train import group_key
+
+    draw = {"shots": 4, "split": 0, "seed": 1, "l2": 1.0}
+    assert group_key(ExperimentSpec(dataset="digits", loss="cce", fewshot=draw)) is None
+    assert group_key(ExperimentSpec(dataset="digits", loss="gaussian", fewshot=draw)) is None
+    cosine = [ExperimentSpec(dataset="digits", loss="cosine", lam=lam, fewshot=draw) for lam in (0.5, 0.7)]
+    assert group_key(cosine[0]) is not None and group_key(cosine[0]) == group_key(cosine[1])
+    assert group_key(ExperimentSpec(dataset="digits", loss="cce", fewshot={**draw, "l2": 0.0})) is not None
+    with pytest.raises(ValueError, match="l2"):
+        ExperimentSpec(dataset="digits", loss="cce", fewshot={**draw, "l2": -1.0})

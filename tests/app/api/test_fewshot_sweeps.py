@@ -46,7 +46,7 @@ def test_a_fewshot_sweep_queues_every_method_at_every_n_and_draw(idle):
         spec = idle.get(f"/experiments/{eid}").json()["spec"]
         draw = spec["fewshot"]
         seen.add((spec["loss"], draw["shots"], draw["split"]))
-        assert draw["seed"] == 4 and spec["seed"] == 4 * 1000 + draw["split"]
+        assert draw["seed"] == 4 and spec["seed"] == 4 * 1000 + draw["split"] and draw["l2"] == head.l2 > 0
         assert (spec["epochs"], spec["lr"], spec["batch_size"]) == (head.steps, head.lr, 65_536)
     assert seen == {(loss, n, k) for loss in ("cosine", "arcface") for n in (2, 5) for k in range(3)}
     report = idle.get(f"/sweeps/{sweep['id']}/report").json()["fewshot"]

@@ -67,8 +67,11 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "fewshot.py": (r"fewshot N=2 corel best / setfit / probe: [\d.]+ / [\d.]+ / [\d.]+\n"
                    r"fewshot N=2 corel best method: [\w-]+; setfit ran 1 of 2 draws, corel's best on those [\d.]+\n"
                    r"fewshot N=2 corel best on the shots alone: [\w-]+ [\d.]+\n"
+                   r"fewshot N=2 best head on frozen features / probe: [\w-]+ [\d.]+ / [\d.]+ "
+                   r"\(paired difference [+-][\d.]+, p [\w.+-]+\)\n"
                    r"fewshot N=4 corel best / setfit / probe: [\d.]+ / - / [\d.]+\n.*\n"
                    r"fewshot N=4 corel best on the shots alone: [\w-]+ [\d.]+\n"
+                   r"fewshot N=4 best head on frozen features / probe: [\w-]+ [\d.]+ / [\d.]+ .*\n"
                    r"fewshot corel protocol seconds at N=2: [\d.]+ .*\n"
                    r"fewshot N=2 finetune-cosine seconds: [\d.]+ \(1 draw, .*\nfewshot time ratio setfit / corel: [\d.]+",
                    {SHARED, MINILM}),
