@@ -32,7 +32,9 @@ trains on the N x 4 shots alone and is scored on the same 3,800 evaluation rows:
   offline, with its defaults as its paper ran them: ``CosineSimilarityLoss``,
   ``num_iterations=20``, 1 epoch, batch 16, a logistic-regression head; at each N of
   ``--setfit`` (default 8: one draw of N=64 takes about 12 minutes on 2 cores) on the first
-  ``--setfit-splits`` draws (default all).
+  ``--setfit-splits`` draws (default all); ``--first-draw K`` runs SetFit and the fine-tune from
+  draw K on (each draw with its own seed, as in one run), so that a comparison too long for one
+  sitting (SetFit's N=64 takes 12-18 minutes a draw here) can be finished a few draws at a time.
 
 It prints the table per N (mean, sd, min, max in percent, the paired difference against the
 best method and its t-test's p-value, seconds), then one line per N,
@@ -100,10 +102,10 @@ def ag_news_test(data_dir: Path, rows: int | None = None) -> tuple[list[str], np
 
 
 def setfit_results(texts: list[str], y: np.ndarray, rows: Splits, shots: list[int], splits: int,
-                   iterations: int, seed: int) -> list[FewShotResult]:
-    """SetFit on MiniLM's files, trained on each of the first ``splits`` draws at each N of
-    ``shots`` and scored on the protocol's evaluation rows; its seconds are the training's
-    and the evaluation rows' prediction."""
+                   iterations: int, seed: int, first: int = 0) -> list[FewShotResult]:
+    """SetFit on MiniLM's files, trained on ``splits`` draws from draw ``first`` at each N of
+    ``shots`` (each with its draw's seed) and scored on the protocol's evaluation rows; its
+    seconds are the training's and the evaluation rows' prediction."""
     import tempfile
 
     from datasets import Dataset
@@ -112,7 +114,7 @@ def setfit_results(texts: list[str], y: np.ndarray, rows: Splits, shots: list[in
     out = []
     evaluation = [texts[i] for i in rows.evaluation]
     for n in shots:
-        for s, train in enumerate(rows.draws[n][:splits]):
+        for s, train in enumerate(rows.draws[n][first:first + splits], start=first):
             started = time.perf_counter()
             model = SetFitModel.from_pretrained(str(installed("minilm", "text")), local_files_only=True)
             with tempfile.TemporaryDirectory() as tmp:
@@ -152,6 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--setfit", default="8", help="the Ns SetFit runs at, comma-separated ('' for none)")
     ap.add_argument("--setfit-splits", type=int, help="SetFit on the first K draws (default: all)")
     ap.add_argument("--setfit-iterations", type=int, default=20, help="SetFit's num_iterations (default 20)")
+    ap.add_argument("--first-draw", type=int, default=0,
+                    help="SetFit and the fine-tune from this draw on (default 0): a long comparison a few draws "
+                         "at a time, each draw with its own seed as in one run")
     ap.add_argument("--smoke", action="store_true", help="240 rows, N 2 and 4, 2 draws, 20 steps")
     args = ap.parse_args(argv)
     rows = None
@@ -160,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
         args.setfit, args.setfit_splits, args.setfit_iterations = "2", 1, 1
         args.finetune, args.finetune_splits, args.finetune_steps = "2", 1, 2
     shots = [int(n) for n in args.shots.split(",") if n]
+    if not 0 <= args.first_draw < args.splits:
+        raise SystemExit(f"--first-draw {args.first_draw}: a draw's index, 0 to {args.splits - 1}")
     texts, y, names = ag_news_test(Path(args.data_dir), rows)
     started = time.perf_counter()
     x = model_inputs(texts, run_preprocessing("minilm", "text"), args.features_dir, keep=True)
@@ -182,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{tune.steps} steps (blocks at {tune.encoder_lr:g}, head at {tune.lr:g}), scored by the head")
         report.results.extend(finetune_fewshot(
             texts, y, draws, tune_shots, settings=tune, seed=args.seed, draws=args.finetune_splits,
+            first=args.first_draw,
             on_result=lambda r: print(f"{r.method} N={r.shots} draw {r.split}: {100 * r.accuracy:.1f} "
                                       f"in {r.seconds:.1f} s", flush=True)))
     print(report.table())
@@ -190,8 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [n for n in setfit_shots if n not in shots]
     if unknown:
         raise SystemExit(f"--setfit {unknown[0]}: not one of --shots {args.shots}")
-    peer = setfit_results(texts, y, draws, setfit_shots, args.setfit_splits or args.splits, args.setfit_iterations,
-                          args.seed) if setfit_shots else []
+    peer = setfit_results(texts, y, draws, setfit_shots, args.setfit_splits or args.splits - args.first_draw,
+                          args.setfit_iterations, args.seed, args.first_draw) if setfit_shots else []
     for n in shots:
         heads = [r for r in summary if r["shots"] == n and r["method"] != PROBE]
         best = max(heads, key=lambda r: r["mean"]) if heads else None
@@ -203,9 +211,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"fewshot N={n} corel best / setfit / probe: {shown} / {theirs} / {probed}")
         said = f"fewshot N={n} corel best method: {best['method'] if best else '-'}"
         if ran and len(ran) < args.splits:  # corel's on the same draws beside SetFit's
-            mine = report.accuracies(best["method"], n)[: len(ran)] if best else np.array([])
+            theirs = {r.split for r in ran}
+            mine = np.array([r.accuracy for r in report.results
+                             if best and r.method == best["method"] and r.shots == n and r.split in theirs])
             said += (f"; setfit ran {len(ran)} of {args.splits} draws, corel's best on those "
-                     f"{100 * float(mine.mean()):.1f}")
+                     f"{100 * float(mine.mean()) if len(mine) else float('nan'):.1f}")
         print(said)
         alone = [r for r in heads if r["method"] != SELFTRAIN]
         if alone and len(alone) < len(heads):  # the best that reads the shots alone, as SetFit does
@@ -229,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         n = peer[0].shots
         ran = [r for r in peer if r.shots == n]
         mine = sum(r.seconds for r in report.results if r.shots == n and r.method != PROBE
-                   and not r.method.startswith(TUNED) and r.split < len(ran))
+                   and not r.method.startswith(TUNED) and r.split in {p.split for p in ran})
         print(f"fewshot time ratio setfit / corel: {sum(r.seconds for r in ran) / mine:.1f} (N={n}, {len(ran)} "
               f"draws: SetFit {sum(r.seconds for r in ran):.1f} s, every corel head {mine:.2f} s)")
 

@@ -504,10 +504,10 @@ class TuneSettings:
 def finetune_fewshot(texts: Sequence[str], y: Any, rows: Splits, shots: Sequence[int], *,
                      encoder: str = "minilm", encoder_path: Any = None, settings: TuneSettings | None = None,
                      seed: int = 0,
-                     draws: int | None = None, kept: Any = None,
+                     draws: int | None = None, kept: Any = None, first: int = 0,
                      on_result: Callable[[FewShotResult], None] | None = None) -> list[FewShotResult]:
-    """The pretrained text ``encoder`` (a user's own: its files at ``encoder_path``) fine-tuned on each draw of ``rows`` (the first
-    ``draws`` of each N in ``shots``) with a COREL head, as :class:`TuneSettings` says, and
+    """The pretrained text ``encoder`` (a user's own: its files at ``encoder_path``) fine-tuned on each draw of ``rows`` (the
+    ``draws`` draws of each N in ``shots`` from draw ``first``, default all from the first) with a COREL head, as :class:`TuneSettings` says, and
     scored by the head on the protocol's evaluation rows: one :class:`FewShotResult` per draw
     (method ``finetune-<loss>``; seconds: the training and the evaluation rows' prediction).
 
@@ -523,6 +523,8 @@ def finetune_fewshot(texts: Sequence[str], y: Any, rows: Splits, shots: Sequence
     labels = np.asarray(y)
     if len(texts) != len(labels):
         raise ValueError(f"need one label per text; got {len(texts)} texts and {len(labels)} labels")
+    if first < 0:
+        raise ValueError(f"first must be a draw's index, at least 0; got {first}")
     missing = [n for n in shots if n not in rows.draws]
     if missing:
         raise ValueError(f"no draws of N={missing[0]} in these splits; they hold N of "
@@ -534,7 +536,7 @@ def finetune_fewshot(texts: Sequence[str], y: Any, rows: Splits, shots: Sequence
     x_eval, y_eval = inputs[rows.evaluation], labels[rows.evaluation]
     out: list[FewShotResult] = []
     for n in shots:
-        for s, train in enumerate(rows.draws[n][:draws]):
+        for s, train in enumerate(rows.draws[n][first:None if draws is None else first + draws], start=first):
             started = time.perf_counter()
             torch.manual_seed(seed * 1000 + s)
             model = FineTuned(enc.family.tower(enc, settings.blocks), nn.Identity())

@@ -359,7 +359,8 @@ def fewshot_report(sweep: Sweep, exps: list[Experiment]) -> dict[str, Any] | Non
     members: per N and method the mean, sd, min and max test accuracy over the draws, the
     training seconds, and the paired difference against the best method with its t-test's
     p-value. Only the draws every method of that N has finished are compared (``draws``
-    says how many of ``splits``); None for a sweep that is not few-shot."""
+    says how many of ``splits``); ``l2``: the members' penalty on their class vectors. None
+    for a sweep that is not few-shot."""
     from corel.fewshot import FewShotReport, FewShotResult
 
     if sweep.fewshot is None:
@@ -378,6 +379,10 @@ def fewshot_report(sweep: Sweep, exps: list[Experiment]) -> dict[str, Any] | Non
         draws[n] = len(complete)
         kept += [r for r in results if r.shots == n and r.split in complete]
     summary = FewShotReport(kept, evaluation_rows=0).summary() if kept else []
+    # The members' penalty on their class vectors (corel.fewshot.HeadSettings.l2; 0 for a sweep
+    # made before there was one, whose members carry none).
+    l2 = next((float(e.spec["fewshot"].get("l2", 0.0)) for e in exps if e.spec.get("fewshot")), 0.0)
     return {"shots": sweep.fewshot["shots"], "splits": sweep.fewshot["splits"], "seed": sweep.fewshot["seed"],
-            "unlabeled": bool(sweep.fewshot.get("unlabeled", False)), "methods": methods, "draws": {str(n): k for n, k in draws.items()}, "summary": summary}
+            "unlabeled": bool(sweep.fewshot.get("unlabeled", False)), "l2": l2, "methods": methods,
+            "draws": {str(n): k for n, k in draws.items()}, "summary": summary}
 

@@ -466,6 +466,12 @@ def test_a_fine_tuned_draw_trains_its_last_blocks_and_is_reproducible_by_seed(to
                              settings=TuneSettings(blocks=1, steps=0))
     assert [r.accuracy for r in run[0]] == [r.accuracy for r in run[1]]  # the same seed, the same figures
     assert [r.accuracy for r in run[0]] != [r.accuracy for r in still]  # the steps moved the block
+    # The second draw alone (a long comparison run a few draws at a time) is that draw of the whole run.
+    later = finetune_fewshot(texts, y, rows, [4], encoder="sentence-transformers", encoder_path=folder,
+                             settings=settings, first=1)
+    assert [(r.split, r.accuracy) for r in later] == [(1, run[0][1].accuracy)]
+    with pytest.raises(ValueError, match="first must be a draw's index, at least 0; got -1"):
+        finetune_fewshot(texts, y, rows, [4], encoder="sentence-transformers", encoder_path=folder, first=-1)
     # A method run on fewer draws is paired with the others on the draws both ran.
     probe = [FewShotResult(PROBE, 4, s, 1.0, 0.0) for s in range(2)]
     report = FewShotReport([*probe, run[0][0]], evaluation_rows=len(rows.evaluation))

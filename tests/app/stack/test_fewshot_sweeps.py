@@ -47,6 +47,7 @@ def test_the_report_is_computed_from_the_members(client, sweep):
     body, members = sweep
     rep = client.get(f"/sweeps/{body['id']}/report").json()["fewshot"]
     assert rep["draws"] == {"3": 2, "6": 2} and rep["methods"] == ["cosine", "cce"]
+    assert rep["l2"] == HeadSettings().l2 == members[0]["spec"]["fewshot"]["l2"]  # what the members trained with
     acc = {(m["spec"]["loss"], m["spec"]["fewshot"]["shots"]): {} for m in members}
     for m in members:
         acc[(m["spec"]["loss"], m["spec"]["fewshot"]["shots"])][m["spec"]["fewshot"]["split"]] = m["test_accuracy"]
