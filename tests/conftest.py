@@ -32,6 +32,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # scikit-learn's fits took 3.3 s alone and 12.9 s in the main pass, 39.3 in the kernel
     # pass, on the AVX2-only EPYC). Held for the whole process.
     threadpool_limits(1)
+    # And so, unless they choose their own count, do the programs the tests start (a
+    # benchmark's, a launch's, a server's; a worker takes its share of the host itself,
+    # worker/host_share.py): a smoke run of two threads beside a busy process took 34 s,
+    # on one thread 25 (bench/fewshot.py on the AVX-512 EPYC).
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
 
 # After each pass, what the tests started and left running fails the run (tests/leftovers.py).
 pytest_plugins = ["tests.leftovers"]
