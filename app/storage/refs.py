@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, union_all
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from app.core.models import (
@@ -70,13 +70,17 @@ def referenced(session: Session, digests: Iterable[str] | None = None) -> set[st
     """The digests among ``digests`` (default: all) that some row references."""
     wanted = None if digests is None else sorted(set(digests))
     found: set[str] = set()
-    for column in REFERENCES:
-        if wanted is None:
+    if wanted is None:
+        for column in REFERENCES:
             found.update(d for d in session.scalars(select(column).distinct()) if d)
-            continue
-        for at in range(0, len(wanted), 500):
-            part = wanted[at:at + 500]
-            found.update(session.scalars(select(column).where(column.in_(part)).distinct()))
+        return found
+    # One query over every column (a UNION ALL), not one a column: a run releases its last
+    # epoch's resume checkpoint after each epoch's commit, and eleven round trips were most
+    # of a short epoch's bookkeeping (a few-shot member's 100 one-step epochs: 0.89 s of 2.6).
+    for at in range(0, len(wanted), 500):
+        part = wanted[at:at + 500]
+        found.update(d for d in session.scalars(union_all(
+            *(select(column.label("digest")).where(column.in_(part)) for column in REFERENCES))) if d)
     return found
 
 
