@@ -11,7 +11,10 @@ reference: the training rows).
    lockstep over the same batches (:mod:`corel.train.lockstep`); per loss the test
    accuracy, MAP@R of the head's representation and K-Means accuracy on it, mean +- std over
    the seeds, with paired t-tests (by seed) of MAP@R against Cosine- and Gaussian-COREL; and
-   the wall time of the whole sweep, the embedding pass included.
+   the wall time of the whole sweep, the embedding pass included; then ``<encoder> head sweep
+   floor seconds``: what the sweep's FFNNs' matrix products alone take on this CPU (every
+   member's forward and backward products over every training batch of every epoch, as the
+   stacked groups form them, timed over 30 steps), under which no loop can go.
 3. The same sweep as eleven separate experiments without the feature cache (each embeds the
    data again, then trains its seeds one after another): ``--baseline K`` runs the first K
    of them for real (default: all eleven) and counts any others at the median of those run,
@@ -201,6 +204,40 @@ def images(data_dir: Path, rows: int, seeds: int, epochs: int, lr: float, lam: f
             "best": f"{best[0]:.3f} ({declaration(best[1]).short if best[1] else '-'})", "seconds": seconds}
 
 
+def products_floor(specs: list[ExperimentSpec], data: Any) -> tuple[float, float]:
+    """What the sweep's FFNNs' matrix products alone take on this CPU, forward and backward,
+    as the stacked groups form them (``baddbmm`` over the members, the inputs shared): every
+    member, every training batch of every epoch, and nothing else (no loss, no optimiser step,
+    no evaluation): a floor under the sweep's seconds that no loop can go below here. The
+    seconds, and the rate the products ran at (GFLOP/s)."""
+    spec = specs[0]
+    members, dim, hidden, batch = len(specs), int(data.x_train[0].numel()), spec.hidden, spec.batch_size
+    batch = min(batch, len(data.y_train))
+    gen = torch.Generator().manual_seed(0)
+    W1 = torch.randn(members, hidden, dim, generator=gen).requires_grad_()
+    W2 = torch.randn(members, hidden, hidden, generator=gen).requires_grad_()
+    b1 = torch.zeros(members, hidden, requires_grad=True)
+    b2 = torch.zeros(members, hidden, requires_grad=True)
+    x = torch.randn(batch, dim, generator=gen)
+
+    def step() -> None:
+        h = torch.baddbmm(b1.unsqueeze(1), x.expand(members, batch, dim), W1.transpose(1, 2)).relu()
+        torch.baddbmm(b2.unsqueeze(1), h, W2.transpose(1, 2)).sum().backward()
+
+    for _ in range(3):
+        step()
+    timed = 30
+    started = time.perf_counter()
+    for _ in range(timed):
+        step()
+    per_step = (time.perf_counter() - started) / timed
+    steps = -(-len(data.y_train) // spec.batch_size) * spec.epochs
+    # multiply-adds: the first layer's forward and weight gradient (its input takes none), the
+    # second's forward, input and weight gradients; 2 FLOP each
+    flops = 2 * members * batch * (2 * dim * hidden + 3 * hidden * hidden)
+    return per_step * steps, flops / per_step / 1e9
+
+
 def text_sweep(base: dict[str, Any], data_dir: Path, seeds: int, lam: float, chance_epochs: int,
                store: FolderStore | None = None) -> tuple[dict[str, Any], list[ExperimentSpec], float, float]:
     """Every loss's heads over a frozen text encoder, the features computed first (from no
@@ -223,6 +260,9 @@ def text_sweep(base: dict[str, Any], data_dir: Path, seeds: int, lam: float, cha
     print(f"frozen encoder alone: {by_itself}")
     best = report(specs, results, data)
     print(f"{base['encoder']} head sweep seconds: {seconds:.1f} ({len(specs)} heads, features included)")
+    floor, rate = products_floor(specs, data)
+    print(f"{base['encoder']} head sweep floor seconds: {floor:.1f} (the {len(specs)} FFNNs' matrix products "
+          f"alone, forward and backward, at this CPU's {rate:.0f} GFLOP/s for them)")
     row = {"encoder": base["encoder"], "rate": f"{texts / embedded:.0f} texts/s", "texts_per_s": texts / embedded,
            "alone": by_itself, "best": f"{best[0]:.3f} ({declaration(best[1]).short if best[1] else '-'})",
            "seconds": seconds}

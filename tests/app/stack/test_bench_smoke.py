@@ -59,7 +59,8 @@ SMOKE: dict[str, tuple[str, set[str]]] = {
     "features.py": (r"features ratio corel / sentence-transformers texts/s: [\d.]+\n"
                     r"features MAP@R corel / sentence-transformers: [\d.]+ / [\d.]+", {SHARED, MINILM, FASHION}),
     "distance_backward.py": (r"ratio cdist's / corel's \(Python\): [\d.]+x", set()),
-    "encoders.py": (r"head sweep seconds: [\d.]+\nhead sweep warm seconds: [\d.]+ \(the same sweep, its features "
+    "encoders.py": (r"minilm head sweep floor seconds: [\d.]+ \(the \d+ FFNNs' matrix products[\s\S]*"
+                    r"head sweep seconds: [\d.]+\nhead sweep warm seconds: [\d.]+ \(the same sweep, its features "
                     r"read from the store\)", {SHARED, MINILM}),
     "embed_throughput.py": (r"\(c\) 2 concurrent clients, single images: \d+ requests/s", {FASHION, SERVICES}),
     "fault_recovery.py": (r"connections cut +[\d.]+ +[\d.]+", {PRIVATE}),
