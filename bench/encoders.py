@@ -231,7 +231,7 @@ def products_floor(specs: list[ExperimentSpec], data: Any) -> tuple[float, float
     for _ in range(timed):
         step()
     per_step = (time.perf_counter() - started) / timed
-    steps = -(-len(data.y_train) // spec.batch_size) * spec.epochs
+    steps = len(data.y_train) / batch * spec.epochs  # the last, shorter batch as its share of one
     # multiply-adds: the first layer's forward and weight gradient (its input takes none), the
     # second's forward, input and weight gradients; 2 FLOP each
     flops = 2 * members * batch * (2 * dim * hidden + 3 * hidden * hidden)
