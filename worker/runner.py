@@ -281,7 +281,9 @@ class LeaseKeeper:
 
 
 class DatabaseRecorder(Callback):
-    """Writes each epoch (metrics + resumable checkpoint) in one transaction,
+    """Writes a run's epochs (metrics + resumable checkpoint) in one transaction at most
+    every ``settings.epoch_commit_seconds`` (an epoch that ends sooner is held until the
+    next commit: its last epoch, a cancel, a hand-back and :meth:`flush` commit at once),
     keeps the heartbeat fresh, and stops the run when a cancel is requested. ``setup``:
     the lease kept until the first batch, stopped there."""
 
@@ -291,9 +293,13 @@ class DatabaseRecorder(Callback):
         self.factory = factory
         self.settings = settings
         self.heartbeat_every = settings.heartbeat_seconds
-        self.last_beat = time.monotonic()
+        self.commit_every = settings.epoch_commit_seconds
+        self.last_beat = self.last_commit = time.monotonic()
         self.cancelled = False
         self.setup = setup
+        self.held: list[EpochMetrics] = []  # epochs ended since the last commit
+        self.run: RunView | None = None
+        self.mid_epoch = False  # a batch has trained since the last epoch's end
 
     def _beat(self, session: Session, **values: Any) -> None:
         """Heartbeat (with the epoch's figures in ``values``, then published); LostLease
@@ -303,6 +309,7 @@ class DatabaseRecorder(Callback):
         self.cancelled = lifecycle.cancel_requested(session, self.experiment_id)
 
     def on_batch_end(self, step: int) -> bool:
+        self.mid_epoch = True
         if self.setup is not None:
             self.setup.first_batch()
             self.setup = None
@@ -320,29 +327,47 @@ class DatabaseRecorder(Callback):
         return self.cancelled
 
     def on_epoch_end(self, metrics: EpochMetrics, run: RunView) -> bool:
-        art, = store_leased(self.factory, self.settings, [self.experiment_id],
-                            [checkpoint_to_bytes(run.checkpoint())])
+        self.held.append(metrics)
+        self.run, self.mid_epoch = run, False
+        METRICS.epoch_done(metrics.seconds, len(run.data.y_train))
+        log.info("epoch done", extra={"experiment": self.experiment_id, **metrics.to_dict()})
+        hand_back = STOPPING.is_set() and not self.cancelled and metrics.epoch < run.spec.epochs
+        if (self.cancelled or hand_back or metrics.epoch >= run.spec.epochs
+                or time.monotonic() - self.last_commit >= self.commit_every):
+            self.flush()
+        if hand_back:
+            raise HandBack
+        return self.cancelled
+
+    def flush(self) -> None:
+        """Commit the epochs held since the last commit, in one transaction: their rows, the
+        run's figures and, where the run stands at the last one's end, its resume
+        checkpoint (a run stopped between batches keeps the checkpoint it had: it is not
+        resumed from a part of an epoch)."""
+        if not self.held or self.run is None:
+            return
+        run, last = self.run, self.held[-1]
+        art = None if self.mid_epoch else store_leased(
+            self.factory, self.settings, [self.experiment_id], [checkpoint_to_bytes(run.checkpoint())])[0]
         with session_scope(self.factory) as session:
             self._beat(
                 session,
-                current_epoch=metrics.epoch,
+                current_epoch=last.epoch,
                 device=device_name(run.device),
                 precision=run.precision,
                 features=features_record(run.data.preprocessing, run.data.features_source),
                 best_epoch=run.best_epoch,
                 best_val_accuracy=run.best_val_accuracy,
                 test_accuracy=run.test_accuracy,
-                train_seconds=Experiment.train_seconds + metrics.seconds,
+                train_seconds=Experiment.train_seconds + sum(m.seconds for m in self.held),
                 # A phase the epoch showed (a fine-tune's frozen blocks' outputs) ends with it.
                 phase=None, phase_detail=None,
             )
-            session.add(EpochMetric(experiment_id=self.experiment_id, **metrics.to_dict()))
-            _upsert_checkpoint(session, self.experiment_id, "resume", metrics.epoch, art)
-        METRICS.epoch_done(metrics.seconds, len(run.data.y_train))
-        log.info("epoch done", extra={"experiment": self.experiment_id, **metrics.to_dict()})
-        if STOPPING.is_set() and not self.cancelled and metrics.epoch < run.spec.epochs:
-            raise HandBack
-        return self.cancelled
+            session.add_all([EpochMetric(experiment_id=self.experiment_id, **m.to_dict()) for m in self.held])
+            if art is not None:
+                _upsert_checkpoint(session, self.experiment_id, "resume", last.epoch, art)
+        self.held = []
+        self.last_commit = time.monotonic()
 
 
 def features_record(preprocessing: dict[str, Any] | None, source: str | None = None) -> dict[str, Any] | None:
@@ -553,6 +578,7 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
         result = fit(job.spec, [recorder], checkpoint=job.checkpoint, device=settings.device,
                      data_dir=builtin.data_dir_for(settings, job.spec.dataset),
                      chance_epochs=settings.chance_epochs, options=setup.options(settings))
+        recorder.flush()  # epochs held when a cancel stopped it between batches
         if result.stopped:
             if result.best_epoch >= 1:  # what it learned serves as a succeeded run's does
                 return _store_results(factory, experiment_id, result, settings, Status.CANCELLED)
@@ -572,9 +598,20 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
     except Exception as exc:
         if is_transient(exc):
             raise  # with_retries resumes it from its last checkpoint
+        _flush_failed(recorder)
         return _fail(factory, experiment_id, exc)
     finally:
         setup.stop()
+
+
+def _flush_failed(recorder: DatabaseRecorder) -> None:
+    """A failed run's held epochs (the one the guard failed it at among them), recorded
+    as every epoch was before it failed; a flush that fails too leaves them out."""
+    try:
+        recorder.flush()
+    except Exception as exc:
+        log.warning("a failed run's last epochs not recorded",
+                    extra={"experiment": recorder.experiment_id, "error": str(exc)[:200]})
 
 
 def train_experiment(experiment_id: int, factory: sessionmaker[Session], settings: Settings) -> str:

@@ -181,6 +181,14 @@ class Settings(BaseSettings):
     # by the next worker that starts (the worker died without acknowledging).
     lease_seconds: float = Field(default=120.0, gt=0)
     heartbeat_seconds: float = Field(default=5.0, gt=0)
+    # A run's epochs are committed (their rows, its resume checkpoint, the figures its page
+    # shows) at most once this many seconds: an epoch that ends sooner after the last commit
+    # is held in memory and written with the next one. Its last epoch, an epoch after a
+    # cancel, a hand-back or a failure always commits; a worker that dies loses at most this
+    # much training, which its run's next claim trains again from the checkpoint. 0: every
+    # epoch commits. A few-shot member's 100 one-step epochs took 11 ms of bookkeeping each
+    # against 2.4 ms of training.
+    epoch_commit_seconds: float = Field(default=1.0, ge=0)
     # The database is the source of truth for what must run; the broker only wakes
     # workers up. A queued row not claimed this long after its task was sent is sent
     # again (then after twice as long, ... up to requeue_max_seconds). Both default to

@@ -232,3 +232,115 @@ def test_a_pruned_group_lost_between_an_epoch_and_its_rung_is_judged_there_when_
         rows = [session.get(Experiment, i) for i in ids]
         assert [(r.status, r.pruned and r.pruned["rung"]) for r in rows] == [
             ("succeeded", None) if w.pruned is None else ("pruned", w.pruned["rung"]) for w in whole], outcome
+
+
+def _run_rows(factory, eid: int) -> list[tuple]:
+    from app.core.models import EpochMetric
+
+    with factory() as session:
+        rows = session.query(EpochMetric).filter_by(experiment_id=eid).order_by(EpochMetric.epoch).all()
+        return [(r.epoch, r.train_loss, r.val_accuracy) for r in rows]
+
+
+def test_short_epochs_commit_together_and_a_run_lost_with_epochs_held_resumes_from_its_last_commit(factory, monkeypatch):
+    """COREL_EPOCH_COMMIT_SECONDS: an epoch that ends within it of the last commit is held,
+    and written with the next commit (its row, the run's figures, the resume checkpoint of
+    the last epoch held); the last epoch always commits. A run whose database went away with
+    epochs held resumes from the last commit's checkpoint, trains those epochs again, and
+    ends with the rows and result of a run that committed every epoch."""
+    import sqlalchemy.exc
+
+    factory, settings = factory
+    spec = {**SPEC, "epochs": 5, "loss": "cosine"}
+    committed: list[tuple[int, int]] = []  # (experiment, epoch) of each resume checkpoint written
+    real_upsert = runner._upsert_checkpoint
+
+    def upsert(session, experiment_id, kind, epoch, art):
+        if kind == "resume":
+            committed.append((experiment_id, epoch))
+        return real_upsert(session, experiment_id, kind, epoch, art)
+
+    monkeypatch.setattr(runner, "_upsert_checkpoint", upsert)
+    with session_scope(factory) as session:
+        every, held = (create_experiment(session, ExperimentCreate(**spec)).id for _ in range(2))
+    each = settings.model_copy(update={"epoch_commit_seconds": 0.0})
+    assert runner.train_experiment(every, factory, each) == "succeeded"
+    assert [e for i, e in committed if i == every] == [1, 2, 3, 4, 5]
+
+    # Held for an hour: epoch 2 is made to commit (as if a second had passed), epochs 3 and 4
+    # are held when the database goes away.
+    hour = settings.model_copy(update={"epoch_commit_seconds": 3600.0})
+    real_end = runner.DatabaseRecorder.on_epoch_end
+    lost: list[int] = []
+
+    def on_epoch_end(self, metrics, run):
+        if metrics.epoch == 2:
+            self.last_commit = float("-inf")
+        stop = real_end(self, metrics, run)
+        if metrics.epoch == 4 and not lost:
+            lost.append(4)
+            raise sqlalchemy.exc.OperationalError("INSERT INTO epoch_metrics", {}, Exception("server closed the connection"))
+        return stop
+
+    monkeypatch.setattr(runner.DatabaseRecorder, "on_epoch_end", on_epoch_end)
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        runner.train_experiment(held, factory, hour)
+    assert [e for i, e in committed if i == held] == [2]
+    assert [r[0] for r in _run_rows(factory, held)] == [1, 2]
+    with factory() as session:
+        row = session.get(Experiment, held)
+        assert (row.status, row.current_epoch) == ("running", 2)
+    assert runner.train_experiment(held, factory, hour) == "succeeded"  # the redelivery, from epoch 2
+    assert [e for i, e in committed if i == held] == [2, 5]  # epochs 3 and 4 held, 5 the last
+    assert _run_rows(factory, held) == _run_rows(factory, every)
+    with factory() as session:
+        a, b = session.get(Experiment, every), session.get(Experiment, held)
+        assert (b.current_epoch, b.best_epoch, b.test_accuracy) == (a.current_epoch, a.best_epoch, a.test_accuracy)
+        assert b.train_seconds > 0
+
+
+def test_a_run_that_fails_with_epochs_held_records_them_as_a_run_committing_each_epoch(factory):
+    """A run the guard fails (Gaussian-COREL at lam 0.3 diverges) ends failed with every epoch
+    it trained on record, the one it failed at among them, whether its epochs were held or
+    committed each."""
+    factory, settings = factory
+    spec = {**SPEC, "epochs": 10, "loss": "gaussian", "lam": 0.3}
+    with session_scope(factory) as session:
+        every, held = (create_experiment(session, ExperimentCreate(**spec)).id for _ in range(2))
+    assert runner.train_experiment(every, factory, settings.model_copy(update={"epoch_commit_seconds": 0.0})) == "failed"
+    assert runner.train_experiment(held, factory, settings.model_copy(update={"epoch_commit_seconds": 3600.0})) == "failed"
+    rows = _run_rows(factory, held)
+    assert rows == _run_rows(factory, every) and 1 <= len(rows) < 10
+    with factory() as session:
+        a, b = session.get(Experiment, every), session.get(Experiment, held)
+        assert b.current_epoch == a.current_epoch == rows[-1][0] and b.error == a.error
+
+
+def test_a_stopping_worker_commits_the_epochs_it_holds_before_it_hands_the_run_back(factory, monkeypatch):
+    """A worker told to stop hands its run back at the next epoch's end with every epoch it
+    trained recorded, the held ones too, and its checkpoint at that epoch: the next worker
+    trains on from there, each epoch once, to the figures of a run without a break."""
+    factory, settings = factory
+    spec = {**SPEC, "epochs": 5, "loss": "cosine"}
+    with session_scope(factory) as session:
+        every, held = (create_experiment(session, ExperimentCreate(**spec)).id for _ in range(2))
+    assert runner.train_experiment(every, factory, settings.model_copy(update={"epoch_commit_seconds": 0.0})) == "succeeded"
+    hour = settings.model_copy(update={"epoch_commit_seconds": 3600.0})
+    real_end = runner.DatabaseRecorder.on_epoch_end
+
+    def on_epoch_end(self, metrics, run):
+        if metrics.epoch == 3:
+            runner.STOPPING.set()  # SIGTERM's warm shutdown, as the epoch ends
+        return real_end(self, metrics, run)
+
+    monkeypatch.setattr(runner.DatabaseRecorder, "on_epoch_end", on_epoch_end)
+    try:
+        assert runner.train_experiment(held, factory, hour) == runner.HANDED_BACK
+    finally:
+        runner.STOPPING.clear()
+    with factory() as session:
+        row = session.get(Experiment, held)
+        assert (row.status, row.current_epoch) == ("queued", 3)
+    assert [r[0] for r in _run_rows(factory, held)] == [1, 2, 3]
+    assert runner.train_experiment(held, factory, hour) == "succeeded"
+    assert _run_rows(factory, held) == _run_rows(factory, every)

@@ -19,7 +19,10 @@ def test_killed_worker_resumes_with_the_same_result(settings, workers, tmp_path)
     ends exactly where an uninterrupted run with the same seed ends."""
     spec = {**FASHION, "train_subset": 8_000, "epochs": 6, "seed": 7, "loss": "center", "lam": 0.1}
     # No other worker must take this one: a queue and database of its own, a private worker.
-    with own_stack(settings, tmp_path / "var") as (own, client):
+    # Each epoch commits (COREL_EPOCH_COMMIT_SECONDS=0), so that the kill lands between epochs
+    # 2 and 6: held for a second, epochs this short commit two or three at a time and the run
+    # may end before the kill. (A run lost with epochs held: tests/worker/test_runner.py.)
+    with own_stack(settings.model_copy(update={"epoch_commit_seconds": 0.0}), tmp_path / "var") as (own, client):
         mine = workers.start(own)
         eid = client.post("/experiments", json=spec).json()["id"]
         wait_for(client, eid, lambda b: b["current_epoch"] >= 2, workers=workers)

@@ -26,8 +26,12 @@ def test_a_stopping_worker_hands_its_run_back_and_the_next_one_takes_it_at_once(
     (tmp_path / "var").mkdir()
     with own_database(settings, tmp_path / "var") as base:
         # A lease far longer than the test: only a hand-back lets the next worker in quickly.
+        # Each epoch commits (COREL_EPOCH_COMMIT_SECONDS=0): the stop lands between epochs 2 and
+        # 10, where epochs held a second each may all be trained before it (a hand-back with
+        # epochs held: tests/worker/test_runner.py).
         own = base.model_copy(update={"lease_seconds": 120.0, "requeue_after_seconds": 120.0,
-                                      "requeue_max_seconds": 240.0, "heartbeat_seconds": 1.0})
+                                      "requeue_max_seconds": 240.0, "heartbeat_seconds": 1.0,
+                                      "epoch_commit_seconds": 0.0})
         pool = Workers(own, tmp_path)
         try:
             first = pool.start(own)

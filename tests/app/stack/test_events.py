@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from sqlalchemy import update
+from sqlalchemy import text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 import app.jobs.events as events_module
@@ -197,11 +197,19 @@ def finished_run(live: tuple[str, Any]) -> int:
     return experiment_id
 
 
-def test_two_clients_get_every_epoch_once_in_order_then_the_terminal_status(live) -> None:
+def test_two_clients_get_every_epoch_once_in_order_then_the_terminal_status(live, pg_factory) -> None:
     url, _ = live
-    experiment_id = submit(url)
-    path = f"/experiments/{experiment_id}/events"
-    readers = [Reader(url, path), Reader(url, path)]
+    # Both clients connect before the run ends: its first commit of epochs (the worker holds
+    # a second's epochs, and these runs train in less) waits on this lock until they have
+    # their first event. A client that connects later is sent the terminal status first.
+    with pg_factory() as session:
+        session.execute(text("LOCK TABLE epoch_metrics IN EXCLUSIVE MODE"))
+        experiment_id = submit(url)
+        path = f"/experiments/{experiment_id}/events"
+        readers = [Reader(url, path), Reader(url, path)]
+        for reader in readers:
+            reader.wait_for(lambda events: bool(of(events, "status")), limit=60)
+        session.rollback()
     results = [r.join(240) for r in readers]
     metrics = httpx.get(f"{url}/experiments/{experiment_id}/metrics").json()["items"]
     assert [m["epoch"] for m in metrics] == list(range(1, EPOCHS + 1))
