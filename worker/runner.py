@@ -56,6 +56,7 @@ from corel.train import (
     GroupCallback,
     GroupView,
     NotLearningError,
+    Prune,
     RunView,
     checkpoint_from_bytes,
     checkpoint_to_bytes,
@@ -604,14 +605,15 @@ def _train_claimed(job: Claimed, factory: sessionmaker[Session], settings: Setti
         setup.stop()
 
 
-def _flush_failed(recorder: DatabaseRecorder) -> None:
+def _flush_failed(recorder: DatabaseRecorder | GroupRecorder) -> None:
     """A failed run's held epochs (the one the guard failed it at among them), recorded
     as every epoch was before it failed; a flush that fails too leaves them out."""
     try:
         recorder.flush()
     except Exception as exc:
         log.warning("a failed run's last epochs not recorded",
-                    extra={"experiment": recorder.experiment_id, "error": str(exc)[:200]})
+                    extra={"experiments": getattr(recorder, "ids", [getattr(recorder, "experiment_id", None)]),
+                           "error": str(exc)[:200]})
 
 
 def train_experiment(experiment_id: int, factory: sessionmaker[Session], settings: Settings) -> str:
@@ -633,13 +635,14 @@ def train_experiment(experiment_id: int, factory: sessionmaker[Session], setting
 
 
 class GroupRecorder(GroupCallback):
-    """Like DatabaseRecorder, for a stacked group: one transaction per epoch holds every
-    member's metrics and resumable checkpoint. A cancelled member is marked cancelled at
-    the next epoch's end (its computation rides along until then; that epoch is recorded,
-    and its best checkpoint kept), a member the sweep's pruning drops ends pruned
-    (:meth:`on_prune`), a member that
-    ``fit_group``'s guard found not learning (``group.failed``) failed, with its verdict;
-    the group stops when no member is left."""
+    """Like DatabaseRecorder, for a stacked group: one transaction holds every member's
+    epochs (metrics and resumable checkpoint) since the last, at most every
+    ``settings.epoch_commit_seconds`` (the last epoch, a rung of a pruned sweep, a member's
+    cancel or failure and a hand-back commit at once). A cancelled member is marked
+    cancelled at the next commit (its computation rides along until then; its epochs are
+    recorded, and its best checkpoint kept), a member the sweep's pruning drops ends pruned
+    (:meth:`on_prune`), a member that ``fit_group``'s guard found not learning
+    (``group.failed``) failed, with its verdict; the group stops when no member is left."""
 
     def __init__(self, ids: list[int], factory: sessionmaker[Session], settings: Settings,
                  setup: LeaseKeeper | None = None):
@@ -648,15 +651,22 @@ class GroupRecorder(GroupCallback):
         self.factory = factory
         self.settings = settings
         self.heartbeat_every = settings.heartbeat_seconds
-        self.last_beat = time.monotonic()
+        self.commit_every = settings.epoch_commit_seconds
+        self.last_beat = self.last_commit = time.monotonic()
         self.setup = setup
         self.pruned: set[int] = set()
+        self.rungs: set[int] = set()  # epochs a pruned sweep judges its members at
+        self.held: list[dict[int, EpochMetrics]] = []  # each epoch since the last commit, by member
+        self.group: GroupView | None = None
+        self.mid_epoch = False
+        self.cancel_seen = False  # a heartbeat found a member cancelled
 
     def _cancelled(self, session: Session) -> set[int]:
         return set(session.scalars(select(Experiment.id).where(
             Experiment.id.in_(self.active), Experiment.cancel_requested.is_(True))))
 
     def on_batch_end(self, step: int) -> bool:
+        self.mid_epoch = True
         if self.setup is not None:
             self.setup.first_batch()
             self.setup = None
@@ -666,47 +676,73 @@ class GroupRecorder(GroupCallback):
             lifecycle.heartbeat_many(session, self.active)
             cancelled = self._cancelled(session)
         self.last_beat = time.monotonic()
+        self.cancel_seen = bool(cancelled)
         return bool(self.active) and cancelled == self.active
 
     def on_epoch_end(self, metrics: list[EpochMetrics], group: GroupView) -> bool:
-        recorded = 0
+        self.group, self.mid_epoch = group, False
+        self.held.append({eid: metrics[i] for i, eid in enumerate(self.ids) if eid in self.active})
+        METRICS.epoch_done(metrics[0].seconds, len(group.data.y_train), members=len(self.held[-1]))
+        epoch = metrics[0].epoch
+        last = epoch >= group.specs[0].epochs
+        hand_back = STOPPING.is_set() and bool(self.active) and not last
+        verdict = any(self.ids[i] in self.active for i in group.failed)
+        if (last or hand_back or verdict or self.cancel_seen or epoch in self.rungs
+                or time.monotonic() - self.last_commit >= self.commit_every):
+            self.flush()
+        if hand_back:
+            raise HandBack
+        return not self.active
+
+    def flush(self, end: bool = True) -> None:
+        """Commit the epochs held since the last commit: each member's rows, figures and (where
+        the group stands at an epoch's end) resume checkpoint, in one transaction; a member
+        the guard failed ends failed, and with ``end`` one cancelled meanwhile ends cancelled
+        (``end=False``: the group has stopped, and train_group ends them)."""
+        group = self.group
+        if not self.held or group is None:
+            return
         ended: list[str] = []
         # Every active member's checkpoint into the store first, outside the transaction
         # (one cancelled meanwhile leaves an orphan, which gc removes).
         members = [(i, eid) for i, eid in enumerate(self.ids) if eid in self.active]
-        arts = store_leased(self.factory, self.settings, [eid for _, eid in members],
-                            [checkpoint_to_bytes(group.member_run(i).checkpoint()) for i, _ in members])
-        stored = {eid: art for (_, eid), art in zip(members, arts, strict=True)}
-        # A member cancelled meanwhile leaves now, this epoch recorded: its best checkpoint
+        arts = [] if self.mid_epoch else store_leased(
+            self.factory, self.settings, [eid for _, eid in members],
+            [checkpoint_to_bytes(group.member_run(i).checkpoint()) for i, _ in members])
+        stored = {eid: art for (_, eid), art in zip(members, arts, strict=False)}
+        # A member cancelled meanwhile leaves now, its epochs recorded: its best checkpoint
         # so far too, so that it serves what it learned (as a solo run cancelled between
         # batches does).
-        with session_scope(self.factory) as session:
-            cancelled = self._cancelled(session)  # one cancelled after this read leaves next epoch
+        cancelled: set[int] = set()
+        if end:
+            with session_scope(self.factory) as session:
+                cancelled = self._cancelled(session)  # one cancelled after this read leaves next commit
         keep = [(i, eid) for i, eid in members if eid in cancelled and group.member_run(i).best_epoch >= 1]
         best_arts = store_leased(self.factory, self.settings, [eid for _, eid in keep],
                                  [checkpoint_to_bytes(group.member_run(i).best_checkpoint())
                                   for i, _ in keep]) if keep else []
         best = {eid: (group.member_run(i).best_epoch, art) for (i, eid), art in zip(keep, best_arts, strict=True)}
         with session_scope(self.factory) as session:
-            lifecycle.announce(session, Experiment, self.active)  # every member this epoch may touch
-            for i, experiment_id in enumerate(self.ids):
-                if experiment_id not in self.active:
+            lifecycle.announce(session, Experiment, self.active)  # every member this commit may touch
+            for i, experiment_id in members:
+                epochs = [h[experiment_id] for h in self.held if experiment_id in h]
+                if not epochs:
                     continue
-                m, run = metrics[i], group.member_run(i)
+                m, run = epochs[-1], group.member_run(i)
                 mine = lifecycle.heartbeat(
                     session, experiment_id, current_epoch=m.epoch, device=device_name(group.device),
                     precision=group.precision, features=features_record(group.data.preprocessing,
                                                                             group.data.features_source),
                     best_epoch=run.best_epoch,
                     best_val_accuracy=run.best_val_accuracy, test_accuracy=run.test_accuracy,
-                    train_seconds=Experiment.train_seconds + m.seconds)
+                    train_seconds=Experiment.train_seconds + sum(e.seconds for e in epochs))
                 if not mine:
                     self.active.discard(experiment_id)  # taken over elsewhere
                     continue
-                session.add(EpochMetric(experiment_id=experiment_id, **m.to_dict()))
-                _upsert_checkpoint(session, experiment_id, "resume", m.epoch, stored[experiment_id])
-                recorded += 1
-                if experiment_id in cancelled:  # this epoch recorded, with its best so far
+                session.add_all([EpochMetric(experiment_id=experiment_id, **e.to_dict()) for e in epochs])
+                if experiment_id in stored:
+                    _upsert_checkpoint(session, experiment_id, "resume", m.epoch, stored[experiment_id])
+                if experiment_id in cancelled:  # its epochs recorded, with its best so far
                     if experiment_id in best:
                         _upsert_checkpoint(session, experiment_id, "best", *best[experiment_id])
                     lifecycle.end(session, experiment_id, Status.CANCELLED)
@@ -719,14 +755,11 @@ class GroupRecorder(GroupCallback):
                                   error=f"{NotLearningError.__name__}: {verdict}")
                     ended.append(Status.FAILED)
                     self.active.discard(experiment_id)
-        if recorded:
-            METRICS.epoch_done(metrics[0].seconds, len(group.data.y_train), members=recorded)
         for status in ended:
             METRICS.experiment_finished(status)
-        self.last_beat = time.monotonic()
-        if STOPPING.is_set() and self.active and metrics[0].epoch < group.specs[0].epochs:
-            raise HandBack
-        return not self.active
+        self.held = []
+        self.cancel_seen = False
+        self.last_beat = self.last_commit = time.monotonic()
 
     def on_prune(self, group: GroupView, kept: list[int], why: dict[int, str], rung: int) -> None:
         """Members the sweep's successive halving drops at this rung: their best checkpoints
@@ -790,6 +823,17 @@ def _sweep_prune(factory: sessionmaker[Session], experiment_id: int) -> dict[str
                               .where(Experiment.id == experiment_id))
 
 
+def _rungs(prune: dict[str, Any] | None, epochs: int) -> set[int]:
+    """The epochs a pruned sweep's group is judged at (every epoch if its settings do not
+    parse here: fit_group then says why)."""
+    if not prune:
+        return set()
+    try:
+        return set(Prune.of(prune, epochs, 2).rungs(epochs))
+    except ValueError:
+        return set(range(1, epochs + 1))
+
+
 def _rung_judged(factory: sessionmaker[Session], experiment_id: int, epoch: int) -> bool:
     """Whether the experiment's sweep recorded a member pruned at ``epoch``: a group that
     resumes there resumes the survivors of a rung already judged, and does not judge it
@@ -841,11 +885,13 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
         prepare_data(members, jobs[0].spec.dataset, factory, settings)
         checkpoints = None if epochs == {0} else [job.checkpoint for job in jobs if job.checkpoint]
         prune = _sweep_prune(factory, members[0])
+        recorder.rungs = _rungs(prune, jobs[0].spec.epochs)
         judged = bool(prune and checkpoints and _rung_judged(factory, members[0], next(iter(epochs))))
         results = fit_group([job.spec for job in jobs], [recorder], checkpoints=checkpoints,
                             device=settings.device, chance_epochs=settings.chance_epochs,
                             data_dir=builtin.data_dir_for(settings, jobs[0].spec.dataset),
                             options=setup.options(settings), prune=prune, rung_judged=judged)
+        recorder.flush(end=False)  # epochs held when every member's cancel stopped it between batches
     except HandBack:
         going = sorted(recorder.active)
         hand_back(factory, going)
@@ -860,6 +906,7 @@ def train_group(ids: list[int], factory: sessionmaker[Session], settings: Settin
     except Exception as exc:
         if is_transient(exc):
             raise
+        _flush_failed(recorder)
         for experiment_id in recorder.active:
             outcome[experiment_id] = _fail(factory, experiment_id, exc)
         return outcome

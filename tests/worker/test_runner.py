@@ -344,3 +344,57 @@ def test_a_stopping_worker_commits_the_epochs_it_holds_before_it_hands_the_run_b
     assert [r[0] for r in _run_rows(factory, held)] == [1, 2, 3]
     assert runner.train_experiment(held, factory, hour) == "succeeded"
     assert _run_rows(factory, held) == _run_rows(factory, every)
+
+
+def test_a_stacked_group_s_epochs_commit_together_and_at_its_sweep_s_rungs(factory, monkeypatch):
+    """A stacked group holds its members' epochs as a run does: held for an hour, a group
+    commits at its last epoch, and a pruned sweep's group at its rungs too (a group resumed
+    there is judged where the uninterrupted one was); the members' rows, states and results
+    are those of the same sweep committing every epoch."""
+    from app.core.schemas.sweeps import SweepCreate
+    from app.services.sweeps import create_sweep
+
+    factory, settings = factory
+    committed: list[tuple[int, int]] = []
+    real_upsert = runner._upsert_checkpoint
+
+    def upsert(session, experiment_id, kind, epoch, art):
+        if kind == "resume":
+            committed.append((experiment_id, epoch))
+        return real_upsert(session, experiment_id, kind, epoch, art)
+
+    monkeypatch.setattr(runner, "_upsert_checkpoint", upsert)
+    base = {**SPEC, "epochs": 6, "loss": "cosine"}
+    lams = [0.1, 0.3, 0.5, 0.7, 0.85, 0.95]
+    prune = {"metric": "val_accuracy", "eta": 3, "min_epochs": 2}
+    sweeps = {}
+    for every in (True, False):
+        for pruned in (False, True):
+            with session_scope(factory) as session:
+                body = SweepCreate(base=base, grid={"lam": lams}, prune=prune if pruned else None)
+                _, (ids,) = create_sweep(session, body, 64, 64, settings)
+            commit = settings.model_copy(update={"epoch_commit_seconds": 0.0 if every else 3600.0})
+            runner.train_group(ids, factory, commit)
+            sweeps[every, pruned] = ids
+    for pruned in (False, True):
+        held, each = sweeps[False, pruned], sweeps[True, pruned]
+        with factory() as session:
+            got = [session.get(Experiment, i) for i in held]
+            want = [session.get(Experiment, i) for i in each]
+            assert [(r.status, r.current_epoch, r.best_epoch, r.test_accuracy, r.pruned) for r in got] == [
+                (r.status, r.current_epoch, r.best_epoch, r.test_accuracy, r.pruned) for r in want]
+        for a, b in zip(held, each, strict=True):
+            assert _run_rows(factory, a) == _run_rows(factory, b)
+        # Held: the survivors commit at rung 2 and at the last epoch; those pruned at 2 only.
+        epochs = {i: [e for j, e in committed if j == i] for i in held}
+        with factory() as session:
+            status = {i: session.get(Experiment, i).status for i in held}
+        if pruned:
+            assert {tuple(epochs[i]) for i in held if status[i] == "pruned"} == {(2,)}
+            assert {tuple(epochs[i]) for i in held if status[i] == "succeeded"} == {(2, 6)}
+            assert "succeeded" in status.values() and "pruned" in status.values()
+        else:
+            assert {tuple(epochs[i]) for i in held} == {(6,)} and set(status.values()) == {"succeeded"}
+        with factory() as session:
+            for i in each:  # committing every epoch, as before
+                assert [e for j, e in committed if j == i] == list(range(1, session.get(Experiment, i).current_epoch + 1))
