@@ -234,6 +234,20 @@ def test_a_pruned_group_lost_between_an_epoch_and_its_rung_is_judged_there_when_
             ("succeeded", None) if w.pruned is None else ("pruned", w.pruned["rung"]) for w in whole], outcome
 
 
+def _resume_commits(monkeypatch) -> list[tuple[int, int]]:
+    """(experiment, epoch) of each resume checkpoint the runner writes from now on."""
+    committed: list[tuple[int, int]] = []
+    real_upsert = runner._upsert_checkpoint
+
+    def upsert(session, experiment_id, kind, epoch, art):
+        if kind == "resume":
+            committed.append((experiment_id, epoch))
+        return real_upsert(session, experiment_id, kind, epoch, art)
+
+    monkeypatch.setattr(runner, "_upsert_checkpoint", upsert)
+    return committed
+
+
 def _run_rows(factory, eid: int) -> list[tuple]:
     from app.core.models import EpochMetric
 
@@ -252,15 +266,7 @@ def test_short_epochs_commit_together_and_a_run_lost_with_epochs_held_resumes_fr
 
     factory, settings = factory
     spec = {**SPEC, "epochs": 5, "loss": "cosine"}
-    committed: list[tuple[int, int]] = []  # (experiment, epoch) of each resume checkpoint written
-    real_upsert = runner._upsert_checkpoint
-
-    def upsert(session, experiment_id, kind, epoch, art):
-        if kind == "resume":
-            committed.append((experiment_id, epoch))
-        return real_upsert(session, experiment_id, kind, epoch, art)
-
-    monkeypatch.setattr(runner, "_upsert_checkpoint", upsert)
+    committed = _resume_commits(monkeypatch)
     with session_scope(factory) as session:
         every, held = (create_experiment(session, ExperimentCreate(**spec)).id for _ in range(2))
     each = settings.model_copy(update={"epoch_commit_seconds": 0.0})
@@ -355,15 +361,7 @@ def test_a_stacked_group_s_epochs_commit_together_and_at_its_sweep_s_rungs(facto
     from app.services.sweeps import create_sweep
 
     factory, settings = factory
-    committed: list[tuple[int, int]] = []
-    real_upsert = runner._upsert_checkpoint
-
-    def upsert(session, experiment_id, kind, epoch, art):
-        if kind == "resume":
-            committed.append((experiment_id, epoch))
-        return real_upsert(session, experiment_id, kind, epoch, art)
-
-    monkeypatch.setattr(runner, "_upsert_checkpoint", upsert)
+    committed = _resume_commits(monkeypatch)
     base = {**SPEC, "epochs": 6, "loss": "cosine"}
     lams = [0.1, 0.3, 0.5, 0.7, 0.85, 0.95]
     prune = {"metric": "val_accuracy", "eta": 3, "min_epochs": 2}
