@@ -368,18 +368,42 @@ def launch(args: argparse.Namespace) -> None:
         others = sorted(p.name for p in Path(args.state).glob("*.pt") if p.name not in ours)
         if others:  # e.g. saved with(out) --stack-seeds: those runs would start again
             print(f"{args.state}: left alone, of no process of this launch: {', '.join(others)}", flush=True)
-    print(f"{len(todo)} runs in {len(rows)} processes at once on "
+    where = (f"{len(rows)} processes' runs one after another in this one" if args.in_process
+             else f"{len(rows)} processes at once")
+    print(f"{len(todo)} runs in {where} on "
           f"{device_name()}"
           + (f", stopping any still training after {args.stop_after:.0f} s" if stop.at else "")
           + (f", ending every run at epoch {stop.until}" if stop.until else "")
           + (f", resumable from {args.state}" if args.state else ""), flush=True)
     started = time.perf_counter()
-    wait_all([(job_name(members[0]), start_one(members[0], out, stop, args.data_dir, state_dir=args.state))
-              if len(members) == 1
-              else ("+".join(job_name(f) for f in members),
-                    start_one(members, out, stop, args.data_dir, "run-group", args.state)) for members in rows])
+    if args.in_process:
+        in_process(rows, out, stop, args.data_dir, args.state)
+    else:
+        wait_all([(job_name(members[0]), start_one(members[0], out, stop, args.data_dir, state_dir=args.state))
+                  if len(members) == 1
+                  else ("+".join(job_name(f) for f in members),
+                        start_one(members, out, stop, args.data_dir, "run-group", args.state)) for members in rows])
     print(f"all {len(todo)} runs ended after {time.perf_counter() - started:.0f} s", flush=True)
     print(table(out))
+
+
+def in_process(rows: list[list[dict[str, Any]]], out: Path, stop: Stop, data_dir: str | None,
+               state_dir: str | None) -> None:
+    """What each process of a launch runs (``run``, or ``run-group`` for a row's stacked
+    seeds), in this process, one after another, on its one thread as theirs: the runs a
+    test compares a stopped and resumed launch with, without a process a row."""
+    import torch
+
+    threads, engine = torch.get_num_threads(), options()
+    try:
+        with engine.applied():
+            for members in rows:
+                if len(members) == 1:
+                    run_one(members[0], out, stop, data_dir, state_dir, engine)
+                else:
+                    run_group(members, out, stop, data_dir, state_dir, engine)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def finals(path: Path) -> list[dict[str, Any]]:
@@ -474,6 +498,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="end every run after this epoch (of --epochs)")
     p.add_argument("--state", default=None,
                    help="a folder of the runs' resumable state: saved after each epoch, resumed from")
+    p.add_argument("--in-process", action="store_true",
+                   help="each process's runs in this one, one after another (the tests' reference runs)")
     for command, what in (("run", "one run (launch starts these)"),
                           ("run-group", "a row's seeds stacked (launch --stack-seeds starts these)")):
         p = sub.add_parser(command, help=what)

@@ -33,6 +33,14 @@ def launch(out: Path, *flags: str) -> str:
     return done.stdout
 
 
+def here(out: Path, *flags: str) -> None:
+    """The same launch's runs in this process (``--in-process``: each process's ``run`` or
+    ``run-group``, one after another): the reference, and a state to resume from, without
+    a process a row."""
+    cnn_rows.main(["launch", "--out", str(out), "--datasets", "digits", "--epochs", "5", *flags,
+                   "--in-process"])
+
+
 def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -60,7 +68,7 @@ def last_finals(path: Path) -> dict[str, dict]:
 ], ids=["stacked-seeds", "one-run-a-process"])
 def test_stopped_rows_resume_to_the_uninterrupted_result(tmp_path, layout):
     straight, broken, state = tmp_path / "straight.jsonl", tmp_path / "broken.jsonl", tmp_path / "state"
-    launch(straight, *layout)
+    here(straight, *layout)  # without a break (the processes' own code, in this one)
     first = launch(broken, *layout, "--until-epoch", "2", "--state", str(state))
     assert "ending every run at epoch 2" in first
     saved = sorted(p.name for p in state.iterdir())
@@ -103,8 +111,8 @@ def test_state_of_another_layout_is_named_not_used(tmp_path):
     """A state saved with --stack-seeds is not that of one-run processes: the launch says
     which files it leaves alone, and those runs start from the beginning."""
     state = tmp_path / "state"
-    launch(tmp_path / "a.jsonl", "--losses", "cce", "--seeds", "0", "1", "--stack-seeds",
-           "--until-epoch", "1", "--state", str(state))
+    here(tmp_path / "a.jsonl", "--losses", "cce", "--seeds", "0", "1", "--stack-seeds",
+         "--until-epoch", "1", "--state", str(state))
     out = launch(tmp_path / "b.jsonl", "--losses", "cce", "--seeds", "0", "1",
                  "--until-epoch", "1", "--state", str(state))
     assert "left alone, of no process of this launch: digits_cnn_cce_seed0_fp32_digits_cnn_cce_seed1_fp32.pt" in out
