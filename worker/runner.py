@@ -2,9 +2,10 @@
 
 A run is *claimed* (app/jobs/lifecycle.py) with one conditional UPDATE (queued, or running with a stale
 heartbeat), so duplicate deliveries are harmless: only one worker trains an
-experiment at a time. After every epoch, the epoch's metrics and the resumable
-checkpoint are written in one transaction; a redelivered run continues from
-that checkpoint and ends exactly as an uninterrupted one would.
+experiment at a time. The epochs' metrics and the resumable checkpoint of the last
+are written in one transaction, after every epoch or, for epochs shorter than
+``COREL_EPOCH_COMMIT_SECONDS``, after those that end within it; a redelivered run
+continues from that checkpoint and ends exactly as an uninterrupted one would.
 """
 
 from __future__ import annotations
