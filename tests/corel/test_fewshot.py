@@ -509,3 +509,55 @@ def test_a_member_whose_class_vectors_decay_trains_alone_and_the_others_still_st
     assert group_key(ExperimentSpec(dataset="digits", loss="cce", fewshot={**draw, "l2": 0.0})) is not None
     with pytest.raises(ValueError, match="l2"):
         ExperimentSpec(dataset="digits", loss="cce", fewshot={**draw, "l2": -1.0})
+
+
+def test_setfit_s_schedule_draws_each_shot_once_a_pass_and_warms_up_then_decays():
+    from corel.fewshot import minibatches, warmup_linear
+
+    steps = minibatches(10, 4, 6, seed=3)
+    assert [len(idx) for idx in steps] == [4] * 6
+    flat = torch.cat(steps).tolist()  # 24 rows: two whole passes over the 10, then 4 of a third
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
+    assert len(set(flat[20:])) == 4
+    assert [i.tolist() for i in minibatches(10, 4, 6, seed=3)] == [i.tolist() for i in steps]  # by seed
+    assert [i.tolist() for i in minibatches(10, 4, 6, seed=4)] != [i.tolist() for i in steps]
+    assert all(i.tolist() == list(range(10)) for i in minibatches(10, None, 3, seed=3))
+    assert all(i.tolist() == list(range(10)) for i in minibatches(10, 16, 3, seed=3))
+    # 20 steps, 2 of warm-up: 0.5, 1, then down by 1/18 a step to 1/18 at the last.
+    factor = warmup_linear(20, 0.1)
+    assert [factor(i) for i in (0, 1, 2, 19)] == pytest.approx([0.5, 1.0, 1.0, 1 / 18])
+    assert all(factor(i) > factor(i + 1) for i in range(2, 19))
+    assert warmup_linear(20, None)(7) == 1.0
+
+
+@KERNELS
+def test_a_fine_tune_on_setfit_s_schedule_is_reproducible_and_its_full_batch_form_is_adam_s(topics):
+    """The schedule trains (the figures move from the untrained ones), reproduces itself by
+    seed, and a batch holding every shot with no warm-up left is the full-batch run."""
+    from corel.fewshot import TuneSettings, finetune_fewshot
+
+    texts, y, folder = topics
+    rows = draw_splits(y, shots=(4,), splits=2, seed=1)
+
+    def run(**fields):
+        settings = TuneSettings(blocks=1, steps=20, encoder_lr=1e-2, **fields)
+        return [r.accuracy for r in finetune_fewshot(texts, y, rows, [4], encoder="sentence-transformers",
+                                                      encoder_path=folder, settings=settings)]
+
+    scheduled = run(batch=4, warmup=0.1)
+    assert scheduled == run(batch=4, warmup=0.1)
+    untrained = finetune_fewshot(texts, y, rows, [4], encoder="sentence-transformers", encoder_path=folder,
+                                 settings=TuneSettings(blocks=1, steps=0))
+    assert scheduled != [r.accuracy for r in untrained]
+    assert run(batch=12) == run()  # 3 classes x 4 shots: every shot every step, Adam as before
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"batch": 0}, "batch must be at least 1 (or None: every shot every step); got 0"),
+    ({"warmup": 1.0}, "warmup must be a fraction of the steps, at least 0 and under 1"),
+])
+def test_a_bad_schedule_says_what_is_allowed(fields, words):
+    from corel.fewshot import TuneSettings
+
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        TuneSettings(**fields)
