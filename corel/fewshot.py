@@ -546,18 +546,11 @@ def warmup_linear(steps: int, warmup: float | None) -> Callable[[int], float]:
 def _scheduled_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, head: LossHead,
                      optimizer: torch.optim.Optimizer, settings: TuneSettings, seed: int) -> None:
     """``settings.steps`` steps on mini-batches of the shots (:func:`minibatches`) with the rates
-    scheduled (:func:`warmup_linear`); each step's class means and ``after_batch`` on its rows."""
+    scheduled (:func:`warmup_linear`): each one :func:`_train_steps` step on its rows."""
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(settings.steps, settings.warmup))
     for idx in minibatches(len(x), settings.batch, settings.steps, seed):
-        h = model(x[idx])
-        if head.uses_class_means:
-            head.set_class_means(h.detach(), y[idx])
-        value = head(h, y[idx])
-        optimizer.zero_grad(set_to_none=True)
-        value.backward()
-        optimizer.step()
+        _train_steps(functools.partial(model, x[idx]), head, y[idx], optimizer, 1)
         schedule.step()
-        head.after_batch(h.detach(), y[idx])
 
 
 def finetune_fewshot(texts: Sequence[str], y: Any, rows: Splits, shots: Sequence[int], *,
