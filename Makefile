@@ -43,7 +43,7 @@ lint: $(STAMP)
 # The library's numeric tests (marked `kernels`: their figures come out of torch's or MKL's
 # kernels) once more on other kernels than this CPU's own: torch's non-vectorised ones and
 # MKL's reproducible path, so that a test that holds only on one CPU's rounding fails here,
-# not on the next machine. It runs beside the main pass, once the open pass has ended (below).
+# not on the next machine. It runs beside the main pass, at a low priority (below).
 KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 
 #
@@ -61,14 +61,16 @@ DURATIONS := --durations=25
 # `make serve` starts in, the tests that set up their own authentication and the API's own
 # tests (no worker) once more. It runs beside the main pass, on Redis databases of its own
 # (14, 15; the main pass has 12, 13): alone it left the cores idle a third of its time (the
-# schemathesis runs: a fuzzer and a server taking turns). When it ends, the kernel pass runs
-# in its place, mypy (one process, about 100 s from an empty cache) beside it: the main pass's
-# second half, two test processes waiting on workers and servers, left the cores 15-35 %
-# idle. Then the library pass: tests/corel on this CPU's own kernels, which need no service
-# (the main pass leaves them out): they filled the cores the main pass's waits left idle
-# (on the AVX2-only EPYC, make test 22 min 27 s -> 19 min 13 s). The lane's output is in
-# build/open-pass.log, build/kernel-pass.log and build/library-pass.log, shown when the
-# main pass ends.
+# schemathesis runs: a fuzzer and a server taking turns).
+# The library's lane starts with them, at the lowest CPU priority (LANE_NICE): the kernel pass
+# with mypy beside it (one process, about 100 s from an empty cache), then the library pass
+# (tests/corel on this CPU's own kernels; the main pass leaves them out). Neither needs a
+# service nor times anything: they are the work that can wait, and they take the cores the
+# main pass's waits leave idle (its two test processes waiting on workers, servers and the
+# browser kept a 2-core machine 1.2 cores busy alone), so that the main pass, the longest,
+# runs at nearly its own pace. The lane's output is in build/open-pass.log,
+# build/kernel-pass.log and build/library-pass.log, shown when the main pass ends.
+LANE_NICE := 19
 OPEN := COREL_TEST_OPEN_MODE=1 COREL_TEST_REDIS_URL=redis://127.0.0.1:6379/13
 OPEN_LOG := build/open-pass.log
 KERNEL_LOG := build/kernel-pass.log
@@ -76,19 +78,18 @@ LIBRARY_LOG := build/library-pass.log
 test: $(STAMP) $(NATIVE)
 	$(BIN)/ruff check corel app worker tests bench harness
 	@mkdir -p build
-	{ $(OPEN) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not serial" tests/app \
-		> $(OPEN_LOG) 2>&1; open=$$?; \
-	  { $(BIN)/mypy & mypy=$$!; \
+	nice -n $(LANE_NICE) sh -c '{ $(BIN)/mypy & mypy=$$!; \
 	    $(KERNELS) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m kernels tests/corel; \
 	    kernels=$$?; wait $$mypy && [ $$kernels -eq 0 ]; } > $(KERNEL_LOG) 2>&1; lane=$$?; \
 	  $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not serial" tests/corel \
-		> $(LIBRARY_LOG) 2>&1; library=$$?; \
-	  [ $$open -eq 0 ] && [ $$lane -eq 0 ] && [ $$library -eq 0 ]; } & beside=$$!; \
+	    > $(LIBRARY_LOG) 2>&1; library=$$?; [ $$lane -eq 0 ] && [ $$library -eq 0 ]' & lane=$$!; \
+	$(OPEN) $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) -m "not serial" tests/app \
+		> $(OPEN_LOG) 2>&1 & open=$$!; \
 	$(BIN)/python -m pytest -q $(XDIST) $(DURATIONS) -m "not serial" --ignore=tests/corel; main=$$?; \
-	wait $$beside; beside=$$?; echo "--- the open pass ($(OPEN_LOG)):"; cat $(OPEN_LOG); \
+	wait $$open; open=$$?; wait $$lane; lane=$$?; echo "--- the open pass ($(OPEN_LOG)):"; cat $(OPEN_LOG); \
 	echo "--- the kernel pass and mypy ($(KERNEL_LOG)):"; cat $(KERNEL_LOG); \
 	echo "--- the library pass ($(LIBRARY_LOG)):"; cat $(LIBRARY_LOG); \
-	[ $$main -eq 0 ] && [ $$beside -eq 0 ]
+	[ $$main -eq 0 ] && [ $$open -eq 0 ] && [ $$lane -eq 0 ]
 	$(BIN)/python -m pytest -q $(DURATIONS) -m serial tests/app/processes
 
 # The edit loop's pass: ruff, then the tests that need no worker or browser (the library's,
