@@ -68,8 +68,9 @@ DURATIONS := --durations=25
 # service nor times anything: they are the work that can wait, and they take the cores the
 # main pass's waits leave idle (its two test processes waiting on workers, servers and the
 # browser kept a 2-core machine 1.2 cores busy alone), so that the main pass, the longest,
-# runs at nearly its own pace. The lane's output is in build/open-pass.log,
-# build/kernel-pass.log and build/library-pass.log, shown when the main pass ends.
+# runs at nearly its own pace. The open pass's and the lane's output is in build/open-pass.log,
+# build/kernel-pass.log and build/library-pass.log, shown once the main pass, the open pass
+# and the lane have all ended.
 LANE_NICE := 19
 OPEN := COREL_TEST_OPEN_MODE=1 COREL_TEST_REDIS_URL=redis://127.0.0.1:6379/13
 OPEN_LOG := build/open-pass.log
