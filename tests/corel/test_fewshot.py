@@ -555,9 +555,45 @@ def test_a_fine_tune_on_setfit_s_schedule_is_reproducible_and_its_full_batch_for
 @pytest.mark.parametrize(("fields", "words"), [
     ({"batch": 0}, "batch must be at least 1 (or None: every shot every step); got 0"),
     ({"warmup": 1.0}, "warmup must be a fraction of the steps, at least 0 and under 1"),
+    ({"average": 1.0}, "average must be the fraction of the steps after which the weights are averaged"),
+    ({"average": -0.1}, "average must be the fraction of the steps after which the weights are averaged"),
 ])
 def test_a_bad_schedule_says_what_is_allowed(fields, words):
     from corel.fewshot import TuneSettings
 
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
         TuneSettings(**fields)
+
+
+@KERNELS
+def test_averaged_weights_end_as_the_mean_of_each_step_s_weights_from_that_fraction_on():
+    """``average=0.5``: the same steps as without it (the averaging moves no step), and the
+    blocks' and the head's weights end as the mean of their values after each of the last
+    half of the steps, computed here from a hook on the optimiser; float64."""
+    from corel.fewshot import TuneSettings, _scheduled_steps
+    from corel.losses import build_loss
+
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(12, 5, generator=generator, dtype=torch.float64)
+    y = torch.arange(12) % 3
+
+    def trained(average: float | None) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(5, 4).double()
+        head = build_loss("cosine", 3, 4).double()
+        params = [*model.parameters(), *head.parameters()]
+        optimizer = torch.optim.AdamW(params, lr=0.05)
+        seen: list[list[torch.Tensor]] = []
+        optimizer.register_step_post_hook(lambda *_: seen.append([p.detach().clone() for p in params]))
+        _scheduled_steps(model, x, y, head, optimizer, TuneSettings(steps=10, batch=4, warmup=0.1,
+                                                                    average=average), seed=7)
+        return [p.detach().clone() for p in params], seen
+
+    last, steps = trained(None)
+    averaged, same = trained(0.5)
+    assert all(torch.equal(a, b) for a, b in zip(last, steps[-1], strict=True))
+    assert all(torch.equal(a, b) for s, t in zip(steps, same, strict=True) for a, b in zip(s, t, strict=True))
+    for i, p in enumerate(averaged):
+        expected = torch.stack([s[i] for s in steps[5:]]).mean(0)
+        torch.testing.assert_close(p, expected, rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(p, last[i])  # the weights moved over those steps
