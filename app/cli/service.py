@@ -336,13 +336,27 @@ def _serve(args: argparse.Namespace) -> int:
             uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None,
                         timeout_graceful_shutdown=5, access_log=False)
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+        if worker is not None:
+            _stop_worker(worker)
     return 0
+
+
+def _stop_worker(worker: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """Stop the embedded worker (SIGTERM, Celery's warm shutdown; SIGKILL after ``timeout``
+    seconds), with this process deaf to SIGTERM and SIGINT meanwhile: it is stopping already,
+    and a signal then cut the stop short. `make serve` sends two: make passes its SIGTERM on,
+    and this process's own watch on make (:func:`_stop_with_make`) sends another once make
+    stops catching signals; the second one, raised as SystemExit inside this wait (or before
+    the worker's SIGTERM), ended the service and left its worker running, orphaned."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
 
 
 def _embedded_service() -> tuple[subprocess.Popen[bytes], str]:

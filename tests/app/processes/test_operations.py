@@ -263,6 +263,30 @@ def test_make_serve_stops_cleanly_and_quietly_when_make_is_signalled(tmp_path, t
         proc.wait(timeout=30)
 
 
+def test_a_signal_while_the_service_stops_its_worker_does_not_orphan_the_worker(tmp_path):
+    """The race behind a `make serve` whose worker outlived it: the service, stopping its
+    worker, got a second SIGTERM (make passes one on, the service's watch on make sends
+    another), which ended it inside the wait and left the worker running. Made exact here: a
+    stand-in worker that, told to stop, sends its parent a SIGTERM and then takes a second to
+    end; the parent, stopping it as `corel serve` does (its SIGTERM handler in place), must
+    wait for it and say so."""
+    program = tmp_path / "service.py"
+    program.write_text(
+        "import subprocess, sys\n"
+        "from app.cli.service import _exit_on_sigterm, _stop_worker\n"
+        "_exit_on_sigterm(0)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import os, signal, sys, time\\n"
+        "def stop(*_):\\n    os.kill(os.getppid(), signal.SIGTERM)\\n    time.sleep(1)\\n    sys.exit(3)\\n"
+        "signal.signal(signal.SIGTERM, stop)\\nprint(\"up\", flush=True)\\ntime.sleep(60)'],"
+        " stdout=subprocess.PIPE)\n"
+        "child.stdout.readline()\n"
+        "_stop_worker(child)\n"
+        "print('worker ended', child.returncode, flush=True)\n")
+    done = subprocess.run([sys.executable, str(program)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "worker ended 3" in done.stdout, done.stdout + done.stderr
+
+
 def _default_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
