@@ -243,8 +243,10 @@ def test_make_serve_stops_cleanly_and_quietly_when_make_is_signalled(tmp_path, t
                    90, "make serve to be ready", interval=0.3, ignore=(httpx.HTTPError,),
                    detail=(tmp_path / "make.log").read_text)
         # And its worker up (Celery's "ready."): the API answers first, and a signal while the
-        # worker still booted is another case (under load in CI, that worker went on past the
-        # test's 45 s: noted, not yet fixed).
+        # worker still booted is another case (under load in CI, that worker once went on past
+        # the test's 45 s; a worker past "ready." did so on 2026-12-07, orphaned by a second
+        # SIGTERM that cut the service's stop short: _stop_worker now ignores it, and
+        # test_a_signal_while_the_service_stops_its_worker_does_not_orphan_the_worker below).
         wait_until(lambda: b" ready." in (tmp_path / "make.log").read_bytes(), 90,
                    "make serve's worker to be ready", interval=0.3, detail=(tmp_path / "make.log").read_text)
         if to == "make":
