@@ -347,16 +347,20 @@ def _stop_worker(worker: subprocess.Popen[bytes], timeout: float = 30) -> None:
     and a signal then cut the stop short. `make serve` sends two: make passes its SIGTERM on,
     and this process's own watch on make (:func:`_stop_with_make`) sends another once make
     stops catching signals; the second one, raised as SystemExit inside this wait (or before
-    the worker's SIGTERM), ended the service and left its worker running, orphaned."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-    if worker.poll() is None:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+    the worker's SIGTERM), ended the service and left its worker running, orphaned. The
+    handlers are put back once the worker has ended."""
+    kept = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
 
 
 def _embedded_service() -> tuple[subprocess.Popen[bytes], str]:
