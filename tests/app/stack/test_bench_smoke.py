@@ -122,8 +122,9 @@ def smoke(name: str, *args: str, timeout: float = 300) -> str:
 @contextlib.contextmanager
 def kept_state() -> Iterator[None]:
     """This process as it was before the block: a benchmark sets torch's and faiss's thread
-    counts, its environment, warning filters and sys.path for itself, as a program would;
-    the tests that run after it in this process must not inherit them."""
+    counts, its environment, warning filters, loggers (and, through Ray's import, logging's
+    record factory) and sys.path for itself, as a program would; the tests that run after it
+    in this process must not inherit them."""
     import torch
 
     threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
@@ -134,6 +135,7 @@ def kept_state() -> Iterator[None]:
     loggers = {name: lg for name, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
     kept = {name: (lg.level, list(lg.handlers), lg.propagate, lg.disabled)
             for name, lg in [("", logging.getLogger()), *loggers.items()]}
+    factory = logging.getLogRecordFactory()  # Ray's import puts its own in (every record gets its field)
     faiss = sys.modules.get("faiss")
     faiss_threads = faiss.omp_get_max_threads() if faiss is not None else None
     try:
@@ -152,6 +154,7 @@ def kept_state() -> Iterator[None]:
                 lg.setLevel(level)
                 lg.handlers[:] = handlers
                 lg.propagate, lg.disabled = propagate, disabled
+        logging.setLogRecordFactory(factory)
         faiss = sys.modules.get("faiss")
         if faiss is not None:
             faiss.omp_set_num_threads(faiss_threads or os.cpu_count() or 1)
