@@ -36,7 +36,7 @@ import redis
 
 from harness.servers import PrivateSeaweed, postgres_bin, weed_bin
 from harness.stack import corel_env, spawn
-from harness.wait import wait_until
+from harness.wait import http_status, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 NET = os.environ.get("COREL_TEST_CLUSTER_NET", "10.213.7")  # a /24 of this cluster's own
@@ -251,7 +251,7 @@ class Cluster:
         def answers() -> bool:
             assert proc.poll() is None, api.log("api.log")[-3000:]
             try:
-                return httpx.get(f"{url}/health", timeout=2).status_code < 500
+                return http_status(f"{url}/health") < 500
             except httpx.HTTPError:
                 return False
 

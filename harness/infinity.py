@@ -22,7 +22,7 @@ from types import TracebackType
 import httpx
 
 from harness.servers import free_port, terminate
-from harness.wait import wait_until
+from harness.wait import http_status, wait_until
 
 VERSION = "0.0.78"
 """The infinity-emb release measured (the newest on PyPI on 2026-12-04)."""
@@ -76,7 +76,7 @@ class Infinity:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"infinity_emb exited with {self.proc.returncode}; its log: {self.log}")
             try:
-                return httpx.get(f"{self.url}/models", timeout=2).status_code == 200
+                return http_status(f"{self.url}/models") == 200
             except httpx.HTTPError:
                 return False
 

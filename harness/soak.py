@@ -63,7 +63,7 @@ from app.core.migrate import upgrade
 from app.core.settings import Settings
 from harness.servers import PrivatePostgres, PrivateRedis, PrivateSeaweed, free_port
 from harness.stack import Stack
-from harness.wait import wait_until
+from harness.wait import http_status, wait_until
 
 FINISHED = ("succeeded", "failed", "cancelled", "pruned")
 FAULTS = ("worker-kill", "api-kill", "postgres-stop", "postgres-freeze", "redis-restart",
@@ -465,7 +465,7 @@ class Cluster:
         return f"http://127.0.0.1:{self.port}"
 
     def wait_api(self, timeout: float = 60.0) -> None:
-        wait_until(lambda: httpx.get(f"{self.url}/health", timeout=1).status_code == 200,
+        wait_until(lambda: http_status(f"{self.url}/health", timeout=1) == 200,
                    timeout, "the API to answer /health", ignore=(httpx.HTTPError,))
 
     @staticmethod

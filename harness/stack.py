@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from harness.servers import free_port, terminate
-from harness.wait import wait_until
+from harness.wait import http_status, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -171,7 +171,7 @@ class Stack:
             def answers() -> bool:
                 if proc.poll() is not None:
                     raise RuntimeError(f"the API exited ({proc.returncode}); see {log}")
-                return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+                return http_status(f"{self.url}/health", timeout=1) == 200
 
             wait_until(answers, ready_timeout, f"the API to answer /health; see {log}",
                        interval=0.1, ignore=(httpx.HTTPError,))
@@ -203,7 +203,7 @@ class Stack:
             for proc in self.procs:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{proc.args!r} exited ({proc.returncode}); see {log}")
-            return httpx.get(f"{self.url}/ready", timeout=2).status_code == 200
+            return http_status(f"{self.url}/ready") == 200
 
         wait_until(ready, 90, f"the service to be ready; see {log}", interval=0.2, ignore=(httpx.HTTPError,))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import os
 import re
 import time
@@ -88,13 +89,21 @@ def _batches(args: argparse.Namespace, path: str, array: np.ndarray, accept: str
                        headers={"Content-Type": "application/octet-stream", "Accept": accept})
 
 
+@functools.cache
+def _http() -> httpx.Client:
+    """The commands' one client: ``httpx.request`` builds a client, its TLS context (the
+    certificate bundle read and parsed, about 20 ms of CPU) and a connection at each call,
+    and ``corel embed`` of a large file sends one request a batch."""
+    return httpx.Client(timeout=600)
+
+
 def _request(args: argparse.Namespace, method: str, path: str, *,
              headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:
     headers = dict(headers or {})
     if args.token:
         headers["Authorization"] = f"Bearer {args.token}"
     try:
-        r = httpx.request(method, args.url.rstrip("/") + path, headers=headers, timeout=600, **kwargs)
+        r = _http().request(method, args.url.rstrip("/") + path, headers=headers, **kwargs)
     except httpx.HTTPError as exc:
         raise SystemExit(f"corel: cannot reach {args.url}: {exc}") from exc
     if r.status_code >= 400:

@@ -375,15 +375,16 @@ def _embedded_service() -> tuple[subprocess.Popen[bytes], str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
+    with httpx.Client(timeout=2) as http:  # one client for the polls (TLS context and all)
+        for _ in range(600):
+            try:
+                if http.get(f"{url}/ready").status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                break
+            time.sleep(0.2)
     raise SystemExit("corel: the embedded service did not start (try `corel serve` to see why)")
 
 

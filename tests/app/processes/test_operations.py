@@ -23,7 +23,7 @@ from app.main import create_app
 from corel import native
 from harness.servers import free_port
 from harness.stack import Stack
-from harness.wait import wait_until
+from harness.wait import http_status, wait_until
 from tests.conftest import IN_CI, REPO
 
 
@@ -177,10 +177,11 @@ def test_embedded_default_end_to_end(tmp_path):
         eid = r.json()["id"]
 
         def finished() -> dict | None:
-            body = httpx.get(f"{base}/experiments/{eid}").json()
+            body = http.get(f"{base}/experiments/{eid}").json()
             return body if body["status"] in ("succeeded", "failed", "cancelled") else None
 
-        body = wait_until(finished, 120, f"experiment {eid} to finish", interval=0.3)
+        with httpx.Client() as http:  # one client for the polls (httpx.get builds one, TLS and all, a call)
+            body = wait_until(finished, 120, f"experiment {eid} to finish", interval=0.3)
         assert body["status"] == "succeeded", (body, (tmp_path / "serve.log").read_text()[-3000:])
         assert len(httpx.get(f"{base}/experiments/{eid}/metrics").json()["items"]) == 3
         assert (tmp_path / "var" / "corel.sqlite3").exists()
@@ -239,7 +240,7 @@ def test_make_serve_stops_cleanly_and_quietly_when_make_is_signalled(tmp_path, t
     proc = subprocess.Popen(make, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=_default_interrupts)
     try:
-        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200,
+        wait_until(lambda: http_status(f"http://127.0.0.1:{port}/ready") == 200,
                    90, "make serve to be ready", interval=0.3, ignore=(httpx.HTTPError,),
                    detail=(tmp_path / "make.log").read_text)
         # And its worker up (Celery's "ready."): the API answers first, and a signal while the
