@@ -273,7 +273,7 @@ def _until(http: httpx.Client, method: str, url: str, report: SoakReport, stop_a
 def _soak_model(cluster: Cluster, http: httpx.Client, report: SoakReport, stop_at: float) -> bool:
     """The model "soak": two succeeded runs its versions 1 and 2, and a collection of digits
     rows; each step checked against what is there first, so a retried one is not repeated."""
-    from sklearn.datasets import load_digits
+    from corel.data.digits import digits_arrays
 
     url = f"{cluster.url}/models"
     runs: list[int] = []
@@ -294,9 +294,9 @@ def _soak_model(cluster: Cluster, http: httpx.Client, report: SoakReport, stop_a
                 http, "POST", f"{url}/{SOAK_MODEL}/versions", report, stop_at, (201,),
                 json={"experiment_id": run}) is None:
             return False
-    digits = load_digits()
+    images, labels = digits_arrays()
     buf = io.BytesIO()
-    np.savez(buf, x=digits.images[:600].astype(np.float32), y=digits.target[:600])
+    np.savez(buf, x=images[:600].astype(np.float32), y=labels[:600])
     up = _until(http, "POST", f"{cluster.url}/datasets", report, stop_at, (201,),
                 files={"file": ("collection.npz", buf.getvalue())})
     return up is not None and _until(http, "POST", f"{url}/{SOAK_MODEL}/collections", report, stop_at, (202, 409),
@@ -346,7 +346,7 @@ def _promotions_ended(cluster: Cluster) -> bool:
 def _check_promotions(cluster: Cluster, report: SoakReport) -> None:
     """Every promotion ended, production names the last card's version, its history holds
     one move per promotion that flipped, and a search by alias answers with that version."""
-    from sklearn.datasets import load_digits
+    from corel.data.digits import digits_arrays
 
     url = f"{cluster.url}/models/{SOAK_MODEL}"
     with httpx.Client(timeout=30) as http:
@@ -370,7 +370,7 @@ def _check_promotions(cluster: Cluster, report: SoakReport) -> None:
         if builds.get(alias) != "succeeded":
             report.promotion_wrong.append(f"the collection's builds: {builds}")
         else:
-            rows = load_digits().images[600:603].tolist()
+            rows = digits_arrays()[0][600:603].tolist()
             r = http.post(f"{cluster.url}/models/{SOAK_MODEL}/neighbors", json={
                 "alias": "production", "collection": model["collections"][0]["dataset_id"], "arrays": rows, "k": 3})
             if r.status_code != 200 or r.json()["model_version"] != alias:

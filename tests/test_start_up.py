@@ -31,7 +31,12 @@ def loaded_after(code: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
 
 
 def test_the_api_the_worker_and_the_engine_start_without_the_clustering_libraries():
-    assert loaded_after("import app.main, worker.tasks, corel.train") == []
+    # ... nor when they read digits (its file read as scikit-learn reads it: importing
+    # sklearn.datasets cost each process that trained on digits about a second).
+    assert loaded_after("import app.main, worker.tasks, corel.train\n"
+                        "from corel.data import load_dataset, training_images\n"
+                        "from corel.spec import ExperimentSpec\n"
+                        "load_dataset(ExperimentSpec(dataset='digits'))\ntraining_images('digits')") == []
     # The check sees them once something clusters.
     clustered = loaded_after("import numpy as np\nfrom corel.clustering import evaluate_clustering\n"
                              "evaluate_clustering(np.eye(6, 3), np.arange(6) % 2)")

@@ -48,7 +48,7 @@ from corel.data.base import (
     PathLike,
     check_dtype,
 )
-from corel.data.digits import _load_digits
+from corel.data.digits import _load_digits, digits_arrays
 from corel.data.idx import (
     FASHION_MNIST_CLASSES,
     IDX_SOURCES,
@@ -222,9 +222,7 @@ def training_images(dataset: str, data_dir: PathLike | None = None) -> np.ndarra
     scikit-learn's digits scaled from 0..16 to 0..255. Row ``i`` is the image whose
     position (:attr:`Dataset.rows`) is ``i``."""
     if dataset == "digits":
-        from sklearn.datasets import load_digits
-
-        return np.rint(np.asarray(load_digits().images) * (255.0 / 16.0)).astype(np.uint8)
+        return np.rint(digits_arrays()[0] * (255.0 / 16.0)).astype(np.uint8)
     if dataset not in IDX_SOURCES:
         raise ValueError(f"{dataset!r} is no built-in image dataset; built in: digits, "
                          f"{', '.join(IDX_SOURCES)}")

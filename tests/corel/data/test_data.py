@@ -624,3 +624,23 @@ def test_registry_and_entry_point_validation():
     assert data.available_datasets() == list(DATASETS)
     with pytest.raises(ValueError, match="needs an ExperimentSpec"):
         data.load_dataset({"dataset": "digits"})  # type: ignore[arg-type]
+
+
+def test_digits_are_scikit_learn_s_to_the_bit_and_its_loader_stands_in_where_the_file_is_not(monkeypatch):
+    """corel reads digits' file as ``load_digits`` does, without importing sklearn.datasets
+    (tests/test_start_up.py); the same images and labels, bit for bit, in both ways."""
+    from sklearn.datasets import load_digits
+
+    from corel.data import digits
+
+    want = load_digits()
+    images, labels = digits.digits_arrays()
+    assert images.dtype == want.images.dtype and images.shape == (1797, 8, 8)
+    assert np.array_equal(images, want.images) and np.array_equal(labels, want.target)
+    assert labels.dtype == np.int64
+    assert np.array_equal(data.training_images("digits"),
+                          np.rint(want.images * (255.0 / 16.0)).astype(np.uint8))
+    # No file where scikit-learn keeps it (another layout of the package): its loader.
+    monkeypatch.setattr(digits, "_digits_file", lambda: None)
+    again, again_labels = digits.digits_arrays()
+    assert np.array_equal(again, want.images) and np.array_equal(again_labels, want.target)
